@@ -1,0 +1,216 @@
+//! Chat templates: the model's own Jinja template rendered with minijinja the
+//! way transformers renders it (`trim_blocks`, `lstrip_blocks`, `messages`,
+//! `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`,
+//! `tojson`, `strftime_now`, Python string methods via pycompat). ChatML when
+//! the model has no template.
+
+use crate::tokenizer::Tokenizer;
+use anyhow::{anyhow, Context, Result};
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+/// ChatML, used when a model carries no template.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new("assistant", content)
+    }
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source", &self.source)
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish()
+    }
+}
+
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// Days since 1970-01-01 to (year, month 1-12, day 1-31).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// `strftime_now(fmt)` as transformers provides it (UTC; %Y %m %d %b %B %H %M %S %%).
+fn strftime_now(fmt: String) -> String {
+    const MONTHS: [&str; 12] = [
+        "January", "February", "March", "April", "May", "June", "July", "August", "September",
+        "October", "November", "December",
+    ];
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    let t = secs.rem_euclid(86_400);
+    let mut out = String::new();
+    let mut it = fmt.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('b') => out.push_str(&MONTHS[m as usize - 1][..3]),
+            Some('B') => out.push_str(MONTHS[m as usize - 1]),
+            Some('H') => out.push_str(&format!("{:02}", t / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", t / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", t % 60)),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+impl ChatTemplate {
+    /// Compile a template. `bos_token`/`eos_token` are the texts the template
+    /// sees under those names (empty when the model has none).
+    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| anyhow!("invalid chat template: {e:#}"))?;
+        Ok(ChatTemplate {
+            env,
+            source: source.to_string(),
+            bos_token: bos_token.unwrap_or_default(),
+            eos_token: eos_token.unwrap_or_default(),
+        })
+    }
+
+    /// The model's template (GGUF `tokenizer.chat_template` or
+    /// tokenizer_config.json's `chat_template`), or ChatML if it has none.
+    pub fn from_tokenizer(tok: &Tokenizer) -> Result<Self> {
+        let src = tok.chat_template().unwrap_or(CHATML_TEMPLATE);
+        Self::new(src, tok.bos_token(), tok.eos_token())
+    }
+
+    /// ChatML.
+    pub fn chatml() -> Self {
+        Self::new(CHATML_TEMPLATE, None, None).expect("ChatML template compiles")
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Render a conversation.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let msgs = serde_json::to_value(messages).context("serializing chat messages")?;
+        self.render_json(&msgs, add_generation_prompt, &serde_json::Value::Null)
+    }
+
+    /// Render messages given as JSON (any shape the template understands,
+    /// e.g. with tool calls), with extra top-level variables from `extra` (a
+    /// JSON object, e.g. `{"tools": [...]}`; null for none).
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        extra: &serde_json::Value,
+    ) -> Result<String> {
+        let mut ctx = serde_json::Map::new();
+        if let serde_json::Value::Object(o) = extra {
+            for (k, v) in o {
+                ctx.insert(k.clone(), v.clone());
+            }
+        }
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+        ctx.insert("bos_token".into(), self.bos_token.clone().into());
+        ctx.insert("eos_token".into(), self.eos_token.clone().into());
+        let tmpl = self.env.get_template("chat").map_err(|e| anyhow!("{e:#}"))?;
+        tmpl.render(Value::from_serialize(&ctx))
+            .map_err(|e| anyhow!("rendering the chat template failed: {e:#}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_fallback() {
+        let t = ChatTemplate::chatml();
+        let s = t
+            .render(&[ChatMessage::system("S"), ChatMessage::user("Hi")], true)
+            .unwrap();
+        assert_eq!(s, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        let s = t.render(&[ChatMessage::user("Hi")], false).unwrap();
+        assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n");
+    }
+
+    #[test]
+    fn hf_features() {
+        let src = "{{ bos_token }}{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}\n  {{ m.content.strip().upper() | tojson }}{% endfor %}{{ eos_token }}";
+        let t = ChatTemplate::new(src, Some("<s>".into()), Some("</s>".into())).unwrap();
+        let s = t.render(&[ChatMessage::user("  hi \"x\" ")], false).unwrap();
+        assert_eq!(s, "<s>  \"HI \\\"X\\\"\"</s>");
+        let e = t.render(&[ChatMessage::system("x")], false).unwrap_err();
+        assert!(format!("{e:#}").contains("bad role system"), "{e:#}");
+        let t = ChatTemplate::new("{{ strftime_now('%Y-%m-%d %b') }}", None, None).unwrap();
+        let s = t.render(&[], false).unwrap();
+        assert_eq!(s.len(), 14, "{s}");
+        assert!(ChatTemplate::new("{% if %}", None, None).is_err());
+    }
+
+    #[test]
+    fn civil() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+    }
+}

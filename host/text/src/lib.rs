@@ -1,0 +1,19 @@
+//! specd-text: everything text-side, no MLX.
+//!
+//! - [`gguf`]: GGUF header, metadata and tensor-info reader;
+//! - [`tokenizer`]: the tokenizer (tokenizer.json or GGUF metadata);
+//! - [`detok`]: streaming detokenizer (complete UTF-8 only);
+//! - [`chat`]: chat templates (Jinja via minijinja, ChatML fallback);
+//! - [`stop`]: stop strings across streamed chunks.
+
+pub mod chat;
+pub mod detok;
+pub mod gguf;
+pub mod stop;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+pub use detok::StreamDetokenizer;
+pub use gguf::{GgufArray, GgufFile, GgufMeta, GgufType, GgufValue, TensorInfo};
+pub use stop::{StopMatcher, StopOutput};
+pub use tokenizer::Tokenizer;
