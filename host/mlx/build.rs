@@ -1,0 +1,148 @@
+//! Finds MLX (the official binary distribution) and builds the C++ shim.
+//!
+//! MLX comes from `MLX_DIR` (a folder with `include/mlx` and `lib/libmlx.*`,
+//! e.g. the `mlx/` folder of an unpacked wheel), else from the pinned wheel,
+//! fetched once with `pip download` into `$SPECD_HOME/mlx/` (default
+//! `~/.cache/specd/mlx/`). Binaries get an rpath to it, so they run without
+//! environment variables.
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MLX_VERSION: &str = "0.32.4";
+
+fn wheel_package() -> String {
+    if let Ok(p) = env::var("SPECD_MLX_WHEEL") {
+        return p;
+    }
+    let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let pkg = if os == "macos" {
+        "mlx-metal"
+    } else {
+        "mlx-cpu"
+    };
+    format!("{pkg}=={MLX_VERSION}")
+}
+
+fn cache_root() -> PathBuf {
+    if let Ok(h) = env::var("SPECD_HOME") {
+        return PathBuf::from(h).join("mlx");
+    }
+    let home = env::var("HOME").expect("HOME is not set and SPECD_HOME is not given");
+    PathBuf::from(home).join(".cache/specd/mlx")
+}
+
+fn fetch_wheel() -> PathBuf {
+    let pkg = wheel_package();
+    let dest = cache_root().join(pkg.replace("==", "-"));
+    let root = dest.join("mlx");
+    if root.join("include/mlx/mlx.h").exists() {
+        return root;
+    }
+    let dl = dest.join("download");
+    std::fs::create_dir_all(&dl).expect("create MLX cache dir");
+    eprintln!("fetching {pkg} into {}", dest.display());
+    let ok = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+        ])
+        .arg(&dl)
+        .arg(&pkg)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "`pip download {pkg}` failed: python3 with pip is needed to fetch MLX (or set MLX_DIR)"
+    );
+    let wheel = std::fs::read_dir(&dl)
+        .expect("read download dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .expect("pip download left no wheel");
+    // A wheel is a zip; python's zipfile keeps us free of an unzip dependency.
+    let ok = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&dest)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "could not unpack {}", wheel.display());
+    assert!(
+        root.join("include/mlx/mlx.h").exists(),
+        "the wheel has no mlx/include"
+    );
+    root
+}
+
+fn find_openblas() -> Option<PathBuf> {
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ] {
+        if Path::new(dir).join("libopenblas.so").exists() {
+            return Some(PathBuf::from(dir));
+        }
+    }
+    None
+}
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=MLX_DIR");
+    println!("cargo:rerun-if-env-changed=SPECD_HOME");
+    println!("cargo:rerun-if-env-changed=SPECD_MLX_WHEEL");
+    println!("cargo:rerun-if-changed=src/shim.h");
+    println!("cargo:rerun-if-changed=src/shim.cc");
+    println!("cargo:rerun-if-changed=src/lib.rs");
+
+    let root = match env::var("MLX_DIR") {
+        Ok(d) => PathBuf::from(d),
+        Err(_) => fetch_wheel(),
+    };
+    let include = root.join("include");
+    let lib = root.join("lib");
+    assert!(
+        include.join("mlx/mlx.h").exists(),
+        "no include/mlx/mlx.h under {}",
+        root.display()
+    );
+
+    let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let mut build = cxx_build::bridge("src/lib.rs");
+    build
+        .file("src/shim.cc")
+        .include(&include)
+        .std("c++20")
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .opt_level(2);
+    if os == "linux" {
+        // MLX's CPU GEMM calls cblas_sgemm; the wheel bundles reference BLAS,
+        // whose cost grows linearly in rows and kills speculative verifies.
+        let dir = find_openblas().expect(
+            "OpenBLAS not found: install it (Debian: apt-get install libopenblas-dev libopenblas0-pthread)",
+        );
+        build.define("SPECD_OPENBLAS", None);
+        println!("cargo:rustc-link-search=native={}", dir.display());
+    }
+    build.compile("specd_mlx_shim");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    if os == "linux" {
+        // Before mlx, so OpenBLAS comes first among the binary's needed libraries.
+        println!("cargo:rustc-link-lib=dylib=openblas");
+    }
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    // Dependents read this as DEP_MLX_LIB_DIR to set the same rpath.
+    println!("cargo:lib_dir={}", lib.display());
+    println!("cargo:root={}", root.display());
+}

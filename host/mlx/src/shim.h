@@ -1,0 +1,139 @@
+// A thin C++ layer over MLX's public C++ API, shaped for cxx: every op takes
+// and returns `Array` (a box around mlx::core::array) and C++ exceptions turn
+// into Rust `Err`s.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mlx/mlx.h"
+#include "rust/cxx.h"
+
+namespace specd_mlx {
+
+struct Array {
+  mlx::core::array a;
+  explicit Array(mlx::core::array x) : a(std::move(x)) {}
+};
+
+// An ordered list of arrays (for concatenate, eval, compiled calls).
+struct ArrayList {
+  std::vector<mlx::core::array> v;
+};
+
+// name -> array, as load_gguf / load_safetensors return them.
+struct ArrayMap {
+  std::unordered_map<std::string, mlx::core::array> m;
+  std::unordered_map<std::string, std::string> meta;
+};
+
+using A = std::unique_ptr<Array>;
+
+// creation and inspection
+A from_f32(rust::Slice<const float> data, rust::Slice<const int32_t> shape);
+A from_i32(rust::Slice<const int32_t> data, rust::Slice<const int32_t> shape);
+A from_u32(rust::Slice<const uint32_t> data, rust::Slice<const int32_t> shape);
+A scalar_f32(float v);
+A zeros(rust::Slice<const int32_t> shape, uint8_t dtype);
+A arange_i32(int32_t start, int32_t stop);
+A clone_array(const Array& x);
+rust::Vec<int32_t> shape(const Array& x);
+uint8_t dtype(const Array& x);
+size_t nbytes(const Array& x);
+void to_f32(const Array& x, rust::Slice<float> out);
+void to_i32(const Array& x, rust::Slice<int32_t> out);
+void to_u32(const Array& x, rust::Slice<uint32_t> out);
+
+// evaluation
+std::unique_ptr<ArrayList> new_list();
+void list_push(ArrayList& l, const Array& x);
+void eval(const ArrayList& l);
+void async_eval(const ArrayList& l);
+void eval_one(const Array& x);
+
+// elementwise
+A add(const Array& a, const Array& b);
+A subtract(const Array& a, const Array& b);
+A multiply(const Array& a, const Array& b);
+A divide(const Array& a, const Array& b);
+A maximum(const Array& a, const Array& b);
+A minimum(const Array& a, const Array& b);
+A greater(const Array& a, const Array& b);
+A less(const Array& a, const Array& b);
+A equal(const Array& a, const Array& b);
+A where_(const Array& c, const Array& a, const Array& b);
+A exp(const Array& a);
+A log(const Array& a);
+A sqrt(const Array& a);
+A rsqrt(const Array& a);
+A negative(const Array& a);
+A sigmoid(const Array& a);
+A silu(const Array& a);
+A square(const Array& a);
+A astype(const Array& a, uint8_t dtype);
+
+// linear algebra and shape
+A matmul(const Array& a, const Array& b);
+A reshape(const Array& a, rust::Slice<const int32_t> shape);
+A transpose(const Array& a, rust::Slice<const int32_t> axes);
+A swapaxes(const Array& a, int32_t a1, int32_t a2);
+A expand_dims(const Array& a, int32_t axis);
+A squeeze(const Array& a, int32_t axis);
+A slice(const Array& a, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop);
+A slice_update(const Array& src, const Array& upd, rust::Slice<const int32_t> start,
+               rust::Slice<const int32_t> stop);
+A concatenate(const ArrayList& l, int32_t axis);
+A take(const Array& a, const Array& idx, int32_t axis);
+A contiguous(const Array& a);
+
+// reductions
+A softmax(const Array& a, int32_t axis, bool precise);
+A logsumexp(const Array& a, int32_t axis, bool keepdims);
+A argmax(const Array& a, int32_t axis, bool keepdims);
+A max(const Array& a, int32_t axis, bool keepdims);
+A sum(const Array& a, int32_t axis, bool keepdims);
+A mean(const Array& a, int32_t axis, bool keepdims);
+
+// fast
+A rms_norm(const Array& x, const Array& w, float eps);
+A rope(const Array& x, int32_t dims, bool traditional, float base, float scale, int32_t offset);
+A sdpa(const Array& q, const Array& k, const Array& v, float scale, rust::Str mask_mode);
+A sdpa_masked(const Array& q, const Array& k, const Array& v, float scale, const Array& mask);
+
+// quantization
+A dequantize(const Array& w, const Array& scales, const Array& biases, int32_t group_size,
+             int32_t bits);
+A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
+                   bool transpose, int32_t group_size, int32_t bits);
+
+// random
+A random_key(uint64_t seed);
+A random_split(const Array& key, int32_t num);
+A random_uniform(rust::Slice<const int32_t> shape, const Array& key);
+A random_categorical(const Array& logits, int32_t axis, const Array& key);
+
+// io
+std::unique_ptr<ArrayMap> load_gguf(rust::Str path);
+std::unique_ptr<ArrayMap> load_safetensors(rust::Str path);
+std::unique_ptr<ArrayMap> new_map();
+void map_insert(ArrayMap& m, rust::Str name, const Array& x);
+void map_insert_meta(ArrayMap& m, rust::Str key, rust::Str value);
+rust::Vec<rust::String> map_keys(const ArrayMap& m);
+rust::Vec<rust::String> map_meta_keys(const ArrayMap& m);
+rust::String map_meta_get(const ArrayMap& m, rust::Str key);
+A map_get(const ArrayMap& m, rust::Str name);
+void save_safetensors(rust::Str path, const ArrayMap& m);
+
+// memory and device
+size_t active_memory();
+size_t peak_memory();
+void reset_peak_memory();
+size_t cache_memory();
+void clear_cache();
+rust::String default_device();
+rust::String mlx_version();
+int32_t blas_threads();
+void set_blas_threads(int32_t n);
+rust::String blas_config();
+
+}  // namespace specd_mlx

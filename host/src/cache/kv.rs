@@ -1,0 +1,71 @@
+//! The plain KV cache: keys/values grow in steps, and a rewind just moves the
+//! offset back (the rows past it are overwritten by the next update).
+use specd_mlx::{ops, Array, Dtype, Result};
+
+const STEP: i32 = 256;
+
+#[derive(Clone, Default)]
+pub struct KvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: usize,
+}
+
+impl KvCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Tokens held.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Appends `k`, `v` (`[B, kv_heads, T, head_dim]`) and returns the whole
+    /// cached keys and values.
+    pub fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        let s = k.shape();
+        let (b, h, t, d) = (s[0], s[1], s[2], s[3]);
+        let vd = v.dim(3);
+        let start = self.offset as i32;
+        let end = start + t;
+        let cap = self.keys.as_ref().map(|a| a.dim(2)).unwrap_or(0);
+        if end > cap {
+            let new_cap = (end + STEP - 1) / STEP * STEP;
+            let grow = |old: Option<&Array>, dim: i32| -> Result<Array> {
+                let fresh = Array::zeros(&[b, h, new_cap - start, dim], Dtype::Float32)?;
+                match old {
+                    Some(o) if start > 0 => {
+                        let kept = o.slice(&[0, 0, 0, 0], &[b, h, start, dim])?;
+                        ops::concatenate(&[&kept, &fresh], 2)
+                    }
+                    _ => Ok(fresh),
+                }
+            };
+            self.keys = Some(grow(self.keys.as_ref(), d)?);
+            self.values = Some(grow(self.values.as_ref(), vd)?);
+        }
+        let keys = self.keys.take().expect("allocated above");
+        let values = self.values.take().expect("allocated above");
+        let keys = keys.slice_update(k, &[0, 0, start, 0], &[b, h, end, d])?;
+        let values = values.slice_update(v, &[0, 0, start, 0], &[b, h, end, vd])?;
+        self.offset = end as usize;
+        let out = (
+            keys.slice(&[0, 0, 0, 0], &[b, h, end, d])?,
+            values.slice(&[0, 0, 0, 0], &[b, h, end, vd])?,
+        );
+        self.keys = Some(keys);
+        self.values = Some(values);
+        Ok(out)
+    }
+
+    /// Moves the offset back to `offset` (a live rewind; always possible here).
+    pub fn truncate(&mut self, offset: usize) {
+        self.offset = self.offset.min(offset);
+    }
+
+    /// The arrays to evaluate so the cache is materialized.
+    pub fn state(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+}

@@ -1,0 +1,3 @@
+//! Per-layer attention caches.
+pub mod kv;
+pub use kv::KvCache;

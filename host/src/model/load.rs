@@ -1,0 +1,285 @@
+//! Loading weights: GGUF through MLX's own reader, or a Hugging Face
+//! directory of safetensors. On CPU, quantized tensors are dequantized to
+//! float32 at load (MLX's CPU quantized matmul is slower than fp32 GEMM).
+use super::llama::{Layer, Linear};
+use super::{Llama, LlamaConfig};
+use anyhow::{bail, Context, Result};
+use specd_mlx::{io, ops, Array, Dtype};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    Gguf,
+    HfDir,
+}
+
+impl ModelFormat {
+    pub fn detect(path: &Path) -> Result<ModelFormat> {
+        if path.is_dir() {
+            if !path.join("config.json").exists() {
+                bail!(
+                    "{} is a directory without config.json (not a Hugging Face model directory)",
+                    path.display()
+                );
+            }
+            Ok(ModelFormat::HfDir)
+        } else if path.is_file() {
+            Ok(ModelFormat::Gguf)
+        } else {
+            bail!("model file {} does not exist", path.display())
+        }
+    }
+}
+
+/// Weights by name, plus how quantized ones are packed.
+pub struct Tensors {
+    map: HashMap<String, Array>,
+    /// Group size of affine-quantized tensors (MLX's `X.scales`/`X.biases`).
+    group_size: Option<i32>,
+    /// Bits, where the source says (HF quantization config); else inferred.
+    bits: Option<i32>,
+}
+
+impl Tensors {
+    pub fn has(&self, base: &str) -> bool {
+        self.map.contains_key(&format!("{base}.weight"))
+    }
+
+    /// The tensor `base.weight` as float32, dequantized if it is quantized.
+    pub fn dense(&self, base: &str) -> Result<Array> {
+        let w = self
+            .map
+            .get(&format!("{base}.weight"))
+            .with_context(|| format!("model has no tensor {base}.weight"))?;
+        let Some(scales) = self.map.get(&format!("{base}.scales")) else {
+            return Ok(w.as_type(Dtype::Float32)?);
+        };
+        let biases = self
+            .map
+            .get(&format!("{base}.biases"))
+            .with_context(|| format!("quantized {base} has scales but no biases"))?;
+        let group = self.group_size.unwrap_or(32);
+        let packed_cols = w.dim(-1);
+        let in_features = scales.dim(-1) * group;
+        let bits = self.bits.unwrap_or(packed_cols * 32 / in_features.max(1));
+        if packed_cols * 32 != in_features * bits {
+            bail!("cannot infer the quantization of {base}: packed width {packed_cols}, {in_features} inputs");
+        }
+        // Scales and biases in f32 so the result is f32 without a second rounding.
+        let s = scales.as_type(Dtype::Float32)?;
+        let b = biases.as_type(Dtype::Float32)?;
+        Ok(ops::dequantize(w, &s, &b, group, bits)?)
+    }
+
+    pub fn linear(&self, base: &str) -> Result<Linear> {
+        Ok(Linear {
+            weight: self.dense(base)?,
+        })
+    }
+}
+
+/// Reads the tensors of a GGUF file (MLX's reader) and the string/number
+/// metadata specd-mlx hands back.
+pub fn read_gguf(path: &Path) -> Result<(Tensors, HashMap<String, String>)> {
+    // Parse the header ourselves first: a truncated or foreign file gets a
+    // clear error instead of whatever the C++ reader does with it.
+    specd_text::gguf::GgufFile::open(path)
+        .with_context(|| format!("{} is not a readable GGUF model file", path.display()))?;
+    let f = io::load_gguf(path).with_context(|| format!("loading GGUF {}", path.display()))?;
+    let meta = f.metadata.into_iter().collect();
+    let map = f.tensors.into_iter().collect();
+    Ok((
+        Tensors {
+            map,
+            group_size: Some(32),
+            bits: None,
+        },
+        meta,
+    ))
+}
+
+fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
+    let mut config = config;
+    let embed = t.dense(names.embed)?;
+    let vocab = embed.dim(0) as usize;
+    if config.vocab_size == 0 {
+        config.vocab_size = vocab;
+    }
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let n = |suffix: &str| format!("{}{i}.{suffix}", names.layer_prefix);
+        layers.push(Layer {
+            attn_norm: t.dense(&n(names.attn_norm))?,
+            q: t.linear(&n(names.q))?,
+            k: t.linear(&n(names.k))?,
+            v: t.linear(&n(names.v))?,
+            o: t.linear(&n(names.o))?,
+            ffn_norm: t.dense(&n(names.ffn_norm))?,
+            gate: t.linear(&n(names.gate))?,
+            up: t.linear(&n(names.up))?,
+            down: t.linear(&n(names.down))?,
+        });
+    }
+    let lm_head = if t.has(names.head) && !config.tie_word_embeddings {
+        Some(t.linear(names.head)?)
+    } else {
+        config.tie_word_embeddings = true;
+        None
+    };
+    let model = Llama {
+        config,
+        embed,
+        layers,
+        norm: t.dense(names.norm)?,
+        lm_head,
+    };
+    check_shapes(&model)?;
+    // Materialize layer by layer so the quantized sources can be freed.
+    for chunk in model.weights().chunks(16) {
+        specd_mlx::eval(chunk)?;
+    }
+    Ok(model)
+}
+
+fn check_shapes(m: &Llama) -> Result<()> {
+    let c = &m.config;
+    let (d, hd) = (c.hidden_size as i32, c.head_dim as i32);
+    let want = |name: &str, a: &Array, shape: &[i32]| -> Result<()> {
+        if a.shape() != shape {
+            bail!(
+                "tensor {name} has shape {:?}, the config implies {shape:?}",
+                a.shape()
+            );
+        }
+        Ok(())
+    };
+    want("embedding", &m.embed, &[c.vocab_size as i32, d])?;
+    for (i, l) in m.layers.iter().enumerate() {
+        want(
+            &format!("layer {i} q"),
+            &l.q.weight,
+            &[c.num_attention_heads as i32 * hd, d],
+        )?;
+        want(
+            &format!("layer {i} k"),
+            &l.k.weight,
+            &[c.num_key_value_heads as i32 * hd, d],
+        )?;
+        want(
+            &format!("layer {i} down"),
+            &l.down.weight,
+            &[d, c.intermediate_size as i32],
+        )?;
+    }
+    Ok(())
+}
+
+/// Tensor names of one file layout.
+struct Names {
+    embed: &'static str,
+    layer_prefix: &'static str,
+    attn_norm: &'static str,
+    q: &'static str,
+    k: &'static str,
+    v: &'static str,
+    o: &'static str,
+    ffn_norm: &'static str,
+    gate: &'static str,
+    up: &'static str,
+    down: &'static str,
+    norm: &'static str,
+    head: &'static str,
+}
+
+const GGUF_NAMES: Names = Names {
+    embed: "token_embd",
+    layer_prefix: "blk.",
+    attn_norm: "attn_norm",
+    q: "attn_q",
+    k: "attn_k",
+    v: "attn_v",
+    o: "attn_output",
+    ffn_norm: "ffn_norm",
+    gate: "ffn_gate",
+    up: "ffn_up",
+    down: "ffn_down",
+    norm: "output_norm",
+    head: "output",
+};
+
+pub(crate) const HF_NAMES_LIST: [(&str, &str); 9] = [
+    ("attn_norm", "input_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+const HF_NAMES: Names = Names {
+    embed: "model.embed_tokens",
+    layer_prefix: "model.layers.",
+    attn_norm: "input_layernorm",
+    q: "self_attn.q_proj",
+    k: "self_attn.k_proj",
+    v: "self_attn.v_proj",
+    o: "self_attn.o_proj",
+    ffn_norm: "post_attention_layernorm",
+    gate: "mlp.gate_proj",
+    up: "mlp.up_proj",
+    down: "mlp.down_proj",
+    norm: "model.norm",
+    head: "lm_head",
+};
+
+pub fn load_gguf_model(path: &Path) -> Result<Llama> {
+    let (t, meta) = read_gguf(path)?;
+    let config = LlamaConfig::from_gguf(&meta, t.has("output"))?;
+    build(config, &t, &GGUF_NAMES)
+        .with_context(|| format!("building the model from {}", path.display()))
+}
+
+pub fn load_hf_model(dir: &Path) -> Result<Llama> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .with_context(|| format!("reading {}", cfg_path.display()))?;
+    let config =
+        LlamaConfig::from_hf_json(&text).with_context(|| format!("in {}", cfg_path.display()))?;
+    let raw: serde_json::Value = serde_json::from_str(&text)?;
+    let quant = &raw["quantization"];
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("{} holds no *.safetensors files", dir.display());
+    }
+    let mut map = HashMap::new();
+    for f in &files {
+        let tf = io::load_safetensors(f).with_context(|| format!("loading {}", f.display()))?;
+        map.extend(tf.tensors);
+    }
+    let t = Tensors {
+        map,
+        group_size: quant["group_size"].as_i64().map(|g| g as i32).or(Some(64)),
+        bits: quant["bits"].as_i64().map(|b| b as i32),
+    };
+    build(config, &t, &HF_NAMES)
+        .with_context(|| format!("building the model from {}", dir.display()))
+}
+
+/// A model from a GGUF file or a HF directory.
+pub fn load_model(path: &Path) -> Result<(Llama, ModelFormat)> {
+    let format = ModelFormat::detect(path)?;
+    let m = match format {
+        ModelFormat::Gguf => load_gguf_model(path)?,
+        ModelFormat::HfDir => load_hf_model(path)?,
+    };
+    Ok((m, format))
+}

@@ -1,0 +1,8 @@
+//! The llama-family model: config, weights, forward, loaders and converter.
+pub mod config;
+pub mod llama;
+pub mod load;
+
+pub use config::LlamaConfig;
+pub use llama::{Llama, Logits};
+pub use load::{load_model, ModelFormat};
