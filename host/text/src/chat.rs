@@ -75,8 +75,18 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 /// `strftime_now(fmt)` as transformers provides it (UTC; %Y %m %d %b %B %H %M %S %%).
 fn strftime_now(fmt: String) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -172,7 +182,10 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         ctx.insert("bos_token".into(), self.bos_token.clone().into());
         ctx.insert("eos_token".into(), self.eos_token.clone().into());
-        let tmpl = self.env.get_template("chat").map_err(|e| anyhow!("{e:#}"))?;
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| anyhow!("{e:#}"))?;
         tmpl.render(Value::from_serialize(&ctx))
             .map_err(|e| anyhow!("rendering the chat template failed: {e:#}"))
     }
@@ -197,7 +210,9 @@ mod tests {
     fn hf_features() {
         let src = "{{ bos_token }}{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}\n  {{ m.content.strip().upper() | tojson }}{% endfor %}{{ eos_token }}";
         let t = ChatTemplate::new(src, Some("<s>".into()), Some("</s>".into())).unwrap();
-        let s = t.render(&[ChatMessage::user("  hi \"x\" ")], false).unwrap();
+        let s = t
+            .render(&[ChatMessage::user("  hi \"x\" ")], false)
+            .unwrap();
         assert_eq!(s, "<s>  \"HI \\\"X\\\"\"</s>");
         let e = t.render(&[ChatMessage::system("x")], false).unwrap_err();
         assert!(format!("{e:#}").contains("bad role system"), "{e:#}");

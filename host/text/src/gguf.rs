@@ -494,8 +494,12 @@ impl<R: Read> Reader<R> {
         }
         Ok(match et {
             GgufType::U8 => GgufArray::U8(self.bytes(n, what)?),
-            GgufType::I8 => GgufArray::I8(self.bytes(n, what)?.into_iter().map(|b| b as i8).collect()),
-            GgufType::Bool => GgufArray::Bool(self.bytes(n, what)?.into_iter().map(|b| b != 0).collect()),
+            GgufType::I8 => {
+                GgufArray::I8(self.bytes(n, what)?.into_iter().map(|b| b as i8).collect())
+            }
+            GgufType::Bool => {
+                GgufArray::Bool(self.bytes(n, what)?.into_iter().map(|b| b != 0).collect())
+            }
             GgufType::U16 => prim!(U16, u16, 2),
             GgufType::I16 => prim!(I16, i16, 2),
             GgufType::U32 => prim!(U32, u32, 4),
@@ -526,7 +530,8 @@ impl GgufMeta {
     /// Read the header, all metadata and the tensor info table of a GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufMeta> {
         let path = path.as_ref();
-        let f = File::open(path).with_context(|| format!("cannot open GGUF file {}", path.display()))?;
+        let f = File::open(path)
+            .with_context(|| format!("cannot open GGUF file {}", path.display()))?;
         let len = f
             .metadata()
             .with_context(|| format!("cannot stat GGUF file {}", path.display()))?
@@ -584,7 +589,11 @@ impl GgufMeta {
             let what = || format!("tensor '{name}'");
             let n_dims = r.u32(&|| format!("dimension count of {}", what()))?;
             if n_dims > 8 {
-                bail!("corrupt file: {} has {} dimensions (at most 8 allowed)", what(), n_dims);
+                bail!(
+                    "corrupt file: {} has {} dimensions (at most 8 allowed)",
+                    what(),
+                    n_dims
+                );
             }
             let mut shape = Vec::with_capacity(n_dims as usize);
             for d in 0..n_dims {
@@ -597,7 +606,11 @@ impl GgufMeta {
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                 .is_none()
             {
-                bail!("corrupt file: {} has an overflowing shape {:?}", what(), shape);
+                bail!(
+                    "corrupt file: {} has an overflowing shape {:?}",
+                    what(),
+                    shape
+                );
             }
             tensors.push(TensorInfo {
                 name,
@@ -626,7 +639,11 @@ impl GgufMeta {
         meta.data_offset = r.pos.div_ceil(meta.alignment) * meta.alignment;
         for t in &meta.tensors {
             if ggml_type::block(t.ggml_type).is_some() && t.n_bytes().is_none() {
-                bail!("corrupt file: tensor '{}' of shape {:?} is too large", t.name, t.shape);
+                bail!(
+                    "corrupt file: tensor '{}' of shape {:?} is too large",
+                    t.name,
+                    t.shape
+                );
             }
             if let Some(nb) = t.n_bytes() {
                 let end = meta

@@ -125,8 +125,14 @@ mod tests {
 
     #[test]
     fn across_chunks() {
-        assert_eq!(run(&["END"], &["hello E", "N", "D world"]), ("hello ".into(), Some(0)));
-        assert_eq!(run(&["END"], &["hello E", "N", "d world"]), ("hello ENd world".into(), None));
+        assert_eq!(
+            run(&["END"], &["hello E", "N", "D world"]),
+            ("hello ".into(), Some(0))
+        );
+        assert_eq!(
+            run(&["END"], &["hello E", "N", "d world"]),
+            ("hello ENd world".into(), None)
+        );
         assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), Some(0)));
         assert_eq!(run(&["xx", "b"], &["aab", "xx"]), ("aa".into(), Some(1)));
         assert_eq!(run(&[], &["a", "b"]), ("ab".into(), None));

@@ -62,6 +62,8 @@ pub struct Tokenizer {
     add_eos: bool,
     chat_template: Option<String>,
     model_max_length: Option<u64>,
+    /// Largest id + 1 (cached: `tokenizers` recounts its vocabulary each call).
+    vocab_size: usize,
     /// For byte-level decoders: each id's bytes (empty for unknown ids), and
     /// whether it is a special token. Lets the stream detokenizer work on bytes.
     byte_table: Option<ByteTable>,
@@ -128,6 +130,12 @@ fn spell_byte_level(token: &str) -> String {
     token.bytes().map(|b| m[b as usize]).collect()
 }
 
+fn max_id_plus_one(t: &tokenizers::Tokenizer) -> usize {
+    let model = t.get_vocab(false).into_values().max();
+    let added = t.get_added_tokens_decoder().into_keys().max();
+    model.max(added).map_or(0, |m| m as usize + 1)
+}
+
 fn tk_err(e: tokenizers::Error) -> anyhow::Error {
     anyhow!("{e}")
 }
@@ -179,7 +187,11 @@ fn json_token_str(v: &Value) -> Option<String> {
 fn json_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
         _ => vec![],
     }
 }
@@ -188,8 +200,10 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let s = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let v = serde_json::from_str(&s).with_context(|| format!("invalid JSON in {}", path.display()))?;
+    let s =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let v =
+        serde_json::from_str(&s).with_context(|| format!("invalid JSON in {}", path.display()))?;
     Ok(Some(v))
 }
 
@@ -246,9 +260,12 @@ impl Tokenizer {
             if v < 0 {
                 return Ok(None);
             }
-            let id = u32::try_from(v).ok().filter(|&i| (i as usize) < n).ok_or_else(|| {
-                anyhow!("'{key}' = {v} is out of range for a vocabulary of {n} tokens")
-            })?;
+            let id = u32::try_from(v)
+                .ok()
+                .filter(|&i| (i as usize) < n)
+                .ok_or_else(|| {
+                    anyhow!("'{key}' = {v} is out of range for a vocabulary of {n} tokens")
+                })?;
             Ok(Some(id))
         };
         let bos_id = opt_id("tokenizer.ggml.bos_token_id")?;
@@ -282,9 +299,9 @@ impl Tokenizer {
         }
         let mut merges = Vec::with_capacity(merges_raw.len());
         for (i, m) in merges_raw.iter().enumerate() {
-            let (a, b) = m
-                .split_once(' ')
-                .ok_or_else(|| anyhow!("merge {i} '{m}' in 'tokenizer.ggml.merges' has no space"))?;
+            let (a, b) = m.split_once(' ').ok_or_else(|| {
+                anyhow!("merge {i} '{m}' in 'tokenizer.ggml.merges' has no space")
+            })?;
             merges.push((a.to_string(), b.to_string()));
         }
         let mut bpe = BPE::builder().vocab_and_merges(vocab, merges);
@@ -317,21 +334,25 @@ impl Tokenizer {
         }
         inner.add_special_tokens(&specials);
         inner.add_tokens(&users);
-        if inner.get_vocab_size(true) != n {
+        let built = max_id_plus_one(&inner);
+        if built != n {
             bail!(
-                "building the tokenizer changed the vocabulary size from {n} to {} (duplicate or misspelled added tokens)",
-                inner.get_vocab_size(true)
+                "building the tokenizer changed the vocabulary size from {n} to {built} (misspelled added tokens)"
             );
         }
         let mut single = String::from("$A");
         let mut special_tokens = vec![];
         if add_bos {
-            let b = bos_id.ok_or_else(|| anyhow!("'tokenizer.ggml.add_bos_token' is set but there is no bos_token_id"))?;
+            let b = bos_id.ok_or_else(|| {
+                anyhow!("'tokenizer.ggml.add_bos_token' is set but there is no bos_token_id")
+            })?;
             single = format!("{} {single}", tokens[b as usize]);
             special_tokens.push((tokens[b as usize].clone(), b));
         }
         if add_eos {
-            let e = eos_id.ok_or_else(|| anyhow!("'tokenizer.ggml.add_eos_token' is set but there is no eos_token_id"))?;
+            let e = eos_id.ok_or_else(|| {
+                anyhow!("'tokenizer.ggml.add_eos_token' is set but there is no eos_token_id")
+            })?;
             single = format!("{single} {}", tokens[e as usize]);
             special_tokens.push((tokens[e as usize].clone(), e));
         }
@@ -360,6 +381,7 @@ impl Tokenizer {
         let model_max_length = meta.get_u64(&ctx_key).ok();
         Ok(Self::finish(
             inner,
+            Some(tokens),
             bos_id,
             eos,
             pad_id,
@@ -374,6 +396,7 @@ impl Tokenizer {
     #[allow(clippy::too_many_arguments)]
     fn finish(
         inner: tokenizers::Tokenizer,
+        id_tokens: Option<&[String]>,
         bos_id: Option<u32>,
         mut eos: Vec<u32>,
         pad_id: Option<u32>,
@@ -400,15 +423,19 @@ impl Tokenizer {
         let mut seen = BTreeSet::new();
         eos.retain(|id| seen.insert(*id));
 
+        let vocab_size = max_id_plus_one(&inner);
         let byte_table = match inner.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => {
-                let n = inner.get_vocab_size(true);
-                let max_id = added.keys().copied().max().map_or(0, |m| m as usize + 1);
-                let n = n.max(max_id);
-                let mut bytes = Vec::with_capacity(n);
-                let mut special = Vec::with_capacity(n);
-                for id in 0..n as u32 {
-                    match inner.id_to_token(id) {
+                let mut bytes = Vec::with_capacity(vocab_size);
+                let mut special = Vec::with_capacity(vocab_size);
+                for id in 0..vocab_size as u32 {
+                    // The source's own token list where we have it (a GGUF
+                    // vocabulary may spell two ids the same).
+                    let text = match id_tokens {
+                        Some(t) => t.get(id as usize).cloned(),
+                        None => inner.id_to_token(id),
+                    };
+                    match text {
                         Some(t) => {
                             special.push(added.get(&id).is_some_and(|a| a.special));
                             bytes.push(byte_level_bytes(&t));
@@ -433,6 +460,7 @@ impl Tokenizer {
             add_eos,
             chat_template,
             model_max_length,
+            vocab_size,
             byte_table,
         }
     }
@@ -468,14 +496,20 @@ impl Tokenizer {
         }
         let jinja = dir.join("chat_template.jinja");
         let template_file = if jinja.exists() {
-            Some(std::fs::read_to_string(&jinja).with_context(|| format!("cannot read {}", jinja.display()))?)
+            Some(
+                std::fs::read_to_string(&jinja)
+                    .with_context(|| format!("cannot read {}", jinja.display()))?,
+            )
         } else {
             None
         };
         let mut t = Self::from_hf_parts(inner, cfg.as_ref(), Some(eos_extra), template_file);
         if t.chat_template.is_none() {
             if let Some(v) = read_json(&dir.join("chat_template.json"))? {
-                t.chat_template = v.get("chat_template").and_then(|c| c.as_str()).map(String::from);
+                t.chat_template = v
+                    .get("chat_template")
+                    .and_then(|c| c.as_str())
+                    .map(String::from);
             }
         }
         Ok(t)
@@ -522,18 +556,39 @@ impl Tokenizer {
             .and_then(|c| c.get("model_max_length"))
             .and_then(|v| v.as_u64());
         // Whether the post-processor adds BOS/EOS is a fact of tokenizer.json.
-        let probe = |add: bool| inner.encode("a", add).map(|e| e.get_ids().to_vec()).unwrap_or_default();
+        let probe = |add: bool| {
+            inner
+                .encode("a", add)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default()
+        };
         let (with, without) = (probe(true), probe(false));
-        let add_bos = bos_id.is_some() && with.first() == bos_id.as_ref() && without.first() != bos_id.as_ref();
+        let add_bos = bos_id.is_some()
+            && with.first() == bos_id.as_ref()
+            && without.first() != bos_id.as_ref();
         let add_eos = with.len() > without.len() && with.last().is_some_and(|l| eos.contains(l));
-        Self::finish(inner, bos_id, eos, pad_id, unk_id, add_bos, add_eos, chat_template, model_max_length)
+        Self::finish(
+            inner,
+            None,
+            bos_id,
+            eos,
+            pad_id,
+            unk_id,
+            add_bos,
+            add_eos,
+            chat_template,
+            model_max_length,
+        )
     }
 
     /// Encode text. Special tokens written in the text (e.g. `<|im_start|>`)
     /// always encode as their single ids; `add_special` adds what the model
     /// adds around a sequence (BOS for models that want it).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode_fast(text, add_special).map_err(|e| anyhow!("tokenizer: {e}"))?;
+        let enc = self
+            .inner
+            .encode_fast(text, add_special)
+            .map_err(|e| anyhow!("tokenizer: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -574,9 +629,10 @@ impl Tokenizer {
         self.inner.decode(ids, skip_special).unwrap_or_default()
     }
 
-    /// Number of token ids (model vocabulary plus added tokens).
+    /// Number of token ids: the largest id (model vocabulary or added
+    /// token) + 1.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// Ids that end generation (the model's eos first).
@@ -665,14 +721,17 @@ impl Tokenizer {
     /// tokenizer.json contents (pretty-printed) that `tokenizers`,
     /// transformers and mlx-lm load.
     pub fn to_tokenizer_json(&self) -> Result<String> {
-        self.inner.to_string(true).map_err(|e| anyhow!("serializing tokenizer.json: {e}"))
+        self.inner
+            .to_string(true)
+            .map_err(|e| anyhow!("serializing tokenizer.json: {e}"))
     }
 
     /// tokenizer_config.json contents for a Hugging Face directory.
     pub fn to_tokenizer_config_json(&self) -> Result<String> {
         let mut cfg = Map::new();
         let mut added = Map::new();
-        let mut decoder: Vec<(u32, AddedToken)> = self.inner.get_added_tokens_decoder().into_iter().collect();
+        let mut decoder: Vec<(u32, AddedToken)> =
+            self.inner.get_added_tokens_decoder().into_iter().collect();
         decoder.sort_by_key(|(id, _)| *id);
         let mut extra_specials = vec![];
         for (id, t) in &decoder {
@@ -691,12 +750,19 @@ impl Tokenizer {
                 extra_specials.push(Value::String(t.content.clone()));
             }
         }
-        let tok = |id: Option<u32>| id.and_then(|i| self.id_to_token(i)).map(Value::String).unwrap_or(Value::Null);
+        let tok = |id: Option<u32>| {
+            id.and_then(|i| self.id_to_token(i))
+                .map(Value::String)
+                .unwrap_or(Value::Null)
+        };
         cfg.insert("add_bos_token".into(), json!(self.add_bos));
         cfg.insert("add_eos_token".into(), json!(self.add_eos));
         cfg.insert("add_prefix_space".into(), json!(false));
         cfg.insert("added_tokens_decoder".into(), Value::Object(added));
-        cfg.insert("additional_special_tokens".into(), Value::Array(extra_specials));
+        cfg.insert(
+            "additional_special_tokens".into(),
+            Value::Array(extra_specials),
+        );
         cfg.insert("bos_token".into(), tok(self.bos_id));
         cfg.insert("eos_token".into(), tok(self.eos_ids.first().copied()));
         cfg.insert("pad_token".into(), tok(self.pad_id));
@@ -709,7 +775,8 @@ impl Tokenizer {
             cfg.insert("model_max_length".into(), json!(m));
         }
         cfg.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
-        serde_json::to_string_pretty(&Value::Object(cfg)).context("serializing tokenizer_config.json")
+        serde_json::to_string_pretty(&Value::Object(cfg))
+            .context("serializing tokenizer_config.json")
     }
 
     /// special_tokens_map.json contents.
@@ -725,7 +792,8 @@ impl Tokenizer {
                 m.insert(k.into(), json!(t));
             }
         }
-        serde_json::to_string_pretty(&Value::Object(m)).context("serializing special_tokens_map.json")
+        serde_json::to_string_pretty(&Value::Object(m))
+            .context("serializing special_tokens_map.json")
     }
 
     /// Write tokenizer.json, tokenizer_config.json (bos/eos tokens and the
@@ -737,7 +805,10 @@ impl Tokenizer {
         for (name, body) in [
             ("tokenizer.json", self.to_tokenizer_json()?),
             ("tokenizer_config.json", self.to_tokenizer_config_json()?),
-            ("special_tokens_map.json", self.to_special_tokens_map_json()?),
+            (
+                "special_tokens_map.json",
+                self.to_special_tokens_map_json()?,
+            ),
         ] {
             let p = dir.join(name);
             std::fs::write(&p, body).with_context(|| format!("cannot write {}", p.display()))?;
