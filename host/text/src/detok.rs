@@ -257,7 +257,7 @@ mod window_tests {
                 s ^= s << 13;
                 s ^= s >> 7;
                 s ^= s << 17;
-                if s % 3 == 0 {
+                if s.is_multiple_of(3) {
                     let c = ['é', '€', '😀', 'x', '\n'][(s >> 8) as usize % 5];
                     let mut buf = [0u8; 4];
                     ids.extend(c.encode_utf8(&mut buf).bytes().map(|b| b as u32 + 3));

@@ -208,6 +208,25 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
 }
 
 impl Tokenizer {
+    /// Load from a path: a `.gguf` file (or any file starting with the GGUF
+    /// magic), a tokenizer.json file, or a Hugging Face model directory.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Tokenizer> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Self::from_hf_dir(path);
+        }
+        let mut magic = [0u8; 4];
+        let is_gguf = std::fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .map(|_| magic == crate::gguf::GGUF_MAGIC)
+            .unwrap_or(false);
+        if is_gguf || path.extension().is_some_and(|e| e == "gguf") {
+            Self::from_gguf_file(path)
+        } else {
+            Self::from_file(path)
+        }
+    }
+
     /// Build from the tokenizer in a GGUF file's metadata.
     pub fn from_gguf_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
         let meta = GgufMeta::open(path)?;
@@ -832,6 +851,13 @@ impl std::fmt::Debug for Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
+        check::<crate::chat::ChatTemplate>();
+    }
 
     #[test]
     fn byte_map_is_a_bijection() {

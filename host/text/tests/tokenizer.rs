@@ -346,8 +346,10 @@ fn hf_files_round_trip() {
         meta().get_str("tokenizer.chat_template").unwrap()
     );
     assert_eq!(cfg["added_tokens_decoder"]["2"]["content"], "<|im_end|>");
-    let h = Tokenizer::from_hf_dir(&dir).unwrap();
-    let j = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let h = Tokenizer::from_path(&dir).unwrap();
+    let j = Tokenizer::from_path(dir.join("tokenizer.json")).unwrap();
+    let g = Tokenizer::from_path(gguf_path()).unwrap();
+    assert_eq!(g.vocab_size(), 49152);
     assert_eq!(h.vocab_size(), t.vocab_size());
     let mut e = h.eos_ids();
     e.sort();
