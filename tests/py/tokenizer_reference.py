@@ -21,6 +21,11 @@ Backends (--backend):
                 (--no-digits-fix to see transformers' raw output).
   llama_cpp     llama-cpp-python's tokenizer (llama.cpp's own BPE and regex
                 code: fully independent of the `tokenizers` library).
+  python        a plain-Python byte-level BPE written here from llama.cpp's
+                description (split out control/user-defined tokens, then the
+                pre-tokenizer regexes of `tokenizer.ggml.pre`, GPT-2 byte
+                mapping, merges applied by rank): independent of the
+                `tokenizers` library. Needs `gguf` and `regex`.
   auto          llama_cpp if importable, else transformers.
 
 Requirements: pip install gguf transformers (torch optional), or
@@ -135,6 +140,92 @@ def transformers_encoder(path, digits_fix=True):
     return (lambda s: backend.encode(s, add_special_tokens=False).ids), how
 
 
+def python_encoder(path):
+    """Byte-level BPE from scratch (llama.cpp's algorithm, in plain Python)."""
+    import regex
+    from gguf import GGUFReader
+
+    r = GGUFReader(path)
+
+    def val(key, default=None):
+        f = r.fields.get(key)
+        return default if f is None else f.contents()
+
+    assert val("tokenizer.ggml.model") == "gpt2", "python backend: byte-level BPE only"
+    pre = val("tokenizer.ggml.pre", "default")
+    tokens = val("tokenizer.ggml.tokens")
+    types = val("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = val("tokenizer.ggml.merges")
+    gpt2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+    if pre in DIGIT_SPLIT_PRES:
+        splits = [r"\p{N}", gpt2]
+    elif pre in ("default", "gpt2", "gpt-2", "mpt", "olmo"):
+        splits = [gpt2]
+    else:
+        raise SystemExit(f"python backend: pre-tokenizer {pre!r} not implemented")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranks = {tuple(m.split(" ", 1)): i for i, m in enumerate(merges)}
+    # GPT-2 bytes_to_unicode
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_char = {b: chr(c) for b, c in zip(bs, cs)}
+    specials = sorted((t for t, ty in zip(tokens, types) if ty in (3, 4)), key=len, reverse=True)
+    special_re = regex.compile("|".join(regex.escape(t) for t in specials)) if specials else None
+
+    def split(text, pattern):
+        out = []
+        for piece in text:
+            pos = 0
+            for m in regex.finditer(pattern, piece):
+                if m.start() > pos:
+                    out.append(piece[pos : m.start()])
+                out.append(m.group(0))
+                pos = m.end()
+            if pos < len(piece):
+                out.append(piece[pos:])
+        return out
+
+    def bpe(word):
+        parts = [byte_char[b] for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            best = min(range(len(parts) - 1), key=lambda i: ranks.get((parts[i], parts[i + 1]), float("inf")))
+            if (parts[best], parts[best + 1]) not in ranks:
+                break
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
+        return [vocab[p] for p in parts]
+
+    def enc(text):
+        ids = []
+        frags = []
+        pos = 0
+        if special_re is not None:
+            for m in special_re.finditer(text):
+                frags.append((text[pos : m.start()], False))
+                frags.append((m.group(0), True))
+                pos = m.end()
+        frags.append((text[pos:], False))
+        for frag, is_special in frags:
+            if is_special:
+                ids.append(vocab[frag])
+                continue
+            if not frag:
+                continue
+            words = [frag]
+            for pattern in splits:
+                words = split(words, pattern)
+            for w in words:
+                ids.extend(bpe(w))
+        return ids
+
+    return enc, f"plain-Python byte-level BPE (pre '{pre}': {len(splits)} regex splits, {len(merges)} merges)"
+
+
 def llama_cpp_encoder(path):
     import llama_cpp
 
@@ -149,7 +240,7 @@ def llama_cpp_encoder(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=os.environ.get("SPECD_TEST_GGUF") or DEFAULT_GGUF)
-    ap.add_argument("--backend", choices=["auto", "transformers", "llama_cpp"], default="auto")
+    ap.add_argument("--backend", choices=["auto", "transformers", "llama_cpp", "python"], default="auto")
     ap.add_argument("--strings", help="JSON file with a list of strings (default: built-in list)")
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     ap.add_argument("--no-digits-fix", action="store_true")
@@ -170,6 +261,8 @@ def main():
             backend = "transformers"
     if backend == "llama_cpp":
         enc, how = llama_cpp_encoder(a.gguf)
+    elif backend == "python":
+        enc, how = python_encoder(a.gguf)
     else:
         enc, how = transformers_encoder(a.gguf, digits_fix=not a.no_digits_fix)
     out = {s: [int(i) for i in enc(s)] for s in strings}
