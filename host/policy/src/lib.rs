@@ -1,0 +1,436 @@
+//! specd's policy host: speculative-decoding policies as sandboxed
+//! WebAssembly components.
+//!
+//! A *schedule* answers, each round, how many tokens to draft (0 = a plain
+//! decoding step); an *acceptance* policy answers how many drafted tokens to
+//! keep and what to emit after them.  Both are WebAssembly components
+//! implementing the WIT package `specd:policy@0.1.0` (`wit/policy.wit` at the
+//! repository root, which documents every field), run by wasmtime.  This crate
+//! knows nothing of MLX or models: it sees plain numbers.
+//!
+//! # Use
+//!
+//! ```no_run
+//! use specd_policy::*;
+//! let host = PolicyHost::new(HostConfig::default())?;            // built-ins are loaded
+//! host.add_dir(std::path::Path::new("my-policies"))?;           // *.wasm, named by file stem
+//! let mut schedule = host.schedule("heuristic", "{}", "smollm2:135m")?;
+//! let mut acceptance = host.acceptance("greedy", "{}", 49152)?;
+//! let k = schedule.next_draft_length(&ScheduleInput { max_draft: 16, budget_left: 100, ..Default::default() })?;
+//! // ... draft k tokens, verify them ...
+//! let decision = acceptance.decide(&[Position { token: 7, p: 0.9, q: 1.0, target_argmax: 7, entropy: 0.3, uniform: 0.5 }])?;
+//! schedule.finish();                                             // carries heuristic's k to the next request
+//! # let _ = (k, decision);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+//!
+//! * One [`PolicyHost`] per process (it is `Send + Sync`; share it in an
+//!   `Arc`).  It holds one wasmtime `Engine` (pooling allocator, fuel), the
+//!   registry of policies (built-ins, `--policy-dir`, uploads) and, per
+//!   component content hash (sha256), the compiled and pre-instantiated
+//!   component.
+//! * [`PolicyHost::schedule`] / [`PolicyHost::acceptance`] make the
+//!   per-request objects: each owns its own wasmtime `Store` and a fresh
+//!   instance, so requests never share guest state.  Drop them at the end of
+//!   the request; call [`Schedule::finish`] when it ended normally so a
+//!   schedule that learns across requests (`heuristic`) keeps its state,
+//!   keyed by (policy hash, model key, canonical config).
+//! * Every call runs under a fuel budget ([`HostConfig::fuel_per_call`]) and
+//!   the instance under a memory cap ([`HostConfig::memory_limit_bytes`]).
+//!   Every answer is validated (k <= max_draft; accepted <= positions; an
+//!   explicit token < vocab_size).  Any failure is a [`PolicyError`]; after one
+//!   the object is spent (it returns the same error again): the engine ends
+//!   speculation for that request and continues with plain decoding, reports
+//!   the error (it serializes as `{policy, kind, message}`) and the next
+//!   request gets a fresh instance.  Failures and call times are counted in
+//!   [`PolicyHost::metrics`].
+//! * Components that import WASI (C with wasi-libc, ...) get a deny-all WASI:
+//!   no files, sockets, environment or arguments, empty stdin, clocks frozen at
+//!   0, a fixed "random" byte stream, stdout/stderr captured (capped at
+//!   [`HostConfig::log_limit_bytes`] per request) and written to the log
+//!   (`tracing`, target `specd_policy::guest`).  WASI calls are synchronous:
+//!   call policies from a plain thread (or `spawn_blocking`), never from
+//!   inside an async task.  Any non-WASI import is refused at load time, by name.
+//!
+//! Built-in policies (embedded; built from `plugins/` by `build.rs` through
+//! `scripts/build-plugins.sh`): schedules `constant`, `heuristic`,
+//! `heuristic-transient`, `throughput`, `heuristic-c` (the C twin of
+//! `heuristic`); acceptance `greedy`, `rejection`, `typical`.  Their exact
+//! semantics are documented in `plugins/logic/src/lib.rs`; [`native`] has the
+//! same policies as plain Rust (baselines for benchmarks).
+
+mod bench;
+mod builtin;
+mod host;
+mod metrics;
+pub mod native;
+mod sandbox;
+mod wasm;
+
+pub use bench::{bench_policy_calls, BenchReport};
+pub use builtin::builtin_components;
+pub use host::PolicyHost;
+pub use metrics::MetricsSnapshot;
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::PathBuf;
+
+/// The WIT package version this host implements.
+pub const WIT_PACKAGE: &str = "specd:policy@0.1.0";
+/// Export name of the schedule interface.
+pub const SCHEDULE_EXPORT: &str = "specd:policy/schedule@0.1.0";
+/// Export name of the acceptance interface.
+pub const ACCEPTANCE_EXPORT: &str = "specd:policy/acceptance@0.1.0";
+
+/// Limits of the policy host.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HostConfig {
+    /// Fuel (roughly: WebAssembly instructions) one call may burn, including
+    /// a request's instantiation and `create`.  Running out is a `timeout`.
+    /// The default (20 million) is a few milliseconds of CPU; the standard
+    /// policies use well under 10 thousand per call.
+    pub fuel_per_call: u64,
+    /// Linear memory one instance may use (bytes); growing past it is a
+    /// `memory_limit` failure.
+    pub memory_limit_bytes: usize,
+    /// Guest stdout + stderr kept per request (bytes); the rest is dropped.
+    pub log_limit_bytes: usize,
+    /// Largest component accepted by `add` / `check` / `add_dir` (bytes).
+    pub max_component_bytes: usize,
+    /// Instances alive at once across all requests (pooling allocator slots;
+    /// a request needs one per policy).  Past it, making a policy fails with
+    /// an `instantiate` error (the request decodes plainly).
+    pub max_instances: u32,
+    /// Largest carried schedule state kept between requests (bytes).
+    pub carried_state_limit_bytes: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            fuel_per_call: 20_000_000,
+            memory_limit_bytes: 32 << 20,
+            log_limit_bytes: 16 << 10,
+            max_component_bytes: 16 << 20,
+            max_instances: 256,
+            carried_state_limit_bytes: 64 << 10,
+        }
+    }
+}
+
+/// One finished round (WIT `round-record`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoundRecord {
+    pub drafted: u32,
+    pub accepted: u32,
+    pub draft_seconds: f64,
+    pub verify_seconds: f64,
+}
+
+/// What a schedule sees each round (WIT `schedule-input`; see the WIT for the
+/// exact meaning of each field).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleInput {
+    /// Index of the round about to run (0 = first round of the request).
+    pub round: u32,
+    /// Tokens generated so far in this request.
+    pub generated: u32,
+    /// Tokens the request may still generate.
+    pub budget_left: u32,
+    /// Largest valid answer this round.
+    pub max_draft: u32,
+    /// Most recent rounds, oldest first; the last one is round `round - 1`.
+    pub recent: Vec<RoundRecord>,
+    /// P(draft i accepted | drafts 0..i accepted), estimated so far.
+    pub position_acceptance: Vec<f64>,
+    /// Measured drafter seconds per drafted token (0 = unknown).
+    pub draft_seconds_per_token: f64,
+    /// `[j]` = measured seconds of a target forward of j + 1 new tokens
+    /// (j = 0 ..= max_draft); 0 = not measured yet.
+    pub verify_seconds_by_len: Vec<f64>,
+}
+
+/// One drafted position (WIT `position`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Position {
+    pub token: u32,
+    /// Target probability of `token`.
+    pub p: f32,
+    /// Draft probability of `token` (1 for a point-mass drafter).
+    pub q: f32,
+    pub target_argmax: u32,
+    /// Entropy (nats) of the target distribution here.
+    pub entropy: f32,
+    /// Host-drawn uniform in [0, 1).
+    pub uniform: f32,
+}
+
+/// What follows the accepted drafts when not all were accepted (WIT `correction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Correction {
+    /// Sample norm(max(0, p - q)) at the first rejected position.
+    Residual,
+    /// Sample the target distribution at the first rejected position.
+    TargetSample,
+    /// Emit exactly this token (validated < vocab_size).
+    Token(u32),
+}
+
+/// An acceptance answer (WIT `decision`).  After a full accept
+/// (`accepted == positions.len()`) the host draws the bonus token itself and
+/// ignores `correction`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub accepted: u32,
+    pub correction: Correction,
+}
+
+/// A per-request draft-length schedule.
+pub trait Schedule: Send {
+    /// The policy name it was selected by.
+    fn name(&self) -> &str;
+    /// k for this round (0 = plain step); validated `<= input.max_draft`.
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> Result<u32, PolicyError>;
+    /// Ends the request normally: hands carried state back to the host
+    /// (schedules that learn across requests).  Dropping without `finish`
+    /// carries nothing.
+    fn finish(self: Box<Self>);
+}
+
+/// A per-request acceptance policy.
+pub trait Acceptance: Send {
+    /// The policy name it was selected by.
+    fn name(&self) -> &str;
+    /// Decides one round: one entry per drafted token, in order.  Validated:
+    /// `accepted <= positions.len()`, an explicit token `< vocab_size`.
+    fn decide(&mut self, positions: &[Position]) -> Result<Decision, PolicyError>;
+}
+
+/// Why a policy failed (the `kind` of a [`PolicyError`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyErrorKind {
+    /// The guest trapped (unreachable, out-of-bounds, stack overflow, ...).
+    Trap,
+    /// The call ran out of fuel (the per-call CPU budget).
+    Timeout,
+    /// The instance tried to grow its memory past the cap.
+    MemoryLimit,
+    /// The answer broke the contract (k > max_draft, accepted > k, token >= vocab).
+    InvalidAnswer,
+    /// The component could not be instantiated (pool exhausted, start trap, ...).
+    Instantiate,
+    /// No policy by that name or hash, or it lacks the needed export.
+    NotFound,
+    /// The request's config was refused (not JSON, or the policy's `create` said no).
+    Config,
+}
+
+impl PolicyErrorKind {
+    pub const ALL: [PolicyErrorKind; 7] = [
+        PolicyErrorKind::Trap,
+        PolicyErrorKind::Timeout,
+        PolicyErrorKind::MemoryLimit,
+        PolicyErrorKind::InvalidAnswer,
+        PolicyErrorKind::Instantiate,
+        PolicyErrorKind::NotFound,
+        PolicyErrorKind::Config,
+    ];
+    /// The snake_case name used in stats, metrics labels and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyErrorKind::Trap => "trap",
+            PolicyErrorKind::Timeout => "timeout",
+            PolicyErrorKind::MemoryLimit => "memory_limit",
+            PolicyErrorKind::InvalidAnswer => "invalid_answer",
+            PolicyErrorKind::Instantiate => "instantiate",
+            PolicyErrorKind::NotFound => "not_found",
+            PolicyErrorKind::Config => "config",
+        }
+    }
+    pub(crate) fn index(self) -> usize {
+        Self::ALL.iter().position(|k| *k == self).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for PolicyErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A policy failure: ends speculation for the request (which continues as
+/// plain decoding).  Serializes as `{"policy", "kind", "message"}` — the
+/// `policy_failure` of the request's stats.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyError {
+    pub policy: String,
+    pub kind: PolicyErrorKind,
+    pub message: String,
+}
+
+impl PolicyError {
+    pub fn new(policy: impl Into<String>, kind: PolicyErrorKind, message: impl Into<String>) -> Self {
+        PolicyError { policy: policy.into(), kind, message: message.into() }
+    }
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "policy {:?} failed ({}): {}", self.policy, self.kind, self.message)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// Which interfaces a component exports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exports {
+    pub schedule: bool,
+    pub acceptance: bool,
+}
+
+impl fmt::Display for Exports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.schedule, self.acceptance) {
+            (true, true) => f.write_str("schedule, acceptance"),
+            (true, false) => f.write_str("schedule"),
+            (false, true) => f.write_str("acceptance"),
+            (false, false) => f.write_str("-"),
+        }
+    }
+}
+
+/// Where a registered policy came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type", content = "path")]
+pub enum PolicySource {
+    /// Embedded in the binary.
+    Builtin,
+    /// Loaded from a file (`--policy-dir`).
+    File(PathBuf),
+    /// Added through [`PolicyHost::add`] (HTTP upload).
+    Upload,
+    /// Only checked ([`PolicyHost::check`]), not registered.
+    Checked,
+}
+
+/// A policy as `specd policy list` / `GET /api/policies` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyInfo {
+    pub name: String,
+    /// sha256 of the component bytes, lowercase hex: the policy's identity.
+    pub sha256: String,
+    pub exports: Exports,
+    pub builtin: bool,
+    pub source: PolicySource,
+    /// The component imports WASI (runs under the deny-all WASI).
+    pub imports_wasi: bool,
+    pub size_bytes: usize,
+}
+
+/// Why a component does not fit (`specd policy check`, uploads).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckError {
+    /// Bigger than [`HostConfig::max_component_bytes`].
+    TooLarge { size: usize, limit: usize },
+    /// Not WebAssembly at all.
+    NotWasm,
+    /// A core WebAssembly module, not a component.
+    NotAComponent,
+    /// wasmtime refused the bytes (invalid component, unsupported feature).
+    Invalid(String),
+    /// Exports specd:policy interfaces, but of another version.
+    WrongVersion { found: Vec<String> },
+    /// Exports neither specd:policy interface (lists what it exports).
+    MissingExport { exports: Vec<String> },
+    /// Imports something other than WASI.
+    ForbiddenImport { name: String, detail: String },
+    /// An export is there but its functions or types do not match the WIT.
+    Mismatch { export: String, detail: String },
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::TooLarge { size, limit } => {
+                write!(f, "component is {size} bytes, over the limit of {limit} bytes")
+            }
+            CheckError::NotWasm => f.write_str("not a WebAssembly binary (no \\0asm header)"),
+            CheckError::NotAComponent => f.write_str(
+                "a core WebAssembly module, not a component: build for wasm32-wasip2 (cargo) or wrap it with a component linker (wasm-component-ld / wasm-tools component new)",
+            ),
+            CheckError::Invalid(m) => write!(f, "invalid component: {m}"),
+            CheckError::WrongVersion { found } => write!(
+                f,
+                "exports {} but this host implements {WIT_PACKAGE} (exports {SCHEDULE_EXPORT} and/or {ACCEPTANCE_EXPORT}); rebuild against wit/policy.wit",
+                found.join(", ")
+            ),
+            CheckError::MissingExport { exports } => write!(
+                f,
+                "exports neither {SCHEDULE_EXPORT} nor {ACCEPTANCE_EXPORT} (it exports: {})",
+                if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
+            ),
+            CheckError::ForbiddenImport { name, detail } => write!(
+                f,
+                "imports `{name}`, which specd does not provide (policies may import only WASI 0.2, which is deny-all){}",
+                if detail.is_empty() { String::new() } else { format!(": {detail}") }
+            ),
+            CheckError::Mismatch { export, detail } => {
+                write!(f, "export `{export}` does not match {WIT_PACKAGE}: {detail}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+/// Registry failures (`add`, `remove`): map to HTTP statuses with [`RegistryError::http_status`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistryError {
+    /// The name belongs to a built-in policy (409).
+    BuiltinName(String),
+    /// A built-in cannot be removed (409).
+    RemoveBuiltin(String),
+    /// No such policy (404).
+    NotFound(String),
+    /// The name is not acceptable: 1-64 chars of `a-z 0-9 . _ -`, not 64 hex digits (400).
+    BadName(String),
+    /// The component does not fit (400).
+    Invalid(CheckError),
+}
+
+impl RegistryError {
+    pub fn http_status(&self) -> u16 {
+        match self {
+            RegistryError::BuiltinName(_) | RegistryError::RemoveBuiltin(_) => 409,
+            RegistryError::NotFound(_) => 404,
+            RegistryError::BadName(_) | RegistryError::Invalid(_) => 400,
+        }
+    }
+}
+
+impl fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegistryError::BuiltinName(n) => write!(f, "{n:?} is the name of a built-in policy; choose another name"),
+            RegistryError::RemoveBuiltin(n) => write!(f, "{n:?} is a built-in policy and cannot be removed"),
+            RegistryError::NotFound(n) => write!(f, "no policy named or hashed {n:?}"),
+            RegistryError::BadName(n) => write!(
+                f,
+                "bad policy name {n:?}: use 1-64 characters of a-z, 0-9, '.', '_', '-' (and not a 64-digit hex hash)"
+            ),
+            RegistryError::Invalid(e) => write!(f, "component refused: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RegistryError {}
+
+impl From<CheckError> for RegistryError {
+    fn from(e: CheckError) -> Self {
+        RegistryError::Invalid(e)
+    }
+}

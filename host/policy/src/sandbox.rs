@@ -1,0 +1,195 @@
+//! The per-request sandbox: store state, resource limits, deny-all WASI, and
+//! turning wasmtime errors into [`PolicyError`]s.
+
+use crate::{PolicyError, PolicyErrorKind};
+use std::time::Duration;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+pub(crate) mod bind_schedule {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "schedule-policy",
+    });
+}
+
+pub(crate) mod bind_acceptance {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "acceptance-policy",
+    });
+}
+
+/// Store data of one request's instance.
+pub(crate) struct HostState {
+    pub limits: Limits,
+    wasi: Option<Box<GuestWasi>>,
+    log_limit: usize,
+    /// Policy name, for the log lines of captured output.
+    pub policy: String,
+}
+
+struct GuestWasi {
+    ctx: WasiCtx,
+    table: ResourceTable,
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+    logged_out: usize,
+    logged_err: usize,
+}
+
+impl HostState {
+    pub fn new(policy: &str, memory_limit: usize, log_limit: usize) -> Self {
+        HostState {
+            limits: Limits { memory_limit, memory_exceeded: false },
+            wasi: None,
+            log_limit,
+            policy: policy.to_string(),
+        }
+    }
+
+    /// Writes guest output captured since the last call to the log.
+    pub fn flush_guest_output(&mut self) {
+        let Some(w) = self.wasi.as_mut() else { return };
+        for (pipe, logged, stream) in
+            [(&w.stdout, &mut w.logged_out, "stdout"), (&w.stderr, &mut w.logged_err, "stderr")]
+        {
+            let bytes = pipe.contents();
+            if bytes.len() > *logged {
+                let text = String::from_utf8_lossy(&bytes[*logged..]);
+                for line in text.lines() {
+                    tracing::info!(target: "specd_policy::guest", policy = %self.policy, stream, "{line}");
+                }
+                *logged = bytes.len();
+                if bytes.len() >= self.log_limit {
+                    tracing::warn!(target: "specd_policy::guest", policy = %self.policy, stream,
+                        "guest output reached the {} byte cap; the rest is dropped", self.log_limit);
+                }
+            }
+        }
+    }
+}
+
+/// The deny-all WASI context: nothing to read, nothing to reach, nothing
+/// that varies.
+fn deny_all_wasi(log_limit: usize) -> GuestWasi {
+    let stdout = MemoryOutputPipe::new(log_limit);
+    let stderr = MemoryOutputPipe::new(log_limit);
+    let ctx = WasiCtxBuilder::new()
+        // no preopened directories, no env, no args, no network (the defaults)
+        .stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(Vec::<u8>::new()))
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .wall_clock(FrozenClock)
+        .monotonic_clock(FrozenClock)
+        .secure_random(wasmtime_wasi::Deterministic::new(vec![0x5a]))
+        .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x5a]))
+        .insecure_random_seed(0)
+        .allow_ip_name_lookup(false)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .build();
+    GuestWasi { ctx, table: ResourceTable::new(), stdout, stderr, logged_out: 0, logged_err: 0 }
+}
+
+/// Clocks that never move: time is not a capability policies get (they get
+/// measured timings as numbers in their input).
+struct FrozenClock;
+
+impl HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        // Built on first use: components that import nothing never pay for it.
+        let log_limit = self.log_limit;
+        let w = self.wasi.get_or_insert_with(|| Box::new(deny_all_wasi(log_limit)));
+        WasiCtxView { ctx: &mut w.ctx, table: &mut w.table }
+    }
+}
+
+/// Memory cap; remembers that it refused so the trap is reported as a
+/// memory-limit failure.
+pub(crate) struct Limits {
+    memory_limit: usize,
+    pub memory_exceeded: bool,
+}
+
+impl wasmtime::ResourceLimiter for Limits {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_limit {
+            self.memory_exceeded = true;
+            wasmtime::bail!("memory limit: the policy asked for {desired} bytes of linear memory, the cap is {}", self.memory_limit);
+        }
+        Ok(true)
+    }
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+/// Classifies a wasmtime error from a guest call.
+pub(crate) fn classify(policy: &str, what: &str, state: &HostState, err: &wasmtime::Error) -> PolicyError {
+    let kind = if state.limits.memory_exceeded {
+        PolicyErrorKind::MemoryLimit
+    } else {
+        match err.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::OutOfFuel) | Some(wasmtime::Trap::Interrupt) => PolicyErrorKind::Timeout,
+            _ => PolicyErrorKind::Trap,
+        }
+    };
+    let detail = match kind {
+        PolicyErrorKind::Timeout => "ran out of its CPU budget (fuel) — an endless loop or too much work per call".to_string(),
+        PolicyErrorKind::MemoryLimit => first_line(&chain(err)),
+        _ => first_line(&chain(err)),
+    };
+    PolicyError::new(policy, kind, format!("{what}: {detail}"))
+}
+
+/// The error and its causes on one line.
+pub(crate) fn chain(err: &wasmtime::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let s = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ")
+}
+
+fn first_line(s: &str) -> String {
+    // Trap messages carry a wasm backtrace on following lines; keep it short.
+    let mut out = String::new();
+    for line in s.lines() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with("wasm backtrace") || t.starts_with("0:") || t.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+            break;
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(t);
+    }
+    if out.is_empty() {
+        s.lines().next().unwrap_or("").to_string()
+    } else {
+        out
+    }
+}

@@ -1,0 +1,247 @@
+//! Per-request policy objects backed by a component instance in its own Store.
+
+use crate::host::Inner;
+use crate::sandbox::{bind_acceptance, bind_schedule, classify, HostState};
+use crate::{Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, Schedule, ScheduleInput};
+use std::sync::Arc;
+use std::time::Instant;
+use wasmtime::component::ResourceAny;
+use wasmtime::Store;
+
+use bind_acceptance::exports::specd::policy::acceptance as wa;
+use bind_schedule::exports::specd::policy::schedule as ws;
+
+fn new_store(inner: &Inner, policy: &str) -> Result<Store<HostState>, PolicyError> {
+    let mut store = Store::new(
+        &inner.engine,
+        HostState::new(policy, inner.cfg.memory_limit_bytes, inner.cfg.log_limit_bytes),
+    );
+    store.limiter(|s| &mut s.limits);
+    store
+        .set_fuel(inner.cfg.fuel_per_call)
+        .map_err(|e| PolicyError::new(policy, PolicyErrorKind::Instantiate, e.to_string()))?;
+    Ok(store)
+}
+
+fn refuel(store: &mut Store<HostState>, fuel: u64) {
+    // Cannot fail: fuel is enabled on the engine.
+    let _ = store.set_fuel(fuel);
+}
+
+/// Instantiation errors: a trap or time-out in start code is reported as such,
+/// anything else (pool exhausted, ...) as `instantiate`.
+fn instantiate_error(policy: &str, store: &Store<HostState>, e: &wasmtime::Error) -> PolicyError {
+    let mut err = classify(policy, "instantiating", store.data(), e);
+    if err.kind == PolicyErrorKind::Trap && e.downcast_ref::<wasmtime::Trap>().is_none() {
+        err.kind = PolicyErrorKind::Instantiate;
+    }
+    err
+}
+
+pub(crate) struct WasmSchedule {
+    inner: Arc<Inner>,
+    name: String,
+    store: Store<HostState>,
+    bindings: bind_schedule::SchedulePolicy,
+    resource: ResourceAny,
+    carry_key: (String, String, String),
+    failed: Option<PolicyError>,
+}
+
+impl WasmSchedule {
+    pub fn new(
+        inner: Arc<Inner>,
+        name: &str,
+        pre: &bind_schedule::SchedulePolicyPre<HostState>,
+        config: &str,
+        carried: Option<Vec<u8>>,
+        carry_key: (String, String, String),
+    ) -> Result<Self, PolicyError> {
+        let mut store = new_store(&inner, name)?;
+        let bindings = pre.instantiate(&mut store).map_err(|e| instantiate_error(name, &store, &e))?;
+        refuel(&mut store, inner.cfg.fuel_per_call);
+        let created = bindings.specd_policy_schedule().scheduler().call_create(&mut store, config, carried.as_deref());
+        store.data_mut().flush_guest_output();
+        let resource = match created {
+            Ok(Ok(r)) => r,
+            Ok(Err(msg)) => return Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
+            Err(e) => return Err(classify(name, "create", store.data(), &e)),
+        };
+        Ok(WasmSchedule { inner, name: name.to_string(), store, bindings, resource, carry_key, failed: None })
+    }
+}
+
+impl Schedule for WasmSchedule {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> Result<u32, PolicyError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let t = Instant::now();
+        let wit_input = ws::ScheduleInput {
+            round: input.round,
+            generated: input.generated,
+            budget_left: input.budget_left,
+            max_draft: input.max_draft,
+            recent: input
+                .recent
+                .iter()
+                .map(|r| ws::RoundRecord {
+                    drafted: r.drafted,
+                    accepted: r.accepted,
+                    draft_seconds: r.draft_seconds,
+                    verify_seconds: r.verify_seconds,
+                })
+                .collect(),
+            position_acceptance: input.position_acceptance.clone(),
+            draft_seconds_per_token: input.draft_seconds_per_token,
+            verify_seconds_by_len: input.verify_seconds_by_len.clone(),
+        };
+        refuel(&mut self.store, self.inner.cfg.fuel_per_call);
+        let out = self.bindings.specd_policy_schedule().scheduler().call_next_draft_length(
+            &mut self.store,
+            self.resource,
+            &wit_input,
+        );
+        self.store.data_mut().flush_guest_output();
+        self.inner.metrics.schedule_call(t.elapsed());
+        let result = match out {
+            Ok(k) if k <= input.max_draft => return Ok(k),
+            Ok(k) => PolicyError::new(
+                &self.name,
+                PolicyErrorKind::InvalidAnswer,
+                format!("next-draft-length answered {k}, above max-draft {}", input.max_draft),
+            ),
+            Err(e) => classify(&self.name, "next-draft-length", self.store.data(), &e),
+        };
+        self.inner.metrics.failure(result.kind);
+        tracing::warn!(policy = %self.name, kind = %result.kind, "{}", result.message);
+        self.failed = Some(result.clone());
+        Err(result)
+    }
+
+    fn finish(mut self: Box<Self>) {
+        if self.failed.is_some() {
+            return;
+        }
+        refuel(&mut self.store, self.inner.cfg.fuel_per_call);
+        let out = self.bindings.specd_policy_schedule().scheduler().call_carry(&mut self.store, self.resource);
+        self.store.data_mut().flush_guest_output();
+        match out {
+            Ok(bytes) => self.inner.store_carried(self.carry_key.clone(), bytes),
+            Err(e) => {
+                let err = classify(&self.name, "carry", self.store.data(), &e);
+                self.inner.metrics.failure(err.kind);
+                tracing::warn!(policy = %self.name, kind = %err.kind, "{} (state not carried)", err.message);
+            }
+        }
+    }
+}
+
+pub(crate) struct WasmAcceptance {
+    inner: Arc<Inner>,
+    name: String,
+    store: Store<HostState>,
+    bindings: bind_acceptance::AcceptancePolicy,
+    resource: ResourceAny,
+    vocab_size: u32,
+    failed: Option<PolicyError>,
+    scratch: Vec<wa::Position>,
+}
+
+impl WasmAcceptance {
+    pub fn new(
+        inner: Arc<Inner>,
+        name: &str,
+        pre: &bind_acceptance::AcceptancePolicyPre<HostState>,
+        config: &str,
+        vocab_size: u32,
+    ) -> Result<Self, PolicyError> {
+        let mut store = new_store(&inner, name)?;
+        let bindings = pre.instantiate(&mut store).map_err(|e| instantiate_error(name, &store, &e))?;
+        refuel(&mut store, inner.cfg.fuel_per_call);
+        let created = bindings.specd_policy_acceptance().acceptor().call_create(&mut store, config, vocab_size);
+        store.data_mut().flush_guest_output();
+        let resource = match created {
+            Ok(Ok(r)) => r,
+            Ok(Err(msg)) => return Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
+            Err(e) => return Err(classify(name, "create", store.data(), &e)),
+        };
+        Ok(WasmAcceptance {
+            inner,
+            name: name.to_string(),
+            store,
+            bindings,
+            resource,
+            vocab_size,
+            failed: None,
+            scratch: Vec::new(),
+        })
+    }
+}
+
+impl Acceptance for WasmAcceptance {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn decide(&mut self, positions: &[Position]) -> Result<Decision, PolicyError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if positions.is_empty() {
+            return Ok(Decision { accepted: 0, correction: Correction::TargetSample });
+        }
+        let t = Instant::now();
+        self.scratch.clear();
+        self.scratch.extend(positions.iter().map(|p| wa::Position {
+            token: p.token,
+            p: p.p,
+            q: p.q,
+            target_argmax: p.target_argmax,
+            entropy: p.entropy,
+            uniform: p.uniform,
+        }));
+        refuel(&mut self.store, self.inner.cfg.fuel_per_call);
+        let out = self.bindings.specd_policy_acceptance().acceptor().call_decide(
+            &mut self.store,
+            self.resource,
+            &self.scratch,
+        );
+        self.store.data_mut().flush_guest_output();
+        self.inner.metrics.acceptance_call(t.elapsed());
+        let err = match out {
+            Ok(d) => {
+                let correction = match d.correction {
+                    wa::Correction::Residual => Correction::Residual,
+                    wa::Correction::TargetSample => Correction::TargetSample,
+                    wa::Correction::Token(t) => Correction::Token(t),
+                };
+                let k = positions.len() as u32;
+                if d.accepted > k {
+                    PolicyError::new(
+                        &self.name,
+                        PolicyErrorKind::InvalidAnswer,
+                        format!("decide accepted {} of {k} drafted tokens", d.accepted),
+                    )
+                } else if matches!(correction, Correction::Token(t) if t >= self.vocab_size) {
+                    PolicyError::new(
+                        &self.name,
+                        PolicyErrorKind::InvalidAnswer,
+                        format!("decide corrected with token {correction:?}, outside the vocabulary of {} tokens", self.vocab_size),
+                    )
+                } else {
+                    return Ok(Decision { accepted: d.accepted, correction });
+                }
+            }
+            Err(e) => classify(&self.name, "decide", self.store.data(), &e),
+        };
+        self.inner.metrics.failure(err.kind);
+        tracing::warn!(policy = %self.name, kind = %err.kind, "{}", err.message);
+        self.failed = Some(err.clone());
+        Err(err)
+    }
+}

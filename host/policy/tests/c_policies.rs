@@ -1,0 +1,89 @@
+//! The second-language policies: the C twin of `heuristic` decides exactly
+//! like the Rust one, and a WASI-importing C policy (wasi-libc, printf) runs
+//! under the deny-all WASI, its output captured to the log, unable to read
+//! a file.
+
+mod common;
+use common::*;
+use specd_policy::{PolicyErrorKind, ScheduleInput};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+#[test]
+fn c_heuristic_decides_exactly_like_the_rust_heuristic() {
+    let mut rng = Lcg(2024);
+    let configs = ["{}", r#"{"initial": 1}"#, r#"{"initial":7}"#, r#"{"initial": 40}"#];
+    for request in 0..40u32 {
+        let config = configs[(request % 4) as usize];
+        let model = format!("twin-{}", request % 3);
+        let mut c = host().schedule("heuristic-c", config, &model).unwrap();
+        let mut r = host().schedule("heuristic", config, &model).unwrap();
+        let mut recent: Vec<(u32, u32)> = Vec::new();
+        let rounds = 1 + rng.below(60);
+        for round in 0..rounds {
+            let max = rng.below(17); // 0..=16, 0 included
+            let i: ScheduleInput = input(round, max, &recent);
+            let (kc, kr) = (c.next_draft_length(&i).unwrap(), r.next_draft_length(&i).unwrap());
+            assert_eq!(kc, kr, "request {request} round {round} config {config}");
+            // outcome: full accept half the time, else a random partial (or a plain step)
+            let accepted = if rng.below(2) == 0 { kr } else { rng.below(kr + 1) };
+            recent.push((kr, accepted));
+        }
+        // both carry their k (separately: keys hold the policy hash)
+        c.finish();
+        r.finish();
+        assert_eq!(
+            host().carried_state("heuristic-c", &model, config),
+            host().carried_state("heuristic", &model, config),
+            "carried state after request {request}"
+        );
+    }
+    // same config errors
+    for bad in [r#"{"initial": 0}"#, r#"{"initial": -1}"#, r#"{"initial": 2.5}"#, r#"{"k": 3}"#, "[1]", r#"{"initial": 99999999999}"#] {
+        let c = host().schedule("heuristic-c", bad, "m").err().map(|e| e.kind);
+        let r = host().schedule("heuristic", bad, "m").err().map(|e| e.kind);
+        assert_eq!(c, Some(PolicyErrorKind::Config), "C accepted {bad}");
+        assert_eq!(r, Some(PolicyErrorKind::Config), "Rust accepted {bad}");
+    }
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn wasi_printf_policy_runs_sandboxed_and_cannot_read_files() {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let bytes = plugin_file("wasi-demo-c");
+    let info = host().check(&bytes).unwrap();
+    assert!(info.imports_wasi && info.exports.schedule);
+    host().add("wasi-demo", &bytes).unwrap();
+    let mut s = host().schedule("wasi-demo", r#"{"x":1}"#, "m").unwrap();
+    for round in 0..3 {
+        // 1 = no file, no environment, no clock could be reached
+        assert_eq!(s.next_draft_length(&input(round, 16, &[])).unwrap(), 1);
+    }
+    s.finish();
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains(r#"wasi-demo: hello from C, config {"x":1}"#), "{text}");
+    assert!(text.contains("wasi-demo: round 2 -> k 1"), "{text}");
+    assert!(text.contains("probes reached mask 0"), "{text}");
+    assert!(text.contains("stream=\"stdout\"") || text.contains("stream=stdout") || text.contains("stdout"), "{text}");
+}

@@ -1,0 +1,578 @@
+//! The standard specd policies as plain Rust.
+//!
+//! This crate is the logic inside the built-in policy components (each
+//! component under `plugins/rust/` is a thin wit-bindgen shim over one type
+//! here, see [`schedule_component!`] and [`acceptance_component!`]) and the
+//! native baselines of the host (`specd_policy::native`), so both decide the
+//! same way by construction.  The reference semantics each policy follows are
+//! stated on its type.  Nothing here knows about WebAssembly.
+//!
+//! `no_std` + `alloc`, so that the components need no WASI at all: Rust's
+//! `std` on wasm32-wasip2 imports WASI (stderr for panic messages,
+//! environment, exit), and a component with no imports is the smallest
+//! possible sandbox.
+#![no_std]
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use serde::Deserialize;
+
+/// One finished round (mirror of the WIT `round-record`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoundRecord {
+    pub drafted: u32,
+    pub accepted: u32,
+    pub draft_seconds: f64,
+    pub verify_seconds: f64,
+}
+
+/// What a schedule sees (mirror of the WIT `schedule-input`; see the WIT for
+/// the meaning of every field).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScheduleInput {
+    pub round: u32,
+    pub generated: u32,
+    pub budget_left: u32,
+    pub max_draft: u32,
+    pub recent: Vec<RoundRecord>,
+    pub position_acceptance: Vec<f64>,
+    pub draft_seconds_per_token: f64,
+    pub verify_seconds_by_len: Vec<f64>,
+}
+
+/// One drafted position (mirror of the WIT `position`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Position {
+    pub token: u32,
+    pub p: f32,
+    pub q: f32,
+    pub target_argmax: u32,
+    pub entropy: f32,
+    pub uniform: f32,
+}
+
+/// Mirror of the WIT `correction`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Correction {
+    Residual,
+    TargetSample,
+    Token(u32),
+}
+
+/// Mirror of the WIT `decision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub accepted: u32,
+    pub correction: Correction,
+}
+
+/// A draft-length schedule (one value per request).
+pub trait ScheduleLogic: Sized {
+    fn create(config: &str, carried: Option<&[u8]>) -> Result<Self, String>;
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> u32;
+    fn carry(&self) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// An acceptance rule (one value per request).
+pub trait AcceptanceLogic: Sized {
+    fn create(config: &str, vocab_size: u32) -> Result<Self, String>;
+    fn decide(&mut self, positions: &[Position]) -> Decision;
+}
+
+/// Parses a JSON config; empty text means `{}`. Unknown keys are errors.
+pub fn parse_config<T: for<'de> Deserialize<'de>>(config: &str) -> Result<T, String> {
+    let text = if config.trim().is_empty() { "{}" } else { config };
+    serde_json::from_str(text).map_err(|e| format!("bad config {config:?}: {e}"))
+}
+
+// ---------------------------------------------------------------- schedules
+
+/// `constant`: always k (config `{"k": 4}`), clipped to `max-draft`.
+#[derive(Clone, Debug)]
+pub struct Constant {
+    pub k: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConstantConfig {
+    #[serde(default = "default_initial")]
+    k: u32,
+}
+
+fn default_initial() -> u32 {
+    4
+}
+
+impl ScheduleLogic for Constant {
+    fn create(config: &str, _carried: Option<&[u8]>) -> Result<Self, String> {
+        let c: ConstantConfig = parse_config(config)?;
+        Ok(Constant { k: c.k })
+    }
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
+        self.k.min(input.max_draft)
+    }
+}
+
+/// `heuristic` / `heuristic-transient`: Hugging Face transformers'
+/// `num_assistant_tokens_schedule = "heuristic"`.
+///
+/// k starts at `initial` (config `{"initial": 4}`).  Before every round but the
+/// first, the previous round (the last element of `recent`) updates it: +2
+/// when every drafted token was accepted, -1 otherwise (never below 1); a
+/// round that drafted nothing changes nothing.  k is kept within
+/// [1, max-draft] and the answer is k (0 only when max-draft is 0).
+///
+/// `heuristic` carries k across requests (4 bytes, little-endian u32, handed
+/// back by `carry` and read by the next request's `create`), as HF keeps it on
+/// the assistant model; `heuristic-transient` starts every request at
+/// `initial`.
+#[derive(Clone, Debug)]
+pub struct Heuristic {
+    pub k: u32,
+    pub transient: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeuristicConfig {
+    #[serde(default = "default_initial")]
+    initial: u32,
+}
+
+impl Heuristic {
+    pub fn new(config: &str, carried: Option<&[u8]>, transient: bool) -> Result<Self, String> {
+        let c: HeuristicConfig = parse_config(config)?;
+        if c.initial == 0 {
+            return Err("bad config: initial must be >= 1".into());
+        }
+        let mut k = c.initial;
+        if !transient {
+            if let Some(&[a, b, c, d]) = carried {
+                k = u32::from_le_bytes([a, b, c, d]).max(1);
+            }
+        }
+        Ok(Heuristic { k, transient })
+    }
+}
+
+impl ScheduleLogic for Heuristic {
+    fn create(config: &str, carried: Option<&[u8]>) -> Result<Self, String> {
+        Heuristic::new(config, carried, false)
+    }
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
+        if input.round > 0 {
+            if let Some(last) = input.recent.last() {
+                if last.drafted > 0 {
+                    if last.accepted >= last.drafted {
+                        self.k = self.k.saturating_add(2);
+                    } else {
+                        self.k = self.k.saturating_sub(1).max(1);
+                    }
+                }
+            }
+        }
+        if input.max_draft == 0 {
+            return 0;
+        }
+        self.k = self.k.clamp(1, input.max_draft);
+        self.k
+    }
+    fn carry(&self) -> Option<Vec<u8>> {
+        (!self.transient).then(|| self.k.to_le_bytes().to_vec())
+    }
+}
+
+/// The transient variant as its own type (for the component shims).
+#[derive(Clone, Debug)]
+pub struct HeuristicTransient(pub Heuristic);
+
+impl ScheduleLogic for HeuristicTransient {
+    fn create(config: &str, carried: Option<&[u8]>) -> Result<Self, String> {
+        Heuristic::new(config, carried, true).map(HeuristicTransient)
+    }
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
+        self.0.next_draft_length(input)
+    }
+}
+
+/// `throughput`: the k that maximizes expected tokens per second.
+///
+/// For each k in 0..=K, K = min(max-draft, budget-left - 1):
+///
+///     tokens(k) = 1 + a0 + a0*a1 + ... + a0*...*a(k-1)   (accepted drafts + the correction/bonus token)
+///     cost(k)   = k * draft-seconds-per-token + verify(k)
+///
+/// with a_i = position-acceptance[i] (clamped to [0, 1]; `prior`, default 0.6,
+/// where the host has no estimate) and verify(k) = verify-seconds-by-len[k],
+/// where unmeasured lengths are interpolated linearly between measured ones
+/// and extrapolated from the last two (flat from a single one).  The answer is
+/// the k with the highest tokens(k) / cost(k), the smallest on ties; 0 (a
+/// plain step) when speculation does not pay.  With no verify timing at all
+/// yet it answers min(`initial`, K) (config `{"initial": 4, "prior": 0.6}`).
+#[derive(Clone, Debug)]
+pub struct Throughput {
+    pub initial: u32,
+    pub prior: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ThroughputConfig {
+    #[serde(default = "default_initial")]
+    initial: u32,
+    #[serde(default = "default_prior")]
+    prior: f64,
+}
+
+fn default_prior() -> f64 {
+    0.6
+}
+
+/// Verify cost of k drafts (k + 1 new tokens) from possibly partial measurements.
+pub fn estimate_verify(measured: &[f64], k: usize) -> Option<f64> {
+    let known = |j: usize| measured.get(j).copied().filter(|t| t.is_finite() && *t > 0.0);
+    if let Some(t) = known(k) {
+        return Some(t);
+    }
+    let below: Vec<usize> = (0..k.min(measured.len())).filter(|&j| known(j).is_some()).collect();
+    let above = (k + 1..measured.len()).find(|&j| known(j).is_some());
+    match (below.last(), above) {
+        (Some(&lo), Some(hi)) => {
+            let (tl, th) = (known(lo)?, known(hi)?);
+            Some(tl + (th - tl) * (k - lo) as f64 / (hi - lo) as f64)
+        }
+        (Some(&lo), None) => {
+            let tl = known(lo)?;
+            if below.len() >= 2 {
+                let lo2 = below[below.len() - 2];
+                let slope = ((tl - known(lo2)?) / (lo - lo2) as f64).max(0.0);
+                Some(tl + slope * (k - lo) as f64)
+            } else {
+                Some(tl)
+            }
+        }
+        (None, Some(hi)) => known(hi),
+        (None, None) => None,
+    }
+}
+
+impl ScheduleLogic for Throughput {
+    fn create(config: &str, _carried: Option<&[u8]>) -> Result<Self, String> {
+        let c: ThroughputConfig = parse_config(config)?;
+        if !(0.0..=1.0).contains(&c.prior) {
+            return Err("bad config: prior must be within [0, 1]".into());
+        }
+        Ok(Throughput { initial: c.initial, prior: c.prior })
+    }
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
+        let kmax = input.max_draft.min(input.budget_left.saturating_sub(1));
+        if kmax == 0 {
+            return 0;
+        }
+        if estimate_verify(&input.verify_seconds_by_len, 0).is_none() {
+            return self.initial.min(kmax);
+        }
+        let draft = if input.draft_seconds_per_token.is_finite() {
+            input.draft_seconds_per_token.max(0.0)
+        } else {
+            0.0
+        };
+        let mut best = (0u32, f64::NEG_INFINITY);
+        let (mut tokens, mut reach) = (1.0f64, 1.0f64);
+        for k in 0..=kmax {
+            if k > 0 {
+                let i = (k - 1) as usize;
+                let a = input.position_acceptance.get(i).copied().unwrap_or(self.prior);
+                let a = if a.is_finite() { a.clamp(0.0, 1.0) } else { self.prior };
+                reach *= a;
+                tokens += reach;
+            }
+            let Some(verify) = estimate_verify(&input.verify_seconds_by_len, k as usize) else {
+                break;
+            };
+            let cost = k as f64 * draft + verify;
+            let rate = tokens / cost;
+            if rate > best.1 * (1.0 + 1e-9) {
+                best = (k, rate);
+            }
+        }
+        best.0
+    }
+}
+
+// --------------------------------------------------------------- acceptance
+
+/// `greedy`: accept drafts while each equals the target argmax (the
+/// temperature-0 rule).  Correction at the first mismatch: the target argmax
+/// as an explicit token (config `{"correction": "argmax"}`, the default), so
+/// the output is exactly greedy decoding of the target whatever the sampling
+/// settings; `{"correction": "sample"}` asks the host for a target sample
+/// instead.
+#[derive(Clone, Debug)]
+pub struct Greedy {
+    pub sample: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GreedyConfig {
+    #[serde(default)]
+    correction: Option<String>,
+}
+
+impl AcceptanceLogic for Greedy {
+    fn create(config: &str, _vocab_size: u32) -> Result<Self, String> {
+        let c: GreedyConfig = parse_config(config)?;
+        let sample = match c.correction.as_deref() {
+            None | Some("argmax") => false,
+            Some("sample") => true,
+            Some(other) => return Err(format!("bad config: correction {other:?} (argmax or sample)")),
+        };
+        Ok(Greedy { sample })
+    }
+    fn decide(&mut self, positions: &[Position]) -> Decision {
+        for (i, p) in positions.iter().enumerate() {
+            if p.token != p.target_argmax {
+                let correction = if self.sample { Correction::TargetSample } else { Correction::Token(p.target_argmax) };
+                return Decision { accepted: i as u32, correction };
+            }
+        }
+        Decision { accepted: positions.len() as u32, correction: Correction::TargetSample }
+    }
+}
+
+/// `rejection`: speculative sampling (Leviathan et al. 2023, Chen et al.
+/// 2023).  Draft i is accepted iff `uniform * q < p`, i.e. with probability
+/// min(1, p/q) (always when q = 0 < p, never when p = 0); the first rejected
+/// position is corrected from the residual norm(max(0, p - q)), which the host
+/// samples.  Lossless: the output follows the target distribution.
+#[derive(Clone, Debug)]
+pub struct Rejection;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmptyConfig {}
+
+impl AcceptanceLogic for Rejection {
+    fn create(config: &str, _vocab_size: u32) -> Result<Self, String> {
+        let _: EmptyConfig = parse_config(config)?;
+        Ok(Rejection)
+    }
+    fn decide(&mut self, positions: &[Position]) -> Decision {
+        for (i, p) in positions.iter().enumerate() {
+            if p.uniform * p.q >= p.p {
+                return Decision { accepted: i as u32, correction: Correction::Residual };
+            }
+        }
+        Decision { accepted: positions.len() as u32, correction: Correction::Residual }
+    }
+}
+
+/// `typical`: Medusa's typical acceptance (Cai et al. 2024).  Draft i is
+/// accepted iff p(x) > min(epsilon, delta * exp(-entropy)) (config
+/// `{"epsilon": 0.09, "delta": 0.3}`, Medusa's posterior_threshold and
+/// posterior_alpha); the first rejected position is corrected with a target
+/// sample.  LOSSY: the output no longer follows the target distribution (it
+/// favours plausible drafts); at temperature 0 (one-hot p) it equals greedy.
+#[derive(Clone, Debug)]
+pub struct Typical {
+    pub epsilon: f32,
+    pub delta: f32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypicalConfig {
+    #[serde(default = "default_epsilon")]
+    epsilon: f32,
+    #[serde(default = "default_delta")]
+    delta: f32,
+}
+
+fn default_epsilon() -> f32 {
+    0.09
+}
+fn default_delta() -> f32 {
+    0.3
+}
+
+impl Typical {
+    /// The acceptance threshold at a position with this target entropy.
+    pub fn threshold(&self, entropy: f32) -> f32 {
+        self.epsilon.min(self.delta * libm::expf(-entropy))
+    }
+}
+
+impl AcceptanceLogic for Typical {
+    fn create(config: &str, _vocab_size: u32) -> Result<Self, String> {
+        let c: TypicalConfig = parse_config(config)?;
+        if !(c.epsilon.is_finite() && c.delta.is_finite() && c.epsilon >= 0.0 && c.delta >= 0.0) {
+            return Err("bad config: epsilon and delta must be finite and >= 0".into());
+        }
+        Ok(Typical { epsilon: c.epsilon, delta: c.delta })
+    }
+    fn decide(&mut self, positions: &[Position]) -> Decision {
+        for (i, p) in positions.iter().enumerate() {
+            if p.p <= self.threshold(p.entropy) {
+                return Decision { accepted: i as u32, correction: Correction::TargetSample };
+            }
+        }
+        Decision { accepted: positions.len() as u32, correction: Correction::TargetSample }
+    }
+}
+
+// ------------------------------------------------------- component shims
+
+/// The `no_std` runtime of a component: a global allocator (dlmalloc over
+/// `memory.grow`) and a panic handler that traps.  Expanded by
+/// [`schedule_component!`] and [`acceptance_component!`]; the cdylib needs
+/// `#![no_std]`, `extern crate alloc;` and a `dlmalloc` dependency with the
+/// `global` feature.
+#[macro_export]
+macro_rules! component_runtime {
+    () => {
+        // memcpy, memcmp, memset, ... come from the target's bundled wasi-libc
+        // (pure functions: they import nothing).
+        #[cfg(target_arch = "wasm32")]
+        #[link(name = "c")]
+        extern "C" {}
+        #[global_allocator]
+        static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+        // The canonical ABI allocates arguments through `cabi_realloc`; it must
+        // use the Rust allocator (the generated code frees with it).
+        // wit-bindgen leaves it to wasi-libc on wasm32-wasip2, whose malloc
+        // is a different heap, so it is defined here.
+        #[cfg(target_arch = "wasm32")]
+        #[no_mangle]
+        unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
+            use ::alloc::alloc::{alloc, realloc, Layout};
+            let ptr = if old_len == 0 {
+                if new_len == 0 {
+                    return align as *mut u8;
+                }
+                alloc(Layout::from_size_align_unchecked(new_len, align))
+            } else {
+                realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
+            };
+            if ptr.is_null() {
+                ::core::arch::wasm32::unreachable()
+            }
+            ptr
+        }
+        #[cfg(target_arch = "wasm32")]
+        #[panic_handler]
+        fn panic(_: &::core::panic::PanicInfo) -> ! {
+            ::core::arch::wasm32::unreachable()
+        }
+    };
+}
+
+/// Makes a component exporting `specd:policy/schedule@0.1.0` from a
+/// [`ScheduleLogic`] type.  Use in a `#![no_std]` `cdylib` crate depending on
+/// `wit-bindgen`, `dlmalloc` and this crate, with the WIT at
+/// `$manifest/../../../wit`:
+///
+/// ```ignore
+/// #![no_std]
+/// extern crate alloc;
+/// specd_policy_logic::schedule_component!(specd_policy_logic::Heuristic);
+/// ```
+#[macro_export]
+macro_rules! schedule_component {
+    ($logic:ty) => {
+        $crate::component_runtime!();
+        wit_bindgen::generate!({ path: "../../../wit", world: "schedule-policy" });
+        use exports::specd::policy::schedule as wit_schedule;
+        struct Component;
+        struct State(::core::cell::RefCell<$logic>);
+        impl wit_schedule::Guest for Component {
+            type Scheduler = State;
+        }
+        impl wit_schedule::GuestScheduler for State {
+            fn create(
+                config: ::alloc::string::String,
+                carried: Option<::alloc::vec::Vec<u8>>,
+            ) -> Result<wit_schedule::Scheduler, ::alloc::string::String> {
+                let logic = <$logic as $crate::ScheduleLogic>::create(&config, carried.as_deref())?;
+                Ok(wit_schedule::Scheduler::new(State(::core::cell::RefCell::new(logic))))
+            }
+            fn next_draft_length(&self, i: wit_schedule::ScheduleInput) -> u32 {
+                let input = $crate::ScheduleInput {
+                    round: i.round,
+                    generated: i.generated,
+                    budget_left: i.budget_left,
+                    max_draft: i.max_draft,
+                    recent: i
+                        .recent
+                        .iter()
+                        .map(|r| $crate::RoundRecord {
+                            drafted: r.drafted,
+                            accepted: r.accepted,
+                            draft_seconds: r.draft_seconds,
+                            verify_seconds: r.verify_seconds,
+                        })
+                        .collect(),
+                    position_acceptance: i.position_acceptance,
+                    draft_seconds_per_token: i.draft_seconds_per_token,
+                    verify_seconds_by_len: i.verify_seconds_by_len,
+                };
+                $crate::ScheduleLogic::next_draft_length(&mut *self.0.borrow_mut(), &input)
+            }
+            fn carry(&self) -> Option<::alloc::vec::Vec<u8>> {
+                $crate::ScheduleLogic::carry(&*self.0.borrow())
+            }
+        }
+        export!(Component);
+    };
+}
+
+/// Makes a component exporting `specd:policy/acceptance@0.1.0` from an
+/// [`AcceptanceLogic`] type (see [`schedule_component!`]).
+#[macro_export]
+macro_rules! acceptance_component {
+    ($logic:ty) => {
+        $crate::component_runtime!();
+        wit_bindgen::generate!({ path: "../../../wit", world: "acceptance-policy" });
+        use exports::specd::policy::acceptance as wit_acceptance;
+        struct Component;
+        struct State(::core::cell::RefCell<$logic>);
+        impl wit_acceptance::Guest for Component {
+            type Acceptor = State;
+        }
+        impl wit_acceptance::GuestAcceptor for State {
+            fn create(config: ::alloc::string::String, vocab_size: u32) -> Result<wit_acceptance::Acceptor, ::alloc::string::String> {
+                let logic = <$logic as $crate::AcceptanceLogic>::create(&config, vocab_size)?;
+                Ok(wit_acceptance::Acceptor::new(State(::core::cell::RefCell::new(logic))))
+            }
+            fn decide(&self, positions: ::alloc::vec::Vec<wit_acceptance::Position>) -> wit_acceptance::Decision {
+                let positions: ::alloc::vec::Vec<$crate::Position> = positions
+                    .iter()
+                    .map(|p| $crate::Position {
+                        token: p.token,
+                        p: p.p,
+                        q: p.q,
+                        target_argmax: p.target_argmax,
+                        entropy: p.entropy,
+                        uniform: p.uniform,
+                    })
+                    .collect();
+                let d = $crate::AcceptanceLogic::decide(&mut *self.0.borrow_mut(), &positions);
+                wit_acceptance::Decision {
+                    accepted: d.accepted,
+                    correction: match d.correction {
+                        $crate::Correction::Residual => wit_acceptance::Correction::Residual,
+                        $crate::Correction::TargetSample => wit_acceptance::Correction::TargetSample,
+                        $crate::Correction::Token(t) => wit_acceptance::Correction::Token(t),
+                    },
+                }
+            }
+        }
+        export!(Component);
+    };
+}

@@ -1,0 +1,5 @@
+//! The `greedy` acceptance policy as a component (semantics: `specd_policy_logic::Greedy`).
+#![no_std]
+extern crate alloc;
+
+specd_policy_logic::acceptance_component!(specd_policy_logic::Greedy);

@@ -1,0 +1,5 @@
+//! The `heuristic-transient` schedule policy as a component (semantics: `specd_policy_logic::HeuristicTransient`).
+#![no_std]
+extern crate alloc;
+
+specd_policy_logic::schedule_component!(specd_policy_logic::HeuristicTransient);

@@ -1,0 +1,5 @@
+//! The `throughput` schedule policy as a component (semantics: `specd_policy_logic::Throughput`).
+#![no_std]
+extern crate alloc;
+
+specd_policy_logic::schedule_component!(specd_policy_logic::Throughput);
