@@ -1,7 +1,14 @@
 //! specd: a native LLM host on MLX whose speculative-decoding policies are
 //! sandboxed WebAssembly components.
 //!
-//! Data flows one way: `specd_mlx` -> [`model`] -> [`cache`] -> speculation
-//! -> pipeline -> server / CLI. A module knows only the ones to its left.
+//! Data flows one way: `specd_mlx` -> [`model`] -> [`cache`] ->
+//! [`speculation`] (<- `specd_policy`) -> [`pipeline`] -> [`engine`] -> CLI
+//! and server. A module knows only the ones to its left.
 pub mod cache;
+pub mod cli;
+pub mod engine;
 pub mod model;
+pub mod pipeline;
+pub mod sampling;
+pub mod speculation;
+pub mod store;

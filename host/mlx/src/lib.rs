@@ -198,9 +198,12 @@ impl Dtype {
 /// is cheap and shares the buffer).
 pub struct Array(cxx::UniquePtr<ffi::Array>);
 
-// An mlx::core::array is a shared_ptr to immutable data; specd hands arrays
-// between threads but never uses one from two threads at once.
+// An mlx::core::array is a shared_ptr (atomic refcount) to data that is
+// immutable once evaluated. specd shares evaluated weights between threads
+// (Arc<Llama>) and runs one generation at a time, so no graph is built or
+// evaluated from two threads at once.
 unsafe impl Send for Array {}
+unsafe impl Sync for Array {}
 
 impl Clone for Array {
     fn clone(&self) -> Self {

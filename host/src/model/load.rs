@@ -208,18 +208,6 @@ const GGUF_NAMES: Names = Names {
     head: "output",
 };
 
-pub(crate) const HF_NAMES_LIST: [(&str, &str); 9] = [
-    ("attn_norm", "input_layernorm"),
-    ("attn_q", "self_attn.q_proj"),
-    ("attn_k", "self_attn.k_proj"),
-    ("attn_v", "self_attn.v_proj"),
-    ("attn_output", "self_attn.o_proj"),
-    ("ffn_norm", "post_attention_layernorm"),
-    ("ffn_gate", "mlp.gate_proj"),
-    ("ffn_up", "mlp.up_proj"),
-    ("ffn_down", "mlp.down_proj"),
-];
-
 const HF_NAMES: Names = Names {
     embed: "model.embed_tokens",
     layer_prefix: "model.layers.",

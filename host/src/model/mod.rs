@@ -1,5 +1,6 @@
 //! The llama-family model: config, weights, forward, loaders and converter.
 pub mod config;
+pub mod convert;
 pub mod llama;
 pub mod load;
 

@@ -1,0 +1,193 @@
+//! `specd generate`.
+use super::{policy_host, ModelArg};
+use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::sampling::SamplingParams;
+use anyhow::{Context, Result};
+use clap::Args;
+use specd_text::ChatMessage;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Sampling and speculation flags shared by generate and bench.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// none, ngram, ngram:MIN-MAX, self:N (first N target layers), model:PATH
+    #[arg(long)]
+    pub drafter: Option<String>,
+    /// Draft-length schedule: a policy name or content hash (default throughput).
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Acceptance policy (default greedy at temperature 0, rejection above).
+    #[arg(long)]
+    pub acceptance: Option<String>,
+    #[arg(long)]
+    pub draft_max: Option<usize>,
+    /// JSON handed to the schedule's constructor.
+    #[arg(long)]
+    pub schedule_config: Option<String>,
+    /// JSON handed to the acceptance policy's constructor.
+    #[arg(long)]
+    pub acceptance_config: Option<String>,
+    /// Extra policy components (*.wasm) to load.
+    #[arg(long)]
+    pub policy_dir: Option<PathBuf>,
+}
+
+impl SpecArgs {
+    pub fn options(&self) -> Result<SpecOptions> {
+        let json = |s: &Option<String>, what: &str| -> Result<Option<serde_json::Value>> {
+            s.as_deref()
+                .map(|t| {
+                    serde_json::from_str(t).with_context(|| format!("--{what} is not valid JSON"))
+                })
+                .transpose()
+        };
+        Ok(SpecOptions {
+            drafter: self.drafter.clone(),
+            schedule: self.schedule.clone(),
+            acceptance: self.acceptance.clone(),
+            draft_max: self.draft_max,
+            schedule_config: json(&self.schedule_config, "schedule-config")?,
+            acceptance_config: json(&self.acceptance_config, "acceptance-config")?,
+        })
+    }
+
+    /// `model:PATH` on the command line loads that draft model under its path.
+    pub fn register_draft_model(&self, engine: &mut Engine) -> Result<()> {
+        if let Some(path) = self
+            .drafter
+            .as_deref()
+            .and_then(|d| d.strip_prefix("model:"))
+        {
+            let p = crate::store::Store::default().resolve(path, false)?;
+            engine.add_draft_model(path, &p)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message (with --chat).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokens to generate at most (default: until end of generation or the context limit).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Stop at this text (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Write the final stats as JSON here.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+    pub prompt: String,
+}
+
+pub fn load_engine(model: &str, spec: &SpecArgs) -> Result<Engine> {
+    let path = crate::store::Store::default().resolve(model, false)?;
+    let policies = policy_host(spec.policy_dir.as_deref())?;
+    let mut engine = Engine::load(model, &path, policies)?;
+    spec.register_draft_model(&mut engine)?;
+    Ok(engine)
+}
+
+pub fn prompt_of(chat: bool, system: Option<&str>, text: &str) -> Prompt {
+    if chat {
+        let mut m = Vec::new();
+        if let Some(s) = system {
+            m.push(ChatMessage::system(s));
+        }
+        m.push(ChatMessage::user(text));
+        Prompt::Chat(m)
+    } else {
+        Prompt::Raw(text.to_string())
+    }
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let params = a.sampling.params();
+    params.validate()?;
+    let options = a.spec.options()?;
+    let engine = load_engine(&a.model.model, &a.spec)?;
+    let prompt = engine.encode(&prompt_of(a.chat, a.system.as_deref(), &a.prompt))?;
+    let spec = engine.speculation(&options, &params)?;
+    let settings = engine.settings(params, a.max_tokens, a.stop.clone());
+    let mut out = std::io::stdout().lock();
+    let mut sink = |s: &str| {
+        if !s.is_empty() {
+            // A closed stdout (e.g. `| head`) cancels generation.
+            if out
+                .write_all(s.as_bytes())
+                .and_then(|_| out.flush())
+                .is_err()
+            {
+                return false;
+            }
+        }
+        true
+    };
+    let fin = engine.generate(&prompt, &settings, spec, &mut sink)?;
+    let _ = writeln!(out);
+    let s = &fin.stats;
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s ({}) | drafter {} schedule {} acceptance {}: {} rounds, acceptance {:.2}, {:.2} accepted/round",
+        s.prompt_tokens,
+        s.prompt_tps(),
+        s.generated_tokens,
+        s.decode_tps(),
+        s.done_reason.as_str(),
+        s.drafter,
+        if s.schedule.is_empty() { "-" } else { &s.schedule },
+        if s.acceptance.is_empty() { "-" } else { &s.acceptance },
+        s.rounds,
+        s.acceptance_rate,
+        s.mean_accepted
+    );
+    if let Some(f) = &s.policy_failure {
+        eprintln!("policy failure: {} ({}): {}", f.policy, f.kind, f.message);
+    }
+    if let Some(p) = &a.stats_json {
+        std::fs::write(p, serde_json::to_string_pretty(s)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}

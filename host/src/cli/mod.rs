@@ -1,0 +1,145 @@
+//! Command-line interface: `specd generate | pull | convert | policy | bench`.
+mod bench;
+mod generate;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use specd_policy::{HostConfig, PolicyHost};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "specd",
+    version,
+    about = "LLM host with programmable speculative decoding (WASM policies on MLX)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Generate(generate::GenerateArgs),
+    /// Fetch a known model into the store (SPECD_HOME/models).
+    Pull {
+        /// A store name (default: smollm2:135m).
+        #[arg(default_value = crate::store::DEFAULT_MODEL)]
+        name: String,
+    },
+    /// Convert a GGUF model into a Hugging Face directory (float32 safetensors).
+    Convert { gguf: String, dir: PathBuf },
+    /// Inspect policy components.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum PolicyCmd {
+    /// Every policy (built-in and from --policy-dir) with its hash and exports.
+    List {
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
+    },
+    /// Validate a component against the specd:policy world.
+    Check { file: PathBuf },
+}
+
+/// The model flag shared by commands that load one.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArg {
+    /// A store name (smollm2:135m), a GGUF file, or a Hugging Face directory.
+    #[arg(long, short, default_value = crate::store::DEFAULT_MODEL)]
+    pub model: String,
+}
+
+pub fn policy_host(dir: Option<&Path>) -> Result<Arc<PolicyHost>> {
+    let host = PolicyHost::new(HostConfig::default()).context("starting the policy host")?;
+    if let Some(d) = dir {
+        host.add_dir(d)
+            .with_context(|| format!("loading policies from {}", d.display()))?;
+    }
+    Ok(Arc::new(host))
+}
+
+pub fn init_logging() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("SPECD_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn main() -> Result<()> {
+    init_logging();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Pull { name } => {
+            let store = crate::store::Store::default();
+            let k = crate::store::Store::known(&name).with_context(|| {
+                format!(
+                    "unknown model {name:?}: known names are {}",
+                    crate::store::KNOWN
+                        .iter()
+                        .map(|k| k.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+            let p = store.path_of(k);
+            if p.exists() {
+                eprintln!("{} is already in the store ({})", k.name, p.display());
+                return Ok(());
+            }
+            store.pull(k, false)?;
+            Ok(())
+        }
+        Command::Convert { gguf, dir } => {
+            let path = crate::store::Store::default().resolve(&gguf, false)?;
+            crate::model::convert::convert_gguf(&path, &dir)?;
+            eprintln!("wrote {}", dir.display());
+            Ok(())
+        }
+        Command::Policy(PolicyCmd::List { policy_dir }) => {
+            let host = policy_host(policy_dir.as_deref())?;
+            println!(
+                "{:<22} {:<10} {:<20} {:<8} SHA256",
+                "NAME", "SOURCE", "EXPORTS", "WASI"
+            );
+            for p in host.list() {
+                println!(
+                    "{:<22} {:<10} {:<20} {:<8} {}",
+                    p.name,
+                    if p.builtin { "built-in" } else { "user" },
+                    p.exports.to_string(),
+                    if p.imports_wasi { "yes" } else { "no" },
+                    p.sha256
+                );
+            }
+            Ok(())
+        }
+        Command::Policy(PolicyCmd::Check { file }) => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let host = policy_host(None)?;
+            let info = host
+                .check(&bytes)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            println!(
+                "{}: ok, exports {}, sha256 {}",
+                file.display(),
+                info.exports,
+                info.sha256
+            );
+            Ok(())
+        }
+        Command::Bench(b) => bench::run(b),
+    }
+}

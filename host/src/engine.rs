@@ -1,0 +1,245 @@
+//! A loaded model with everything a request needs: tokenizer, chat
+//! template, the policy host, draft models configured at start. It turns a
+//! request's names (drafter, schedule, acceptance) into a [`Speculation`]
+//! and runs the pipeline.
+use crate::model::{load_model, Llama, ModelFormat};
+use crate::pipeline::{self, Finished, Settings, Sink};
+use crate::sampling::SamplingParams;
+use crate::speculation::{LlamaTarget, ModelDrafter, NgramDrafter, Speculation};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use specd_policy::PolicyHost;
+use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// DESIGN.md's defaults.
+pub const DEFAULT_DRAFTER: &str = "ngram";
+pub const DEFAULT_SCHEDULE: &str = "throughput";
+pub const DEFAULT_DRAFT_MAX: usize = 16;
+
+/// The speculation knobs of a request (CLI flags, HTTP `options`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpecOptions {
+    pub drafter: Option<String>,
+    pub schedule: Option<String>,
+    pub acceptance: Option<String>,
+    pub draft_max: Option<usize>,
+    pub schedule_config: Option<serde_json::Value>,
+    pub acceptance_config: Option<serde_json::Value>,
+}
+
+impl SpecOptions {
+    /// Fills what `self` leaves open from `defaults` (server defaults).
+    pub fn or(&self, defaults: &SpecOptions) -> SpecOptions {
+        SpecOptions {
+            drafter: self.drafter.clone().or_else(|| defaults.drafter.clone()),
+            schedule: self.schedule.clone().or_else(|| defaults.schedule.clone()),
+            acceptance: self
+                .acceptance
+                .clone()
+                .or_else(|| defaults.acceptance.clone()),
+            draft_max: self.draft_max.or(defaults.draft_max),
+            schedule_config: self
+                .schedule_config
+                .clone()
+                .or_else(|| defaults.schedule_config.clone()),
+            acceptance_config: self
+                .acceptance_config
+                .clone()
+                .or_else(|| defaults.acceptance_config.clone()),
+        }
+    }
+}
+
+/// A request's input: raw text or chat messages.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Raw(String),
+    Chat(Vec<ChatMessage>),
+}
+
+pub struct Engine {
+    /// The name requests use (a store name, or the path given).
+    pub name: String,
+    pub path: PathBuf,
+    pub format: ModelFormat,
+    pub model: Arc<Llama>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub policies: Arc<PolicyHost>,
+    /// Draft models by name (`model:NAME`), configured at start.
+    pub drafts: HashMap<String, Arc<Llama>>,
+}
+
+pub fn load_tokenizer(path: &Path, format: ModelFormat) -> Result<Tokenizer> {
+    match format {
+        ModelFormat::Gguf => Tokenizer::from_gguf_file(path),
+        ModelFormat::HfDir => Tokenizer::from_hf_dir(path),
+    }
+    .with_context(|| format!("loading the tokenizer of {}", path.display()))
+}
+
+impl Engine {
+    pub fn load(name: &str, path: &Path, policies: Arc<PolicyHost>) -> Result<Engine> {
+        let (model, format) = load_model(path)?;
+        let tokenizer = load_tokenizer(path, format)?;
+        if tokenizer.vocab_size() > model.config.vocab_size {
+            bail!(
+                "tokenizer has {} tokens but the model's vocabulary is {}",
+                tokenizer.vocab_size(),
+                model.config.vocab_size
+            );
+        }
+        let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+        Ok(Engine {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            format,
+            model: Arc::new(model),
+            tokenizer: Arc::new(tokenizer),
+            template,
+            policies,
+            drafts: HashMap::new(),
+        })
+    }
+
+    /// Registers a draft model (it must share the tokenizer's vocabulary).
+    pub fn add_draft_model(&mut self, name: &str, path: &Path) -> Result<()> {
+        let (m, _) = load_model(path).with_context(|| format!("loading draft model {name}"))?;
+        if m.config.vocab_size != self.model.config.vocab_size {
+            bail!(
+                "draft model {name} has vocabulary {} but the target has {}",
+                m.config.vocab_size,
+                self.model.config.vocab_size
+            );
+        }
+        self.drafts.insert(name.to_string(), Arc::new(m));
+        Ok(())
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.model.config.max_position_embeddings
+    }
+
+    /// Prompt token ids: chat messages through the model's template.
+    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let text = match prompt {
+            Prompt::Raw(t) => t.clone(),
+            Prompt::Chat(m) => self.template.render(m, true)?,
+        };
+        self.tokenizer.encode_prompt(&text)
+    }
+
+    /// Builds the drafter and policies a request names; `None` when it asks
+    /// for no speculation. Unknown names are errors (the request is refused).
+    pub fn speculation(
+        &self,
+        opts: &SpecOptions,
+        params: &SamplingParams,
+    ) -> Result<Option<Speculation>> {
+        let drafter_name = opts.drafter.as_deref().unwrap_or(DEFAULT_DRAFTER);
+        let draft_max = opts.draft_max.unwrap_or(DEFAULT_DRAFT_MAX);
+        if draft_max > 64 {
+            bail!("draft_max must be at most 64, got {draft_max}");
+        }
+        let drafter: Box<dyn crate::speculation::Drafter> = match drafter_name {
+            "none" => return Ok(None),
+            d if d == "ngram" || d.starts_with("ngram:") => Box::new(NgramDrafter::parse(d)?),
+            d if d.starts_with("self:") => {
+                let n: usize = d[5..]
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("bad drafter {d:?}: want self:N"))?;
+                let layers = self.model.layers.len();
+                if n == 0 || n > layers {
+                    bail!("bad drafter {d:?}: N must be in 1..={layers} (the target's layers)");
+                }
+                Box::new(ModelDrafter::new(
+                    d,
+                    Box::new(LlamaTarget::first_layers(self.model.clone(), n)),
+                ))
+            }
+            d if d.starts_with("model:") => {
+                let name = &d[6..];
+                let m = self.drafts.get(name).with_context(|| {
+                    let mut known: Vec<&str> = self.drafts.keys().map(String::as_str).collect();
+                    known.sort();
+                    format!(
+                        "unknown draft model {name:?} (configured: {})",
+                        if known.is_empty() {
+                            "none".into()
+                        } else {
+                            known.join(", ")
+                        }
+                    )
+                })?;
+                Box::new(ModelDrafter::new(d, Box::new(LlamaTarget::new(m.clone()))))
+            }
+            d => bail!("unknown drafter {d:?} (none, ngram, self:N, model:NAME)"),
+        };
+        let schedule = opts.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);
+        let acceptance = opts.acceptance.as_deref().unwrap_or(if params.greedy() {
+            "greedy"
+        } else {
+            "rejection"
+        });
+        let json = |v: &Option<serde_json::Value>| {
+            v.as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "{}".into())
+        };
+        let schedule = self
+            .policies
+            .schedule(schedule, &json(&opts.schedule_config), &self.name)
+            .map_err(|e| anyhow::anyhow!("schedule {schedule:?}: {e}"))?;
+        let acceptance = self
+            .policies
+            .acceptance(
+                acceptance,
+                &json(&opts.acceptance_config),
+                self.model.config.vocab_size as u32,
+            )
+            .map_err(|e| anyhow::anyhow!("acceptance {acceptance:?}: {e}"))?;
+        Ok(Some(Speculation {
+            drafter,
+            schedule,
+            acceptance,
+            draft_max,
+        }))
+    }
+
+    /// Runs a request from scratch.
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        settings: &Settings,
+        spec: Option<Speculation>,
+        sink: &mut Sink<'_>,
+    ) -> Result<Finished> {
+        let mut target = LlamaTarget::new(self.model.clone());
+        pipeline::generate(
+            &mut target,
+            &self.tokenizer,
+            prompt,
+            0,
+            settings,
+            spec,
+            sink,
+        )
+    }
+
+    pub fn settings(
+        &self,
+        params: SamplingParams,
+        max_tokens: Option<usize>,
+        stop: Vec<String>,
+    ) -> Settings {
+        Settings {
+            params,
+            max_tokens,
+            stop,
+            context_length: self.context_length(),
+        }
+    }
+}

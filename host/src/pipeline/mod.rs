@@ -1,0 +1,243 @@
+//! A request's life: chunked prefill, then the decode loop, the only place
+//! that emits. Each round's committed tokens are recorded to the token log
+//! before any of them streams, so stopping at any point (EOS, stop string,
+//! budget, a cancelled client) leaves the caches consistent with the log.
+use crate::sampling::{Rng, SamplingParams};
+use crate::speculation::{SpecCounters, SpecState, Speculation, Target};
+use anyhow::{bail, Result};
+use serde::Serialize;
+use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
+use std::time::Instant;
+
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DoneReason {
+    Stop,
+    Length,
+    Cancelled,
+}
+
+impl DoneReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DoneReason::Stop => "stop",
+            DoneReason::Length => "length",
+            DoneReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The final stats of a request (DESIGN.md's keys).
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+    pub generated_tokens: usize,
+    pub prompt_seconds: f64,
+    pub decode_seconds: f64,
+    pub done_reason: DoneReason,
+    pub drafter: String,
+    pub schedule: String,
+    pub acceptance: String,
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    pub acceptance_rate: f64,
+    pub mean_draft: f64,
+    pub mean_accepted: f64,
+    pub draft_seconds: f64,
+    pub verify_seconds: f64,
+    pub policy_seconds: f64,
+    pub policy_failure: Option<crate::speculation::PolicyFailure>,
+    /// Committed positions whose top-2 target logit margin was under 0.01.
+    pub near_ties: usize,
+}
+
+impl Stats {
+    fn new(prompt_tokens: usize, c: SpecCounters) -> Stats {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        Stats {
+            prompt_tokens,
+            cached_tokens: 0,
+            generated_tokens: 0,
+            prompt_seconds: 0.0,
+            decode_seconds: 0.0,
+            done_reason: DoneReason::Stop,
+            acceptance_rate: ratio(c.accepted as f64, c.drafted as f64),
+            mean_draft: ratio(c.drafted as f64, c.spec_rounds as f64),
+            mean_accepted: ratio(c.accepted as f64, c.spec_rounds as f64),
+            drafter: c.drafter,
+            schedule: c.schedule,
+            acceptance: c.acceptance,
+            rounds: c.rounds,
+            drafted: c.drafted,
+            accepted: c.accepted,
+            draft_seconds: c.draft_seconds,
+            verify_seconds: c.verify_seconds,
+            policy_seconds: c.policy_seconds,
+            policy_failure: c.policy_failure,
+            near_ties: 0,
+        }
+    }
+
+    pub fn prompt_tps(&self) -> f64 {
+        let n = (self.prompt_tokens - self.cached_tokens) as f64;
+        if self.prompt_seconds > 0.0 {
+            n / self.prompt_seconds
+        } else {
+            0.0
+        }
+    }
+    pub fn decode_tps(&self) -> f64 {
+        if self.decode_seconds > 0.0 {
+            self.generated_tokens as f64 / self.decode_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What a request asks of the decode loop.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub params: SamplingParams,
+    /// None: until end of generation or the context limit.
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub context_length: usize,
+}
+
+/// The outcome besides the streamed text.
+pub struct Finished {
+    pub stats: Stats,
+    /// Prompt + committed tokens; the target's caches hold all but the last.
+    pub log: Vec<u32>,
+    /// Tokens streamed (EOS and anything after a stop excluded).
+    pub emitted: Vec<u32>,
+}
+
+/// Receives text as it is produced; returns false to cancel.
+pub type Sink<'a> = dyn FnMut(&str) -> bool + 'a;
+
+/// Runs one request on `target`, whose caches already hold `log[..cached]`
+/// (a prefix-cache hit; 0 for a fresh start).
+#[allow(clippy::too_many_arguments)]
+pub fn generate(
+    target: &mut dyn Target,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    cached: usize,
+    settings: &Settings,
+    spec: Option<Speculation>,
+    sink: &mut Sink<'_>,
+) -> Result<Finished> {
+    settings.params.validate()?;
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if prompt.len() >= settings.context_length {
+        bail!(
+            "the prompt is {} tokens, over the model's context length of {} tokens",
+            prompt.len(),
+            settings.context_length
+        );
+    }
+    let room = settings.context_length - prompt.len();
+    let max_tokens = settings.max_tokens.map_or(room, |m| m.min(room));
+
+    // Prefill all but the last prompt token: the first decode round forwards it.
+    let t0 = Instant::now();
+    let cached = cached.min(prompt.len() - 1);
+    target.rewind(cached)?;
+    let mut done = None;
+    let mut processed = cached;
+    while prompt.len() - processed > 1 {
+        let n = PREFILL_CHUNK.min(prompt.len() - 1 - processed);
+        target.prefill(&prompt[processed..processed + n])?;
+        processed += n;
+        // An empty sink call is the cancellation probe.
+        if !sink("") {
+            done = Some(DoneReason::Cancelled);
+            break;
+        }
+    }
+    let prompt_seconds = t0.elapsed().as_secs_f64();
+
+    let mut state = SpecState::new(spec);
+    let mut rng = Rng::new(settings.params.seed);
+    let mut log = prompt.to_vec();
+    let mut emitted = Vec::new();
+    let mut detok = StreamDetokenizer::new(tokenizer);
+    let mut stops = StopMatcher::new(settings.stop.iter().cloned());
+    let mut near_ties = 0;
+    let t1 = Instant::now();
+    if max_tokens == 0 {
+        done = done.or(Some(DoneReason::Length));
+    }
+    while done.is_none() {
+        let round = state.round(
+            target,
+            &log,
+            &settings.params,
+            &mut rng,
+            emitted.len(),
+            max_tokens - emitted.len(),
+        )?;
+        // Record the whole run before streaming any of it.
+        log.extend_from_slice(&round.tokens);
+        near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
+        for &tok in &round.tokens {
+            if tokenizer.is_eos(tok) {
+                done = Some(DoneReason::Stop);
+                break;
+            }
+            emitted.push(tok);
+            let piece = detok.push(tok);
+            let out = stops.push(&piece);
+            if !out.text.is_empty() && !sink(&out.text) {
+                done = Some(DoneReason::Cancelled);
+                break;
+            }
+            if out.stopped.is_some() {
+                done = Some(DoneReason::Stop);
+                break;
+            }
+            if emitted.len() >= max_tokens {
+                done = Some(DoneReason::Length);
+                break;
+            }
+        }
+        if done.is_none() && !sink("") {
+            done = Some(DoneReason::Cancelled);
+        }
+    }
+    let done = done.expect("loop ends with a reason");
+    if done != DoneReason::Cancelled && stops.stopped().is_none() {
+        let tail = stops.push(&detok.flush()).text + &stops.flush();
+        if !tail.is_empty() {
+            sink(&tail);
+        }
+    }
+    let decode_seconds = t1.elapsed().as_secs_f64();
+    let counters = if done == DoneReason::Cancelled {
+        state.counters.clone()
+    } else {
+        state.finish()
+    };
+    let mut stats = Stats::new(prompt.len(), counters);
+    stats.cached_tokens = cached;
+    stats.generated_tokens = emitted.len();
+    stats.prompt_seconds = prompt_seconds;
+    stats.decode_seconds = decode_seconds;
+    stats.done_reason = done;
+    stats.near_ties = near_ties;
+    Ok(Finished {
+        stats,
+        log,
+        emitted,
+    })
+}

@@ -1,0 +1,330 @@
+//! Turning logits into the final sampling distribution (penalties,
+//! temperature, top-k, top-p, min-p) and drawing from it. The same transform
+//! serves target and draft, so the probabilities a policy sees are the ones
+//! sampling uses. All randomness comes from [`Rng`], seeded per request.
+mod rng;
+pub use rng::Rng;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub min_p: f32,
+    /// 1 disables.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty looks at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!(
+                "temperature must be a number >= 0, got {}",
+                self.temperature
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("top_p must be in (0, 1], got {}", self.top_p);
+        }
+        if !(self.min_p >= 0.0 && self.min_p < 1.0) {
+            bail!("min_p must be in [0, 1), got {}", self.min_p);
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            bail!(
+                "repeat_penalty must be a number > 0, got {}",
+                self.repeat_penalty
+            );
+        }
+        Ok(())
+    }
+
+    pub fn greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// The final distribution at one position.
+#[derive(Debug, Clone)]
+pub struct Distribution {
+    /// Argmax of the (penalized) logits.
+    pub argmax: u32,
+    /// Probabilities over the vocabulary after every transform; one-hot at
+    /// the argmax when greedy.
+    pub probs: Vec<f32>,
+    /// Entropy (nats) of `probs`.
+    pub entropy: f32,
+    /// Top-2 margin of the raw logits (near-tie diagnostics).
+    pub margin: f32,
+}
+
+impl Distribution {
+    pub fn p(&self, token: u32) -> f32 {
+        self.probs.get(token as usize).copied().unwrap_or(0.0)
+    }
+
+    /// Draws a token with `u` uniform in [0, 1).
+    pub fn sample_with(&self, u: f32) -> u32 {
+        sample_index(&self.probs, u).unwrap_or(self.argmax)
+    }
+}
+
+/// Index `i` with the cumulative mass first exceeding `u * total`.
+pub fn sample_index(probs: &[f32], u: f32) -> Option<u32> {
+    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+    if !(total > 0.0) {
+        return None;
+    }
+    let target = u as f64 * total;
+    let mut acc = 0.0f64;
+    let mut last = None;
+    for (i, &p) in probs.iter().enumerate() {
+        if p > 0.0 {
+            acc += p as f64;
+            last = Some(i as u32);
+            if acc > target {
+                return last;
+            }
+        }
+    }
+    last
+}
+
+fn argmax_margin(logits: &[f32]) -> (u32, f32) {
+    let (mut best, mut b1, mut b2) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for (i, &x) in logits.iter().enumerate() {
+        if x > b1 {
+            b2 = b1;
+            b1 = x;
+            best = i;
+        } else if x > b2 {
+            b2 = x;
+        }
+    }
+    (best as u32, b1 - b2)
+}
+
+/// Applies every transform of `params` to one position's logits, with
+/// `history` (prompt + generated so far) for the repeat penalty.
+pub fn distribution(logits: &[f32], params: &SamplingParams, history: &[u32]) -> Distribution {
+    let mut l = logits.to_vec();
+    if params.repeat_penalty != 1.0 && params.repeat_last_n > 0 {
+        let start = history.len().saturating_sub(params.repeat_last_n);
+        let mut seen = std::collections::HashSet::new();
+        for &t in &history[start..] {
+            if seen.insert(t) {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x = if *x > 0.0 {
+                        *x / params.repeat_penalty
+                    } else {
+                        *x * params.repeat_penalty
+                    };
+                }
+            }
+        }
+    }
+    let (argmax, margin) = argmax_margin(&l);
+    if params.greedy() {
+        let mut probs = vec![0.0; l.len()];
+        probs[argmax as usize] = 1.0;
+        return Distribution {
+            argmax,
+            probs,
+            entropy: 0.0,
+            margin,
+        };
+    }
+    let inv_t = 1.0 / params.temperature;
+    // Top-k: keep the k largest logits.
+    if params.top_k > 0 && params.top_k < l.len() {
+        let mut sorted: Vec<f32> = l.clone();
+        let k = params.top_k;
+        sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        let kth = sorted[k - 1];
+        // Ties at the threshold are kept in index order up to k entries.
+        let mut kept = 0;
+        for x in l.iter_mut() {
+            if *x > kth {
+                kept += 1;
+            }
+        }
+        let mut ties_left = k - kept;
+        for x in l.iter_mut() {
+            if *x < kth || (*x == kth && ties_left == 0) {
+                *x = f32::NEG_INFINITY;
+            } else if *x == kth {
+                ties_left -= 1;
+            }
+        }
+    }
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut probs: Vec<f32> = l.iter().map(|&x| ((x - max) * inv_t).exp()).collect();
+    normalize(&mut probs);
+    if params.top_p < 1.0 {
+        let mut idx: Vec<u32> = (0..probs.len() as u32)
+            .filter(|&i| probs[i as usize] > 0.0)
+            .collect();
+        idx.sort_unstable_by(|&a, &b| {
+            probs[b as usize]
+                .total_cmp(&probs[a as usize])
+                .then(a.cmp(&b))
+        });
+        let mut acc = 0.0f32;
+        let mut cut = idx.len();
+        for (n, &i) in idx.iter().enumerate() {
+            acc += probs[i as usize];
+            if acc >= params.top_p {
+                cut = n + 1;
+                break;
+            }
+        }
+        for &i in &idx[cut..] {
+            probs[i as usize] = 0.0;
+        }
+        normalize(&mut probs);
+    }
+    if params.min_p > 0.0 {
+        let pmax = probs.iter().copied().fold(0.0f32, f32::max);
+        let floor = params.min_p * pmax;
+        for p in probs.iter_mut() {
+            if *p < floor {
+                *p = 0.0;
+            }
+        }
+        normalize(&mut probs);
+    }
+    let entropy = -probs
+        .iter()
+        .filter(|&&p| p > 0.0)
+        .map(|&p| p * p.ln())
+        .sum::<f32>();
+    Distribution {
+        argmax,
+        probs,
+        entropy,
+        margin,
+    }
+}
+
+fn normalize(p: &mut [f32]) {
+    let s: f64 = p.iter().map(|&x| x as f64).sum();
+    if s > 0.0 {
+        let inv = (1.0 / s) as f32;
+        p.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(t: f32) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn greedy_is_one_hot() {
+        let d = distribution(&[0.1, 2.0, 1.9], &params(0.0), &[]);
+        assert_eq!(d.argmax, 1);
+        assert_eq!(d.probs, vec![0.0, 1.0, 0.0]);
+        assert!((d.margin - 0.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn filters_compose() {
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            ..Default::default()
+        };
+        let d = distribution(&logits, &p, &[]);
+        assert_eq!(d.probs[2], 0.0);
+        assert_eq!(d.probs[3], 0.0);
+        assert!((d.probs[0] + d.probs[1] - 1.0).abs() < 1e-6);
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            ..Default::default()
+        };
+        let d = distribution(&logits, &p, &[]);
+        assert_eq!(d.probs.iter().filter(|&&x| x > 0.0).count(), 1);
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.3,
+            ..Default::default()
+        };
+        let d = distribution(&logits, &p, &[]);
+        // e^-1 = 0.37 >= 0.3 survives, e^-2 = 0.135 does not.
+        assert_eq!(d.probs.iter().filter(|&&x| x > 0.0).count(), 2);
+    }
+
+    #[test]
+    fn repeat_penalty_demotes_seen_tokens() {
+        let p = SamplingParams {
+            repeat_penalty: 2.0,
+            ..Default::default()
+        };
+        let d = distribution(&[2.0, 1.5], &p, &[0]);
+        assert_eq!(d.argmax, 1);
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let bad = SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("temperature"));
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("top_p"));
+        let bad = SamplingParams {
+            top_p: 1.5,
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn sampling_follows_probabilities() {
+        let d = distribution(&[0.0, (3.0f32).ln()], &params(1.0), &[]);
+        let mut rng = Rng::new(7);
+        let n = 20000;
+        let ones = (0..n).filter(|_| d.sample_with(rng.uniform()) == 1).count();
+        let frac = ones as f64 / n as f64;
+        assert!((frac - 0.75).abs() < 0.02, "{frac}");
+    }
+}

@@ -1,0 +1,343 @@
+//! The speculation round: the schedule picks k, the drafter proposes, the
+//! target verifies all drafts in one forward, the acceptance policy decides,
+//! the caches roll back to what was kept. Policies are reached through the
+//! `specd_policy` traits (WASM components in production, scripted in tests);
+//! the host validates and owns all randomness.
+pub mod drafter;
+pub mod stats;
+pub mod target;
+
+pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
+pub use stats::{PolicyFailure, SpecCounters};
+pub use target::{LlamaTarget, Target};
+
+use crate::sampling::{distribution, sample_index, Distribution, Rng, SamplingParams};
+use anyhow::Result;
+use specd_policy::{
+    Acceptance, Correction, PolicyError, Position, RoundRecord, Schedule, ScheduleInput,
+};
+use std::time::Instant;
+
+/// Rounds the schedule sees in `recent`.
+const RECENT_ROUNDS: usize = 32;
+
+/// The policies and drafter of one request.
+pub struct Speculation {
+    pub drafter: Box<dyn Drafter>,
+    pub schedule: Box<dyn Schedule>,
+    pub acceptance: Box<dyn Acceptance>,
+    pub draft_max: usize,
+}
+
+/// What one round committed.
+#[derive(Debug, Clone, Default)]
+pub struct RoundOutcome {
+    /// Accepted drafts, then the correction or bonus token.
+    pub tokens: Vec<u32>,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Top-2 logit margin of the target at each committed position.
+    pub margins: Vec<f32>,
+}
+
+/// Per-request speculation state: the policies (until one fails) and what
+/// the schedule is told about past rounds.
+pub struct SpecState {
+    spec: Option<Speculation>,
+    pub counters: SpecCounters,
+    recent: Vec<RoundRecord>,
+    reached: Vec<u64>,
+    kept: Vec<u64>,
+    draft_seconds_per_token: f64,
+    verify_seconds_by_len: Vec<f64>,
+}
+
+fn ema(old: f64, new: f64) -> f64 {
+    if old == 0.0 {
+        new
+    } else {
+        0.8 * old + 0.2 * new
+    }
+}
+
+impl SpecState {
+    pub fn new(spec: Option<Speculation>) -> Self {
+        let mut counters = SpecCounters::default();
+        if let Some(s) = &spec {
+            counters.drafter = s.drafter.name();
+            counters.schedule = s.schedule.name().to_string();
+            counters.acceptance = s.acceptance.name().to_string();
+        } else {
+            counters.drafter = "none".into();
+        }
+        let n = spec.as_ref().map(|s| s.draft_max + 1).unwrap_or(1);
+        SpecState {
+            spec,
+            counters,
+            recent: Vec::new(),
+            reached: Vec::new(),
+            kept: Vec::new(),
+            draft_seconds_per_token: 0.0,
+            verify_seconds_by_len: vec![0.0; n],
+        }
+    }
+
+    /// Ends speculation for the rest of the request (plain decoding from
+    /// here, which is always correct) and records why.
+    fn fail(&mut self, e: PolicyError) {
+        tracing::warn!(policy = %e.policy, kind = %e.kind, "policy failed, decoding plainly: {}", e.message);
+        self.counters.policy_failure = Some(PolicyFailure::from(&e));
+        self.spec = None;
+    }
+
+    /// Hands carried state back to the schedule's host (normal end only).
+    pub fn finish(mut self) -> SpecCounters {
+        if let Some(s) = self.spec.take() {
+            s.schedule.finish();
+        }
+        self.counters
+    }
+
+    fn schedule_input(
+        &self,
+        round: u32,
+        generated: usize,
+        budget_left: usize,
+        max_draft: usize,
+    ) -> ScheduleInput {
+        let position_acceptance = self
+            .reached
+            .iter()
+            .zip(&self.kept)
+            .take_while(|(r, _)| **r > 0)
+            .map(|(r, k)| *k as f64 / *r as f64)
+            .collect();
+        let start = self.recent.len().saturating_sub(RECENT_ROUNDS);
+        ScheduleInput {
+            round,
+            generated: generated as u32,
+            budget_left: budget_left as u32,
+            max_draft: max_draft as u32,
+            recent: self.recent[start..].to_vec(),
+            position_acceptance,
+            draft_seconds_per_token: self.draft_seconds_per_token,
+            verify_seconds_by_len: self.verify_seconds_by_len
+                [..=max_draft.min(self.verify_seconds_by_len.len() - 1)]
+                .to_vec(),
+        }
+    }
+
+    /// One round. `log` holds the committed tokens; the target's caches hold
+    /// all but the last. `budget_left` >= 1 tokens may still be generated.
+    pub fn round(
+        &mut self,
+        target: &mut dyn Target,
+        log: &[u32],
+        params: &SamplingParams,
+        rng: &mut Rng,
+        generated: usize,
+        budget_left: usize,
+    ) -> Result<RoundOutcome> {
+        let before = log.len() - 1;
+        debug_assert_eq!(
+            target.offset(),
+            before,
+            "caches hold all but the last committed token"
+        );
+        let round_no = self.counters.rounds as u32;
+
+        // 1. k from the schedule (never more than the budget can use).
+        let mut k = 0usize;
+        if let Some(spec) = self.spec.as_ref() {
+            let max_draft = spec.draft_max.min(budget_left.saturating_sub(1));
+            if max_draft > 0 {
+                let input = self.schedule_input(round_no, generated, budget_left, max_draft);
+                let t = Instant::now();
+                let r = self
+                    .spec
+                    .as_mut()
+                    .expect("checked")
+                    .schedule
+                    .next_draft_length(&input);
+                self.counters.policy_seconds += t.elapsed().as_secs_f64();
+                match r {
+                    Ok(v) => k = (v as usize).min(max_draft),
+                    Err(e) => self.fail(e),
+                }
+            }
+        }
+
+        // 2. Draft.
+        let mut draft = Draft::default();
+        if k > 0 {
+            let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
+            let t = Instant::now();
+            draft = spec.drafter.propose(log, k, params, rng)?;
+            draft.tokens.truncate(k);
+            draft.q.truncate(k);
+            let dt = t.elapsed().as_secs_f64();
+            self.counters.draft_seconds += dt;
+            if !draft.tokens.is_empty() {
+                self.draft_seconds_per_token =
+                    ema(self.draft_seconds_per_token, dt / draft.tokens.len() as f64);
+            }
+        }
+        let kd = draft.tokens.len();
+
+        // 3. Verify: the pending token and every draft in one forward.
+        let mut input = Vec::with_capacity(kd + 1);
+        input.push(log[before]);
+        input.extend_from_slice(&draft.tokens);
+        let t = Instant::now();
+        let rows = target.forward(&input, kd > 0)?;
+        let vt = t.elapsed().as_secs_f64();
+        self.counters.verify_seconds += vt;
+        if kd < self.verify_seconds_by_len.len() {
+            self.verify_seconds_by_len[kd] = ema(self.verify_seconds_by_len[kd], vt);
+        }
+        let mut history = log.to_vec();
+        let mut dists: Vec<Distribution> = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            dists.push(distribution(row, params, &history));
+            if i < kd {
+                history.push(draft.tokens[i]);
+            }
+        }
+
+        // 4. Decide.
+        let mut out = RoundOutcome {
+            drafted: kd,
+            ..Default::default()
+        };
+        let mut decision = None;
+        if kd > 0 {
+            let positions: Vec<Position> = (0..kd)
+                .map(|i| {
+                    let tok = draft.tokens[i];
+                    Position {
+                        token: tok,
+                        p: dists[i].p(tok),
+                        q: draft.q[i].q(tok),
+                        target_argmax: dists[i].argmax,
+                        entropy: dists[i].entropy,
+                        uniform: rng.uniform(),
+                    }
+                })
+                .collect();
+            let t = Instant::now();
+            let r = self
+                .spec
+                .as_mut()
+                .expect("drafted")
+                .acceptance
+                .decide(&positions);
+            self.counters.policy_seconds += t.elapsed().as_secs_f64();
+            match r {
+                Ok(d) if (d.accepted as usize) <= kd => decision = Some(d),
+                Ok(d) => self.fail(PolicyError::new(
+                    self.counters.acceptance.clone(),
+                    specd_policy::PolicyErrorKind::InvalidAnswer,
+                    format!("accepted {} of {kd} drafts", d.accepted),
+                )),
+                Err(e) => self.fail(e),
+            }
+        }
+        let next = match decision {
+            None => {
+                // A plain step (or a failed policy: keep none of the drafts).
+                out.accepted = 0;
+                sample(&dists[0], params, rng)
+            }
+            Some(d) => {
+                let n = d.accepted as usize;
+                out.accepted = n;
+                out.tokens.extend_from_slice(&draft.tokens[..n]);
+                out.margins.extend(dists[..n].iter().map(|d| d.margin));
+                if n == kd {
+                    sample(&dists[kd], params, rng)
+                } else {
+                    match d.correction {
+                        Correction::Token(t) => t,
+                        Correction::TargetSample => sample(&dists[n], params, rng),
+                        Correction::Residual => {
+                            residual(&dists[n], &draft.q[n], draft.tokens[n], params, rng)
+                        }
+                    }
+                }
+            }
+        };
+        out.margins.push(dists[out.accepted].margin);
+        out.tokens.push(next);
+
+        // 5. Roll back to what was kept: the pending token plus accepted drafts.
+        target.rewind(before + 1 + out.accepted)?;
+        if let Some(spec) = self.spec.as_mut() {
+            if kd > 0 {
+                spec.drafter.commit(log.len(), kd, out.accepted)?;
+            }
+        }
+
+        // 6. What the schedule learns.
+        self.counters.rounds += 1;
+        if kd > 0 {
+            self.counters.spec_rounds += 1;
+            self.counters.drafted += kd as u64;
+            self.counters.accepted += out.accepted as u64;
+            for i in 0..kd {
+                if self.reached.len() <= i {
+                    self.reached.push(0);
+                    self.kept.push(0);
+                }
+                self.reached[i] += 1;
+                if i < out.accepted {
+                    self.kept[i] += 1;
+                } else {
+                    break;
+                }
+            }
+        }
+        self.recent.push(RoundRecord {
+            drafted: kd as u32,
+            accepted: out.accepted as u32,
+            draft_seconds: 0.0,
+            verify_seconds: vt,
+        });
+        if self.recent.len() > 4 * RECENT_ROUNDS {
+            self.recent.drain(..self.recent.len() - RECENT_ROUNDS);
+        }
+        Ok(out)
+    }
+}
+
+fn sample(d: &Distribution, params: &SamplingParams, rng: &mut Rng) -> u32 {
+    if params.greedy() {
+        d.argmax
+    } else {
+        d.sample_with(rng.uniform())
+    }
+}
+
+/// Samples norm(max(0, p - q)): what speculative sampling draws after a
+/// rejection, so the output keeps the target distribution.
+fn residual(
+    p: &Distribution,
+    q: &DraftProb,
+    token: u32,
+    params: &SamplingParams,
+    rng: &mut Rng,
+) -> u32 {
+    if params.greedy() {
+        return p.argmax;
+    }
+    let mut r = p.probs.clone();
+    match q {
+        DraftProb::PointMass => r[token as usize] = 0.0,
+        DraftProb::Dist(qd) => {
+            for (x, qv) in r.iter_mut().zip(&qd.probs) {
+                *x = (*x - qv).max(0.0);
+            }
+        }
+    }
+    let u = rng.uniform();
+    sample_index(&r, u).unwrap_or_else(|| p.sample_with(u))
+}

