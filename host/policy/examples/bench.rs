@@ -7,14 +7,23 @@ fn main() -> anyhow::Result<()> {
     let pairs: Vec<(String, String)> = if args.len() >= 2 {
         vec![(args[0].clone(), args[1].clone())]
     } else {
-        [("constant", "greedy"), ("heuristic", "rejection"), ("throughput", "typical"), ("heuristic-c", "greedy")]
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
+        [
+            ("constant", "greedy"),
+            ("heuristic", "rejection"),
+            ("throughput", "typical"),
+            ("heuristic-c", "greedy"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
     };
     let t = std::time::Instant::now();
     let host = PolicyHost::new(HostConfig::default())?;
-    println!("PolicyHost::new (compiles {} built-ins): {:.1} ms", host.list().len(), t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "PolicyHost::new (compiles {} built-ins): {:.1} ms",
+        host.list().len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     for (s, a) in pairs {
         let r = bench_policy_calls(&host, &s, &a, 200, 64)?;
         println!(

@@ -1,6 +1,8 @@
 //! Policy-call benchmark (for `specd bench` and `examples/bench.rs`).
 
-use crate::{native, Acceptance, PolicyError, PolicyHost, Position, RoundRecord, Schedule, ScheduleInput};
+use crate::{
+    native, Acceptance, PolicyError, PolicyHost, Position, RoundRecord, Schedule, ScheduleInput,
+};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -55,7 +57,11 @@ fn scripted_positions(round: u32, k: u32) -> Vec<Position> {
                 token,
                 p: 0.7,
                 q: 0.8,
-                target_argmax: if (round + i) % 6 == 5 { token + 1 } else { token },
+                target_argmax: if (round + i) % 6 == 5 {
+                    token + 1
+                } else {
+                    token
+                },
                 entropy: 1.2,
                 uniform: ((round * 13 + i * 7) % 100) as f32 / 100.0,
             }
@@ -63,7 +69,12 @@ fn scripted_positions(round: u32, k: u32) -> Vec<Position> {
         .collect()
 }
 
-fn run_rounds(s: &mut dyn Schedule, a: &mut dyn Acceptance, rounds: u32, k: u32) -> Result<(f64, f64), PolicyError> {
+fn run_rounds(
+    s: &mut dyn Schedule,
+    a: &mut dyn Acceptance,
+    rounds: u32,
+    k: u32,
+) -> Result<(f64, f64), PolicyError> {
     let inputs: Vec<ScheduleInput> = (0..rounds).map(|r| scripted_input(r, 16)).collect();
     let positions: Vec<Vec<Position>> = (0..rounds).map(|r| scripted_positions(r, k)).collect();
     let t = Instant::now();
@@ -111,7 +122,9 @@ pub fn bench_policy_calls(
         ac += y;
     }
     let n = requests as f64;
-    let native_pair = native::schedule(schedule, "{}", None).ok().zip(native::acceptance(acceptance, "{}", 50_000).ok());
+    let native_pair = native::schedule(schedule, "{}", None)
+        .ok()
+        .zip(native::acceptance(acceptance, "{}", 50_000).ok());
     let (ns, na) = match native_pair {
         Some((mut s, mut a)) => {
             let (mut x, mut y) = (0.0, 0.0);

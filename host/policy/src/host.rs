@@ -4,8 +4,8 @@ use crate::metrics::Metrics;
 use crate::sandbox::{bind_acceptance, bind_schedule, chain, HostState};
 use crate::wasm::{WasmAcceptance, WasmSchedule};
 use crate::{
-    Acceptance, CheckError, Exports, HostConfig, MetricsSnapshot, PolicyError, PolicyErrorKind, PolicyInfo,
-    PolicySource, RegistryError, Schedule, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
+    Acceptance, CheckError, Exports, HostConfig, MetricsSnapshot, PolicyError, PolicyErrorKind,
+    PolicyInfo, PolicySource, RegistryError, Schedule, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
 };
 use anyhow::Context as _;
 use sha2::{Digest, Sha256};
@@ -54,6 +54,16 @@ pub(crate) struct Loaded {
     pub acceptance: Option<bind_acceptance::AcceptancePolicyPre<HostState>>,
 }
 
+/// The WASI 0.2 interfaces the deny-all WASI provides (anything else is refused).
+const DENY_ALL_WASI: [&str; 6] = [
+    "wasi:io/",
+    "wasi:clocks/",
+    "wasi:random/",
+    "wasi:cli/",
+    "wasi:filesystem/",
+    "wasi:sockets/",
+];
+
 fn sha256_hex(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     let mut s = String::with_capacity(64);
@@ -66,7 +76,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
         && !(name.len() == 64 && name.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
@@ -75,7 +87,8 @@ pub(crate) fn canonical_config(config: &str) -> Result<String, String> {
     if config.trim().is_empty() {
         return Ok("{}".into());
     }
-    let v: serde_json::Value = serde_json::from_str(config).map_err(|e| format!("config is not JSON: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(config).map_err(|e| format!("config is not JSON: {e}"))?;
     Ok(v.to_string())
 }
 
@@ -108,7 +121,8 @@ impl PolicyHost {
             .memory_guard_size(64 << 10)
             .memory_reservation_for_growth(0)
             .max_wasm_stack(512 << 10);
-        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("making the wasmtime engine: {}", chain(&e)))?;
+        let engine = Engine::new(&config)
+            .map_err(|e| anyhow::anyhow!("making the wasmtime engine: {}", chain(&e)))?;
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| anyhow::anyhow!("adding deny-all WASI: {}", chain(&e)))?;
@@ -123,11 +137,17 @@ impl PolicyHost {
             }),
         };
         for (name, bytes) in crate::builtin::builtin_components() {
-            let loaded = host.load(bytes).map_err(|e| anyhow::anyhow!("built-in policy {name}: {e}"))?;
+            let loaded = host
+                .load(bytes)
+                .map_err(|e| anyhow::anyhow!("built-in policy {name}: {e}"))?;
             let mut reg = host.inner.registry.write().unwrap();
             reg.names.insert(
                 name.to_string(),
-                NameEntry { hash: loaded.sha256.clone(), builtin: true, source: PolicySource::Builtin },
+                NameEntry {
+                    hash: loaded.sha256.clone(),
+                    builtin: true,
+                    source: PolicySource::Builtin,
+                },
             );
             reg.by_hash.insert(loaded.sha256.clone(), loaded);
         }
@@ -150,8 +170,13 @@ impl PolicyHost {
         paths.sort();
         let mut out = Vec::new();
         for path in paths {
-            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-            let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_string();
+            let bytes =
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
             let info = self
                 .register(&name, &bytes, PolicySource::File(path.clone()))
                 .with_context(|| format!("policy file {}", path.display()))?;
@@ -165,15 +190,35 @@ impl PolicyHost {
         self.register(name, bytes, PolicySource::Upload)
     }
 
-    fn register(&self, name: &str, bytes: &[u8], source: PolicySource) -> Result<PolicyInfo, RegistryError> {
+    fn register(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        source: PolicySource,
+    ) -> Result<PolicyInfo, RegistryError> {
         if !valid_name(name) {
             return Err(RegistryError::BadName(name.to_string()));
         }
-        if self.inner.registry.read().unwrap().names.get(name).is_some_and(|e| e.builtin) {
+        if self
+            .inner
+            .registry
+            .read()
+            .unwrap()
+            .names
+            .get(name)
+            .is_some_and(|e| e.builtin)
+        {
             return Err(RegistryError::BuiltinName(name.to_string()));
         }
         let hash = sha256_hex(bytes);
-        let cached = self.inner.registry.read().unwrap().by_hash.get(&hash).cloned();
+        let cached = self
+            .inner
+            .registry
+            .read()
+            .unwrap()
+            .by_hash
+            .get(&hash)
+            .cloned();
         let loaded = match cached {
             Some(l) => l,
             None => self.load(bytes)?,
@@ -182,7 +227,11 @@ impl PolicyHost {
         if reg.names.get(name).is_some_and(|e| e.builtin) {
             return Err(RegistryError::BuiltinName(name.to_string()));
         }
-        let entry = NameEntry { hash: hash.clone(), builtin: false, source };
+        let entry = NameEntry {
+            hash: hash.clone(),
+            builtin: false,
+            source,
+        };
         let info = info_of(name, &entry, &loaded);
         if let Some(old) = reg.names.insert(name.to_string(), entry) {
             if old.hash != hash {
@@ -201,8 +250,14 @@ impl PolicyHost {
         let names: Vec<String> = if reg.names.contains_key(name_or_hash) {
             vec![name_or_hash.to_string()]
         } else {
-            let hash = reg.resolve_hash(name_or_hash).ok_or_else(|| RegistryError::NotFound(name_or_hash.to_string()))?;
-            reg.names.iter().filter(|(_, e)| e.hash == hash).map(|(n, _)| n.clone()).collect()
+            let hash = reg
+                .resolve_hash(name_or_hash)
+                .ok_or_else(|| RegistryError::NotFound(name_or_hash.to_string()))?;
+            reg.names
+                .iter()
+                .filter(|(_, e)| e.hash == hash)
+                .map(|(n, _)| n.clone())
+                .collect()
         };
         if names.is_empty() {
             return Err(RegistryError::NotFound(name_or_hash.to_string()));
@@ -217,15 +272,30 @@ impl PolicyHost {
             }
         }
         drop(reg);
-        let live: Vec<String> = self.inner.registry.read().unwrap().by_hash.keys().cloned().collect();
-        self.inner.carried.lock().unwrap().retain(|(h, _, _), _| live.contains(h));
+        let live: Vec<String> = self
+            .inner
+            .registry
+            .read()
+            .unwrap()
+            .by_hash
+            .keys()
+            .cloned()
+            .collect();
+        self.inner
+            .carried
+            .lock()
+            .unwrap()
+            .retain(|(h, _, _), _| live.contains(h));
         Ok(())
     }
 
     /// Every registered policy, by name.
     pub fn list(&self) -> Vec<PolicyInfo> {
         let reg = self.inner.registry.read().unwrap();
-        reg.names.iter().filter_map(|(n, e)| reg.by_hash.get(&e.hash).map(|l| info_of(n, e, l))).collect()
+        reg.names
+            .iter()
+            .filter_map(|(n, e)| reg.by_hash.get(&e.hash).map(|l| info_of(n, e, l)))
+            .collect()
     }
 
     /// Validates a component without registering it (`specd policy check`).
@@ -246,7 +316,10 @@ impl PolicyHost {
     fn load(&self, bytes: &[u8]) -> Result<Arc<Loaded>, CheckError> {
         let limit = self.inner.cfg.max_component_bytes;
         if bytes.len() > limit {
-            return Err(CheckError::TooLarge { size: bytes.len(), limit });
+            return Err(CheckError::TooLarge {
+                size: bytes.len(),
+                limit,
+            });
         }
         if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
             return Err(CheckError::NotWasm);
@@ -260,15 +333,19 @@ impl PolicyHost {
             return Ok(l.clone());
         }
         let engine = &self.inner.engine;
-        let component = Component::new(engine, bytes).map_err(|e| CheckError::Invalid(chain(&e)))?;
+        let component =
+            Component::new(engine, bytes).map_err(|e| CheckError::Invalid(chain(&e)))?;
         let ty = component.component_type();
 
         let mut imports_wasi = false;
         for (name, _) in ty.imports(engine) {
-            if name.starts_with("wasi:") {
+            if DENY_ALL_WASI.iter().any(|p| name.starts_with(p)) && name.contains("@0.2.") {
                 imports_wasi = true;
             } else {
-                return Err(CheckError::ForbiddenImport { name: name.to_string(), detail: String::new() });
+                return Err(CheckError::ForbiddenImport {
+                    name: name.to_string(),
+                    detail: String::new(),
+                });
             }
         }
         let export_names: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
@@ -279,13 +356,18 @@ impl PolicyHost {
         if !exports.schedule && !exports.acceptance {
             let other: Vec<String> = export_names
                 .iter()
-                .filter(|n| n.starts_with("specd:policy/schedule@") || n.starts_with("specd:policy/acceptance@"))
+                .filter(|n| {
+                    n.starts_with("specd:policy/schedule@")
+                        || n.starts_with("specd:policy/acceptance@")
+                })
                 .cloned()
                 .collect();
             if !other.is_empty() {
                 return Err(CheckError::WrongVersion { found: other });
             }
-            return Err(CheckError::MissingExport { exports: export_names });
+            return Err(CheckError::MissingExport {
+                exports: export_names,
+            });
         }
 
         let pre = self.inner.linker.instantiate_pre(&component).map_err(|e| {
@@ -300,21 +382,34 @@ impl PolicyHost {
         })?;
         let schedule = if exports.schedule {
             Some(
-                bind_schedule::SchedulePolicyPre::new(pre.clone())
-                    .map_err(|e| CheckError::Mismatch { export: SCHEDULE_EXPORT.into(), detail: chain(&e) })?,
+                bind_schedule::SchedulePolicyPre::new(pre.clone()).map_err(|e| {
+                    CheckError::Mismatch {
+                        export: SCHEDULE_EXPORT.into(),
+                        detail: chain(&e),
+                    }
+                })?,
             )
         } else {
             None
         };
         let acceptance = if exports.acceptance {
-            Some(
-                bind_acceptance::AcceptancePolicyPre::new(pre)
-                    .map_err(|e| CheckError::Mismatch { export: ACCEPTANCE_EXPORT.into(), detail: chain(&e) })?,
-            )
+            Some(bind_acceptance::AcceptancePolicyPre::new(pre).map_err(|e| {
+                CheckError::Mismatch {
+                    export: ACCEPTANCE_EXPORT.into(),
+                    detail: chain(&e),
+                }
+            })?)
         } else {
             None
         };
-        Ok(Arc::new(Loaded { sha256: hash, exports, imports_wasi, size: bytes.len(), schedule, acceptance }))
+        Ok(Arc::new(Loaded {
+            sha256: hash,
+            exports,
+            imports_wasi,
+            size: bytes.len(),
+            schedule,
+            acceptance,
+        }))
     }
 
     fn lookup(&self, name_or_hash: &str) -> Option<Arc<Loaded>> {
@@ -335,9 +430,18 @@ impl PolicyHost {
     /// A schedule for one request.  `config_json` is the request's config
     /// (`""` = `{}`); `model_key` names the model (carried state is kept per
     /// policy, model and config).
-    pub fn schedule(&self, name_or_hash: &str, config_json: &str, model_key: &str) -> Result<Box<dyn Schedule>, PolicyError> {
+    pub fn schedule(
+        &self,
+        name_or_hash: &str,
+        config_json: &str,
+        model_key: &str,
+    ) -> Result<Box<dyn Schedule>, PolicyError> {
         let loaded = self.lookup(name_or_hash).ok_or_else(|| {
-            self.fail(PolicyError::new(name_or_hash, PolicyErrorKind::NotFound, "no policy by that name or hash"))
+            self.fail(PolicyError::new(
+                name_or_hash,
+                PolicyErrorKind::NotFound,
+                "no policy by that name or hash",
+            ))
         })?;
         let Some(pre) = loaded.schedule.clone() else {
             return Err(self.fail(PolicyError::new(
@@ -351,22 +455,40 @@ impl PolicyHost {
         let key = (loaded.sha256.clone(), model_key.to_string(), config.clone());
         let carried = self.inner.carried.lock().unwrap().get(&key).cloned();
         let t = Instant::now();
-        let s = WasmSchedule::new(self.inner.clone(), name_or_hash, &pre, &config, carried, key)
-            .map_err(|e| self.fail(e))?;
+        let s = WasmSchedule::new(
+            self.inner.clone(),
+            name_or_hash,
+            &pre,
+            &config,
+            carried,
+            key,
+        )
+        .map_err(|e| self.fail(e))?;
         self.inner.metrics.instantiated(t.elapsed());
         Ok(Box::new(s))
     }
 
     /// An acceptance policy for one request over a vocabulary of `vocab_size` tokens.
-    pub fn acceptance(&self, name_or_hash: &str, config_json: &str, vocab_size: u32) -> Result<Box<dyn Acceptance>, PolicyError> {
+    pub fn acceptance(
+        &self,
+        name_or_hash: &str,
+        config_json: &str,
+        vocab_size: u32,
+    ) -> Result<Box<dyn Acceptance>, PolicyError> {
         let loaded = self.lookup(name_or_hash).ok_or_else(|| {
-            self.fail(PolicyError::new(name_or_hash, PolicyErrorKind::NotFound, "no policy by that name or hash"))
+            self.fail(PolicyError::new(
+                name_or_hash,
+                PolicyErrorKind::NotFound,
+                "no policy by that name or hash",
+            ))
         })?;
         let Some(pre) = loaded.acceptance.clone() else {
             return Err(self.fail(PolicyError::new(
                 name_or_hash,
                 PolicyErrorKind::NotFound,
-                format!("the component exports no acceptance ({ACCEPTANCE_EXPORT}); it is a schedule"),
+                format!(
+                    "the component exports no acceptance ({ACCEPTANCE_EXPORT}); it is a schedule"
+                ),
             )));
         };
         let config = canonical_config(config_json)
@@ -385,10 +507,20 @@ impl PolicyHost {
 
     /// Carried schedule state for (policy, model, config), if any (for tests
     /// and debugging).
-    pub fn carried_state(&self, name_or_hash: &str, model_key: &str, config_json: &str) -> Option<Vec<u8>> {
+    pub fn carried_state(
+        &self,
+        name_or_hash: &str,
+        model_key: &str,
+        config_json: &str,
+    ) -> Option<Vec<u8>> {
         let loaded = self.lookup(name_or_hash)?;
         let config = canonical_config(config_json).ok()?;
-        self.inner.carried.lock().unwrap().get(&(loaded.sha256.clone(), model_key.to_string(), config)).cloned()
+        self.inner
+            .carried
+            .lock()
+            .unwrap()
+            .get(&(loaded.sha256.clone(), model_key.to_string(), config))
+            .cloned()
     }
 }
 

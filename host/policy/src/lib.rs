@@ -272,14 +272,26 @@ pub struct PolicyError {
 }
 
 impl PolicyError {
-    pub fn new(policy: impl Into<String>, kind: PolicyErrorKind, message: impl Into<String>) -> Self {
-        PolicyError { policy: policy.into(), kind, message: message.into() }
+    pub fn new(
+        policy: impl Into<String>,
+        kind: PolicyErrorKind,
+        message: impl Into<String>,
+    ) -> Self {
+        PolicyError {
+            policy: policy.into(),
+            kind,
+            message: message.into(),
+        }
     }
 }
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "policy {:?} failed ({}): {}", self.policy, self.kind, self.message)
+        write!(
+            f,
+            "policy {:?} failed ({}): {}",
+            self.policy, self.kind, self.message
+        )
     }
 }
 

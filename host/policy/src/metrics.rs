@@ -37,18 +37,38 @@ impl MetricsSnapshot {
     pub fn prometheus(&self) -> String {
         let mut s = String::new();
         s.push_str("# TYPE specd_policy_calls_total counter\n");
-        s.push_str(&format!("specd_policy_calls_total{{interface=\"schedule\"}} {}\n", self.schedule_calls));
-        s.push_str(&format!("specd_policy_calls_total{{interface=\"acceptance\"}} {}\n", self.acceptance_calls));
+        s.push_str(&format!(
+            "specd_policy_calls_total{{interface=\"schedule\"}} {}\n",
+            self.schedule_calls
+        ));
+        s.push_str(&format!(
+            "specd_policy_calls_total{{interface=\"acceptance\"}} {}\n",
+            self.acceptance_calls
+        ));
         s.push_str("# TYPE specd_policy_call_seconds_total counter\n");
-        s.push_str(&format!("specd_policy_call_seconds_total{{interface=\"schedule\"}} {}\n", self.schedule_seconds));
-        s.push_str(&format!("specd_policy_call_seconds_total{{interface=\"acceptance\"}} {}\n", self.acceptance_seconds));
+        s.push_str(&format!(
+            "specd_policy_call_seconds_total{{interface=\"schedule\"}} {}\n",
+            self.schedule_seconds
+        ));
+        s.push_str(&format!(
+            "specd_policy_call_seconds_total{{interface=\"acceptance\"}} {}\n",
+            self.acceptance_seconds
+        ));
         s.push_str("# TYPE specd_policy_instantiations_total counter\n");
-        s.push_str(&format!("specd_policy_instantiations_total {}\n", self.instantiations));
+        s.push_str(&format!(
+            "specd_policy_instantiations_total {}\n",
+            self.instantiations
+        ));
         s.push_str("# TYPE specd_policy_instantiate_seconds_total counter\n");
-        s.push_str(&format!("specd_policy_instantiate_seconds_total {}\n", self.instantiate_seconds));
+        s.push_str(&format!(
+            "specd_policy_instantiate_seconds_total {}\n",
+            self.instantiate_seconds
+        ));
         s.push_str("# TYPE specd_policy_failures_total counter\n");
         for (k, v) in &self.failures {
-            s.push_str(&format!("specd_policy_failures_total{{kind=\"{k}\"}} {v}\n"));
+            s.push_str(&format!(
+                "specd_policy_failures_total{{kind=\"{k}\"}} {v}\n"
+            ));
         }
         s
     }
@@ -84,7 +104,12 @@ impl Metrics {
             instantiate_seconds: self.instantiate_nanos.load(Relaxed) as f64 * 1e-9,
             failures: PolicyErrorKind::ALL
                 .iter()
-                .map(|k| (k.as_str().to_string(), self.failures[k.index()].load(Relaxed)))
+                .map(|k| {
+                    (
+                        k.as_str().to_string(),
+                        self.failures[k.index()].load(Relaxed),
+                    )
+                })
                 .collect(),
         }
     }

@@ -4,7 +4,10 @@
 //! request.  They share their logic with the built-in components
 //! (`plugins/logic`).
 
-use crate::{Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, RoundRecord, Schedule, ScheduleInput};
+use crate::{
+    Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, RoundRecord,
+    Schedule, ScheduleInput,
+};
 use specd_policy_logic as logic;
 use specd_policy_logic::{AcceptanceLogic, ScheduleLogic};
 
@@ -24,31 +27,63 @@ fn config_error(name: &str, m: String) -> PolicyError {
 }
 
 /// A native schedule by built-in name; `carried` as the component would get it.
-pub fn schedule(name: &str, config_json: &str, carried: Option<&[u8]>) -> Result<Box<dyn Schedule>, PolicyError> {
-    fn make<L: ScheduleLogic + Send + 'static>(name: &str, c: &str, carried: Option<&[u8]>) -> Result<Box<dyn Schedule>, PolicyError> {
+pub fn schedule(
+    name: &str,
+    config_json: &str,
+    carried: Option<&[u8]>,
+) -> Result<Box<dyn Schedule>, PolicyError> {
+    fn make<L: ScheduleLogic + Send + 'static>(
+        name: &str,
+        c: &str,
+        carried: Option<&[u8]>,
+    ) -> Result<Box<dyn Schedule>, PolicyError> {
         let logic = L::create(c, carried).map_err(|m| config_error(name, m))?;
-        Ok(Box::new(Native { name: name.to_string(), logic, vocab_size: 0 }))
+        Ok(Box::new(Native {
+            name: name.to_string(),
+            logic,
+            vocab_size: 0,
+        }))
     }
     match name {
         "constant" => make::<logic::Constant>(name, config_json, carried),
         "heuristic" => make::<logic::Heuristic>(name, config_json, carried),
         "heuristic-transient" => make::<logic::HeuristicTransient>(name, config_json, carried),
         "throughput" => make::<logic::Throughput>(name, config_json, carried),
-        _ => Err(PolicyError::new(name, PolicyErrorKind::NotFound, "no native schedule by that name")),
+        _ => Err(PolicyError::new(
+            name,
+            PolicyErrorKind::NotFound,
+            "no native schedule by that name",
+        )),
     }
 }
 
 /// A native acceptance policy by built-in name.
-pub fn acceptance(name: &str, config_json: &str, vocab_size: u32) -> Result<Box<dyn Acceptance>, PolicyError> {
-    fn make<L: AcceptanceLogic + Send + 'static>(name: &str, c: &str, vocab_size: u32) -> Result<Box<dyn Acceptance>, PolicyError> {
+pub fn acceptance(
+    name: &str,
+    config_json: &str,
+    vocab_size: u32,
+) -> Result<Box<dyn Acceptance>, PolicyError> {
+    fn make<L: AcceptanceLogic + Send + 'static>(
+        name: &str,
+        c: &str,
+        vocab_size: u32,
+    ) -> Result<Box<dyn Acceptance>, PolicyError> {
         let logic = L::create(c, vocab_size).map_err(|m| config_error(name, m))?;
-        Ok(Box::new(Native { name: name.to_string(), logic, vocab_size }))
+        Ok(Box::new(Native {
+            name: name.to_string(),
+            logic,
+            vocab_size,
+        }))
     }
     match name {
         "greedy" => make::<logic::Greedy>(name, config_json, vocab_size),
         "rejection" => make::<logic::Rejection>(name, config_json, vocab_size),
         "typical" => make::<logic::Typical>(name, config_json, vocab_size),
-        _ => Err(PolicyError::new(name, PolicyErrorKind::NotFound, "no native acceptance policy by that name")),
+        _ => Err(PolicyError::new(
+            name,
+            PolicyErrorKind::NotFound,
+            "no native acceptance policy by that name",
+        )),
     }
 }
 
@@ -79,7 +114,10 @@ impl<L: ScheduleLogic + Send> Schedule for Native<L> {
         &self.name
     }
     fn next_draft_length(&mut self, input: &ScheduleInput) -> Result<u32, PolicyError> {
-        Ok(self.logic.next_draft_length(&to_logic_input(input)).min(input.max_draft))
+        Ok(self
+            .logic
+            .next_draft_length(&to_logic_input(input))
+            .min(input.max_draft))
     }
     fn finish(self: Box<Self>) {}
 }
@@ -104,8 +142,13 @@ impl<L: AcceptanceLogic + Send> Acceptance for Native<L> {
         let correction = match d.correction {
             logic::Correction::Residual => Correction::Residual,
             logic::Correction::TargetSample => Correction::TargetSample,
-            logic::Correction::Token(t) => Correction::Token(t.min(self.vocab_size.saturating_sub(1))),
+            logic::Correction::Token(t) => {
+                Correction::Token(t.min(self.vocab_size.saturating_sub(1)))
+            }
         };
-        Ok(Decision { accepted: d.accepted.min(positions.len() as u32), correction })
+        Ok(Decision {
+            accepted: d.accepted.min(positions.len() as u32),
+            correction,
+        })
     }
 }

@@ -5,7 +5,9 @@ use crate::{PolicyError, PolicyErrorKind};
 use std::time::Duration;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{
+    HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+};
 
 pub(crate) mod bind_schedule {
     wasmtime::component::bindgen!({
@@ -42,7 +44,10 @@ struct GuestWasi {
 impl HostState {
     pub fn new(policy: &str, memory_limit: usize, log_limit: usize) -> Self {
         HostState {
-            limits: Limits { memory_limit, memory_exceeded: false },
+            limits: Limits {
+                memory_limit,
+                memory_exceeded: false,
+            },
             wasi: None,
             log_limit,
             policy: policy.to_string(),
@@ -52,9 +57,10 @@ impl HostState {
     /// Writes guest output captured since the last call to the log.
     pub fn flush_guest_output(&mut self) {
         let Some(w) = self.wasi.as_mut() else { return };
-        for (pipe, logged, stream) in
-            [(&w.stdout, &mut w.logged_out, "stdout"), (&w.stderr, &mut w.logged_err, "stderr")]
-        {
+        for (pipe, logged, stream) in [
+            (&w.stdout, &mut w.logged_out, "stdout"),
+            (&w.stderr, &mut w.logged_err, "stderr"),
+        ] {
             let bytes = pipe.contents();
             if bytes.len() > *logged {
                 let text = String::from_utf8_lossy(&bytes[*logged..]);
@@ -78,7 +84,9 @@ fn deny_all_wasi(log_limit: usize) -> GuestWasi {
     let stderr = MemoryOutputPipe::new(log_limit);
     let ctx = WasiCtxBuilder::new()
         // no preopened directories, no env, no args, no network (the defaults)
-        .stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(Vec::<u8>::new()))
+        .stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(
+            Vec::<u8>::new(),
+        ))
         .stdout(stdout.clone())
         .stderr(stderr.clone())
         .wall_clock(FrozenClock)
@@ -90,7 +98,14 @@ fn deny_all_wasi(log_limit: usize) -> GuestWasi {
         .allow_tcp(false)
         .allow_udp(false)
         .build();
-    GuestWasi { ctx, table: ResourceTable::new(), stdout, stderr, logged_out: 0, logged_err: 0 }
+    GuestWasi {
+        ctx,
+        table: ResourceTable::new(),
+        stdout,
+        stderr,
+        logged_out: 0,
+        logged_err: 0,
+    }
 }
 
 /// Clocks that never move: time is not a capability policies get (they get
@@ -119,8 +134,13 @@ impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         // Built on first use: components that import nothing never pay for it.
         let log_limit = self.log_limit;
-        let w = self.wasi.get_or_insert_with(|| Box::new(deny_all_wasi(log_limit)));
-        WasiCtxView { ctx: &mut w.ctx, table: &mut w.table }
+        let w = self
+            .wasi
+            .get_or_insert_with(|| Box::new(deny_all_wasi(log_limit)));
+        WasiCtxView {
+            ctx: &mut w.ctx,
+            table: &mut w.table,
+        }
     }
 }
 
@@ -132,34 +152,78 @@ pub(crate) struct Limits {
 }
 
 impl wasmtime::ResourceLimiter for Limits {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.memory_limit {
             self.memory_exceeded = true;
             wasmtime::bail!("memory limit: the policy asked for {desired} bytes of linear memory, the cap is {}", self.memory_limit);
         }
         Ok(true)
     }
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
     }
 }
 
 /// Classifies a wasmtime error from a guest call.
-pub(crate) fn classify(policy: &str, what: &str, state: &HostState, err: &wasmtime::Error) -> PolicyError {
+pub(crate) fn classify(
+    policy: &str,
+    what: &str,
+    state: &HostState,
+    err: &wasmtime::Error,
+) -> PolicyError {
     let kind = if state.limits.memory_exceeded {
         PolicyErrorKind::MemoryLimit
     } else {
         match err.downcast_ref::<wasmtime::Trap>() {
-            Some(wasmtime::Trap::OutOfFuel) | Some(wasmtime::Trap::Interrupt) => PolicyErrorKind::Timeout,
+            Some(wasmtime::Trap::OutOfFuel) | Some(wasmtime::Trap::Interrupt) => {
+                PolicyErrorKind::Timeout
+            }
             _ => PolicyErrorKind::Trap,
         }
     };
-    let detail = match kind {
-        PolicyErrorKind::Timeout => "ran out of its CPU budget (fuel) — an endless loop or too much work per call".to_string(),
-        PolicyErrorKind::MemoryLimit => first_line(&chain(err)),
-        _ => first_line(&chain(err)),
-    };
-    PolicyError::new(policy, kind, format!("{what}: {detail}"))
+    PolicyError::new(policy, kind, format!("{what}: {}", describe(err)))
+}
+
+/// A short description of a guest failure: the causes without wasmtime's
+/// backtrace context, one line.
+pub(crate) fn describe(err: &wasmtime::Error) -> String {
+    if matches!(
+        err.downcast_ref::<wasmtime::Trap>(),
+        Some(wasmtime::Trap::OutOfFuel) | Some(wasmtime::Trap::Interrupt)
+    ) {
+        return "ran out of its CPU budget (fuel): an endless loop, or too much work for one call"
+            .to_string();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let s = cause.to_string();
+        if s.starts_with("error while executing at wasm backtrace") {
+            continue;
+        }
+        let line = s.lines().next().unwrap_or("").trim().to_string();
+        if !line.is_empty() && !parts.iter().any(|p| p.contains(&line)) {
+            parts.push(line);
+        }
+    }
+    if parts.is_empty() {
+        err.to_string()
+            .lines()
+            .next()
+            .unwrap_or("unknown error")
+            .to_string()
+    } else {
+        parts.join(": ")
+    }
 }
 
 /// The error and its causes on one line.
@@ -172,24 +236,4 @@ pub(crate) fn chain(err: &wasmtime::Error) -> String {
         }
     }
     parts.join(": ")
-}
-
-fn first_line(s: &str) -> String {
-    // Trap messages carry a wasm backtrace on following lines; keep it short.
-    let mut out = String::new();
-    for line in s.lines() {
-        let t = line.trim();
-        if t.is_empty() || t.starts_with("wasm backtrace") || t.starts_with("0:") || t.chars().next().is_some_and(|c| c.is_ascii_digit()) {
-            break;
-        }
-        if !out.is_empty() {
-            out.push(' ');
-        }
-        out.push_str(t);
-    }
-    if out.is_empty() {
-        s.lines().next().unwrap_or("").to_string()
-    } else {
-        out
-    }
 }

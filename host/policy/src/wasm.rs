@@ -2,7 +2,10 @@
 
 use crate::host::Inner;
 use crate::sandbox::{bind_acceptance, bind_schedule, classify, HostState};
-use crate::{Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, Schedule, ScheduleInput};
+use crate::{
+    Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, Schedule,
+    ScheduleInput,
+};
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime::component::ResourceAny;
@@ -14,7 +17,11 @@ use bind_schedule::exports::specd::policy::schedule as ws;
 fn new_store(inner: &Inner, policy: &str) -> Result<Store<HostState>, PolicyError> {
     let mut store = Store::new(
         &inner.engine,
-        HostState::new(policy, inner.cfg.memory_limit_bytes, inner.cfg.log_limit_bytes),
+        HostState::new(
+            policy,
+            inner.cfg.memory_limit_bytes,
+            inner.cfg.log_limit_bytes,
+        ),
     );
     store.limiter(|s| &mut s.limits);
     store
@@ -58,16 +65,30 @@ impl WasmSchedule {
         carry_key: (String, String, String),
     ) -> Result<Self, PolicyError> {
         let mut store = new_store(&inner, name)?;
-        let bindings = pre.instantiate(&mut store).map_err(|e| instantiate_error(name, &store, &e))?;
+        let bindings = pre
+            .instantiate(&mut store)
+            .map_err(|e| instantiate_error(name, &store, &e))?;
         refuel(&mut store, inner.cfg.fuel_per_call);
-        let created = bindings.specd_policy_schedule().scheduler().call_create(&mut store, config, carried.as_deref());
+        let created = bindings.specd_policy_schedule().scheduler().call_create(
+            &mut store,
+            config,
+            carried.as_deref(),
+        );
         store.data_mut().flush_guest_output();
         let resource = match created {
             Ok(Ok(r)) => r,
             Ok(Err(msg)) => return Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
             Err(e) => return Err(classify(name, "create", store.data(), &e)),
         };
-        Ok(WasmSchedule { inner, name: name.to_string(), store, bindings, resource, carry_key, failed: None })
+        Ok(WasmSchedule {
+            inner,
+            name: name.to_string(),
+            store,
+            bindings,
+            resource,
+            carry_key,
+            failed: None,
+        })
     }
 }
 
@@ -101,11 +122,11 @@ impl Schedule for WasmSchedule {
             verify_seconds_by_len: input.verify_seconds_by_len.clone(),
         };
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = self.bindings.specd_policy_schedule().scheduler().call_next_draft_length(
-            &mut self.store,
-            self.resource,
-            &wit_input,
-        );
+        let out = self
+            .bindings
+            .specd_policy_schedule()
+            .scheduler()
+            .call_next_draft_length(&mut self.store, self.resource, &wit_input);
         self.store.data_mut().flush_guest_output();
         self.inner.metrics.schedule_call(t.elapsed());
         let result = match out {
@@ -113,7 +134,10 @@ impl Schedule for WasmSchedule {
             Ok(k) => PolicyError::new(
                 &self.name,
                 PolicyErrorKind::InvalidAnswer,
-                format!("next-draft-length answered {k}, above max-draft {}", input.max_draft),
+                format!(
+                    "next-draft-length answered {k}, above max-draft {}",
+                    input.max_draft
+                ),
             ),
             Err(e) => classify(&self.name, "next-draft-length", self.store.data(), &e),
         };
@@ -128,7 +152,11 @@ impl Schedule for WasmSchedule {
             return;
         }
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = self.bindings.specd_policy_schedule().scheduler().call_carry(&mut self.store, self.resource);
+        let out = self
+            .bindings
+            .specd_policy_schedule()
+            .scheduler()
+            .call_carry(&mut self.store, self.resource);
         self.store.data_mut().flush_guest_output();
         match out {
             Ok(bytes) => self.inner.store_carried(self.carry_key.clone(), bytes),
@@ -161,9 +189,14 @@ impl WasmAcceptance {
         vocab_size: u32,
     ) -> Result<Self, PolicyError> {
         let mut store = new_store(&inner, name)?;
-        let bindings = pre.instantiate(&mut store).map_err(|e| instantiate_error(name, &store, &e))?;
+        let bindings = pre
+            .instantiate(&mut store)
+            .map_err(|e| instantiate_error(name, &store, &e))?;
         refuel(&mut store, inner.cfg.fuel_per_call);
-        let created = bindings.specd_policy_acceptance().acceptor().call_create(&mut store, config, vocab_size);
+        let created = bindings
+            .specd_policy_acceptance()
+            .acceptor()
+            .call_create(&mut store, config, vocab_size);
         store.data_mut().flush_guest_output();
         let resource = match created {
             Ok(Ok(r)) => r,
@@ -193,7 +226,10 @@ impl Acceptance for WasmAcceptance {
             return Err(e.clone());
         }
         if positions.is_empty() {
-            return Ok(Decision { accepted: 0, correction: Correction::TargetSample });
+            return Ok(Decision {
+                accepted: 0,
+                correction: Correction::TargetSample,
+            });
         }
         let t = Instant::now();
         self.scratch.clear();
@@ -206,11 +242,11 @@ impl Acceptance for WasmAcceptance {
             uniform: p.uniform,
         }));
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = self.bindings.specd_policy_acceptance().acceptor().call_decide(
-            &mut self.store,
-            self.resource,
-            &self.scratch,
-        );
+        let out = self
+            .bindings
+            .specd_policy_acceptance()
+            .acceptor()
+            .call_decide(&mut self.store, self.resource, &self.scratch);
         self.store.data_mut().flush_guest_output();
         self.inner.metrics.acceptance_call(t.elapsed());
         let err = match out {
@@ -234,7 +270,10 @@ impl Acceptance for WasmAcceptance {
                         format!("decide corrected with token {correction:?}, outside the vocabulary of {} tokens", self.vocab_size),
                     )
                 } else {
-                    return Ok(Decision { accepted: d.accepted, correction });
+                    return Ok(Decision {
+                        accepted: d.accepted,
+                        correction,
+                    });
                 }
             }
             Err(e) => classify(&self.name, "decide", self.store.data(), &e),

@@ -12,7 +12,12 @@ use std::sync::{Arc, Mutex};
 #[test]
 fn c_heuristic_decides_exactly_like_the_rust_heuristic() {
     let mut rng = Lcg(2024);
-    let configs = ["{}", r#"{"initial": 1}"#, r#"{"initial":7}"#, r#"{"initial": 40}"#];
+    let configs = [
+        "{}",
+        r#"{"initial": 1}"#,
+        r#"{"initial":7}"#,
+        r#"{"initial": 40}"#,
+    ];
     for request in 0..40u32 {
         let config = configs[(request % 4) as usize];
         let model = format!("twin-{}", request % 3);
@@ -23,10 +28,17 @@ fn c_heuristic_decides_exactly_like_the_rust_heuristic() {
         for round in 0..rounds {
             let max = rng.below(17); // 0..=16, 0 included
             let i: ScheduleInput = input(round, max, &recent);
-            let (kc, kr) = (c.next_draft_length(&i).unwrap(), r.next_draft_length(&i).unwrap());
+            let (kc, kr) = (
+                c.next_draft_length(&i).unwrap(),
+                r.next_draft_length(&i).unwrap(),
+            );
             assert_eq!(kc, kr, "request {request} round {round} config {config}");
             // outcome: full accept half the time, else a random partial (or a plain step)
-            let accepted = if rng.below(2) == 0 { kr } else { rng.below(kr + 1) };
+            let accepted = if rng.below(2) == 0 {
+                kr
+            } else {
+                rng.below(kr + 1)
+            };
             recent.push((kr, accepted));
         }
         // both carry their k (separately: keys hold the policy hash)
@@ -39,8 +51,18 @@ fn c_heuristic_decides_exactly_like_the_rust_heuristic() {
         );
     }
     // same config errors
-    for bad in [r#"{"initial": 0}"#, r#"{"initial": -1}"#, r#"{"initial": 2.5}"#, r#"{"k": 3}"#, "[1]", r#"{"initial": 99999999999}"#] {
-        let c = host().schedule("heuristic-c", bad, "m").err().map(|e| e.kind);
+    for bad in [
+        r#"{"initial": 0}"#,
+        r#"{"initial": -1}"#,
+        r#"{"initial": 2.5}"#,
+        r#"{"k": 3}"#,
+        "[1]",
+        r#"{"initial": 99999999999}"#,
+    ] {
+        let c = host()
+            .schedule("heuristic-c", bad, "m")
+            .err()
+            .map(|e| e.kind);
         let r = host().schedule("heuristic", bad, "m").err().map(|e| e.kind);
         assert_eq!(c, Some(PolicyErrorKind::Config), "C accepted {bad}");
         assert_eq!(r, Some(PolicyErrorKind::Config), "Rust accepted {bad}");
@@ -82,8 +104,16 @@ fn wasi_printf_policy_runs_sandboxed_and_cannot_read_files() {
     }
     s.finish();
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert!(text.contains(r#"wasi-demo: hello from C, config {"x":1}"#), "{text}");
+    assert!(
+        text.contains(r#"wasi-demo: hello from C, config {"x":1}"#),
+        "{text}"
+    );
     assert!(text.contains("wasi-demo: round 2 -> k 1"), "{text}");
     assert!(text.contains("probes reached mask 0"), "{text}");
-    assert!(text.contains("stream=\"stdout\"") || text.contains("stream=stdout") || text.contains("stdout"), "{text}");
+    assert!(
+        text.contains("stream=\"stdout\"")
+            || text.contains("stream=stdout")
+            || text.contains("stdout"),
+        "{text}"
+    );
 }

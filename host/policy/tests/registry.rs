@@ -7,15 +7,35 @@ use specd_policy::{PolicyErrorKind, PolicySource, RegistryError};
 #[test]
 fn builtins_are_listed_with_hash_and_exports() {
     let list = host().list();
-    let names: Vec<&str> = list.iter().filter(|p| p.builtin).map(|p| p.name.as_str()).collect();
-    for n in ["constant", "heuristic", "heuristic-transient", "throughput", "greedy", "rejection", "typical", "heuristic-c"] {
+    let names: Vec<&str> = list
+        .iter()
+        .filter(|p| p.builtin)
+        .map(|p| p.name.as_str())
+        .collect();
+    for n in [
+        "constant",
+        "heuristic",
+        "heuristic-transient",
+        "throughput",
+        "greedy",
+        "rejection",
+        "typical",
+        "heuristic-c",
+    ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
     for p in list.iter().filter(|p| p.builtin) {
         assert_eq!(p.sha256.len(), 64);
         assert_eq!(p.source, PolicySource::Builtin);
         assert!(!p.imports_wasi, "{} imports WASI", p.name);
-        let is_schedule = ["constant", "heuristic", "heuristic-transient", "throughput", "heuristic-c"].contains(&p.name.as_str());
+        let is_schedule = [
+            "constant",
+            "heuristic",
+            "heuristic-transient",
+            "throughput",
+            "heuristic-c",
+        ]
+        .contains(&p.name.as_str());
         assert_eq!(p.exports.schedule, is_schedule, "{}", p.name);
         assert_eq!(p.exports.acceptance, !is_schedule, "{}", p.name);
     }
@@ -28,11 +48,18 @@ fn uploads_dirs_removal_and_hash_lookup() {
     let err = host().add("greedy", &bytes).unwrap_err();
     assert_eq!(err, RegistryError::BuiltinName("greedy".into()));
     assert_eq!(err.http_status(), 409);
-    assert_eq!(host().add("Bad Name", &bytes).unwrap_err().http_status(), 400);
+    assert_eq!(
+        host().add("Bad Name", &bytes).unwrap_err().http_status(),
+        400
+    );
     // same bytes under a new name: same hash, no recompilation needed
     let info = host().add("my-constant", &bytes).unwrap();
     assert_eq!(info.source, PolicySource::Upload);
-    let builtin = host().list().into_iter().find(|p| p.name == "constant").unwrap();
+    let builtin = host()
+        .list()
+        .into_iter()
+        .find(|p| p.name == "constant")
+        .unwrap();
     assert_eq!(info.sha256, builtin.sha256);
     // select by name, by hash, by hash prefix
     for key in ["my-constant", &info.sha256[..], &info.sha256[..12]] {
@@ -47,7 +74,10 @@ fn uploads_dirs_removal_and_hash_lookup() {
     assert_eq!(host().remove("constant").unwrap_err().http_status(), 409);
     host().remove("my-constant").unwrap();
     assert_eq!(host().remove("my-constant").unwrap_err().http_status(), 404);
-    assert!(host().schedule("constant", "{}", "m").is_ok(), "the built-in with the same hash stays");
+    assert!(
+        host().schedule("constant", "{}", "m").is_ok(),
+        "the built-in with the same hash stays"
+    );
     let err = host().schedule("no-such-policy", "{}", "m").err().unwrap();
     assert_eq!(err.kind, PolicyErrorKind::NotFound);
 
@@ -58,7 +88,10 @@ fn uploads_dirs_removal_and_hash_lookup() {
     std::fs::write(dir.join("dir-typical.wasm"), plugin_file("typical")).unwrap();
     std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
     let infos = host().add_dir(&dir).unwrap();
-    assert_eq!(infos.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), vec!["dir-heuristic", "dir-typical"]);
+    assert_eq!(
+        infos.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+        vec!["dir-heuristic", "dir-typical"]
+    );
     assert!(matches!(infos[0].source, PolicySource::File(_)));
     assert!(host().acceptance("dir-typical", "{}", 10).is_ok());
     // a bad file is reported with its path
@@ -78,5 +111,7 @@ fn metrics_count_calls_and_instantiations() {
     let after = host().metrics();
     assert!(after.schedule_calls >= before.schedule_calls + 10);
     assert!(after.instantiations > before.instantiations);
-    assert!(after.prometheus().contains("specd_policy_failures_total{kind=\"timeout\"}"));
+    assert!(after
+        .prometheus()
+        .contains("specd_policy_failures_total{kind=\"timeout\"}"));
 }

@@ -84,9 +84,16 @@ pub trait AcceptanceLogic: Sized {
     fn decide(&mut self, positions: &[Position]) -> Decision;
 }
 
-/// Parses a JSON config; empty text means `{}`. Unknown keys are errors.
+/// Parses a JSON config object; empty text means `{}`. Unknown keys are errors.
 pub fn parse_config<T: for<'de> Deserialize<'de>>(config: &str) -> Result<T, String> {
-    let text = if config.trim().is_empty() { "{}" } else { config };
+    let text = if config.trim().is_empty() {
+        "{}"
+    } else {
+        config
+    };
+    if !text.trim_start().starts_with('{') {
+        return Err(format!("bad config {config:?}: expected a JSON object"));
+    }
     serde_json::from_str(text).map_err(|e| format!("bad config {config:?}: {e}"))
 }
 
@@ -236,11 +243,18 @@ fn default_prior() -> f64 {
 
 /// Verify cost of k drafts (k + 1 new tokens) from possibly partial measurements.
 pub fn estimate_verify(measured: &[f64], k: usize) -> Option<f64> {
-    let known = |j: usize| measured.get(j).copied().filter(|t| t.is_finite() && *t > 0.0);
+    let known = |j: usize| {
+        measured
+            .get(j)
+            .copied()
+            .filter(|t| t.is_finite() && *t > 0.0)
+    };
     if let Some(t) = known(k) {
         return Some(t);
     }
-    let below: Vec<usize> = (0..k.min(measured.len())).filter(|&j| known(j).is_some()).collect();
+    let below: Vec<usize> = (0..k.min(measured.len()))
+        .filter(|&j| known(j).is_some())
+        .collect();
     let above = (k + 1..measured.len()).find(|&j| known(j).is_some());
     match (below.last(), above) {
         (Some(&lo), Some(hi)) => {
@@ -268,7 +282,10 @@ impl ScheduleLogic for Throughput {
         if !(0.0..=1.0).contains(&c.prior) {
             return Err("bad config: prior must be within [0, 1]".into());
         }
-        Ok(Throughput { initial: c.initial, prior: c.prior })
+        Ok(Throughput {
+            initial: c.initial,
+            prior: c.prior,
+        })
     }
     fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
         let kmax = input.max_draft.min(input.budget_left.saturating_sub(1));
@@ -288,8 +305,16 @@ impl ScheduleLogic for Throughput {
         for k in 0..=kmax {
             if k > 0 {
                 let i = (k - 1) as usize;
-                let a = input.position_acceptance.get(i).copied().unwrap_or(self.prior);
-                let a = if a.is_finite() { a.clamp(0.0, 1.0) } else { self.prior };
+                let a = input
+                    .position_acceptance
+                    .get(i)
+                    .copied()
+                    .unwrap_or(self.prior);
+                let a = if a.is_finite() {
+                    a.clamp(0.0, 1.0)
+                } else {
+                    self.prior
+                };
                 reach *= a;
                 tokens += reach;
             }
@@ -332,18 +357,32 @@ impl AcceptanceLogic for Greedy {
         let sample = match c.correction.as_deref() {
             None | Some("argmax") => false,
             Some("sample") => true,
-            Some(other) => return Err(format!("bad config: correction {other:?} (argmax or sample)")),
+            Some(other) => {
+                return Err(format!(
+                    "bad config: correction {other:?} (argmax or sample)"
+                ))
+            }
         };
         Ok(Greedy { sample })
     }
     fn decide(&mut self, positions: &[Position]) -> Decision {
         for (i, p) in positions.iter().enumerate() {
             if p.token != p.target_argmax {
-                let correction = if self.sample { Correction::TargetSample } else { Correction::Token(p.target_argmax) };
-                return Decision { accepted: i as u32, correction };
+                let correction = if self.sample {
+                    Correction::TargetSample
+                } else {
+                    Correction::Token(p.target_argmax)
+                };
+                return Decision {
+                    accepted: i as u32,
+                    correction,
+                };
             }
         }
-        Decision { accepted: positions.len() as u32, correction: Correction::TargetSample }
+        Decision {
+            accepted: positions.len() as u32,
+            correction: Correction::TargetSample,
+        }
     }
 }
 
@@ -367,10 +406,16 @@ impl AcceptanceLogic for Rejection {
     fn decide(&mut self, positions: &[Position]) -> Decision {
         for (i, p) in positions.iter().enumerate() {
             if p.uniform * p.q >= p.p {
-                return Decision { accepted: i as u32, correction: Correction::Residual };
+                return Decision {
+                    accepted: i as u32,
+                    correction: Correction::Residual,
+                };
             }
         }
-        Decision { accepted: positions.len() as u32, correction: Correction::Residual }
+        Decision {
+            accepted: positions.len() as u32,
+            correction: Correction::Residual,
+        }
     }
 }
 
@@ -415,15 +460,24 @@ impl AcceptanceLogic for Typical {
         if !(c.epsilon.is_finite() && c.delta.is_finite() && c.epsilon >= 0.0 && c.delta >= 0.0) {
             return Err("bad config: epsilon and delta must be finite and >= 0".into());
         }
-        Ok(Typical { epsilon: c.epsilon, delta: c.delta })
+        Ok(Typical {
+            epsilon: c.epsilon,
+            delta: c.delta,
+        })
     }
     fn decide(&mut self, positions: &[Position]) -> Decision {
         for (i, p) in positions.iter().enumerate() {
             if p.p <= self.threshold(p.entropy) {
-                return Decision { accepted: i as u32, correction: Correction::TargetSample };
+                return Decision {
+                    accepted: i as u32,
+                    correction: Correction::TargetSample,
+                };
             }
         }
-        Decision { accepted: positions.len() as u32, correction: Correction::TargetSample }
+        Decision {
+            accepted: positions.len() as u32,
+            correction: Correction::TargetSample,
+        }
     }
 }
 
@@ -450,7 +504,12 @@ macro_rules! component_runtime {
         // is a different heap, so it is defined here.
         #[cfg(target_arch = "wasm32")]
         #[no_mangle]
-        unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
+        unsafe extern "C" fn cabi_realloc(
+            old_ptr: *mut u8,
+            old_len: usize,
+            align: usize,
+            new_len: usize,
+        ) -> *mut u8 {
             use ::alloc::alloc::{alloc, realloc, Layout};
             let ptr = if old_len == 0 {
                 if new_len == 0 {
@@ -458,7 +517,11 @@ macro_rules! component_runtime {
                 }
                 alloc(Layout::from_size_align_unchecked(new_len, align))
             } else {
-                realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
+                realloc(
+                    old_ptr,
+                    Layout::from_size_align_unchecked(old_len, align),
+                    new_len,
+                )
             };
             if ptr.is_null() {
                 ::core::arch::wasm32::unreachable()

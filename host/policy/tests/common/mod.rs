@@ -25,7 +25,12 @@ pub fn input(round: u32, max_draft: u32, recent: &[(u32, u32)]) -> ScheduleInput
         max_draft,
         recent: recent
             .iter()
-            .map(|&(drafted, accepted)| RoundRecord { drafted, accepted, draft_seconds: 0.001, verify_seconds: 0.01 })
+            .map(|&(drafted, accepted)| RoundRecord {
+                drafted,
+                accepted,
+                draft_seconds: 0.001,
+                verify_seconds: 0.01,
+            })
             .collect(),
         position_acceptance: vec![],
         draft_seconds_per_token: 0.0,
@@ -34,14 +39,24 @@ pub fn input(round: u32, max_draft: u32, recent: &[(u32, u32)]) -> ScheduleInput
 }
 
 pub fn pos(token: u32, p: f32, q: f32, target_argmax: u32, entropy: f32, uniform: f32) -> Position {
-    Position { token, p, q, target_argmax, entropy, uniform }
+    Position {
+        token,
+        p,
+        q,
+        target_argmax,
+        entropy,
+        uniform,
+    }
 }
 
 /// A tiny deterministic generator for scripted rounds.
 pub struct Lcg(pub u64);
 impl Lcg {
     pub fn next(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) as u32
     }
     pub fn below(&mut self, n: u32) -> u32 {
@@ -103,8 +118,12 @@ const CORE_COMMON: &str = r#"
 
 impl ScheduleWat<'_> {
     pub fn wat(&self) -> String {
-        let carry_core = self.carry.map(|b| format!("(func (export \"carry\") (param i32) (result i32) {b})")).unwrap_or_default();
-        let (carry_lift, carry_shim_import, carry_shim_export, carry_with) = if self.carry.is_some() {
+        let carry_core = self
+            .carry
+            .map(|b| format!("(func (export \"carry\") (param i32) (result i32) {b})"))
+            .unwrap_or_default();
+        let (carry_lift, carry_shim_import, carry_shim_export, carry_with) = if self.carry.is_some()
+        {
             (
                 r#"(type $fcarry (func (param "self" $borrow) (result $olu8)))
   (alias core export $m "carry" (core func $c_carry))
@@ -210,7 +229,8 @@ impl ScheduleWat<'_> {
 
     pub fn build(&self) -> Vec<u8> {
         let text = self.wat();
-        wat::parse_str(&text).unwrap_or_else(|e| panic!("test component does not assemble: {e}\n{text}"))
+        wat::parse_str(&text)
+            .unwrap_or_else(|e| panic!("test component does not assemble: {e}\n{text}"))
     }
 }
 
@@ -299,6 +319,7 @@ impl AcceptanceWat<'_> {
             create = self.create,
             decide = self.decide,
         );
-        wat::parse_str(&text).unwrap_or_else(|e| panic!("test component does not assemble: {e}\n{text}"))
+        wat::parse_str(&text)
+            .unwrap_or_else(|e| panic!("test component does not assemble: {e}\n{text}"))
     }
 }
