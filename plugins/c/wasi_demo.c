@@ -3,8 +3,9 @@
 // clock).  Under specd's deny-all WASI it loads and runs, its output goes to
 // the log, and every probe fails.  Its answer reports what it could reach:
 //   k = 1 + 2 (a file opened) + 4 (an environment variable seen)
-//         + 8 (the clock moved) + 16 (an argument seen), clipped to max-draft.
-// So a sandboxed run answers 1.
+//         + 8 (the clock moved), clipped to max-draft.
+// So a sandboxed run answers 1.  Round 1 also sleeps for an hour: time is
+// frozen for policies, so the sleep returns at once.
 #include "schedule_policy.h"
 
 #include <dirent.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct exports_specd_policy_schedule_scheduler_t {
     uint32_t reached;
@@ -60,6 +62,7 @@ uint32_t exports_specd_policy_schedule_method_scheduler_next_draft_length(
     exports_specd_policy_schedule_borrow_scheduler_t self, exports_specd_policy_schedule_schedule_input_t *input) {
     uint32_t max = input->max_draft, round = input->round;
     exports_specd_policy_schedule_schedule_input_free(input);
+    if (round == 1) sleep(3600);
     uint32_t k = 1 + (self->reached | probe());
     printf("wasi-demo: round %u -> k %u\n", (unsigned)round, (unsigned)k);
     fflush(stdout);

@@ -126,6 +126,8 @@ impl PolicyHost {
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| anyhow::anyhow!("adding deny-all WASI: {}", chain(&e)))?;
+        crate::sandbox::freeze_sleeps(&mut linker)
+            .map_err(|e| anyhow::anyhow!("adding deny-all WASI: {}", chain(&e)))?;
         let host = PolicyHost {
             inner: Arc::new(Inner {
                 engine,

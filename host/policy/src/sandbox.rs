@@ -130,6 +130,44 @@ impl HostMonotonicClock for FrozenClock {
     }
 }
 
+/// Time does not pass for policies: `subscribe-duration` / `subscribe-instant`
+/// of `wasi:clocks/monotonic-clock` return a pollable that is ready at once,
+/// so a guest cannot block the host thread in `poll` (host calls burn no
+/// fuel).  Shadows wasmtime-wasi's real sleeps.
+pub(crate) fn freeze_sleeps(
+    linker: &mut wasmtime::component::Linker<HostState>,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+
+    struct Ready;
+    #[wasmtime_wasi::async_trait]
+    impl wasmtime_wasi::p2::Pollable for Ready {
+        async fn ready(&mut self) {}
+    }
+    fn ready(state: &mut HostState) -> wasmtime::Result<(Resource<DynPollable>,)> {
+        let view = state.ctx();
+        let r = view.table.push(Ready)?;
+        Ok((wasmtime_wasi::p2::subscribe(view.table, r)?,))
+    }
+
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(MONOTONIC_CLOCK)?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |mut cx: wasmtime::StoreContextMut<'_, HostState>, (_d,): (u64,)| ready(cx.data_mut()),
+    )?;
+    clock.func_wrap(
+        "subscribe-instant",
+        |mut cx: wasmtime::StoreContextMut<'_, HostState>, (_i,): (u64,)| ready(cx.data_mut()),
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// The monotonic clock interface as wasmtime-wasi 48 registers it.
+const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         // Built on first use: components that import nothing never pay for it.

@@ -99,8 +99,15 @@ fn wasi_printf_policy_runs_sandboxed_and_cannot_read_files() {
     host().add("wasi-demo", &bytes).unwrap();
     let mut s = host().schedule("wasi-demo", r#"{"x":1}"#, "m").unwrap();
     for round in 0..3 {
-        // 1 = no file, no environment, no clock could be reached
+        // 1 = no file, no environment, no clock could be reached; round 1
+        // sleeps an hour in the guest, which returns at once (frozen time)
+        let t = std::time::Instant::now();
         assert_eq!(s.next_draft_length(&input(round, 16, &[])).unwrap(), 1);
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "round {round} took {:?}",
+            t.elapsed()
+        );
     }
     s.finish();
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
