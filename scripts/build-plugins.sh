@@ -42,7 +42,10 @@ if [[ "${1:-}" == "--install-tools" ]]; then
 fi
 
 OUT=${1:-$ROOT/plugins/target/specd}
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$ROOT/plugins/target"
+# One build at a time (debug and release builds of the host may run this together).
+exec 9>"$ROOT/plugins/target/.build-plugins.lock"
+flock 9
 OUT=$(cd "$OUT" && pwd)
 
 die() { echo "build-plugins: $*" >&2; exit 1; }

@@ -94,6 +94,7 @@ fn deny_all_wasi(log_limit: usize) -> GuestWasi {
         .secure_random(wasmtime_wasi::Deterministic::new(vec![0x5a]))
         .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x5a]))
         .insecure_random_seed(0)
+        .max_random_size(4096)
         .allow_ip_name_lookup(false)
         .allow_tcp(false)
         .allow_udp(false)
