@@ -11,15 +11,15 @@ use std::path::PathBuf;
 /// Sampling and speculation flags shared by generate and bench.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub temperature: f32,
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub top_p: f32,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub repeat_penalty: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -1,5 +1,6 @@
 //! Command-line interface: `specd generate | pull | convert | policy | bench`.
 mod bench;
+mod debug;
 mod generate;
 
 use anyhow::{Context, Result};
@@ -37,6 +38,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Debugging dumps (logits, greedy token ids) as JSON; used by the tests.
+    #[command(subcommand, hide = true)]
+    Debug(debug::DebugCmd),
 }
 
 #[derive(Subcommand)]
@@ -76,9 +80,28 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// Parses the command line; a usage error becomes one `error: ...` line
+/// (like every other error), `--help` and `--version` print and exit 0.
+fn parse_args() -> Result<Cli> {
+    match Cli::try_parse() {
+        Ok(c) => Ok(c),
+        Err(e) if e.use_stderr() => {
+            let text = e.render().to_string();
+            let parts: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(|l| l.strip_prefix("error: ").unwrap_or(l))
+                .collect();
+            Err(anyhow::anyhow!("{} (see --help)", parts.join("; ")))
+        }
+        Err(e) => e.exit(),
+    }
+}
+
 pub fn main() -> Result<()> {
     init_logging();
-    let cli = Cli::parse();
+    let cli = parse_args()?;
     match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Pull { name } => {
@@ -141,5 +164,6 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Bench(b) => bench::run(b),
+        Command::Debug(d) => debug::run(d),
     }
 }

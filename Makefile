@@ -1,0 +1,108 @@
+# specd: two commands on a fresh Debian/Ubuntu machine.
+#
+#   make run    set up, build, and answer "What is the capital of France?"
+#   make test   set up, build, and run every test (Rust and Python)
+#
+# Every step is idempotent and cheap when already done. Set-up installs:
+#   - Debian packages: libopenblas-dev libopenblas0-pthread (MLX's matmul on
+#     OpenBLAS), clang lld wasi-libc libclang-rt-14-dev-wasm32 (C policy
+#     plugins); python3-venv when `python3 -m venv` does not work
+#   - rustup target wasm32-wasip2 and the wit-bindgen CLI
+#     (scripts/build-plugins.sh --install-tools)
+#   - .venv with tests/py/requirements.txt (mlx, mlx-lm, gguf, numpy, pytest, ...)
+#   - MLX (the pinned mlx-cpu wheel, by the build) and the default model
+#     (`specd pull`), both under $SPECD_HOME (default ~/.cache/specd)
+#
+# Knobs: CARGO_TARGET_DIR (one shared target dir, default ./target),
+# PYTHON (default python3), PYTEST_ARGS, PROMPT.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := run
+
+ROOT       := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),$(ROOT)/target))
+export CARGO_TARGET_DIR := $(TARGET_DIR)
+SPECD      := $(TARGET_DIR)/release/specd
+VENV       := $(ROOT)/.venv
+PYTHON     ?= python3
+STAMPS     := $(TARGET_DIR)/.make
+PROMPT     ?= What is the capital of France?
+PYTEST_ARGS ?=
+
+# pip (for the MLX wheel and `specd pull`) comes from the venv when present.
+export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32
+
+.PHONY: run test setup apt rust tools venv build pull test-rust test-py clean-stamps
+
+run: build
+	$(SPECD) generate --chat "$(PROMPT)"
+
+test: build venv pull test-rust test-py
+
+setup: tools venv
+
+# ---- system packages ---------------------------------------------------------
+apt:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if ! $(PYTHON) -m venv --help >/dev/null 2>&1 || ! $(PYTHON) -c 'import ensurepip' >/dev/null 2>&1; then \
+	    missing="$$missing python3-venv"; \
+	fi; \
+	if [ -n "$$missing" ]; then \
+	    echo "make: installing Debian packages:$$missing"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    $(SUDO) apt-get install -y --no-install-recommends $$missing \
+	        || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends $$missing; }; \
+	fi
+
+# ---- Rust toolchain, wasm target, wit-bindgen ----------------------------------
+rust:
+	@command -v cargo >/dev/null || { \
+	    echo "make: installing Rust (rustup)"; \
+	    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal; }
+
+$(STAMPS)/tools: scripts/build-plugins.sh | rust apt
+	bash scripts/build-plugins.sh --install-tools
+	@mkdir -p $(STAMPS) && touch $@
+
+tools: $(STAMPS)/tools
+
+# ---- Python venv ---------------------------------------------------------------
+# The bare venv gives pip to the MLX fetch (build) and `specd pull` (on PATH
+# as python3); the tests need the requirements too.
+$(VENV)/bin/python: | apt
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: tests/py/requirements.txt | $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -r tests/py/requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+# ---- build ----------------------------------------------------------------------
+# Cargo decides what is stale; a no-op build takes a second.
+build: tools | $(VENV)/bin/python
+	cargo build --release --workspace
+
+pull: build
+	$(SPECD) pull
+
+# ---- tests ----------------------------------------------------------------------
+test-rust: build pull
+	cargo test --release --workspace
+
+# pytest exits 5 when it collects no tests: that is a broken test setup, not a pass.
+test-py: build venv pull
+	@set +e; cd $(ROOT) && SPECD_BIN=$(SPECD) $(VENV)/bin/python -m pytest -p no:cacheprovider tests/py $(PYTEST_ARGS); rc=$$?; set -e; \
+	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests under tests/py (exit 5): failing" >&2; exit 1; fi; \
+	exit $$rc
+
+clean-stamps:
+	rm -rf $(STAMPS) $(VENV)/.installed

@@ -1,0 +1,133 @@
+//! `specd debug`: hidden commands that dump numbers for the end-to-end tests
+//! (tests/py/test_foundation.py) and for debugging a model by hand.
+//!
+//! - `specd debug logits [--model M] [--chat] [--ids 1,2,3] --json OUT [PROMPT]`
+//!   writes `{"prompt_ids": [...], "logits": [...]}`: the float32 logits of
+//!   the last prompt position, i.e. the first generated position.
+//! - `specd debug generate [--model M] [--chat] [--max-tokens N] --json OUT PROMPT`
+//!   greedy decoding without speculation; writes the prompt ids, the
+//!   generated ids (end of generation included when reached) and the text.
+use super::generate::{load_engine, prompt_of, SpecArgs};
+use super::ModelArg;
+use crate::engine::Engine;
+use crate::model::Logits;
+use crate::sampling::SamplingParams;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum DebugCmd {
+    /// Last-position logits of a prompt, as JSON.
+    Logits(LogitsArgs),
+    /// Greedy token ids (no speculation), as JSON.
+    Generate(GenIdsArgs),
+}
+
+#[derive(Args)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Comma-separated prompt token ids instead of PROMPT.
+    #[arg(long, value_delimiter = ',')]
+    ids: Option<Vec<u32>>,
+    /// Where to write the JSON.
+    #[arg(long)]
+    json: PathBuf,
+    prompt: Option<String>,
+}
+
+#[derive(Args)]
+pub struct GenIdsArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    #[arg(long)]
+    json: PathBuf,
+    prompt: String,
+}
+
+fn engine(model: &str) -> Result<Engine> {
+    let spec = SpecArgs {
+        drafter: Some("none".into()),
+        schedule: None,
+        acceptance: None,
+        draft_max: None,
+        schedule_config: None,
+        acceptance_config: None,
+        policy_dir: None,
+    };
+    load_engine(model, &spec)
+}
+
+fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
+    std::fs::write(path, serde_json::to_string(v)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+pub fn run(cmd: DebugCmd) -> Result<()> {
+    match cmd {
+        DebugCmd::Logits(a) => {
+            let engine = engine(&a.model.model)?;
+            let ids = match (&a.ids, &a.prompt) {
+                (Some(ids), None) => ids.clone(),
+                (None, Some(p)) => engine.encode(&prompt_of(a.chat, None, p))?,
+                _ => bail!("give either PROMPT or --ids"),
+            };
+            if ids.is_empty() {
+                bail!("the prompt is empty");
+            }
+            if ids.len() >= engine.context_length() {
+                bail!(
+                    "the prompt is {} tokens, over the model's context length of {} tokens",
+                    ids.len(),
+                    engine.context_length()
+                );
+            }
+            let vocab = engine.model.config.vocab_size as u32;
+            if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
+                bail!("token id {bad} is outside the vocabulary ({vocab})");
+            }
+            let mut caches = engine.model.new_caches();
+            let logits = engine.model.forward(&ids, &mut caches, Logits::Last)?;
+            let logits = logits.as_type(specd_mlx::Dtype::Float32)?;
+            logits.eval()?;
+            let v = logits.to_vec_f32()?;
+            write_json(
+                &a.json,
+                &serde_json::json!({ "prompt_ids": ids, "logits": v }),
+            )
+        }
+        DebugCmd::Generate(a) => {
+            let engine = engine(&a.model.model)?;
+            let prompt = engine.encode(&prompt_of(a.chat, None, &a.prompt))?;
+            let params = SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            };
+            let settings = engine.settings(params, Some(a.max_tokens), Vec::new());
+            let mut text = String::new();
+            let mut sink = |s: &str| {
+                text.push_str(s);
+                true
+            };
+            let fin = engine.generate(&prompt, &settings, None, &mut sink)?;
+            let generated = &fin.log[prompt.len()..];
+            write_json(
+                &a.json,
+                &serde_json::json!({
+                    "prompt_ids": prompt,
+                    "generated_ids": generated,
+                    "text": text,
+                    "done_reason": fin.stats.done_reason.as_str(),
+                }),
+            )
+        }
+    }
+}
