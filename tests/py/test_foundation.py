@@ -146,7 +146,6 @@ GREEDY_PROMPTS = [
     (True, "What is the capital of France?"),
     (True, "Write a short story about a robot who learns to paint."),
     (False, "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
-    (False, "The three primary colors are"),
 ]
 GREEDY_TOKENS = 64
 
