@@ -11,4 +11,5 @@ pub mod model;
 pub mod pipeline;
 pub mod sampling;
 pub mod speculation;
+pub mod server;
 pub mod store;

@@ -1,0 +1,365 @@
+//! Shared HTTP pieces: errors, body parsing, request options, the small
+//! endpoints, and turning the worker's messages into responses.
+use super::worker::{GenRequest, Msg, SubmitError};
+use super::State;
+use crate::engine::SpecOptions;
+use crate::pipeline::Stats;
+use crate::sampling::SamplingParams;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::{Stream, StreamExt};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Which API's error shape to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `{"error": "message"}`
+    Ollama,
+    /// `{"error": {"message", "type", "code"}}`
+    OpenAi,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub flavor: Flavor,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            flavor: Flavor::Ollama,
+        }
+    }
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub fn flavor(mut self, f: Flavor) -> Self {
+        self.flavor = f;
+        self
+    }
+    pub fn model_not_found(name: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, format!("model '{name}' not found"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = match self.flavor {
+            Flavor::Ollama => json!({ "error": self.message }),
+            Flavor::OpenAi => json!({ "error": {
+                "message": self.message,
+                "type": if self.status.is_server_error() { "server_error" } else { "invalid_request_error" },
+                "code": match self.status.as_u16() {
+                    404 => json!("model_not_found"),
+                    503 => json!("server_busy"),
+                    _ => Value::Null,
+                },
+                "param": Value::Null,
+            }}),
+        };
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+/// Parses a JSON body with an error that names the offending field.
+pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|e| ApiError::new(e.status(), format!("cannot read the body: {}", e.body_text())))?;
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ApiError::bad("the request body is empty; expected a JSON object"));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::bad(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::bad(format!("invalid JSON body: field `{path}`: {inner}"))
+        }
+    })
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect()
+    }
+}
+
+/// The sampling and speculation fields both APIs share (Ollama: inside
+/// `options`; OpenAI: at the top level of the body).
+#[derive(Deserialize, Debug, Default, Clone)]
+#[serde(default)]
+pub struct CommonOptions {
+    pub temperature: Option<f32>,
+    pub top_k: Option<i64>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub drafter: Option<String>,
+    pub schedule: Option<String>,
+    pub acceptance: Option<String>,
+    pub draft_max: Option<i64>,
+    pub schedule_config: Option<Value>,
+    pub acceptance_config: Option<Value>,
+}
+
+fn config_json(v: Option<Value>, what: &str) -> Result<Option<Value>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        // A JSON document inside a string is accepted too.
+        Some(Value::String(s)) => serde_json::from_str(&s)
+            .map(Some)
+            .map_err(|e| ApiError::bad(format!("{what} is not valid JSON: {e}"))),
+        Some(v @ Value::Object(_)) => Ok(Some(v)),
+        Some(v) => Err(ApiError::bad(format!(
+            "{what} must be a JSON object, got {v}"
+        ))),
+    }
+}
+
+fn nonempty(s: Option<String>, what: &str) -> Result<Option<String>, ApiError> {
+    match s {
+        Some(s) if s.trim().is_empty() => Err(ApiError::bad(format!("{what} must not be empty"))),
+        s => Ok(s),
+    }
+}
+
+impl CommonOptions {
+    pub fn params(&self) -> Result<SamplingParams, ApiError> {
+        let d = SamplingParams::default();
+        let top_k = match self.top_k {
+            Some(k) if k < 0 => return Err(ApiError::bad(format!("top_k must be >= 0, got {k}"))),
+            Some(k) => k as usize,
+            None => d.top_k,
+        };
+        let repeat_last_n = match self.repeat_last_n {
+            Some(n) if n < -1 => {
+                return Err(ApiError::bad(format!("repeat_last_n must be >= -1, got {n}")))
+            }
+            Some(-1) => usize::MAX,
+            Some(n) => n as usize,
+            None => d.repeat_last_n,
+        };
+        let seed = match self.seed {
+            // Ollama: a negative seed means "random".
+            Some(s) if s < 0 => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+            Some(s) => s as u64,
+            None => d.seed,
+        };
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k,
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            repeat_last_n,
+            seed,
+        };
+        p.validate().map_err(|e| ApiError::bad(format!("{e:#}")))?;
+        Ok(p)
+    }
+
+    pub fn spec(&self, defaults: &SpecOptions) -> Result<SpecOptions, ApiError> {
+        let draft_max = match self.draft_max {
+            Some(k) if k < 0 => {
+                return Err(ApiError::bad(format!("draft_max must be >= 0, got {k}")))
+            }
+            Some(k) => Some(k as usize),
+            None => None,
+        };
+        let o = SpecOptions {
+            drafter: nonempty(self.drafter.clone(), "drafter")?,
+            schedule: nonempty(self.schedule.clone(), "schedule")?,
+            acceptance: nonempty(self.acceptance.clone(), "acceptance")?,
+            draft_max,
+            schedule_config: config_json(self.schedule_config.clone(), "schedule_config")?,
+            acceptance_config: config_json(self.acceptance_config.clone(), "acceptance_config")?,
+        };
+        Ok(o.or(defaults))
+    }
+
+    pub fn stop(&self) -> Vec<String> {
+        self.stop.clone().map(StopField::into_vec).unwrap_or_default()
+    }
+}
+
+/// Queues a request and waits until the worker starts it (or refuses it).
+pub async fn start(
+    state: &State,
+    req: GenRequest,
+) -> Result<(UnboundedReceiver<Msg>, usize, Duration), ApiError> {
+    let mut rx = state.worker.submit(req).map_err(|e| match e {
+        SubmitError::Busy => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is busy (the request queue is full); retry later",
+        ),
+        SubmitError::Stopped => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the generation worker has stopped",
+        ),
+    })?;
+    match rx.recv().await {
+        Some(Msg::Started {
+            prompt_tokens,
+            queued,
+        }) => Ok((rx, prompt_tokens, queued)),
+        Some(Msg::Error { status, message }) => Err(ApiError::new(status, message)),
+        Some(Msg::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
+        Some(other) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected worker message {other:?}"),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the generation worker dropped the request",
+        )),
+    }
+}
+
+/// The whole output of a started request.
+pub struct Collected {
+    pub text: String,
+    pub stats: Box<Stats>,
+    pub log: Vec<u32>,
+}
+
+pub async fn collect(mut rx: UnboundedReceiver<Msg>) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            Some(Msg::Chunk(c)) => text.push_str(&c),
+            Some(Msg::Done { stats, log }) => return Ok(Collected { text, stats, log }),
+            Some(Msg::Failed(m)) | Some(Msg::Error { message: m, .. }) => {
+                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m))
+            }
+            Some(Msg::Started { .. }) => {}
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "generation ended without a result",
+                ))
+            }
+        }
+    }
+}
+
+/// Turns the worker's messages into a response stream: `f` maps each message
+/// to the items to send and whether that was the last.
+pub fn stream_of<T, F>(rx: UnboundedReceiver<Msg>, f: F) -> impl Stream<Item = Result<T, Infallible>>
+where
+    T: Send + 'static,
+    F: FnMut(Msg) -> (Vec<T>, bool) + Send + 'static,
+{
+    futures_util::stream::unfold((rx, f, false), |(mut rx, mut f, ended)| async move {
+        if ended {
+            return None;
+        }
+        let m = rx.recv().await?;
+        let (items, end) = f(m);
+        Some((futures_util::stream::iter(items.into_iter().map(Ok)), (rx, f, end)))
+    })
+    .flatten()
+}
+
+/// RFC 3339 UTC with nanoseconds, as Ollama's `created_at`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil from days (H. Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = if month <= 2 { y + 1 } else { y };
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
+pub fn now_rfc3339() -> String {
+    rfc3339(SystemTime::now())
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub async fn health(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
+    Json(json!({
+        "status": "ok",
+        "model": state.model.name,
+        "queued": state.metrics.queued.load(std::sync::atomic::Ordering::Relaxed),
+    }))
+}
+
+pub async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Response {
+    let text = state
+        .metrics
+        .prometheus(&state.policies.metrics(), &state.model.name);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+pub async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+pub async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no such endpoint: {}", uri.path()))
+}

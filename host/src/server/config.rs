@@ -1,0 +1,169 @@
+//! `specd serve` flags and the optional JSON config file (flags win).
+use crate::engine::SpecOptions;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Deserialize;
+use specd_policy::HostConfig;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+pub const DEFAULT_PORT: u16 = 11435;
+pub const DEFAULT_QUEUE: usize = 16;
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1].
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on (0: any free port) [default: 11435].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// The served model: a store name, a GGUF file or a Hugging Face
+    /// directory [default: smollm2:135m].
+    #[arg(long, short)]
+    pub model: Option<String>,
+    /// Directory of user policies (*.wasm), loaded at start; HTTP uploads
+    /// are persisted here [default: $SPECD_HOME/policies].
+    #[arg(long)]
+    pub policy_dir: Option<PathBuf>,
+    /// A JSON config file: {host, port, model, policy_dir, queue,
+    /// draft_models: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
+    /// draft_max, schedule_config, acceptance_config}, policy_limits: {...}}.
+    /// Flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A draft model requests can pick as `drafter: "model:NAME"` (repeatable).
+    #[arg(long = "draft-model", value_name = "NAME=PATH")]
+    pub draft_models: Vec<String>,
+    /// Requests that may wait behind the running one; past it: 503 [default: 16].
+    #[arg(long)]
+    pub queue: Option<usize>,
+    /// Default drafter: none, ngram, ngram:MIN-MAX, self:N, model:NAME [default: ngram].
+    #[arg(long)]
+    pub drafter: Option<String>,
+    /// Default draft-length schedule (policy name or hash) [default: throughput].
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Default acceptance policy [default: greedy at temperature 0, rejection above].
+    #[arg(long)]
+    pub acceptance: Option<String>,
+    /// Default largest draft [default: 16].
+    #[arg(long)]
+    pub draft_max: Option<usize>,
+    /// Default JSON for the schedule's constructor.
+    #[arg(long)]
+    pub schedule_config: Option<String>,
+    /// Default JSON for the acceptance policy's constructor.
+    #[arg(long)]
+    pub acceptance_config: Option<String>,
+}
+
+/// The config file's shape.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    host: Option<String>,
+    port: Option<u16>,
+    model: Option<String>,
+    policy_dir: Option<PathBuf>,
+    queue: Option<usize>,
+    #[serde(default)]
+    draft_models: BTreeMap<String, String>,
+    #[serde(default)]
+    defaults: SpecOptions,
+    /// Overrides of the policy host's limits (HostConfig fields).
+    policy_limits: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub model: String,
+    pub policy_dir: PathBuf,
+    pub queue: usize,
+    pub draft_models: BTreeMap<String, String>,
+    pub defaults: SpecOptions,
+    pub policy_limits: HostConfig,
+}
+
+fn json_arg(s: &Option<String>, flag: &str) -> Result<Option<serde_json::Value>> {
+    s.as_deref()
+        .map(|t| serde_json::from_str(t).with_context(|| format!("--{flag} is not valid JSON")))
+        .transpose()
+}
+
+impl ServerConfig {
+    pub fn from_args(a: &ServeArgs) -> Result<ServerConfig> {
+        let file: FileConfig = match &a.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading config {}", p.display()))?;
+                serde_json::from_str(&text)
+                    .with_context(|| format!("config {} is not valid", p.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let mut draft_models = file.draft_models;
+        for d in &a.draft_models {
+            let Some((name, path)) = d.split_once('=') else {
+                bail!("--draft-model wants NAME=PATH, got {d:?}");
+            };
+            if name.is_empty() || path.is_empty() {
+                bail!("--draft-model wants NAME=PATH, got {d:?}");
+            }
+            draft_models.insert(name.to_string(), path.to_string());
+        }
+        let flags = SpecOptions {
+            drafter: a.drafter.clone(),
+            schedule: a.schedule.clone(),
+            acceptance: a.acceptance.clone(),
+            draft_max: a.draft_max,
+            schedule_config: json_arg(&a.schedule_config, "schedule-config")?,
+            acceptance_config: json_arg(&a.acceptance_config, "acceptance-config")?,
+        };
+        let mut policy_limits = HostConfig::default();
+        if let Some(over) = file.policy_limits {
+            let mut v = serde_json::to_value(&policy_limits)?;
+            let obj = v.as_object_mut().expect("HostConfig is an object");
+            for (k, x) in over {
+                if !obj.contains_key(&k) {
+                    bail!(
+                        "unknown policy_limits key {k:?} (known: {})",
+                        obj.keys().cloned().collect::<Vec<_>>().join(", ")
+                    );
+                }
+                obj.insert(k, x);
+            }
+            policy_limits = serde_json::from_value(v).context("policy_limits")?;
+        }
+        let mut model = a
+            .model
+            .clone()
+            .or(file.model)
+            .unwrap_or_else(|| crate::store::DEFAULT_MODEL.to_string());
+        if model == "default" {
+            model = crate::store::DEFAULT_MODEL.to_string();
+        }
+        Ok(ServerConfig {
+            host: a
+                .host
+                .clone()
+                .or(file.host)
+                .unwrap_or_else(|| DEFAULT_HOST.to_string()),
+            port: a.port.or(file.port).unwrap_or(DEFAULT_PORT),
+            model,
+            policy_dir: a
+                .policy_dir
+                .clone()
+                .or(file.policy_dir)
+                .unwrap_or_else(|| crate::store::specd_home().join("policies")),
+            queue: a.queue.or(file.queue).unwrap_or(DEFAULT_QUEUE),
+            draft_models,
+            defaults: flags.or(&file.defaults),
+            policy_limits,
+        })
+    }
+}

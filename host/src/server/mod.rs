@@ -1,0 +1,179 @@
+//! `specd serve`: Ollama- and OpenAI-compatible HTTP APIs over one
+//! [`Engine`](crate::engine::Engine), with the speculation policy chosen per
+//! request.
+//!
+//! Threads: the tokio runtime serves HTTP; one dedicated worker thread owns
+//! the engine (all MLX work) and runs requests one at a time from a bounded
+//! queue ([`worker`]). A request's text streams from the worker's sink
+//! through a channel into the HTTP response; a closed channel (the client went
+//! away) makes the sink return false, which ends generation at once.
+mod api;
+mod config;
+mod metrics;
+mod ollama;
+mod openai;
+mod policies;
+mod worker;
+
+pub use config::{ServeArgs, ServerConfig};
+
+use crate::engine::SpecOptions;
+use anyhow::{Context, Result};
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{delete, get, post};
+use axum::Router;
+use metrics::ServerMetrics;
+use specd_policy::PolicyHost;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use worker::{ModelInfo, WorkerHandle};
+
+/// What every handler shares.
+pub struct AppState {
+    pub model: ModelInfo,
+    pub worker: WorkerHandle,
+    pub policies: Arc<PolicyHost>,
+    /// Where uploaded policies are persisted.
+    pub policy_dir: PathBuf,
+    pub defaults: SpecOptions,
+    pub metrics: Arc<ServerMetrics>,
+    pub started: std::time::SystemTime,
+}
+
+pub type State = Arc<AppState>;
+
+impl AppState {
+    /// Whether `name` names the served model (its store name or `default`,
+    /// with Ollama's implicit `:latest` tag allowed).
+    pub fn is_served(&self, name: &str) -> bool {
+        let n = name.strip_suffix(":latest").unwrap_or(name);
+        n == self.model.name || n == "default"
+    }
+}
+
+/// The HTTP routes.
+pub fn router(state: State) -> Router {
+    let upload_limit = state.policies.config().max_component_bytes + 1024;
+    Router::new()
+        .route("/", get(|| async { "specd is running" }))
+        .route("/health", get(api::health))
+        .route("/metrics", get(api::metrics))
+        .route("/api/version", get(api::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/chat", post(ollama::chat))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{model}", get(openai::model))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route(
+            "/api/policies",
+            get(policies::list)
+                .post(policies::upload)
+                .layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .route("/api/policies/{name}", delete(policies::remove))
+        .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
+        .with_state(state)
+}
+
+/// Runs the server until SIGINT/SIGTERM.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let cfg = ServerConfig::from_args(&args)?;
+    let policies = Arc::new(
+        PolicyHost::new(cfg.policy_limits.clone()).context("starting the policy host")?,
+    );
+    std::fs::create_dir_all(&cfg.policy_dir)
+        .with_context(|| format!("creating the policy dir {}", cfg.policy_dir.display()))?;
+    let loaded = policies
+        .add_dir(&cfg.policy_dir)
+        .with_context(|| format!("loading policies from {}", cfg.policy_dir.display()))?;
+    if !loaded.is_empty() {
+        eprintln!(
+            "loaded {} polic{} from {}: {}",
+            loaded.len(),
+            if loaded.len() == 1 { "y" } else { "ies" },
+            cfg.policy_dir.display(),
+            loaded
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let metrics = Arc::new(ServerMetrics::default());
+    let (worker, model) = worker::start(&cfg, policies.clone(), metrics.clone())?;
+    let state = Arc::new(AppState {
+        model,
+        worker,
+        policies,
+        policy_dir: cfg.policy_dir.clone(),
+        defaults: cfg.defaults.clone(),
+        metrics,
+        started: std::time::SystemTime::now(),
+    });
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("specd-http")
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        use axum::serve::ListenerExt;
+        let addr = format!("{}:{}", cfg.host, cfg.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        let listener = listener.tap_io(|tcp| {
+            // Streamed chunks are small: don't let Nagle hold them back.
+            let _ = tcp.set_nodelay(true);
+        });
+        eprintln!(
+            "specd {} serving {} on http://{local} (queue {}, policies in {})",
+            env!("CARGO_PKG_VERSION"),
+            state.model.name,
+            cfg.queue,
+            cfg.policy_dir.display()
+        );
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving HTTP")
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("shutting down");
+    // Open streams get a moment to finish; then the process ends regardless.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(5));
+        std::process::exit(0);
+    });
+}

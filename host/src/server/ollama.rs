@@ -1,0 +1,341 @@
+//! Ollama-compatible endpoints: /api/generate, /api/chat, /api/tags,
+//! /api/ps, /api/show.
+use super::api::{self, parse_body, ApiError, CommonOptions};
+use super::worker::{GenRequest, Msg};
+use super::State;
+use crate::engine::Prompt;
+use crate::pipeline::Stats;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use specd_text::ChatMessage;
+use std::time::{Duration, Instant};
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(default)]
+pub struct OllamaOptions {
+    pub num_predict: Option<i64>,
+    #[serde(flatten)]
+    pub common: CommonOptions,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct GenerateBody {
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    system: Option<String>,
+    #[serde(default)]
+    raw: bool,
+    stream: Option<bool>,
+    #[serde(default)]
+    options: Option<OllamaOptions>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatMsg {
+    role: String,
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatBody {
+    model: Option<String>,
+    #[serde(default)]
+    messages: Vec<ChatMsg>,
+    stream: Option<bool>,
+    #[serde(default)]
+    options: Option<OllamaOptions>,
+}
+
+fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
+    match model.as_deref() {
+        None | Some("") => Err(ApiError::bad("model is required")),
+        Some(m) if state.is_served(m) => Ok(m.to_string()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+fn request(state: &State, prompt: Prompt, o: &OllamaOptions) -> Result<GenRequest, ApiError> {
+    let max_tokens = match o.num_predict {
+        None => None,
+        // -1: infinite, -2: fill the context; both are "until the end".
+        Some(n) if n < 0 => None,
+        Some(n) => Some(n as usize),
+    };
+    Ok(GenRequest {
+        prompt,
+        params: o.common.params()?,
+        max_tokens,
+        stop: o.common.stop(),
+        spec: o.common.spec(&state.defaults)?,
+    })
+}
+
+fn nanos(d: f64) -> u64 {
+    (d.max(0.0) * 1e9) as u64
+}
+
+/// The fields of a final response (`done: true`).
+fn final_fields(m: &mut Map<String, Value>, stats: &Stats, t0: Instant, queued: Duration) {
+    m.insert("done".into(), json!(true));
+    m.insert("done_reason".into(), json!(stats.done_reason.as_str()));
+    m.insert("total_duration".into(), json!(t0.elapsed().as_nanos() as u64));
+    m.insert("load_duration".into(), json!(queued.as_nanos() as u64));
+    m.insert("prompt_eval_count".into(), json!(stats.prompt_tokens));
+    m.insert(
+        "prompt_eval_duration".into(),
+        json!(nanos(stats.prompt_seconds)),
+    );
+    m.insert("eval_count".into(), json!(stats.generated_tokens));
+    m.insert("eval_duration".into(), json!(nanos(stats.decode_seconds)));
+    m.insert(
+        "speculation".into(),
+        serde_json::to_value(stats).unwrap_or(Value::Null),
+    );
+}
+
+fn ndjson_line(v: &Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+fn ndjson_response(body: Body) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-ndjson"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// What differs between /api/generate and /api/chat.
+#[derive(Clone, Copy)]
+enum Kind {
+    Generate,
+    Chat,
+}
+
+impl Kind {
+    fn piece(self, model: &str, text: &str) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("model".into(), json!(model));
+        m.insert("created_at".into(), json!(api::now_rfc3339()));
+        match self {
+            Kind::Generate => {
+                m.insert("response".into(), json!(text));
+            }
+            Kind::Chat => {
+                m.insert(
+                    "message".into(),
+                    json!({"role": "assistant", "content": text}),
+                );
+            }
+        }
+        m.insert("done".into(), json!(false));
+        m
+    }
+}
+
+async fn run(
+    state: State,
+    kind: Kind,
+    model: String,
+    req: GenRequest,
+    stream: bool,
+    t0: Instant,
+) -> Result<Response, ApiError> {
+    let (rx, _prompt_tokens, queued) = api::start(&state, req).await?;
+    if !stream {
+        let c = api::collect(rx).await?;
+        let mut m = kind.piece(&model, &c.text);
+        final_fields(&mut m, &c.stats, t0, queued);
+        if let Kind::Generate = kind {
+            m.insert("context".into(), json!(c.log));
+        }
+        return Ok(Json(Value::Object(m)).into_response());
+    }
+    let s = api::stream_of(rx, move |msg| match msg {
+        Msg::Chunk(text) => (
+            vec![ndjson_line(&Value::Object(kind.piece(&model, &text)))],
+            false,
+        ),
+        Msg::Done { stats, log } => {
+            let mut m = kind.piece(&model, "");
+            final_fields(&mut m, &stats, t0, queued);
+            if let Kind::Generate = kind {
+                m.insert("context".into(), json!(log));
+            }
+            (vec![ndjson_line(&Value::Object(m))], true)
+        }
+        Msg::Failed(e) | Msg::Error { message: e, .. } => {
+            (vec![ndjson_line(&json!({ "error": e }))], true)
+        }
+        Msg::Started { .. } => (vec![], false),
+    });
+    Ok(ndjson_response(Body::from_stream(s)))
+}
+
+/// The answer to an empty request: Ollama loads the model and says so.
+fn load_response(kind: Kind, model: &str) -> Response {
+    let mut m = kind.piece(model, "");
+    m.insert("done".into(), json!(true));
+    m.insert("done_reason".into(), json!("load"));
+    Json(Value::Object(m)).into_response()
+}
+
+pub async fn generate(
+    axum::extract::State(state): axum::extract::State<State>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let b: GenerateBody = parse_body(body)?;
+    let model = check_model(&state, &b.model)?;
+    let prompt_text = b.prompt.unwrap_or_default();
+    if prompt_text.is_empty() {
+        return Ok(load_response(Kind::Generate, &model));
+    }
+    let prompt = if b.raw {
+        Prompt::Raw(prompt_text)
+    } else {
+        let mut m = Vec::new();
+        if let Some(s) = b.system.filter(|s| !s.is_empty()) {
+            m.push(ChatMessage::system(s));
+        }
+        m.push(ChatMessage::user(prompt_text));
+        Prompt::Chat(m)
+    };
+    let req = request(&state, prompt, &b.options.unwrap_or_default())?;
+    run(state, Kind::Generate, model, req, b.stream.unwrap_or(true), t0).await
+}
+
+pub async fn chat(
+    axum::extract::State(state): axum::extract::State<State>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let b: ChatBody = parse_body(body)?;
+    let model = check_model(&state, &b.model)?;
+    if b.messages.is_empty() {
+        return Ok(load_response(Kind::Chat, &model));
+    }
+    let mut msgs = Vec::with_capacity(b.messages.len());
+    for (i, m) in b.messages.into_iter().enumerate() {
+        match m.role.as_str() {
+            "system" | "user" | "assistant" | "tool" => {}
+            r => {
+                return Err(ApiError::bad(format!(
+                    "messages[{i}].role {r:?} is not one of system, user, assistant, tool"
+                )))
+            }
+        }
+        msgs.push(ChatMessage::new(m.role, m.content.unwrap_or_default()));
+    }
+    let req = request(&state, Prompt::Chat(msgs), &b.options.unwrap_or_default())?;
+    run(state, Kind::Chat, model, req, b.stream.unwrap_or(true), t0).await
+}
+
+fn model_entry(state: &State) -> Value {
+    let m = &state.model;
+    let modified = api::rfc3339(
+        std::fs::metadata(&m.path)
+            .and_then(|x| x.modified())
+            .unwrap_or(state.started),
+    );
+    json!({
+        "name": m.name,
+        "model": m.name,
+        "modified_at": modified,
+        "size": m.size_bytes,
+        "digest": m.digest,
+        "details": details(state),
+    })
+}
+
+fn details(state: &State) -> Value {
+    let m = &state.model;
+    let quant = if m.format == "gguf" && m.path.contains("Q4_1") {
+        "Q4_1"
+    } else if m.format == "gguf" {
+        "unknown"
+    } else {
+        "F32"
+    };
+    json!({
+        "parent_model": "",
+        "format": m.format,
+        "family": "llama",
+        "families": ["llama"],
+        "parameter_size": param_size(m.parameters),
+        "quantization_level": quant,
+    })
+}
+
+fn param_size(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.1}B", n as f64 / 1e9)
+    } else {
+        format!("{}M", (n as f64 / 1e6).round())
+    }
+}
+
+pub async fn tags(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
+    Json(json!({ "models": [model_entry(&state)] }))
+}
+
+pub async fn ps(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
+    let mut e = model_entry(&state);
+    let o = e.as_object_mut().expect("object");
+    o.remove("modified_at");
+    o.insert("expires_at".into(), json!("9999-12-31T23:59:59Z"));
+    o.insert("size_vram".into(), json!(0));
+    o.insert("context_length".into(), json!(state.model.context_length));
+    Json(json!({ "models": [e] }))
+}
+
+#[derive(Deserialize)]
+pub struct ShowBody {
+    model: Option<String>,
+    name: Option<String>,
+}
+
+pub async fn show(
+    axum::extract::State(state): axum::extract::State<State>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let b: ShowBody = parse_body(body)?;
+    let model = check_model(&state, &b.model.or(b.name))?;
+    let m = &state.model;
+    let _ = model;
+    Ok(Json(json!({
+        "license": "",
+        "modelfile": format!("FROM {}\n", m.path),
+        "parameters": "",
+        "template": m.template,
+        "details": details(&state),
+        "model_info": {
+            "general.architecture": "llama",
+            "general.parameter_count": m.parameters,
+            "llama.context_length": m.context_length,
+            "llama.embedding_length": m.hidden_size,
+            "llama.block_count": m.layers,
+            "llama.attention.head_count": m.heads,
+            "llama.attention.head_count_kv": m.kv_heads,
+            "llama.vocab_size": m.vocab_size,
+        },
+        "capabilities": ["completion"],
+        "specd": {
+            "path": m.path,
+            "draft_models": m.draft_models,
+            "defaults": state.defaults,
+        },
+    })))
+}

@@ -1,0 +1,362 @@
+//! OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions,
+//! /v1/models. Speculation fields go at the top level of the body.
+use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
+use super::worker::{GenRequest, Msg};
+use super::State;
+use crate::engine::Prompt;
+use crate::pipeline::{DoneReason, Stats};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::Path;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use specd_text::ChatMessage;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+#[derive(Deserialize, Debug)]
+pub struct ChatBody {
+    model: Option<String>,
+    messages: Option<Vec<OaMessage>>,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    n: Option<i64>,
+    #[serde(flatten)]
+    common: CommonOptions,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct OaMessage {
+    role: String,
+    #[serde(default)]
+    content: Value,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionBody {
+    model: Option<String>,
+    prompt: Option<Value>,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<i64>,
+    n: Option<i64>,
+    #[serde(default)]
+    echo: bool,
+    #[serde(flatten)]
+    common: CommonOptions,
+}
+
+fn oa(e: ApiError) -> ApiError {
+    e.flavor(Flavor::OpenAi)
+}
+
+fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
+    match model.as_deref() {
+        None | Some("") => Err(ApiError::bad("model is required")),
+        Some(m) if state.is_served(m) => Ok(m.to_string()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+fn max_tokens(v: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match v {
+        Some(n) if n < 0 => Err(ApiError::bad(format!("max_tokens must be >= 0, got {n}"))),
+        Some(n) => Ok(Some(n as usize)),
+        None => Ok(None),
+    }
+}
+
+fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::bad(format!(
+            "n = {n} is not supported: specd returns one choice (n = 1)"
+        ))),
+    }
+}
+
+/// A message's text: a string, or the text parts of a content array.
+fn content_text(v: &Value, i: usize) -> Result<String, ApiError> {
+    match v {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for p in parts {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push_str(t),
+                    (t, _) => {
+                        return Err(ApiError::bad(format!(
+                            "messages[{i}].content: part type {} is not supported (text only)",
+                            t.unwrap_or("(none)")
+                        )))
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(ApiError::bad(format!(
+            "messages[{i}].content must be a string or an array of text parts"
+        ))),
+    }
+}
+
+fn finish_reason(s: &Stats) -> &'static str {
+    match s.done_reason {
+        DoneReason::Length => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(s: &Stats) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.generated_tokens,
+        "total_tokens": s.prompt_tokens + s.generated_tokens,
+    })
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn new_id(prefix: &str) -> String {
+    let n = NEXT_ID.fetch_add(1, Relaxed);
+    format!("{prefix}-{:x}{n:04x}", api::unix_now())
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+struct Ctx {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Ctx {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let delta = match (text, first) {
+                    (Some(t), true) => json!({"role": "assistant", "content": t}),
+                    (Some(t), false) => json!({"content": t}),
+                    (None, _) => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Kind::Completion => json!({
+                "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "specd",
+            "choices": [choice],
+        })
+    }
+
+    fn whole(&self, text: &str, stats: &Stats) -> Value {
+        let choice = match self.kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish_reason(stats),
+            }),
+            Kind::Completion => json!({
+                "index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(stats),
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "specd",
+            "choices": [choice],
+            "usage": usage(stats),
+            "speculation": stats,
+        })
+    }
+}
+
+fn sse_json(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+async fn run(
+    state: State,
+    ctx: Ctx,
+    req: GenRequest,
+    stream: bool,
+    prefix: String,
+) -> Result<Response, ApiError> {
+    let (rx, _, _) = api::start(&state, req).await?;
+    if !stream {
+        let c = api::collect(rx).await?;
+        let text = prefix + &c.text;
+        return Ok(Json(ctx.whole(&text, &c.stats)).into_response());
+    }
+    let mut first = true;
+    let mut pending_prefix = Some(prefix).filter(|p| !p.is_empty());
+    let s = api::stream_of(rx, move |msg| match msg {
+        Msg::Chunk(t) => {
+            let t = match pending_prefix.take() {
+                Some(p) => p + &t,
+                None => t,
+            };
+            let e = sse_json(&ctx.chunk(Some(&t), None, first));
+            first = false;
+            (vec![e], false)
+        }
+        Msg::Done { stats, .. } => {
+            let mut out = Vec::new();
+            if first {
+                // Nothing was generated: still open the message.
+                let t = pending_prefix.take().unwrap_or_default();
+                out.push(sse_json(&ctx.chunk(Some(&t), None, true)));
+            }
+            let mut last = ctx.chunk(None, Some(finish_reason(&stats)), false);
+            last["usage"] = usage(&stats);
+            last["speculation"] = serde_json::to_value(&*stats).unwrap_or(Value::Null);
+            out.push(sse_json(&last));
+            out.push(Event::default().data("[DONE]"));
+            (out, true)
+        }
+        Msg::Failed(e) | Msg::Error { message: e, .. } => (
+            vec![
+                sse_json(&json!({"error": {"message": e, "type": "server_error"}})),
+                Event::default().data("[DONE]"),
+            ],
+            true,
+        ),
+        Msg::Started { .. } => (vec![], false),
+    });
+    Ok(Sse::new(s)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+pub async fn chat_completions(
+    axum::extract::State(state): axum::extract::State<State>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let b: ChatBody = parse_body(body).map_err(oa)?;
+    let model = check_model(&state, &b.model).map_err(oa)?;
+    check_n(b.n).map_err(oa)?;
+    let messages = b
+        .messages
+        .ok_or_else(|| oa(ApiError::bad("messages is required")))?;
+    if messages.is_empty() {
+        return Err(oa(ApiError::bad("messages must not be empty")));
+    }
+    let mut msgs = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "developer" => "system",
+            r @ ("system" | "user" | "assistant" | "tool") => r,
+            r => {
+                return Err(oa(ApiError::bad(format!(
+                    "messages[{i}].role {r:?} is not one of system, developer, user, assistant, tool"
+                ))))
+            }
+        };
+        msgs.push(ChatMessage::new(role, content_text(&m.content, i).map_err(oa)?));
+    }
+    let req = GenRequest {
+        prompt: Prompt::Chat(msgs),
+        params: b.common.params().map_err(oa)?,
+        max_tokens: max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
+        stop: b.common.stop(),
+        spec: b.common.spec(&state.defaults).map_err(oa)?,
+    };
+    let ctx = Ctx {
+        kind: Kind::Chat,
+        id: new_id("chatcmpl"),
+        created: api::unix_now(),
+        model,
+    };
+    run(state, ctx, req, b.stream, String::new())
+        .await
+        .map_err(oa)
+}
+
+pub async fn completions(
+    axum::extract::State(state): axum::extract::State<State>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let b: CompletionBody = parse_body(body).map_err(oa)?;
+    let model = check_model(&state, &b.model).map_err(oa)?;
+    check_n(b.n).map_err(oa)?;
+    let prompt = match b.prompt {
+        Some(Value::String(s)) => s,
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            a[0].as_str().unwrap_or_default().to_string()
+        }
+        Some(Value::Array(_)) => {
+            return Err(oa(ApiError::bad(
+                "prompt must be a string (one prompt per request)",
+            )))
+        }
+        None | Some(Value::Null) => return Err(oa(ApiError::bad("prompt is required"))),
+        Some(_) => return Err(oa(ApiError::bad("prompt must be a string"))),
+    };
+    let prefix = if b.echo { prompt.clone() } else { String::new() };
+    let req = GenRequest {
+        prompt: Prompt::Raw(prompt),
+        params: b.common.params().map_err(oa)?,
+        // The OpenAI default for completions is 16 tokens.
+        max_tokens: max_tokens(b.max_tokens).map_err(oa)?.or(Some(16)),
+        stop: b.common.stop(),
+        spec: b.common.spec(&state.defaults).map_err(oa)?,
+    };
+    let ctx = Ctx {
+        kind: Kind::Completion,
+        id: new_id("cmpl"),
+        created: api::unix_now(),
+        model,
+    };
+    run(state, ctx, req, b.stream, prefix).await.map_err(oa)
+}
+
+fn model_object(state: &State) -> Value {
+    let created = state
+        .started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    json!({"id": state.model.name, "object": "model", "created": created, "owned_by": "specd"})
+}
+
+pub async fn models(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&state)]}))
+}
+
+pub async fn model(
+    axum::extract::State(state): axum::extract::State<State>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !state.is_served(&name) {
+        return Err(oa(ApiError::model_not_found(&name)));
+    }
+    Ok(Json(model_object(&state)))
+}

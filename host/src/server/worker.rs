@@ -1,0 +1,292 @@
+//! The generation worker: one thread owns the engine and runs requests one at
+//! a time from a bounded queue.
+use super::config::ServerConfig;
+use super::metrics::ServerMetrics;
+use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::pipeline::Stats;
+use crate::sampling::SamplingParams;
+use anyhow::{anyhow, Context, Result};
+use axum::http::StatusCode;
+use serde::Serialize;
+use specd_policy::PolicyHost;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+/// One generation request, validated as far as the HTTP side can.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    pub prompt: Prompt,
+    pub params: SamplingParams,
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    /// Already merged with the server defaults.
+    pub spec: SpecOptions,
+}
+
+/// What the worker tells the HTTP side, in order: `Started` or `Error`
+/// first; then `Chunk`s; then `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Msg {
+    Started {
+        prompt_tokens: usize,
+        /// From submission to the worker picking it up.
+        queued: Duration,
+    },
+    /// The request was refused before generation started.
+    Error {
+        status: StatusCode,
+        message: String,
+    },
+    Chunk(String),
+    Done {
+        stats: Box<Stats>,
+        /// Prompt + committed tokens.
+        log: Vec<u32>,
+    },
+    /// Generation failed after it started.
+    Failed(String),
+}
+
+struct Job {
+    req: GenRequest,
+    reply: UnboundedSender<Msg>,
+    submitted: Instant,
+}
+
+/// The served model as the HTTP side describes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub path: String,
+    pub format: String,
+    pub size_bytes: u64,
+    pub digest: String,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    pub layers: usize,
+    pub hidden_size: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub parameters: u64,
+    pub draft_models: Vec<String>,
+    pub template: String,
+}
+
+/// The HTTP side's end of the queue.
+pub struct WorkerHandle {
+    tx: SyncSender<Job>,
+    metrics: Arc<ServerMetrics>,
+}
+
+/// Why a request could not be queued.
+pub enum SubmitError {
+    /// The queue is full (503 + Retry-After).
+    Busy,
+    /// The worker is gone (500).
+    Stopped,
+}
+
+impl WorkerHandle {
+    /// Queues a request. The receiver yields [`Msg`]s; dropping it cancels.
+    pub fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<Msg>, SubmitError> {
+        let (reply, rx) = unbounded_channel();
+        let job = Job {
+            req,
+            reply,
+            submitted: Instant::now(),
+        };
+        self.metrics.queued.fetch_add(1, Relaxed);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(rx),
+            Err(e) => {
+                self.metrics.queued.fetch_sub(1, Relaxed);
+                match e {
+                    TrySendError::Full(_) => {
+                        self.metrics.rejected_busy.fetch_add(1, Relaxed);
+                        Err(SubmitError::Busy)
+                    }
+                    TrySendError::Disconnected(_) => Err(SubmitError::Stopped),
+                }
+            }
+        }
+    }
+}
+
+fn file_size(p: &std::path::Path) -> u64 {
+    if p.is_dir() {
+        std::fs::read_dir(p)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    } else {
+        std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelInfo)> {
+    let store = crate::store::Store::default();
+    let path = store.resolve(&cfg.model, false)?;
+    let mut engine = Engine::load(&cfg.model, &path, policies)
+        .with_context(|| format!("loading model {}", cfg.model))?;
+    for (name, p) in &cfg.draft_models {
+        let dp = store.resolve(p, false)?;
+        engine.add_draft_model(name, &dp)?;
+    }
+    // The server defaults must name things that exist.
+    engine
+        .speculation(&cfg.defaults, &SamplingParams::default())
+        .context("the default speculation settings")?;
+    let c = &engine.model.config;
+    let parameters = (c.vocab_size * c.hidden_size
+        + c.num_hidden_layers
+            * (c.hidden_size * c.head_dim * (c.num_attention_heads * 2 + c.num_key_value_heads * 2)
+                + 3 * c.hidden_size * c.intermediate_size)) as u64;
+    let mut draft_models: Vec<String> = engine.drafts.keys().cloned().collect();
+    draft_models.sort();
+    let info = ModelInfo {
+        name: engine.name.clone(),
+        path: path.display().to_string(),
+        format: match engine.format {
+            crate::model::ModelFormat::Gguf => "gguf".into(),
+            crate::model::ModelFormat::HfDir => "safetensors".into(),
+        },
+        size_bytes: file_size(&path),
+        digest: crate::store::Store::known(&cfg.model)
+            .map(|k| k.sha256.to_string())
+            .unwrap_or_default(),
+        context_length: engine.context_length(),
+        vocab_size: c.vocab_size,
+        layers: c.num_hidden_layers,
+        hidden_size: c.hidden_size,
+        heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        parameters,
+        draft_models,
+        template: engine.template.source().to_string(),
+    };
+    Ok((engine, info))
+}
+
+/// Starts the worker thread and loads the model on it (the engine never
+/// leaves that thread). Returns once the model is ready.
+pub fn start(
+    cfg: &ServerConfig,
+    policies: Arc<PolicyHost>,
+    metrics: Arc<ServerMetrics>,
+) -> Result<(WorkerHandle, ModelInfo)> {
+    let (tx, rx) = sync_channel::<Job>(cfg.queue);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ModelInfo, String>>();
+    let cfg2 = cfg.clone();
+    let m = metrics.clone();
+    std::thread::Builder::new()
+        .name("specd-worker".into())
+        .spawn(move || {
+            let engine = match load(&cfg2, policies) {
+                Ok((e, info)) => {
+                    let _ = ready_tx.send(Ok(info));
+                    e
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("{e:#}")));
+                    return;
+                }
+            };
+            while let Ok(job) = rx.recv() {
+                m.queued.fetch_sub(1, Relaxed);
+                let reply = job.reply.clone();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_job(&engine, job, &m)
+                }));
+                if r.is_err() {
+                    m.panics.fetch_add(1, Relaxed);
+                    let _ = reply.send(Msg::Failed("internal error (the worker panicked)".into()));
+                }
+            }
+        })
+        .context("starting the worker thread")?;
+    let info = ready_rx
+        .recv()
+        .map_err(|_| anyhow!("the worker thread died while loading the model"))?
+        .map_err(|e| anyhow!(e))?;
+    Ok((WorkerHandle { tx, metrics }, info))
+}
+
+fn run_job(engine: &Engine, job: Job, m: &ServerMetrics) {
+    let Job {
+        req,
+        reply,
+        submitted,
+    } = job;
+    if reply.is_closed() {
+        // The client left while queued.
+        m.cancelled.fetch_add(1, Relaxed);
+        return;
+    }
+    let refuse = |message: String| {
+        m.refused.fetch_add(1, Relaxed);
+        let _ = reply.send(Msg::Error {
+            status: StatusCode::BAD_REQUEST,
+            message,
+        });
+    };
+    let prompt = match engine.encode(&req.prompt) {
+        Ok(p) => p,
+        Err(e) => return refuse(format!("cannot encode the prompt: {e:#}")),
+    };
+    if prompt.is_empty() {
+        return refuse("the prompt is empty".into());
+    }
+    let ctx = engine.context_length();
+    if prompt.len() >= ctx {
+        return refuse(format!(
+            "the prompt is {} tokens, over the model's context length of {ctx} tokens",
+            prompt.len()
+        ));
+    }
+    if let Err(e) = req.params.validate() {
+        return refuse(format!("{e:#}"));
+    }
+    let spec = match engine.speculation(&req.spec, &req.params) {
+        Ok(s) => s,
+        Err(e) => return refuse(format!("{e:#}")),
+    };
+    let settings = engine.settings(req.params.clone(), req.max_tokens, req.stop.clone());
+    if reply
+        .send(Msg::Started {
+            prompt_tokens: prompt.len(),
+            queued: submitted.elapsed(),
+        })
+        .is_err()
+    {
+        m.cancelled.fetch_add(1, Relaxed);
+        return;
+    }
+    let mut sink = |s: &str| {
+        if s.is_empty() {
+            // The cancellation probe.
+            return !reply.is_closed();
+        }
+        reply.send(Msg::Chunk(s.to_string())).is_ok()
+    };
+    match engine.generate(&prompt, &settings, spec, &mut sink) {
+        Ok(fin) => {
+            m.record(&fin.stats);
+            let _ = reply.send(Msg::Done {
+                stats: Box::new(fin.stats),
+                log: fin.log,
+            });
+        }
+        Err(e) => {
+            m.failed.fetch_add(1, Relaxed);
+            tracing::warn!("generation failed: {e:#}");
+            let _ = reply.send(Msg::Failed(format!("{e:#}")));
+        }
+    }
+}
