@@ -12,7 +12,8 @@ use specd_policy::PolicyHost;
 use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use crate::cache::PrefixCache;
 
 /// DESIGN.md's defaults.
 pub const DEFAULT_DRAFTER: &str = "ngram";
@@ -71,7 +72,12 @@ pub struct Engine {
     pub policies: Arc<PolicyHost>,
     /// Draft models by name (`model:NAME`), configured at start.
     pub drafts: HashMap<String, Arc<Llama>>,
+    /// KV states of earlier requests, by token prefix.
+    pub prefix: Mutex<PrefixCache>,
 }
+
+/// Default bound of the prefix cache.
+pub const PREFIX_CACHE_BYTES: usize = 1 << 30;
 
 pub fn load_tokenizer(path: &Path, format: ModelFormat) -> Result<Tokenizer> {
     match format {
@@ -102,6 +108,7 @@ impl Engine {
             template,
             policies,
             drafts: HashMap::new(),
+            prefix: Mutex::new(PrefixCache::new(PREFIX_CACHE_BYTES)),
         })
     }
 

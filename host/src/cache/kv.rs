@@ -63,9 +63,36 @@ impl KvCache {
     pub fn truncate(&mut self, offset: usize) {
         self.offset = self.offset.min(offset);
     }
+}
 
-    /// The arrays to evaluate so the cache is materialized.
-    pub fn state(&self) -> Vec<&Array> {
+impl super::LayerCache for KvCache {
+    fn offset(&self) -> usize {
+        self.offset
+    }
+    fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        KvCache::update(self, k, v)
+    }
+    fn rewind(&mut self, offset: usize) -> bool {
+        self.truncate(offset);
+        true
+    }
+    // A plain KV cache always rewinds live: no snapshots needed.
+    fn prepare_snapshots(&mut self, _: &[usize]) {}
+    fn take_snapshots(&mut self) -> Vec<super::Snapshot> {
+        Vec::new()
+    }
+    fn restore(&mut self, snap: &super::Snapshot) {
+        self.keys = Some(snap.keys.clone());
+        self.values = Some(snap.values.clone());
+        self.offset = snap.offset;
+    }
+    fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
+    }
+    fn snapshot_counts(&self) -> (usize, usize) {
+        (0, 0)
+    }
+    fn boxed_clone(&self) -> Box<dyn super::LayerCache> {
+        Box::new(self.clone())
     }
 }

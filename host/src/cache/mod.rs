@@ -1,3 +1,65 @@
-//! Per-layer attention caches.
+//! Per-layer attention caches behind one trait: an offset, a live rewind
+//! where the cache can, and snapshots where it cannot (a rotating cache that
+//! wrapped). Before a speculative forward the round asks for snapshots at the
+//! offsets it may roll back to (`prepare_snapshots`); the cache takes them
+//! during the forward (`take_snapshots`); `restore` puts one back. Every
+//! snapshot is dropped when the round ends, and a counter proves it.
 pub mod kv;
+pub mod prefix;
+pub mod rotating;
+
 pub use kv::KvCache;
+pub use prefix::PrefixCache;
+pub use rotating::RotatingCache;
+
+use specd_mlx::{Array, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A cache's state at one offset. Counted while alive.
+pub struct Snapshot {
+    pub offset: usize,
+    pub keys: Array,
+    pub values: Array,
+    live: Arc<AtomicUsize>,
+}
+
+impl Snapshot {
+    pub fn new(offset: usize, keys: Array, values: Array, live: &Arc<AtomicUsize>) -> Snapshot {
+        live.fetch_add(1, Ordering::SeqCst);
+        Snapshot { offset, keys, values, live: live.clone() }
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pub trait LayerCache: Send {
+    /// Tokens held.
+    fn offset(&self) -> usize;
+    /// Appends `k`, `v` (`[1, kv_heads, T, head_dim]`) and returns the keys
+    /// and values the new queries attend to.
+    fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)>;
+    /// Moves back to `offset` in place; false where it cannot.
+    fn rewind(&mut self, offset: usize) -> bool;
+    /// Offsets the next update should snapshot (those a round may keep).
+    fn prepare_snapshots(&mut self, offsets: &[usize]);
+    /// The snapshots the last update took (and clears the schedule).
+    fn take_snapshots(&mut self) -> Vec<Snapshot>;
+    /// Puts a snapshot back; the cache then holds `snap.offset` tokens.
+    fn restore(&mut self, snap: &Snapshot);
+    /// Arrays to evaluate to materialize the cache.
+    fn state(&self) -> Vec<&Array>;
+    /// Snapshots alive (taken and not yet dropped), and offsets still scheduled.
+    fn snapshot_counts(&self) -> (usize, usize);
+    /// A deep-enough copy for the prefix cache (arrays are immutable; this
+    /// shares buffers).
+    fn boxed_clone(&self) -> Box<dyn LayerCache>;
+}
+
+pub(crate) fn live_count(c: &Arc<AtomicUsize>) -> usize {
+    c.load(Ordering::SeqCst)
+}

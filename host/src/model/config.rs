@@ -19,6 +19,9 @@ pub struct LlamaConfig {
     pub rope_traditional: bool,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// Attention window, where the model uses one (rotating caches).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
 }
 
 impl LlamaConfig {
@@ -63,6 +66,7 @@ impl LlamaConfig {
             rope_traditional: true,
             max_position_embeddings: num("context_length").map(|v| v as usize).unwrap_or(2048),
             tie_word_embeddings: !has_output,
+            sliding_window: None,
         })
     }
 
@@ -98,6 +102,7 @@ impl LlamaConfig {
                 .map(|x| x as usize)
                 .unwrap_or(2048),
             tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+            sliding_window: v["sliding_window"].as_u64().map(|w| w as usize),
         })
     }
 

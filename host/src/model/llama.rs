@@ -1,7 +1,7 @@
 //! A llama forward in the shape of mlx-lm's llama.py: RMSNorm, RoPE, GQA
 //! attention through MLX's fused kernel, SwiGLU MLP, tied or untied head.
 use super::LlamaConfig;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, LayerCache, RotatingCache};
 use specd_mlx::{fast, ops, Array, Result};
 
 /// A dense linear layer, `y = x W^T` with `W` as `[out, in]`.
@@ -50,15 +50,24 @@ pub struct Llama {
 
 impl Llama {
     /// Fresh caches, one per layer.
-    pub fn new_caches(&self) -> Vec<KvCache> {
-        (0..self.config.num_hidden_layers)
-            .map(|_| KvCache::new())
+    pub fn new_caches(&self) -> Vec<Box<dyn LayerCache>> {
+        self.new_caches_n(self.config.num_hidden_layers)
+    }
+
+    /// Caches for the first `n` layers: rotating where the model attends
+    /// through a sliding window.
+    pub fn new_caches_n(&self, n: usize) -> Vec<Box<dyn LayerCache>> {
+        (0..n)
+            .map(|_| match self.config.sliding_window {
+                Some(w) => Box::new(RotatingCache::new(w)) as Box<dyn LayerCache>,
+                None => Box::new(KvCache::new()) as Box<dyn LayerCache>,
+            })
             .collect()
     }
 
     /// Runs `tokens` through all layers after what `caches` hold; returns
     /// logits `[T or 1, vocab]` (float32, lazy).
-    pub fn forward(&self, tokens: &[u32], caches: &mut [KvCache], which: Logits) -> Result<Array> {
+    pub fn forward(&self, tokens: &[u32], caches: &mut [Box<dyn LayerCache>], which: Logits) -> Result<Array> {
         self.forward_layers(tokens, caches, self.layers.len(), which)
     }
 
@@ -67,7 +76,7 @@ impl Llama {
     pub fn forward_layers(
         &self,
         tokens: &[u32],
-        caches: &mut [KvCache],
+        caches: &mut [Box<dyn LayerCache>],
         n_layers: usize,
         which: Logits,
     ) -> Result<Array> {
@@ -76,7 +85,7 @@ impl Llama {
     }
 
     /// Hidden states after `n_layers` layers, `[1, T, hidden]`.
-    pub fn hidden(&self, tokens: &[u32], caches: &mut [KvCache], n_layers: usize) -> Result<Array> {
+    pub fn hidden(&self, tokens: &[u32], caches: &mut [Box<dyn LayerCache>], n_layers: usize) -> Result<Array> {
         assert!(caches.len() >= n_layers, "one cache per layer");
         let t = tokens.len() as i32;
         let ids = Array::from_u32(tokens, &[t])?;
@@ -103,7 +112,7 @@ impl Llama {
         }
     }
 
-    fn layer(&self, l: &Layer, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    fn layer(&self, l: &Layer, x: &Array, cache: &mut Box<dyn LayerCache>) -> Result<Array> {
         let c = &self.config;
         let t = x.dim(1);
         let (nh, nkv, hd) = (

@@ -188,6 +188,10 @@ impl SpecState {
         let mut input = Vec::with_capacity(kd + 1);
         input.push(log[before]);
         input.extend_from_slice(&draft.tokens);
+        if kd > 0 {
+            let keep: Vec<usize> = (1..=kd + 1).map(|i| before + i).collect();
+            target.prepare_snapshots(&keep);
+        }
         let t = Instant::now();
         let rows = target.forward(&input, kd > 0)?;
         let vt = t.elapsed().as_secs_f64();
@@ -341,3 +345,6 @@ fn residual(
     let u = rng.uniform();
     sample_index(&r, u).unwrap_or_else(|| p.sample_with(u))
 }
+
+#[cfg(test)]
+mod tests;

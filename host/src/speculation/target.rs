@@ -1,7 +1,7 @@
 //! What a round needs from a model: forward new tokens after what its
 //! caches hold, get logits rows back as plain numbers, and roll back.
 //! [`LlamaTarget`] is the real thing; tests script fakes with one-hot logits.
-use crate::cache::KvCache;
+use crate::cache::{LayerCache, Snapshot};
 use crate::model::{Llama, Logits};
 use anyhow::Result;
 use std::sync::Arc;
@@ -15,16 +15,26 @@ pub trait Target: Send {
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>>;
     /// Forwards without computing logits (prefill).
     fn prefill(&mut self, tokens: &[u32]) -> Result<()>;
-    /// Rolls the caches back to `offset` tokens.
+    /// Rolls the caches back to `offset` tokens: in place where possible,
+    /// else from a snapshot the last forward took. Drops every snapshot.
     fn rewind(&mut self, offset: usize) -> Result<()>;
+    /// Asks the next forward to snapshot these offsets (the points a
+    /// speculative round may roll back to).
+    fn prepare_snapshots(&mut self, _offsets: &[usize]) {}
+    /// Snapshots alive and offsets still scheduled, summed over layers.
+    fn snapshot_counts(&self) -> (usize, usize) {
+        (0, 0)
+    }
 }
 
 /// A llama (or its first `n_layers` layers, for self-speculation) with its
 /// own per-layer KV caches.
 pub struct LlamaTarget {
     pub model: Arc<Llama>,
-    pub caches: Vec<KvCache>,
+    pub caches: Vec<Box<dyn LayerCache>>,
     pub n_layers: usize,
+    /// Per layer, what the last forward snapshotted.
+    snapshots: Vec<Vec<Snapshot>>,
 }
 
 impl LlamaTarget {
@@ -35,21 +45,17 @@ impl LlamaTarget {
 
     pub fn first_layers(model: Arc<Llama>, n_layers: usize) -> Self {
         let n_layers = n_layers.clamp(1, model.layers.len());
-        let caches = (0..n_layers).map(|_| KvCache::new()).collect();
-        LlamaTarget {
-            model,
-            caches,
-            n_layers,
-        }
+        let caches = model.new_caches_n(n_layers);
+        LlamaTarget { model, caches, n_layers, snapshots: Vec::new() }
     }
 
-    pub fn with_caches(model: Arc<Llama>, caches: Vec<KvCache>) -> Self {
+    pub fn with_caches(model: Arc<Llama>, caches: Vec<Box<dyn LayerCache>>) -> Self {
         let n_layers = caches.len();
-        LlamaTarget {
-            model,
-            caches,
-            n_layers,
-        }
+        LlamaTarget { model, caches, n_layers, snapshots: Vec::new() }
+    }
+
+    fn collect_snapshots(&mut self) {
+        self.snapshots = self.caches.iter_mut().map(|c| c.take_snapshots()).collect();
     }
 
     fn eval_caches(&self) -> Result<()> {
@@ -73,6 +79,7 @@ impl Target for LlamaTarget {
         let logits = self
             .model
             .forward_layers(tokens, &mut self.caches, self.n_layers, which)?;
+        self.collect_snapshots();
         let v = logits.to_vec_f32()?;
         let vocab = self.vocab_size();
         Ok(v.chunks(vocab).map(|c| c.to_vec()).collect())
@@ -84,13 +91,32 @@ impl Target for LlamaTarget {
         }
         // Caches are all we need: skip the head.
         let _ = self.model.hidden(tokens, &mut self.caches, self.n_layers)?;
+        self.collect_snapshots();
         self.eval_caches()
     }
 
     fn rewind(&mut self, offset: usize) -> Result<()> {
-        for c in &mut self.caches {
-            c.truncate(offset);
+        let snapshots = std::mem::take(&mut self.snapshots);
+        for (i, c) in self.caches.iter_mut().enumerate() {
+            if c.offset() == offset || c.rewind(offset) {
+                continue;
+            }
+            let snap = snapshots
+                .get(i)
+                .and_then(|s| s.iter().find(|s| s.offset == offset))
+                .ok_or_else(|| anyhow::anyhow!("layer {i} cannot rewind to {offset} and has no snapshot there"))?;
+            c.restore(snap);
         }
         Ok(())
+    }
+
+    fn prepare_snapshots(&mut self, offsets: &[usize]) {
+        for c in &mut self.caches {
+            c.prepare_snapshots(offsets);
+        }
+    }
+
+    fn snapshot_counts(&self) -> (usize, usize) {
+        self.caches.iter().map(|c| c.snapshot_counts()).fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
     }
 }
