@@ -83,6 +83,10 @@ pub const SCHEDULE_EXPORT: &str = "specd:policy/schedule@0.1.0";
 /// Export name of the acceptance interface.
 pub const ACCEPTANCE_EXPORT: &str = "specd:policy/acceptance@0.1.0";
 
+/// Rounds of `ScheduleInput::recent` a schedule sees: the host passes at
+/// most the last this many (the WIT promises a bounded window).
+pub const RECENT_WINDOW: usize = 32;
+
 /// Limits of the policy host.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostConfig {
@@ -141,6 +145,7 @@ pub struct ScheduleInput {
     /// Largest valid answer this round.
     pub max_draft: u32,
     /// Most recent rounds, oldest first; the last one is round `round - 1`.
+    /// Only the last [`RECENT_WINDOW`] reach the policy.
     pub recent: Vec<RoundRecord>,
     /// P(draft i accepted | drafts 0..i accepted), estimated so far.
     pub position_acceptance: Vec<f64>,

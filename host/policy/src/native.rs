@@ -93,8 +93,7 @@ fn to_logic_input(i: &ScheduleInput) -> logic::ScheduleInput {
         generated: i.generated,
         budget_left: i.budget_left,
         max_draft: i.max_draft,
-        recent: i
-            .recent
+        recent: i.recent[i.recent.len().saturating_sub(crate::RECENT_WINDOW)..]
             .iter()
             .map(|r: &RoundRecord| logic::RoundRecord {
                 drafted: r.drafted,

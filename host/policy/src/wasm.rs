@@ -107,8 +107,7 @@ impl Schedule for WasmSchedule {
             generated: input.generated,
             budget_left: input.budget_left,
             max_draft: input.max_draft,
-            recent: input
-                .recent
+            recent: input.recent[input.recent.len().saturating_sub(crate::RECENT_WINDOW)..]
                 .iter()
                 .map(|r| ws::RoundRecord {
                     drafted: r.drafted,
