@@ -12,4 +12,5 @@ pub mod pipeline;
 pub mod sampling;
 pub mod speculation;
 pub mod server;
+pub mod server;
 pub mod store;

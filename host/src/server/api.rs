@@ -80,9 +80,16 @@ impl IntoResponse for ApiError {
 
 /// Parses a JSON body with an error that names the offending field.
 pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let body = body.map_err(|e| ApiError::new(e.status(), format!("cannot read the body: {}", e.body_text())))?;
+    let body = body.map_err(|e| {
+        ApiError::new(
+            e.status(),
+            format!("cannot read the body: {}", e.body_text()),
+        )
+    })?;
     if body.iter().all(|b| b.is_ascii_whitespace()) {
-        return Err(ApiError::bad("the request body is empty; expected a JSON object"));
+        return Err(ApiError::bad(
+            "the request body is empty; expected a JSON object",
+        ));
     }
     let de = &mut serde_json::Deserializer::from_slice(&body);
     serde_path_to_error::deserialize(de).map_err(|e| {
@@ -92,6 +99,26 @@ pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> R
             ApiError::bad(format!("invalid JSON body: {inner}"))
         } else {
             ApiError::bad(format!("invalid JSON body: field `{path}`: {inner}"))
+        }
+    })
+}
+
+/// Deserializes a part of a parsed body; errors name the field as
+/// `prefix` + its path.
+pub fn from_value<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let field = match (prefix.trim_end_matches('.'), path.as_str()) {
+            ("", "" | ".") => String::new(),
+            (p, "" | ".") => p.to_string(),
+            ("", q) => q.to_string(),
+            (_, q) => format!("{prefix}{q}"),
+        };
+        if field.is_empty() {
+            ApiError::bad(format!("invalid request: {inner}"))
+        } else {
+            ApiError::bad(format!("invalid request: field `{field}`: {inner}"))
         }
     })
 }
@@ -168,7 +195,9 @@ impl CommonOptions {
         };
         let repeat_last_n = match self.repeat_last_n {
             Some(n) if n < -1 => {
-                return Err(ApiError::bad(format!("repeat_last_n must be >= -1, got {n}")))
+                return Err(ApiError::bad(format!(
+                    "repeat_last_n must be >= -1, got {n}"
+                )))
             }
             Some(-1) => usize::MAX,
             Some(n) => n as usize,
@@ -216,7 +245,10 @@ impl CommonOptions {
     }
 
     pub fn stop(&self) -> Vec<String> {
-        self.stop.clone().map(StopField::into_vec).unwrap_or_default()
+        self.stop
+            .clone()
+            .map(StopField::into_vec)
+            .unwrap_or_default()
     }
 }
 
@@ -282,7 +314,10 @@ pub async fn collect(mut rx: UnboundedReceiver<Msg>) -> Result<Collected, ApiErr
 
 /// Turns the worker's messages into a response stream: `f` maps each message
 /// to the items to send and whether that was the last.
-pub fn stream_of<T, F>(rx: UnboundedReceiver<Msg>, f: F) -> impl Stream<Item = Result<T, Infallible>>
+pub fn stream_of<T, F>(
+    rx: UnboundedReceiver<Msg>,
+    f: F,
+) -> impl Stream<Item = Result<T, Infallible>>
 where
     T: Send + 'static,
     F: FnMut(Msg) -> (Vec<T>, bool) + Send + 'static,
@@ -293,7 +328,10 @@ where
         }
         let m = rx.recv().await?;
         let (items, end) = f(m);
-        Some((futures_util::stream::iter(items.into_iter().map(Ok)), (rx, f, end)))
+        Some((
+            futures_util::stream::iter(items.into_iter().map(Ok)),
+            (rx, f, end),
+        ))
     })
     .flatten()
 }
@@ -361,5 +399,8 @@ pub async fn version() -> Json<Value> {
 }
 
 pub async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, format!("no such endpoint: {}", uri.path()))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no such endpoint: {}", uri.path()),
+    )
 }

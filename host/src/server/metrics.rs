@@ -53,18 +53,24 @@ impl ServerMetrics {
             DoneReason::Cancelled => &self.cancelled,
         }
         .fetch_add(1, Relaxed);
-        self.prompt_tokens.fetch_add(s.prompt_tokens as u64, Relaxed);
-        self.cached_tokens.fetch_add(s.cached_tokens as u64, Relaxed);
+        self.prompt_tokens
+            .fetch_add(s.prompt_tokens as u64, Relaxed);
+        self.cached_tokens
+            .fetch_add(s.cached_tokens as u64, Relaxed);
         self.generated_tokens
             .fetch_add(s.generated_tokens as u64, Relaxed);
-        self.prompt_nanos.fetch_add(nanos(s.prompt_seconds), Relaxed);
-        self.decode_nanos.fetch_add(nanos(s.decode_seconds), Relaxed);
+        self.prompt_nanos
+            .fetch_add(nanos(s.prompt_seconds), Relaxed);
+        self.decode_nanos
+            .fetch_add(nanos(s.decode_seconds), Relaxed);
         self.rounds.fetch_add(s.rounds, Relaxed);
         self.drafted.fetch_add(s.drafted, Relaxed);
         self.accepted.fetch_add(s.accepted, Relaxed);
         self.draft_nanos.fetch_add(nanos(s.draft_seconds), Relaxed);
-        self.verify_nanos.fetch_add(nanos(s.verify_seconds), Relaxed);
-        self.policy_nanos.fetch_add(nanos(s.policy_seconds), Relaxed);
+        self.verify_nanos
+            .fetch_add(nanos(s.verify_seconds), Relaxed);
+        self.policy_nanos
+            .fetch_add(nanos(s.policy_seconds), Relaxed);
         if let Some(f) = &s.policy_failure {
             *self
                 .policy_failures
@@ -130,17 +136,72 @@ impl ServerMetrics {
                 n(a)
             );
         }
-        counter(&mut s, "specd_prompt_tokens_total", "Prompt tokens processed.", n(&self.prompt_tokens));
-        counter(&mut s, "specd_prompt_cached_tokens_total", "Prompt tokens served from the prefix cache.", n(&self.cached_tokens));
-        counter(&mut s, "specd_generated_tokens_total", "Tokens generated.", n(&self.generated_tokens));
-        counter(&mut s, "specd_prompt_seconds_total", "Time spent in prefill.", secs(&self.prompt_nanos));
-        counter(&mut s, "specd_decode_seconds_total", "Time spent decoding.", secs(&self.decode_nanos));
-        counter(&mut s, "specd_speculation_rounds_total", "Decode rounds.", n(&self.rounds));
-        counter(&mut s, "specd_speculation_drafted_tokens_total", "Tokens drafted.", n(&self.drafted));
-        counter(&mut s, "specd_speculation_accepted_tokens_total", "Drafted tokens accepted.", n(&self.accepted));
-        counter(&mut s, "specd_speculation_draft_seconds_total", "Time in drafters.", secs(&self.draft_nanos));
-        counter(&mut s, "specd_speculation_verify_seconds_total", "Time in verify forwards.", secs(&self.verify_nanos));
-        counter(&mut s, "specd_speculation_policy_seconds_total", "Time in policy calls (per-request view).", secs(&self.policy_nanos));
+        counter(
+            &mut s,
+            "specd_prompt_tokens_total",
+            "Prompt tokens processed.",
+            n(&self.prompt_tokens),
+        );
+        counter(
+            &mut s,
+            "specd_prompt_cached_tokens_total",
+            "Prompt tokens served from the prefix cache.",
+            n(&self.cached_tokens),
+        );
+        counter(
+            &mut s,
+            "specd_generated_tokens_total",
+            "Tokens generated.",
+            n(&self.generated_tokens),
+        );
+        counter(
+            &mut s,
+            "specd_prompt_seconds_total",
+            "Time spent in prefill.",
+            secs(&self.prompt_nanos),
+        );
+        counter(
+            &mut s,
+            "specd_decode_seconds_total",
+            "Time spent decoding.",
+            secs(&self.decode_nanos),
+        );
+        counter(
+            &mut s,
+            "specd_speculation_rounds_total",
+            "Decode rounds.",
+            n(&self.rounds),
+        );
+        counter(
+            &mut s,
+            "specd_speculation_drafted_tokens_total",
+            "Tokens drafted.",
+            n(&self.drafted),
+        );
+        counter(
+            &mut s,
+            "specd_speculation_accepted_tokens_total",
+            "Drafted tokens accepted.",
+            n(&self.accepted),
+        );
+        counter(
+            &mut s,
+            "specd_speculation_draft_seconds_total",
+            "Time in drafters.",
+            secs(&self.draft_nanos),
+        );
+        counter(
+            &mut s,
+            "specd_speculation_verify_seconds_total",
+            "Time in verify forwards.",
+            secs(&self.verify_nanos),
+        );
+        counter(
+            &mut s,
+            "specd_speculation_policy_seconds_total",
+            "Time in policy calls (per-request view).",
+            secs(&self.policy_nanos),
+        );
         let _ = writeln!(
             s,
             "# HELP specd_request_policy_failures_total Requests whose speculation a policy failure ended, by kind.\n# TYPE specd_request_policy_failures_total counter"
@@ -153,7 +214,10 @@ impl ServerMetrics {
                 .get(kind.as_str())
                 .copied()
                 .unwrap_or(0);
-            let _ = writeln!(s, "specd_request_policy_failures_total{{kind=\"{kind}\"}} {v}");
+            let _ = writeln!(
+                s,
+                "specd_request_policy_failures_total{{kind=\"{kind}\"}} {v}"
+            );
         }
         s.push_str(&policy.prometheus());
         s
@@ -172,8 +236,6 @@ pub async fn track(
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "other".to_string());
     let resp = next.run(req).await;
-    state
-        .metrics
-        .http_request(route, resp.status().as_u16());
+    state.metrics.http_request(route, resp.status().as_u16());
     resp
 }

@@ -87,9 +87,8 @@ pub fn router(state: State) -> Router {
 /// Runs the server until SIGINT/SIGTERM.
 pub fn run(args: ServeArgs) -> Result<()> {
     let cfg = ServerConfig::from_args(&args)?;
-    let policies = Arc::new(
-        PolicyHost::new(cfg.policy_limits.clone()).context("starting the policy host")?,
-    );
+    let policies =
+        Arc::new(PolicyHost::new(cfg.policy_limits.clone()).context("starting the policy host")?);
     std::fs::create_dir_all(&cfg.policy_dir)
         .with_context(|| format!("creating the policy dir {}", cfg.policy_dir.display()))?;
     let loaded = policies

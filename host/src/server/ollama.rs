@@ -15,12 +15,31 @@ use serde_json::{json, Map, Value};
 use specd_text::ChatMessage;
 use std::time::{Duration, Instant};
 
-#[derive(Deserialize, Debug, Default)]
-#[serde(default)]
+#[derive(Debug, Default)]
 pub struct OllamaOptions {
     pub num_predict: Option<i64>,
-    #[serde(flatten)]
     pub common: CommonOptions,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct NumPredict {
+    num_predict: Option<i64>,
+}
+
+impl OllamaOptions {
+    fn parse(v: Option<Value>) -> Result<OllamaOptions, ApiError> {
+        match v {
+            None | Some(Value::Null) => Ok(OllamaOptions::default()),
+            Some(v @ Value::Object(_)) => Ok(OllamaOptions {
+                num_predict: api::from_value::<NumPredict>(v.clone(), "options.")?.num_predict,
+                common: api::from_value(v, "options.")?,
+            }),
+            Some(v) => Err(ApiError::bad(format!(
+                "options must be a JSON object, got {v}"
+            ))),
+        }
+    }
 }
 
 #[derive(Deserialize, Debug)]
@@ -33,7 +52,7 @@ pub struct GenerateBody {
     raw: bool,
     stream: Option<bool>,
     #[serde(default)]
-    options: Option<OllamaOptions>,
+    options: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -50,7 +69,7 @@ pub struct ChatBody {
     messages: Vec<ChatMsg>,
     stream: Option<bool>,
     #[serde(default)]
-    options: Option<OllamaOptions>,
+    options: Option<Value>,
 }
 
 fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
@@ -85,7 +104,10 @@ fn nanos(d: f64) -> u64 {
 fn final_fields(m: &mut Map<String, Value>, stats: &Stats, t0: Instant, queued: Duration) {
     m.insert("done".into(), json!(true));
     m.insert("done_reason".into(), json!(stats.done_reason.as_str()));
-    m.insert("total_duration".into(), json!(t0.elapsed().as_nanos() as u64));
+    m.insert(
+        "total_duration".into(),
+        json!(t0.elapsed().as_nanos() as u64),
+    );
     m.insert("load_duration".into(), json!(queued.as_nanos() as u64));
     m.insert("prompt_eval_count".into(), json!(stats.prompt_tokens));
     m.insert(
@@ -213,8 +235,16 @@ pub async fn generate(
         m.push(ChatMessage::user(prompt_text));
         Prompt::Chat(m)
     };
-    let req = request(&state, prompt, &b.options.unwrap_or_default())?;
-    run(state, Kind::Generate, model, req, b.stream.unwrap_or(true), t0).await
+    let req = request(&state, prompt, &OllamaOptions::parse(b.options)?)?;
+    run(
+        state,
+        Kind::Generate,
+        model,
+        req,
+        b.stream.unwrap_or(true),
+        t0,
+    )
+    .await
 }
 
 pub async fn chat(
@@ -239,7 +269,11 @@ pub async fn chat(
         }
         msgs.push(ChatMessage::new(m.role, m.content.unwrap_or_default()));
     }
-    let req = request(&state, Prompt::Chat(msgs), &b.options.unwrap_or_default())?;
+    let req = request(
+        &state,
+        Prompt::Chat(msgs),
+        &OllamaOptions::parse(b.options)?,
+    )?;
     run(state, Kind::Chat, model, req, b.stream.unwrap_or(true), t0).await
 }
 

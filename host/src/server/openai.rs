@@ -26,8 +26,6 @@ pub struct ChatBody {
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
     n: Option<i64>,
-    #[serde(flatten)]
-    common: CommonOptions,
 }
 
 #[derive(Deserialize, Debug)]
@@ -47,8 +45,6 @@ pub struct CompletionBody {
     n: Option<i64>,
     #[serde(default)]
     echo: bool,
-    #[serde(flatten)]
-    common: CommonOptions,
 }
 
 fn oa(e: ApiError) -> ApiError {
@@ -260,7 +256,9 @@ pub async fn chat_completions(
     axum::extract::State(state): axum::extract::State<State>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let b: ChatBody = parse_body(body).map_err(oa)?;
+    let v: Value = parse_body(body).map_err(oa)?;
+    let b: ChatBody = api::from_value(v.clone(), "").map_err(oa)?;
+    let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
     let model = check_model(&state, &b.model).map_err(oa)?;
     check_n(b.n).map_err(oa)?;
     let messages = b
@@ -274,20 +272,21 @@ pub async fn chat_completions(
         let role = match m.role.as_str() {
             "developer" => "system",
             r @ ("system" | "user" | "assistant" | "tool") => r,
-            r => {
-                return Err(oa(ApiError::bad(format!(
-                    "messages[{i}].role {r:?} is not one of system, developer, user, assistant, tool"
-                ))))
-            }
+            r => return Err(oa(ApiError::bad(format!(
+                "messages[{i}].role {r:?} is not one of system, developer, user, assistant, tool"
+            )))),
         };
-        msgs.push(ChatMessage::new(role, content_text(&m.content, i).map_err(oa)?));
+        msgs.push(ChatMessage::new(
+            role,
+            content_text(&m.content, i).map_err(oa)?,
+        ));
     }
     let req = GenRequest {
         prompt: Prompt::Chat(msgs),
-        params: b.common.params().map_err(oa)?,
+        params: common.params().map_err(oa)?,
         max_tokens: max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
-        stop: b.common.stop(),
-        spec: b.common.spec(&state.defaults).map_err(oa)?,
+        stop: common.stop(),
+        spec: common.spec(&state.defaults).map_err(oa)?,
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -304,7 +303,9 @@ pub async fn completions(
     axum::extract::State(state): axum::extract::State<State>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let b: CompletionBody = parse_body(body).map_err(oa)?;
+    let v: Value = parse_body(body).map_err(oa)?;
+    let b: CompletionBody = api::from_value(v.clone(), "").map_err(oa)?;
+    let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
     let model = check_model(&state, &b.model).map_err(oa)?;
     check_n(b.n).map_err(oa)?;
     let prompt = match b.prompt {
@@ -320,14 +321,18 @@ pub async fn completions(
         None | Some(Value::Null) => return Err(oa(ApiError::bad("prompt is required"))),
         Some(_) => return Err(oa(ApiError::bad("prompt must be a string"))),
     };
-    let prefix = if b.echo { prompt.clone() } else { String::new() };
+    let prefix = if b.echo {
+        prompt.clone()
+    } else {
+        String::new()
+    };
     let req = GenRequest {
         prompt: Prompt::Raw(prompt),
-        params: b.common.params().map_err(oa)?,
+        params: common.params().map_err(oa)?,
         // The OpenAI default for completions is 16 tokens.
         max_tokens: max_tokens(b.max_tokens).map_err(oa)?.or(Some(16)),
-        stop: b.common.stop(),
-        spec: b.common.spec(&state.defaults).map_err(oa)?,
+        stop: common.stop(),
+        spec: common.spec(&state.defaults).map_err(oa)?,
     };
     let ctx = Ctx {
         kind: Kind::Completion,

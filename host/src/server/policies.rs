@@ -39,10 +39,9 @@ pub async fn upload(
     Query(q): Query<UploadQuery>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let name = q
-        .name
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| ApiError::bad("the policy name is required: POST /api/policies?name=NAME"))?;
+    let name = q.name.filter(|n| !n.is_empty()).ok_or_else(|| {
+        ApiError::bad("the policy name is required: POST /api/policies?name=NAME")
+    })?;
     let bytes = body.map_err(|e| {
         let limit = state.policies.config().max_component_bytes;
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -51,11 +50,16 @@ pub async fn upload(
                 format!("component refused: over the limit of {limit} bytes"),
             )
         } else {
-            ApiError::new(e.status(), format!("cannot read the body: {}", e.body_text()))
+            ApiError::new(
+                e.status(),
+                format!("cannot read the body: {}", e.body_text()),
+            )
         }
     })?;
     if bytes.is_empty() {
-        return Err(ApiError::bad("the body is empty: send the component bytes (application/wasm)"));
+        return Err(ApiError::bad(
+            "the body is empty: send the component bytes (application/wasm)",
+        ));
     }
     let host = state.policies.clone();
     let dir = state.policy_dir.clone();
@@ -79,7 +83,12 @@ pub async fn upload(
         Ok(json!({ "policy": info, "path": path.display().to_string() }))
     })
     .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("upload task: {e}")))??;
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("upload task: {e}"),
+        )
+    })??;
     Ok((StatusCode::CREATED, Json(r)))
 }
 

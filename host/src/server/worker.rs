@@ -146,7 +146,9 @@ fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelI
     let c = &engine.model.config;
     let parameters = (c.vocab_size * c.hidden_size
         + c.num_hidden_layers
-            * (c.hidden_size * c.head_dim * (c.num_attention_heads * 2 + c.num_key_value_heads * 2)
+            * (c.hidden_size
+                * c.head_dim
+                * (c.num_attention_heads * 2 + c.num_key_value_heads * 2)
                 + 3 * c.hidden_size * c.intermediate_size)) as u64;
     let mut draft_models: Vec<String> = engine.drafts.keys().cloned().collect();
     draft_models.sort();

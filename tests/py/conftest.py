@@ -1,0 +1,116 @@
+"""Shared fixtures for the HTTP tests: start `specd serve` subprocesses.
+
+Environment: SPECD_BIN (default: target/release/specd of this checkout, or
+$CARGO_TARGET_DIR/release/specd); SPECD_HOME (the model store) is inherited.
+A missing binary or model fails the tests (never skips).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2:135m"
+
+
+def server_bin() -> Path:
+    if os.environ.get("SPECD_BIN"):
+        return Path(os.environ["SPECD_BIN"])
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    if not target.is_absolute():
+        target = ROOT / target
+    return target / "release" / "specd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `specd serve` process on a free port; `url` once it answers /health."""
+
+    def __init__(self, *args: str, policy_dir: Path, log: Path):
+        self.args = list(args)
+        self.policy_dir = policy_dir
+        self.log_path = log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 180.0) -> "Server":
+        exe = server_bin()
+        assert exe.exists(), f"{exe} is missing: build it first (cargo build --release -p specd)"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(exe), "serve", "--port", str(self.port), "--policy-dir", str(self.policy_dir), *self.args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"specd serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"specd serve did not come up in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory):
+    """Factory: start_server(*args, policy_dir=None) -> started Server (stopped at session end)."""
+    started: list[Server] = []
+
+    def start(*args: str, policy_dir: Path | None = None) -> Server:
+        d = tmp_path_factory.mktemp("specd-serve")
+        s = Server(*args, policy_dir=policy_dir or d / "policies", log=d / "serve.log")
+        started.append(s)
+        return s.start()
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(start_server) -> Server:
+    """One server (default settings) shared by a test module."""
+    return start_server()
