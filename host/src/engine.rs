@@ -5,7 +5,7 @@
 use crate::model::{load_model, Llama, ModelFormat};
 use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
-use crate::speculation::{LlamaTarget, ModelDrafter, NgramDrafter, Speculation};
+use crate::speculation::{LlamaTarget, ModelDrafter, NgramDrafter, Speculation, Target};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use specd_policy::PolicyHost;
@@ -216,7 +216,8 @@ impl Engine {
         }))
     }
 
-    /// Runs a request from scratch.
+    /// Runs a request, reusing the longest cached prefix of its prompt, and
+    /// caches its committed tokens for the next.
     pub fn generate(
         &self,
         prompt: &[u32],
@@ -224,16 +225,38 @@ impl Engine {
         spec: Option<Speculation>,
         sink: &mut Sink<'_>,
     ) -> Result<Finished> {
+        let hit = self
+            .prefix
+            .lock()
+            .map_err(|_| anyhow::anyhow!("prefix cache poisoned"))?
+            .lookup(prompt);
+        let (mut target, cached) = match hit {
+            Some(h) => (LlamaTarget::with_caches(self.model.clone(), h.caches), h.len),
+            None => (LlamaTarget::new(self.model.clone()), 0),
+        };
+        let fin = pipeline::generate(&mut target, &self.tokenizer, prompt, cached, settings, spec, sink)?;
+        // Keep only what was emitted (committed and streamed): nothing past
+        // EOS, a stop string or the budget.
+        let keep = target.offset().min(prompt.len() + fin.emitted.len());
+        if keep > 0 && target.rewind(keep).is_ok() {
+            let caches = std::mem::take(&mut target.caches);
+            if let Ok(mut p) = self.prefix.lock() {
+                p.store(&fin.log[..keep], caches);
+            }
+        }
+        Ok(fin)
+    }
+
+    /// Runs a request without the prefix cache.
+    pub fn generate_uncached(
+        &self,
+        prompt: &[u32],
+        settings: &Settings,
+        spec: Option<Speculation>,
+        sink: &mut Sink<'_>,
+    ) -> Result<Finished> {
         let mut target = LlamaTarget::new(self.model.clone());
-        pipeline::generate(
-            &mut target,
-            &self.tokenizer,
-            prompt,
-            0,
-            settings,
-            spec,
-            sink,
-        )
+        pipeline::generate(&mut target, &self.tokenizer, prompt, 0, settings, spec, sink)
     }
 
     pub fn settings(

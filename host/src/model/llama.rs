@@ -38,6 +38,7 @@ pub enum Logits {
     All,
 }
 
+#[derive(Clone)]
 pub struct Llama {
     pub config: LlamaConfig,
     /// `[vocab, hidden]`, float32.

@@ -118,6 +118,9 @@ pub struct Finished {
     pub log: Vec<u32>,
     /// Tokens streamed (EOS and anything after a stop excluded).
     pub emitted: Vec<u32>,
+    /// Per committed token (`log[prompt.len()..]`), the target's top-2
+    /// logit margin where it was chosen (near-tie diagnostics).
+    pub margins: Vec<f32>,
 }
 
 /// Receives text as it is produced; returns false to cancel.
@@ -174,6 +177,7 @@ pub fn generate(
     let mut detok = StreamDetokenizer::new(tokenizer);
     let mut stops = StopMatcher::new(settings.stop.iter().cloned());
     let mut near_ties = 0;
+    let mut margins = Vec::new();
     let t1 = Instant::now();
     if max_tokens == 0 {
         done = done.or(Some(DoneReason::Length));
@@ -190,6 +194,7 @@ pub fn generate(
         // Record the whole run before streaming any of it.
         log.extend_from_slice(&round.tokens);
         near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
+        margins.extend_from_slice(&round.margins);
         for &tok in &round.tokens {
             if tokenizer.is_eos(tok) {
                 done = Some(DoneReason::Stop);
@@ -235,9 +240,5 @@ pub fn generate(
     stats.decode_seconds = decode_seconds;
     stats.done_reason = done;
     stats.near_ties = near_ties;
-    Ok(Finished {
-        stats,
-        log,
-        emitted,
-    })
+    Ok(Finished { stats, log, emitted, margins })
 }

@@ -1,0 +1,142 @@
+//! Speculation on the real default model: greedy losslessness for every
+//! drafter and schedule, rotating-cache rollback, the prefix cache.
+use specd::engine::{Prompt, SpecOptions};
+use specd::model::Logits;
+use specd::pipeline::Finished;
+use specd::sampling::SamplingParams;
+use specd::speculation::{LlamaTarget, Target};
+use specd_tests::{engine, GROUNDED, OPEN};
+use specd_text::ChatMessage;
+use std::sync::Arc;
+
+fn chat(text: &str) -> Prompt {
+    Prompt::Chat(vec![ChatMessage::user(text)])
+}
+
+fn run(prompt: &str, opts: &SpecOptions, max_tokens: usize) -> Finished {
+    let e = engine();
+    let ids = e.encode(&chat(prompt)).unwrap();
+    let params = SamplingParams::default();
+    let spec = e.speculation(opts, &params).unwrap();
+    let settings = e.settings(params, Some(max_tokens), vec![]);
+    e.generate_uncached(&ids, &settings, spec, &mut |_| true).unwrap()
+}
+
+fn opts(drafter: &str, schedule: &str) -> SpecOptions {
+    SpecOptions {
+        drafter: Some(drafter.into()),
+        schedule: Some(schedule.into()),
+        acceptance: Some("greedy".into()),
+        draft_max: Some(6),
+        ..Default::default()
+    }
+}
+
+/// DESIGN.md's rule: identical, or the first difference sits where the
+/// top-2 logit margin is under 0.01 in either run.
+fn same_or_near_tie(plain: &Finished, spec: &Finished) -> Result<bool, String> {
+    let n = plain.emitted.len().min(spec.emitted.len());
+    match (0..n).find(|&i| plain.emitted[i] != spec.emitted[i]) {
+        None if plain.emitted.len() == spec.emitted.len() => Ok(false),
+        None => Err(format!("lengths differ: {} vs {}", plain.emitted.len(), spec.emitted.len())),
+        Some(i) => {
+            let m = plain.margins[i].min(spec.margins[i]);
+            if m < 0.01 {
+                Ok(true)
+            } else {
+                Err(format!("first difference at token {i} with top-2 margin {m}"))
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_speculation_is_lossless_for_every_drafter_and_schedule() {
+    let layers = engine().model.layers.len();
+    let drafters = [format!("self:{layers}"), "self:4".to_string(), "ngram".to_string()];
+    let mut near_ties = 0;
+    let mut compared = 0;
+    let mut accepted = 0;
+    for prompt in GROUNDED.iter().chain(OPEN.iter()) {
+        let plain = run(prompt, &SpecOptions { drafter: Some("none".into()), ..Default::default() }, 64);
+        assert!(plain.emitted.len() > 4, "{prompt}");
+        for d in &drafters {
+            for s in ["constant", "heuristic"] {
+                let spec = run(prompt, &opts(d, s), 64);
+                accepted += spec.stats.accepted;
+                compared += 1;
+                match same_or_near_tie(&plain, &spec) {
+                    Ok(tie) => near_ties += tie as usize,
+                    Err(e) => panic!("{d} / {s} on {prompt:?}: {e}"),
+                }
+                assert!(spec.stats.policy_failure.is_none());
+            }
+        }
+    }
+    assert!(accepted > 0, "speculation accepted nothing at all");
+    println!("greedy losslessness: {compared} comparisons, {near_ties} ended at a near-tie");
+}
+
+/// A target with a sliding window of 16, sharing the default model's weights.
+fn rotating_target() -> LlamaTarget {
+    let e = engine();
+    let mut m = (*e.model).clone();
+    m.config.sliding_window = Some(16);
+    LlamaTarget::new(Arc::new(m))
+}
+
+#[test]
+fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
+    let e = engine();
+    let prompt = e.encode(&chat("Count from one to twenty: one two three four five six seven")).unwrap();
+    drop(e);
+    let (x, drafts, y) = (prompt[prompt.len() - 1], [264u32, 1345, 2177, 3045, 411], 5012u32);
+    let body = &prompt[..prompt.len() - 1];
+    let keep = 2; // drafts kept
+
+    // A speculative round that wraps the window, then a rollback.
+    let mut a = rotating_target();
+    a.prefill(body).unwrap();
+    let before = a.offset();
+    let offsets: Vec<usize> = (1..=drafts.len() + 1).map(|i| before + i).collect();
+    a.prepare_snapshots(&offsets);
+    let mut input = vec![x];
+    input.extend_from_slice(&drafts);
+    a.forward(&input, true).unwrap();
+    assert!(a.caches[0].rewind(before + 1 + keep) == false || before + drafts.len() + 1 <= 16, "the window wrapped");
+    a.rewind(before + 1 + keep).unwrap();
+    assert_eq!(a.snapshot_counts(), (0, 0), "snapshots are closed after the rollback");
+    let la = a.forward(&[y], false).unwrap().pop().unwrap();
+
+    // Recompute from scratch with only the kept tokens.
+    let mut b = rotating_target();
+    b.prefill(body).unwrap();
+    let mut kept = vec![x];
+    kept.extend_from_slice(&drafts[..keep]);
+    b.forward(&kept, true).unwrap();
+    let lb = b.forward(&[y], false).unwrap().pop().unwrap();
+    let diff = la.iter().zip(&lb).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+    assert!(diff < 1e-3, "max logit difference {diff}");
+    assert_eq!(a.offset(), b.offset());
+    let _ = Logits::All;
+}
+
+#[test]
+fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
+    let e = engine();
+    let long = GROUNDED.join(" ").repeat(3);
+    let first = e.encode(&Prompt::Chat(vec![ChatMessage::user(format!("{long}\nSummarize the above."))])).unwrap();
+    let second = e.encode(&Prompt::Chat(vec![ChatMessage::user(format!("{long}\nWhat is the first sentence?"))])).unwrap();
+    let shared = first.iter().zip(&second).take_while(|(a, b)| a == b).count();
+    assert!(shared > 200, "prompts share a long prefix ({shared})");
+    let params = SamplingParams::default();
+    let settings = e.settings(params.clone(), Some(24), vec![]);
+    let none = SpecOptions { drafter: Some("none".into()), ..Default::default() };
+    e.generate(&first, &settings, e.speculation(&none, &params).unwrap(), &mut |_| true).unwrap();
+    let cached = e.generate(&second, &settings, e.speculation(&none, &params).unwrap(), &mut |_| true).unwrap();
+    assert_eq!(cached.stats.cached_tokens, shared, "reused exactly the shared prefix");
+    let fresh = e.generate_uncached(&second, &settings, e.speculation(&none, &params).unwrap(), &mut |_| true).unwrap();
+    assert_eq!(fresh.stats.cached_tokens, 0);
+    assert_eq!(cached.emitted, fresh.emitted, "the prefix cache changed the output");
+    assert!(cached.stats.prompt_seconds < fresh.stats.prompt_seconds);
+}
