@@ -13,4 +13,5 @@ pub mod sampling;
 pub mod speculation;
 pub mod server;
 pub mod server;
+pub mod server;
 pub mod store;

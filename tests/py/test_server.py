@@ -386,3 +386,33 @@ def test_health_and_metrics(server):
         assert name in r.text, name
     assert metric(server, "specd_generated_tokens_total") >= 16
     assert metric(server, "specd_policy_calls_total") > 0
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.mark.parametrize("name,kind", [("trap", "trap"), ("oversized-k", "invalid_answer"), ("spin", "timeout")])
+def test_hostile_policy_is_contained(server, name, kind):
+    """A user schedule that traps, answers out of range or spins forever
+    (fixtures/*.wasm: the hostile WAT components of host/policy/tests) ends
+    speculation for its request only: the text is the plain greedy text and
+    the failure shows in `speculation.policy_failure` and /metrics."""
+    wasm = (FIXTURES / f"{name}-schedule.wasm").read_bytes()
+    r = httpx.post(server.url + "/api/policies", params={"name": f"hostile-{name}"}, content=wasm)
+    assert r.status_code == 201, r.text
+    plain = raw_generate(server, num_predict=24, drafter="none")
+    before = metric(server, f'specd_request_policy_failures_total{{kind="{kind}"}}')
+    out = raw_generate(server, num_predict=24, schedule=f"hostile-{name}")
+    assert out["response"] == plain["response"]
+    failure = out["speculation"]["policy_failure"]
+    assert failure["policy"] == f"hostile-{name}" and failure["kind"] == kind, failure
+    assert metric(server, f'specd_request_policy_failures_total{{kind="{kind}"}}') == before + 1
+    # the OpenAI stream reports it in its final chunk; the next request is fine
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    chunks = list(client.completions.create(model=MODEL, prompt=REPETITIVE, max_tokens=24, stream=True,
+                                            extra_body={"schedule": f"hostile-{name}"}))
+    assert "".join(c.choices[0].text for c in chunks) == plain["response"]
+    assert chunks[-1].model_extra["speculation"]["policy_failure"]["kind"] == kind
+    ok = raw_generate(server, num_predict=24)
+    assert ok["response"] == plain["response"] and ok["speculation"]["policy_failure"] is None
+    assert httpx.delete(server.url + f"/api/policies/hostile-{name}").status_code == 200

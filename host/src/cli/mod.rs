@@ -28,6 +28,8 @@ enum Command {
     Serve(crate::server::ServeArgs),
     /// Serve Ollama- and OpenAI-compatible HTTP APIs (default 127.0.0.1:11435).
     Serve(crate::server::ServeArgs),
+    /// Serve Ollama- and OpenAI-compatible HTTP APIs (default 127.0.0.1:11435).
+    Serve(crate::server::ServeArgs),
     /// Fetch a known model into the store (SPECD_HOME/models).
     Pull {
         /// A store name (default: smollm2:135m).
@@ -108,6 +110,7 @@ pub fn main() -> Result<()> {
     let cli = parse_args()?;
     match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Serve(a) => crate::server::run(a),
         Command::Serve(a) => crate::server::run(a),
         Command::Serve(a) => crate::server::run(a),
         Command::Pull { name } => {
