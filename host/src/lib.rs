@@ -12,6 +12,4 @@ pub mod pipeline;
 pub mod sampling;
 pub mod speculation;
 pub mod server;
-pub mod server;
-pub mod server;
 pub mod store;

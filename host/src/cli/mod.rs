@@ -26,10 +26,6 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Serve Ollama- and OpenAI-compatible HTTP APIs (default 127.0.0.1:11435).
     Serve(crate::server::ServeArgs),
-    /// Serve Ollama- and OpenAI-compatible HTTP APIs (default 127.0.0.1:11435).
-    Serve(crate::server::ServeArgs),
-    /// Serve Ollama- and OpenAI-compatible HTTP APIs (default 127.0.0.1:11435).
-    Serve(crate::server::ServeArgs),
     /// Fetch a known model into the store (SPECD_HOME/models).
     Pull {
         /// A store name (default: smollm2:135m).
@@ -110,8 +106,6 @@ pub fn main() -> Result<()> {
     let cli = parse_args()?;
     match cli.command {
         Command::Generate(a) => generate::run(a),
-        Command::Serve(a) => crate::server::run(a),
-        Command::Serve(a) => crate::server::run(a),
         Command::Serve(a) => crate::server::run(a),
         Command::Pull { name } => {
             let store = crate::store::Store::default();
