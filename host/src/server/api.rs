@@ -404,3 +404,54 @@ pub async fn not_found(uri: axum::http::Uri) -> ApiError {
         format!("no such endpoint: {}", uri.path()),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_utc() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
+        let t = UNIX_EPOCH + Duration::new(1_709_251_199, 5); // leap year, end of Feb
+        assert_eq!(rfc3339(t), "2024-02-29T23:59:59.000000005Z");
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00.000000000Z");
+    }
+
+    #[test]
+    fn option_errors_name_the_field() {
+        let v = json!({"temperature": "hot"});
+        let e = from_value::<CommonOptions>(v, "options.").unwrap_err();
+        assert!(e.message.contains("`options.temperature`"), "{}", e.message);
+        let o: CommonOptions = from_value(json!({"top_p": 1.5}), "").unwrap();
+        assert!(o.params().unwrap_err().message.contains("top_p"));
+        let o: CommonOptions = from_value(json!({"top_k": -1}), "").unwrap();
+        assert!(o.params().unwrap_err().message.contains("top_k"));
+        let o: CommonOptions =
+            from_value(json!({"stop": "x", "schedule_config": "{\"k\": 2}"}), "").unwrap();
+        assert_eq!(o.stop(), vec!["x".to_string()]);
+        let spec = o.spec(&SpecOptions::default()).unwrap();
+        assert_eq!(spec.schedule_config, Some(json!({"k": 2})));
+        let o: CommonOptions = from_value(json!({"schedule_config": "{nope"}), "").unwrap();
+        assert!(o
+            .spec(&SpecOptions::default())
+            .unwrap_err()
+            .message
+            .contains("schedule_config"));
+    }
+
+    #[test]
+    fn request_values_fill_from_server_defaults() {
+        let defaults = SpecOptions {
+            schedule: Some("heuristic".into()),
+            draft_max: Some(8),
+            ..Default::default()
+        };
+        let o: CommonOptions = from_value(json!({"draft_max": 4}), "").unwrap();
+        let s = o.spec(&defaults).unwrap();
+        assert_eq!(s.schedule.as_deref(), Some("heuristic"));
+        assert_eq!(s.draft_max, Some(4));
+        let o: CommonOptions = from_value(json!({"draft_max": -1}), "").unwrap();
+        assert!(o.spec(&defaults).is_err());
+    }
+}

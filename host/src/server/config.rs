@@ -167,3 +167,50 @@ impl ServerConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("specd-serve-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.json");
+        std::fs::write(
+            &file,
+            r#"{"port": 9999, "queue": 3, "draft_models": {"tiny": "/x.gguf"},
+                "defaults": {"schedule": "heuristic", "draft_max": 8},
+                "policy_limits": {"fuel_per_call": 1000}}"#,
+        )
+        .unwrap();
+        let a = ServeArgs {
+            config: Some(file.clone()),
+            port: Some(1234),
+            draft_max: Some(4),
+            draft_models: vec!["small=/y.gguf".into()],
+            ..Default::default()
+        };
+        let c = ServerConfig::from_args(&a).unwrap();
+        assert_eq!(c.port, 1234);
+        assert_eq!(c.queue, 3);
+        assert_eq!(c.host, DEFAULT_HOST);
+        assert_eq!(c.model, crate::store::DEFAULT_MODEL);
+        assert_eq!(c.defaults.schedule.as_deref(), Some("heuristic"));
+        assert_eq!(c.defaults.draft_max, Some(4));
+        assert_eq!(c.draft_models.len(), 2);
+        assert_eq!(c.policy_limits.fuel_per_call, 1000);
+
+        std::fs::write(&file, r#"{"policy_limits": {"fuel": 1}}"#).unwrap();
+        let e = ServerConfig::from_args(&a).unwrap_err();
+        assert!(format!("{e:#}").contains("fuel"), "{e:#}");
+        std::fs::write(&file, r#"{"prot": 1}"#).unwrap();
+        assert!(ServerConfig::from_args(&a).is_err());
+        let bad = ServeArgs {
+            draft_models: vec!["noequals".into()],
+            ..Default::default()
+        };
+        assert!(ServerConfig::from_args(&bad).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

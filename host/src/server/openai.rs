@@ -272,9 +272,11 @@ pub async fn chat_completions(
         let role = match m.role.as_str() {
             "developer" => "system",
             r @ ("system" | "user" | "assistant" | "tool") => r,
-            r => return Err(oa(ApiError::bad(format!(
+            r => {
+                return Err(oa(ApiError::bad(format!(
                 "messages[{i}].role {r:?} is not one of system, developer, user, assistant, tool"
-            )))),
+            ))))
+            }
         };
         msgs.push(ChatMessage::new(
             role,
