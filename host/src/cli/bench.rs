@@ -1,9 +1,49 @@
 //! `specd bench`: decode speed, BLAS scaling, speculation.
-use anyhow::Result;
+use super::generate::{load_engine, SamplingArgs, SpecArgs};
+use super::ModelArg;
+use anyhow::{Context, Result};
 use clap::Subcommand;
+use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
+    /// Prefill and decode tokens/s of plain greedy decoding.
+    Decode {
+        #[command(flatten)]
+        model: ModelArg,
+        #[arg(long, default_value_t = 256)]
+        max_tokens: usize,
+    },
+    /// Speculative vs plain decoding, interleaved, per drafter x schedule x acceptance.
+    Spec {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Comma-separated drafters.
+        #[arg(long, default_value = "ngram,self:30")]
+        drafters: String,
+        /// Comma-separated schedules.
+        #[arg(long, default_value = "constant,heuristic,throughput")]
+        schedules: String,
+        /// Comma-separated acceptance policies (default: greedy, or rejection above temperature 0).
+        #[arg(long)]
+        acceptances: Option<String>,
+        /// grounded, open, or all; or a JSONL file of {"prompt": ..., "suite": ...}.
+        #[arg(long, default_value = "all")]
+        prompts: String,
+        #[arg(long, default_value_t = 96)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 1)]
+        repeats: usize,
+        #[arg(long)]
+        draft_max: Option<usize>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
+        /// Write every cell as JSON here (and CSV next to it).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// MLX matmul of 1 row vs 8 rows against a 2048x2048 float32 matrix.
     Blas {
         #[arg(long, default_value_t = 50)]
@@ -14,6 +54,62 @@ pub enum BenchCmd {
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Blas { iters } => blas(iters),
+        BenchCmd::Decode { model, max_tokens } => {
+            let e = load_engine(&model.model, &no_spec())?;
+            let r = crate::bench::decode(&e, max_tokens)?;
+            println!(
+                "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
+                r.prompt_tokens, r.prefill_tps, r.generated_tokens, r.decode_tps
+            );
+            Ok(())
+        }
+        BenchCmd::Spec {
+            model,
+            drafters,
+            schedules,
+            acceptances,
+            prompts,
+            max_tokens,
+            repeats,
+            draft_max,
+            sampling,
+            policy_dir,
+            json,
+        } => {
+            let mut spec_args = no_spec();
+            spec_args.policy_dir = policy_dir;
+            let e = load_engine(&model.model, &spec_args)?;
+            let params = sampling.params();
+            params.validate()?;
+            let list = |s: &str| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect::<Vec<_>>();
+            let acceptances = acceptances.unwrap_or_else(|| if params.greedy() { "greedy".into() } else { "rejection".into() });
+            let b = crate::bench::SpecBench {
+                drafters: list(&drafters),
+                schedules: list(&schedules),
+                acceptances: list(&acceptances),
+                max_tokens,
+                repeats: repeats.max(1),
+                draft_max,
+                params,
+                suites: suites(&prompts)?,
+            };
+            let cells = crate::bench::spec(&e, &b, &mut |m| eprintln!("{m}"))?;
+            print!("{}", crate::bench::table(&cells));
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&cells)?).with_context(|| format!("writing {}", p.display()))?;
+                let mut csv = String::from("suite,drafter,schedule,acceptance,tokens_per_second,plain_tokens_per_second,speedup,speedup_min,speedup_median,speedup_max,acceptance_rate,mean_accepted,mean_draft,policy_share,identical_to_plain,runs\n");
+                for c in &cells {
+                    csv += &format!(
+                        "{},{},{},{},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.6},{},{}\n",
+                        c.suite, c.drafter, c.schedule, c.acceptance, c.tokens_per_second, c.plain_tokens_per_second,
+                        c.speedup, c.speedup_min, c.speedup_median, c.speedup_max, c.acceptance_rate, c.mean_accepted,
+                        c.mean_draft, c.policy_share, c.identical_to_plain, c.runs
+                    );
+                }
+                std::fs::write(p.with_extension("csv"), csv)?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -44,4 +140,39 @@ fn blas(iters: usize) -> Result<()> {
     println!("matmul [8x{n}]x[{n}x{n}]: {:.3} ms", t8 * 1e3);
     println!("8 rows / 1 row: {:.2}x", t8 / t1);
     Ok(())
+}
+
+fn no_spec() -> SpecArgs {
+    SpecArgs {
+        drafter: None,
+        schedule: None,
+        acceptance: None,
+        draft_max: None,
+        schedule_config: None,
+        acceptance_config: None,
+        policy_dir: None,
+    }
+}
+
+fn suites(spec: &str) -> Result<Vec<(String, Vec<String>)>> {
+    let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    Ok(match spec {
+        "grounded" => vec![("grounded".into(), own(&crate::bench::GROUNDED))],
+        "open" => vec![("open".into(), own(&crate::bench::OPEN))],
+        "all" => vec![("grounded".into(), own(&crate::bench::GROUNDED)), ("open".into(), own(&crate::bench::OPEN))],
+        path => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading prompt file {path}"))?;
+            let mut by: Vec<(String, Vec<String>)> = Vec::new();
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{path}:{}: not JSON", i + 1))?;
+                let p = v["prompt"].as_str().with_context(|| format!("{path}:{}: no \"prompt\" string", i + 1))?;
+                let suite = v["suite"].as_str().unwrap_or("user").to_string();
+                match by.iter_mut().find(|(s, _)| *s == suite) {
+                    Some((_, ps)) => ps.push(p.to_string()),
+                    None => by.push((suite, vec![p.to_string()])),
+                }
+            }
+            by
+        }
+    })
 }

@@ -110,7 +110,8 @@ impl SpecState {
             .iter()
             .zip(&self.kept)
             .take_while(|(r, _)| **r > 0)
-            .map(|(r, k)| *k as f64 / *r as f64)
+            // Laplace-smoothed: one early rejection must not read as "never".
+            .map(|(r, k)| (*k as f64 + 1.0) / (*r as f64 + 2.0))
             .collect();
         let start = self.recent.len().saturating_sub(RECENT_ROUNDS);
         ScheduleInput {

@@ -226,7 +226,14 @@ impl ScheduleLogic for HeuristicTransient {
 pub struct Throughput {
     pub initial: u32,
     pub prior: f64,
+    /// Rounds in a row it answered 0; after `PROBE_AFTER` it drafts a
+    /// little again, so one bad early round cannot switch speculation off for
+    /// the rest of the request (with k = 0 nothing new is ever measured).
+    pub zeros: u32,
 }
+
+/// Consecutive plain rounds before a probe.
+pub const PROBE_AFTER: u32 = 8;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -285,6 +292,7 @@ impl ScheduleLogic for Throughput {
         Ok(Throughput {
             initial: c.initial,
             prior: c.prior,
+            zeros: 0,
         })
     }
     fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
@@ -326,6 +334,15 @@ impl ScheduleLogic for Throughput {
             if rate > best.1 * (1.0 + 1e-9) {
                 best = (k, rate);
             }
+        }
+        if best.0 == 0 {
+            self.zeros += 1;
+            if self.zeros >= PROBE_AFTER {
+                self.zeros = 0;
+                return 2.min(kmax);
+            }
+        } else {
+            self.zeros = 0;
         }
         best.0
     }
