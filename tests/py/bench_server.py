@@ -28,18 +28,18 @@ from conftest import MODEL, Server, server_bin  # noqa: E402
 PROMPT = "Write a short story about a dragon who learns to bake bread."
 
 
-def cli_run(tokens: int) -> dict:
+def cli_run(tokens: int, prompt: str = PROMPT) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         subprocess.run([str(server_bin()), "generate", "--chat", "--max-tokens", str(tokens),
-                        "--stats-json", f.name, PROMPT], check=True, capture_output=True)
+                        "--stats-json", f.name, prompt], check=True, capture_output=True)
         s = json.load(open(f.name))
     return {"decode_tps": s["generated_tokens"] / s["decode_seconds"],
             "e2e_tps": s["generated_tokens"] / (s["prompt_seconds"] + s["decode_seconds"]),
             "tokens": s["generated_tokens"], "ttft": None}
 
 
-def http_run(url: str, tokens: int) -> dict:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+def http_run(url: str, tokens: int, prompt: str = PROMPT) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
             "options": {"num_predict": tokens}}
     t0 = time.perf_counter()
     first = last = None
@@ -73,8 +73,11 @@ def main() -> None:
         http_run(srv.url, 8)  # warm-up
         cli, web = [], []
         for i in range(a.runs):
-            cli.append(cli_run(a.tokens))
-            web.append(http_run(srv.url, a.tokens))
+            # A new prompt each run: the server's prefix cache only reuses
+            # the shared chat-template prefix, as for a new conversation.
+            prompt = f"{PROMPT} (Story number {i + 1}.)"
+            cli.append(cli_run(a.tokens, prompt))
+            web.append(http_run(srv.url, a.tokens, prompt))
             print(f"run {i}: cli {cli[-1]}\n       http {web[-1]}", flush=True)
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     print(f"\nmedians over {a.runs} runs, {a.tokens} tokens max:")
