@@ -32,6 +32,14 @@ fn main() {
         .expect("repository root");
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-env-changed=SPECD_PLUGINS_PREBUILT");
+    println!(
+        "cargo:rerun-if-changed={}",
+        root.join("Cargo.lock").display()
+    );
+    println!(
+        "cargo:rustc-env=SPECD_WASMTIME_VERSION={}",
+        locked_version(&root.join("Cargo.lock"), "wasmtime")
+    );
     for p in [
         "wit",
         "plugins/Cargo.toml",
@@ -107,4 +115,23 @@ fn build_plugins(root: &Path, out: &Path) {
             script.display()
         );
     }
+}
+
+/// The version of `package` in Cargo.lock (part of the compiled-component
+/// cache key); "unknown" if it cannot be read.
+fn locked_version(lock: &Path, package: &str) -> String {
+    let text = std::fs::read_to_string(lock).unwrap_or_default();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() == format!("name = \"{package}\"") {
+            if let Some(v) = lines
+                .next()
+                .and_then(|l| l.trim().strip_prefix("version = \""))
+                .and_then(|v| v.strip_suffix('"'))
+            {
+                return v.to_string();
+            }
+        }
+    }
+    "unknown".to_string()
 }

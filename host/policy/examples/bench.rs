@@ -20,7 +20,7 @@ fn main() -> anyhow::Result<()> {
     let t = std::time::Instant::now();
     let host = PolicyHost::new(HostConfig::default())?;
     println!(
-        "PolicyHost::new (compiles {} built-ins): {:.1} ms",
+        "PolicyHost::new ({} built-ins, each compiled on first use or loaded from the disk cache): {:.1} ms",
         host.list().len(),
         t.elapsed().as_secs_f64() * 1e3
     );

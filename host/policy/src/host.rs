@@ -1,5 +1,6 @@
 //! The policy host: engine, registry, component cache, carried state.
 
+use crate::cache::{inspect, sha256_hex, DiskCache};
 use crate::metrics::Metrics;
 use crate::sandbox::{bind_acceptance, bind_schedule, chain, HostState};
 use crate::wasm::{WasmAcceptance, WasmSchedule};
@@ -8,10 +9,9 @@ use crate::{
     PolicyInfo, PolicySource, RegistryError, Schedule, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
 };
 use anyhow::Context as _;
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
@@ -29,6 +29,8 @@ pub(crate) struct Inner {
     /// Carried schedule state: (policy sha256, model key, canonical config) -> bytes.
     carried: Mutex<HashMap<(String, String, String), Vec<u8>>>,
     pub metrics: Metrics,
+    /// Compiled components on disk (`HostConfig::cache_dir`).
+    disk_cache: Option<DiskCache>,
 }
 
 #[derive(Default)]
@@ -44,14 +46,46 @@ struct NameEntry {
     source: PolicySource,
 }
 
-/// A compiled, pre-instantiated component.
+/// A registered component: its metadata, and the compiled, pre-instantiated
+/// component, made on first use for the built-ins (their metadata comes from
+/// [`inspect`]) and at registration for everything else.
 pub(crate) struct Loaded {
     pub sha256: String,
     pub exports: Exports,
     pub imports_wasi: bool,
     pub size: usize,
+    /// The bytes of a component compiled lazily (the embedded built-ins).
+    lazy_bytes: Option<&'static [u8]>,
+    compiled: OnceLock<Result<Compiled, CheckError>>,
+}
+
+/// Pre-instantiated bindings of a compiled component.
+pub(crate) struct Compiled {
     pub schedule: Option<bind_schedule::SchedulePolicyPre<HostState>>,
     pub acceptance: Option<bind_acceptance::AcceptancePolicyPre<HostState>>,
+}
+
+impl Loaded {
+    /// The compiled component, compiling it now if it is not yet (once;
+    /// concurrent callers wait for the first).
+    fn compiled(&self, inner: &Inner) -> Result<&Compiled, CheckError> {
+        self.compiled
+            .get_or_init(|| {
+                let Some(bytes) = self.lazy_bytes else {
+                    return Err(CheckError::Invalid("component was never compiled".into()));
+                };
+                let (exports, imports_wasi, compiled) = inner.compile(bytes, &self.sha256)?;
+                if exports != self.exports || imports_wasi != self.imports_wasi {
+                    return Err(CheckError::Invalid(format!(
+                        "its type information (exports {exports}, imports WASI {imports_wasi}) disagrees with what was read from its bytes (exports {}, imports WASI {})",
+                        self.exports, self.imports_wasi
+                    )));
+                }
+                Ok(compiled)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
 }
 
 /// The WASI 0.2 interfaces the deny-all WASI provides (anything else is refused).
@@ -63,15 +97,6 @@ const DENY_ALL_WASI: [&str; 6] = [
     "wasi:filesystem/",
     "wasi:sockets/",
 ];
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut s = String::with_capacity(64);
-    for b in digest {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -93,7 +118,9 @@ pub(crate) fn canonical_config(config: &str) -> Result<String, String> {
 }
 
 impl PolicyHost {
-    /// Makes the engine and loads the built-in policies.
+    /// Makes the engine and registers the built-in policies.  Cheap: a
+    /// built-in is compiled on first use (or loaded from the on-disk cache,
+    /// [`HostConfig::cache_dir`]); its exports are read from its bytes.
     pub fn new(cfg: HostConfig) -> anyhow::Result<Self> {
         let mut pool = PoolingAllocationConfig::default();
         let slots = cfg.max_instances.max(1);
@@ -128,6 +155,10 @@ impl PolicyHost {
             .map_err(|e| anyhow::anyhow!("adding deny-all WASI: {}", chain(&e)))?;
         crate::sandbox::freeze_sleeps(&mut linker)
             .map_err(|e| anyhow::anyhow!("adding deny-all WASI: {}", chain(&e)))?;
+        let disk_cache = cfg
+            .cache_dir
+            .clone()
+            .map(|dir| DiskCache::new(dir, &engine));
         let host = PolicyHost {
             inner: Arc::new(Inner {
                 engine,
@@ -136,11 +167,13 @@ impl PolicyHost {
                 registry: RwLock::new(Registry::default()),
                 carried: Mutex::new(HashMap::new()),
                 metrics: Metrics::default(),
+                disk_cache,
             }),
         };
         for (name, bytes) in crate::builtin::builtin_components() {
             let loaded = host
-                .load(bytes)
+                .inner
+                .load_lazy(bytes)
                 .map_err(|e| anyhow::anyhow!("built-in policy {name}: {e}"))?;
             let mut reg = host.inner.registry.write().unwrap();
             reg.names.insert(
@@ -223,7 +256,7 @@ impl PolicyHost {
             .cloned();
         let loaded = match cached {
             Some(l) => l,
-            None => self.load(bytes)?,
+            None => self.inner.load(bytes)?,
         };
         let mut reg = self.inner.registry.write().unwrap();
         if reg.names.get(name).is_some_and(|e| e.builtin) {
@@ -302,7 +335,7 @@ impl PolicyHost {
 
     /// Validates a component without registering it (`specd policy check`).
     pub fn check(&self, bytes: &[u8]) -> Result<PolicyInfo, CheckError> {
-        let loaded = self.load(bytes)?;
+        let loaded = self.inner.load(bytes)?;
         Ok(PolicyInfo {
             name: String::new(),
             sha256: loaded.sha256.clone(),
@@ -314,106 +347,6 @@ impl PolicyHost {
         })
     }
 
-    /// Compiles and pre-instantiates a component, checking it against the WIT.
-    fn load(&self, bytes: &[u8]) -> Result<Arc<Loaded>, CheckError> {
-        let limit = self.inner.cfg.max_component_bytes;
-        if bytes.len() > limit {
-            return Err(CheckError::TooLarge {
-                size: bytes.len(),
-                limit,
-            });
-        }
-        if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-            return Err(CheckError::NotWasm);
-        }
-        // Core modules have layer 0 (version 1), components layer 1.
-        if bytes[6..8] == [0, 0] {
-            return Err(CheckError::NotAComponent);
-        }
-        let hash = sha256_hex(bytes);
-        if let Some(l) = self.inner.registry.read().unwrap().by_hash.get(&hash) {
-            return Ok(l.clone());
-        }
-        let engine = &self.inner.engine;
-        let component =
-            Component::new(engine, bytes).map_err(|e| CheckError::Invalid(chain(&e)))?;
-        let ty = component.component_type();
-
-        let mut imports_wasi = false;
-        for (name, _) in ty.imports(engine) {
-            if DENY_ALL_WASI.iter().any(|p| name.starts_with(p)) && name.contains("@0.2.") {
-                imports_wasi = true;
-            } else {
-                return Err(CheckError::ForbiddenImport {
-                    name: name.to_string(),
-                    detail: String::new(),
-                });
-            }
-        }
-        let export_names: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
-        let exports = Exports {
-            schedule: export_names.iter().any(|n| n == SCHEDULE_EXPORT),
-            acceptance: export_names.iter().any(|n| n == ACCEPTANCE_EXPORT),
-        };
-        if !exports.schedule && !exports.acceptance {
-            let other: Vec<String> = export_names
-                .iter()
-                .filter(|n| {
-                    n.starts_with("specd:policy/schedule@")
-                        || n.starts_with("specd:policy/acceptance@")
-                })
-                .cloned()
-                .collect();
-            if !other.is_empty() {
-                return Err(CheckError::WrongVersion { found: other });
-            }
-            return Err(CheckError::MissingExport {
-                exports: export_names,
-            });
-        }
-
-        let pre = self.inner.linker.instantiate_pre(&component).map_err(|e| {
-            let detail = chain(&e);
-            // Name the import wasmtime could not satisfy (e.g. wasi:http).
-            let name = detail
-                .split('`')
-                .nth(1)
-                .map(str::to_string)
-                .unwrap_or_else(|| "an import".to_string());
-            CheckError::ForbiddenImport { name, detail }
-        })?;
-        let schedule = if exports.schedule {
-            Some(
-                bind_schedule::SchedulePolicyPre::new(pre.clone()).map_err(|e| {
-                    CheckError::Mismatch {
-                        export: SCHEDULE_EXPORT.into(),
-                        detail: chain(&e),
-                    }
-                })?,
-            )
-        } else {
-            None
-        };
-        let acceptance = if exports.acceptance {
-            Some(bind_acceptance::AcceptancePolicyPre::new(pre).map_err(|e| {
-                CheckError::Mismatch {
-                    export: ACCEPTANCE_EXPORT.into(),
-                    detail: chain(&e),
-                }
-            })?)
-        } else {
-            None
-        };
-        Ok(Arc::new(Loaded {
-            sha256: hash,
-            exports,
-            imports_wasi,
-            size: bytes.len(),
-            schedule,
-            acceptance,
-        }))
-    }
-
     fn lookup(&self, name_or_hash: &str) -> Option<Arc<Loaded>> {
         let reg = self.inner.registry.read().unwrap();
         let hash = match reg.names.get(name_or_hash) {
@@ -421,6 +354,18 @@ impl PolicyHost {
             None => reg.resolve_hash(name_or_hash)?,
         };
         reg.by_hash.get(&hash).cloned()
+    }
+
+    /// The compiled component (compiling a built-in on first use); a failure
+    /// is an `instantiate` error of the request.
+    fn compiled<'a>(&self, name: &str, loaded: &'a Loaded) -> Result<&'a Compiled, PolicyError> {
+        loaded.compiled(&self.inner).map_err(|e| {
+            self.fail(PolicyError::new(
+                name,
+                PolicyErrorKind::Instantiate,
+                format!("compiling the component: {e}"),
+            ))
+        })
     }
 
     fn fail(&self, err: PolicyError) -> PolicyError {
@@ -445,11 +390,18 @@ impl PolicyHost {
                 "no policy by that name or hash",
             ))
         })?;
-        let Some(pre) = loaded.schedule.clone() else {
+        if !loaded.exports.schedule {
             return Err(self.fail(PolicyError::new(
                 name_or_hash,
                 PolicyErrorKind::NotFound,
                 format!("the component exports no schedule ({SCHEDULE_EXPORT}); it is an acceptance policy"),
+            )));
+        }
+        let Some(pre) = self.compiled(name_or_hash, &loaded)?.schedule.clone() else {
+            return Err(self.fail(PolicyError::new(
+                name_or_hash,
+                PolicyErrorKind::Instantiate,
+                "compiled without schedule bindings",
             )));
         };
         let config = canonical_config(config_json)
@@ -484,13 +436,20 @@ impl PolicyHost {
                 "no policy by that name or hash",
             ))
         })?;
-        let Some(pre) = loaded.acceptance.clone() else {
+        if !loaded.exports.acceptance {
             return Err(self.fail(PolicyError::new(
                 name_or_hash,
                 PolicyErrorKind::NotFound,
                 format!(
                     "the component exports no acceptance ({ACCEPTANCE_EXPORT}); it is a schedule"
                 ),
+            )));
+        }
+        let Some(pre) = self.compiled(name_or_hash, &loaded)?.acceptance.clone() else {
+            return Err(self.fail(PolicyError::new(
+                name_or_hash,
+                PolicyErrorKind::Instantiate,
+                "compiled without acceptance bindings",
             )));
         };
         let config = canonical_config(config_json)
@@ -527,6 +486,141 @@ impl PolicyHost {
 }
 
 impl Inner {
+    /// Size and header checks common to every way in.
+    fn check_header(&self, bytes: &[u8]) -> Result<(), CheckError> {
+        let limit = self.cfg.max_component_bytes;
+        if bytes.len() > limit {
+            return Err(CheckError::TooLarge {
+                size: bytes.len(),
+                limit,
+            });
+        }
+        if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+            return Err(CheckError::NotWasm);
+        }
+        // Core modules have layer 0 (version 1), components layer 1.
+        if bytes[6..8] == [0, 0] {
+            return Err(CheckError::NotAComponent);
+        }
+        Ok(())
+    }
+
+    /// Registers a built-in without compiling it: its imports and exports
+    /// are read from its bytes and checked; it is compiled on first use.
+    fn load_lazy(&self, bytes: &'static [u8]) -> Result<Arc<Loaded>, CheckError> {
+        self.check_header(bytes)?;
+        let found = inspect(bytes).map_err(CheckError::Invalid)?;
+        let (exports, imports_wasi) =
+            check_imports_exports(found.imports.iter().map(String::as_str), found.exports)?;
+        Ok(Arc::new(Loaded {
+            sha256: sha256_hex(bytes),
+            exports,
+            imports_wasi,
+            size: bytes.len(),
+            lazy_bytes: Some(bytes),
+            compiled: OnceLock::new(),
+        }))
+    }
+
+    /// Compiles (or takes from the caches) and pre-instantiates a component,
+    /// checking it against the WIT.
+    fn load(&self, bytes: &[u8]) -> Result<Arc<Loaded>, CheckError> {
+        self.check_header(bytes)?;
+        let hash = sha256_hex(bytes);
+        let known = self.registry.read().unwrap().by_hash.get(&hash).cloned();
+        if let Some(l) = known {
+            l.compiled(self)?;
+            return Ok(l);
+        }
+        let (exports, imports_wasi, compiled) = self.compile(bytes, &hash)?;
+        Ok(Arc::new(Loaded {
+            sha256: hash,
+            exports,
+            imports_wasi,
+            size: bytes.len(),
+            lazy_bytes: None,
+            compiled: OnceLock::from(Ok(compiled)),
+        }))
+    }
+
+    /// The wasmtime component: from the disk cache, else compiled with
+    /// Cranelift (and then cached).
+    fn component(&self, bytes: &[u8], hash: &str) -> Result<Component, CheckError> {
+        let t = Instant::now();
+        if let Some(c) = self
+            .disk_cache
+            .as_ref()
+            .and_then(|d| d.load(&self.engine, hash))
+        {
+            tracing::debug!(
+                sha256 = hash,
+                ms = t.elapsed().as_secs_f64() * 1e3,
+                "policy component loaded from the disk cache"
+            );
+            return Ok(c);
+        }
+        let c = Component::new(&self.engine, bytes).map_err(|e| CheckError::Invalid(chain(&e)))?;
+        tracing::debug!(
+            sha256 = hash,
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "policy component compiled"
+        );
+        if let Some(d) = &self.disk_cache {
+            d.store(&c, hash);
+        }
+        Ok(c)
+    }
+
+    fn compile(&self, bytes: &[u8], hash: &str) -> Result<(Exports, bool, Compiled), CheckError> {
+        let engine = &self.engine;
+        let component = self.component(bytes, hash)?;
+        let ty = component.component_type();
+        let (exports, imports_wasi) = check_imports_exports(
+            ty.imports(engine).map(|(n, _)| n),
+            ty.exports(engine).map(|(n, _)| n.to_string()).collect(),
+        )?;
+        let pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            let detail = chain(&e);
+            // Name the import wasmtime could not satisfy (e.g. wasi:http).
+            let name = detail
+                .split('`')
+                .nth(1)
+                .map(str::to_string)
+                .unwrap_or_else(|| "an import".to_string());
+            CheckError::ForbiddenImport { name, detail }
+        })?;
+        let schedule = if exports.schedule {
+            Some(
+                bind_schedule::SchedulePolicyPre::new(pre.clone()).map_err(|e| {
+                    CheckError::Mismatch {
+                        export: SCHEDULE_EXPORT.into(),
+                        detail: chain(&e),
+                    }
+                })?,
+            )
+        } else {
+            None
+        };
+        let acceptance = if exports.acceptance {
+            Some(bind_acceptance::AcceptancePolicyPre::new(pre).map_err(|e| {
+                CheckError::Mismatch {
+                    export: ACCEPTANCE_EXPORT.into(),
+                    detail: chain(&e),
+                }
+            })?)
+        } else {
+            None
+        };
+        Ok((
+            exports,
+            imports_wasi,
+            Compiled {
+                schedule,
+                acceptance,
+            },
+        ))
+    }
+
     /// Stores (or clears) carried state at the end of a request.
     pub fn store_carried(&self, key: (String, String, String), bytes: Option<Vec<u8>>) {
         let mut map = self.carried.lock().unwrap();
@@ -566,6 +660,45 @@ impl Registry {
             self.by_hash.remove(hash);
         }
     }
+}
+
+/// Which interfaces a component exports and whether it imports WASI, from
+/// its top-level import and export names; refuses what does not fit.
+fn check_imports_exports<'a>(
+    imports: impl Iterator<Item = &'a str>,
+    export_names: Vec<String>,
+) -> Result<(Exports, bool), CheckError> {
+    let mut imports_wasi = false;
+    for name in imports {
+        if DENY_ALL_WASI.iter().any(|p| name.starts_with(p)) && name.contains("@0.2.") {
+            imports_wasi = true;
+        } else {
+            return Err(CheckError::ForbiddenImport {
+                name: name.to_string(),
+                detail: String::new(),
+            });
+        }
+    }
+    let exports = Exports {
+        schedule: export_names.iter().any(|n| n == SCHEDULE_EXPORT),
+        acceptance: export_names.iter().any(|n| n == ACCEPTANCE_EXPORT),
+    };
+    if !exports.schedule && !exports.acceptance {
+        let other: Vec<String> = export_names
+            .iter()
+            .filter(|n| {
+                n.starts_with("specd:policy/schedule@") || n.starts_with("specd:policy/acceptance@")
+            })
+            .cloned()
+            .collect();
+        if !other.is_empty() {
+            return Err(CheckError::WrongVersion { found: other });
+        }
+        return Err(CheckError::MissingExport {
+            exports: export_names,
+        });
+    }
+    Ok((exports, imports_wasi))
 }
 
 fn info_of(name: &str, e: &NameEntry, l: &Loaded) -> PolicyInfo {

@@ -28,7 +28,12 @@
 //!   `Arc`).  It holds one wasmtime `Engine` (pooling allocator, fuel), the
 //!   registry of policies (built-ins, `--policy-dir`, uploads) and, per
 //!   component content hash (sha256), the compiled and pre-instantiated
-//!   component.
+//!   component.  Making it is cheap (milliseconds): a built-in is compiled
+//!   on first use, its exports read from its bytes without compiling; a
+//!   user component is compiled (and fully checked) when it is added.
+//!   Compiled components are also cached on disk
+//!   ([`HostConfig::cache_dir`], default `$SPECD_HOME/policies/cache`), so
+//!   a later process deserializes instead of running Cranelift.
 //! * [`PolicyHost::schedule`] / [`PolicyHost::acceptance`] make the
 //!   per-request objects: each owns its own wasmtime `Store` and a fresh
 //!   instance, so requests never share guest state.  Drop them at the end of
@@ -61,6 +66,7 @@
 
 mod bench;
 mod builtin;
+mod cache;
 mod host;
 mod metrics;
 pub mod native;
@@ -108,6 +114,13 @@ pub struct HostConfig {
     pub max_instances: u32,
     /// Largest carried schedule state kept between requests (bytes).
     pub carried_state_limit_bytes: usize,
+    /// Where compiled components are cached across processes (wasmtime
+    /// artifacts keyed by component sha256, wasmtime version and engine
+    /// configuration; written atomically, ignored when unusable); `None`:
+    /// no disk cache.  Default `$SPECD_HOME/policies/cache`, `SPECD_HOME`
+    /// defaulting to `~/.cache/specd`.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for HostConfig {
@@ -119,6 +132,7 @@ impl Default for HostConfig {
             max_component_bytes: 16 << 20,
             max_instances: 256,
             carried_state_limit_bytes: 64 << 10,
+            cache_dir: cache::default_cache_dir(),
         }
     }
 }

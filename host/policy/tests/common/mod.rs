@@ -8,7 +8,16 @@ use std::sync::OnceLock;
 
 pub fn host() -> &'static PolicyHost {
     static HOST: OnceLock<PolicyHost> = OnceLock::new();
-    HOST.get_or_init(|| PolicyHost::new(HostConfig::default()).expect("policy host"))
+    HOST.get_or_init(|| PolicyHost::new(test_config()).expect("policy host"))
+}
+
+/// The default limits, with the compiled-component cache under the test
+/// target directory (not the user's `$SPECD_HOME`).
+pub fn test_config() -> HostConfig {
+    HostConfig {
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("policy-cache")),
+        ..HostConfig::default()
+    }
 }
 
 /// The components build.rs produced (built-ins and test fixtures).
