@@ -2,6 +2,7 @@
 //! template, the policy host, draft models configured at start. It turns a
 //! request's names (drafter, schedule, acceptance) into a [`Speculation`]
 //! and runs the pipeline.
+use crate::cache::PrefixCache;
 use crate::model::{load_model, Llama, ModelFormat};
 use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
@@ -13,7 +14,6 @@ use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use crate::cache::PrefixCache;
 
 /// DESIGN.md's defaults.
 pub const DEFAULT_DRAFTER: &str = "ngram";
@@ -231,10 +231,21 @@ impl Engine {
             .map_err(|_| anyhow::anyhow!("prefix cache poisoned"))?
             .lookup(prompt);
         let (mut target, cached) = match hit {
-            Some(h) => (LlamaTarget::with_caches(self.model.clone(), h.caches), h.len),
+            Some(h) => (
+                LlamaTarget::with_caches(self.model.clone(), h.caches),
+                h.len,
+            ),
             None => (LlamaTarget::new(self.model.clone()), 0),
         };
-        let fin = pipeline::generate(&mut target, &self.tokenizer, prompt, cached, settings, spec, sink)?;
+        let fin = pipeline::generate(
+            &mut target,
+            &self.tokenizer,
+            prompt,
+            cached,
+            settings,
+            spec,
+            sink,
+        )?;
         // Keep only what was emitted (committed and streamed): nothing past
         // EOS, a stop string or the budget.
         let keep = target.offset().min(prompt.len() + fin.emitted.len());
@@ -256,7 +267,15 @@ impl Engine {
         sink: &mut Sink<'_>,
     ) -> Result<Finished> {
         let mut target = LlamaTarget::new(self.model.clone());
-        pipeline::generate(&mut target, &self.tokenizer, prompt, 0, settings, spec, sink)
+        pipeline::generate(
+            &mut target,
+            &self.tokenizer,
+            prompt,
+            0,
+            settings,
+            spec,
+            sink,
+        )
     }
 
     pub fn settings(
@@ -270,6 +289,7 @@ impl Engine {
             max_tokens,
             stop,
             context_length: self.context_length(),
+            record: false,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod model;
 pub mod pipeline;
 pub mod sampling;
-pub mod speculation;
 pub mod server;
+pub mod speculation;
 pub mod store;
+pub mod trace;

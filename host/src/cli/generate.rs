@@ -119,6 +119,9 @@ pub struct GenerateArgs {
     /// Write the final stats as JSON here.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// Record every round (what the policies saw and answered) as a JSONL trace.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
     pub prompt: String,
 }
 
@@ -150,7 +153,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let engine = load_engine(&a.model.model, &a.spec)?;
     let prompt = engine.encode(&prompt_of(a.chat, a.system.as_deref(), &a.prompt))?;
     let spec = engine.speculation(&options, &params)?;
-    let settings = engine.settings(params, a.max_tokens, a.stop.clone());
+    let mut settings = engine.settings(params, a.max_tokens, a.stop.clone());
+    settings.record = a.record.is_some();
     let mut out = std::io::stdout().lock();
     let mut sink = |s: &str| {
         if !s.is_empty() {
@@ -184,6 +188,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     );
     if let Some(f) = &s.policy_failure {
         eprintln!("policy failure: {} ({}): {}", f.policy, f.kind, f.message);
+    }
+    if let Some(p) = &a.record {
+        crate::trace::write(p, &engine, &settings, &fin)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     if let Some(p) = &a.stats_json {
         std::fs::write(p, serde_json::to_string_pretty(s)?)

@@ -109,6 +109,8 @@ pub struct Settings {
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
     pub context_length: usize,
+    /// Keep a trace of every round (`--record`).
+    pub record: bool,
 }
 
 /// The outcome besides the streamed text.
@@ -118,6 +120,8 @@ pub struct Finished {
     pub log: Vec<u32>,
     /// Tokens streamed (EOS and anything after a stop excluded).
     pub emitted: Vec<u32>,
+    /// Rounds as the policies saw them, when `settings.record`.
+    pub trace: Vec<crate::speculation::RoundTrace>,
     /// Per committed token (`log[prompt.len()..]`), the target's top-2
     /// logit margin where it was chosen (near-tie diagnostics).
     pub margins: Vec<f32>,
@@ -171,6 +175,9 @@ pub fn generate(
     let prompt_seconds = t0.elapsed().as_secs_f64();
 
     let mut state = SpecState::new(spec);
+    if settings.record {
+        state.trace = Some(Vec::new());
+    }
     let mut rng = Rng::new(settings.params.seed);
     let mut log = prompt.to_vec();
     let mut emitted = Vec::new();
@@ -228,6 +235,7 @@ pub fn generate(
         }
     }
     let decode_seconds = t1.elapsed().as_secs_f64();
+    let trace = state.trace.take().unwrap_or_default();
     let counters = if done == DoneReason::Cancelled {
         state.counters.clone()
     } else {
@@ -240,5 +248,11 @@ pub fn generate(
     stats.decode_seconds = decode_seconds;
     stats.done_reason = done;
     stats.near_ties = near_ties;
-    Ok(Finished { stats, log, emitted, margins })
+    Ok(Finished {
+        stats,
+        log,
+        emitted,
+        margins,
+        trace,
+    })
 }

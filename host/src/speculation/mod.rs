@@ -7,14 +7,16 @@ pub mod drafter;
 pub mod stats;
 pub mod target;
 
+pub use self::RoundTrace as Round;
 pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
 pub use stats::{PolicyFailure, SpecCounters};
 pub use target::{LlamaTarget, Target};
 
 use crate::sampling::{distribution, sample_index, Distribution, Rng, SamplingParams};
 use anyhow::Result;
+use serde::{Deserialize, Serialize};
 use specd_policy::{
-    Acceptance, Correction, PolicyError, Position, RoundRecord, Schedule, ScheduleInput,
+    Acceptance, Correction, Decision, PolicyError, Position, RoundRecord, Schedule, ScheduleInput,
 };
 use std::time::Instant;
 
@@ -40,9 +42,34 @@ pub struct RoundOutcome {
     pub margins: Vec<f32>,
 }
 
+/// What one round showed the policies and what they answered: a line of a
+/// trace file (`--record`), replayed offline by `specd replay`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoundTrace {
+    pub round: u32,
+    /// What the schedule saw (absent when it was not asked: no speculation,
+    /// or no room to draft).
+    pub schedule_input: Option<ScheduleInput>,
+    /// Its answer.
+    pub k: u32,
+    /// Tokens the drafter actually proposed (<= k).
+    pub drafted: u32,
+    /// What the acceptance policy saw, one entry per draft.
+    pub positions: Vec<Position>,
+    pub decision: Option<Decision>,
+    pub accepted: u32,
+    /// Committed this round: accepted drafts, then the correction or bonus.
+    pub tokens: Vec<u32>,
+    pub draft_seconds: f64,
+    pub verify_seconds: f64,
+    pub policy_seconds: f64,
+}
+
 /// Per-request speculation state: the policies (until one fails) and what
 /// the schedule is told about past rounds.
 pub struct SpecState {
+    /// Rounds recorded when tracing.
+    pub trace: Option<Vec<RoundTrace>>,
     spec: Option<Speculation>,
     pub counters: SpecCounters,
     recent: Vec<RoundRecord>,
@@ -72,6 +99,7 @@ impl SpecState {
         }
         let n = spec.as_ref().map(|s| s.draft_max + 1).unwrap_or(1);
         SpecState {
+            trace: None,
             spec,
             counters,
             recent: Vec::new(),
@@ -146,6 +174,8 @@ impl SpecState {
             "caches hold all but the last committed token"
         );
         let round_no = self.counters.rounds as u32;
+        let policy_before = self.counters.policy_seconds;
+        let mut traced_input = None;
 
         // 1. k from the schedule (never more than the budget can use).
         let mut k = 0usize;
@@ -153,6 +183,9 @@ impl SpecState {
             let max_draft = spec.draft_max.min(budget_left.saturating_sub(1));
             if max_draft > 0 {
                 let input = self.schedule_input(round_no, generated, budget_left, max_draft);
+                if self.trace.is_some() {
+                    traced_input = Some(input.clone());
+                }
                 let t = Instant::now();
                 let r = self
                     .spec
@@ -170,13 +203,14 @@ impl SpecState {
 
         // 2. Draft.
         let mut draft = Draft::default();
+        let mut dt = 0.0;
         if k > 0 {
             let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
             let t = Instant::now();
             draft = spec.drafter.propose(log, k, params, rng)?;
             draft.tokens.truncate(k);
             draft.q.truncate(k);
-            let dt = t.elapsed().as_secs_f64();
+            dt = t.elapsed().as_secs_f64();
             self.counters.draft_seconds += dt;
             if !draft.tokens.is_empty() {
                 self.draft_seconds_per_token =
@@ -215,6 +249,7 @@ impl SpecState {
             ..Default::default()
         };
         let mut decision = None;
+        let mut traced_positions = Vec::new();
         if kd > 0 {
             let positions: Vec<Position> = (0..kd)
                 .map(|i| {
@@ -229,6 +264,9 @@ impl SpecState {
                     }
                 })
                 .collect();
+            if self.trace.is_some() {
+                traced_positions = positions.clone();
+            }
             let t = Instant::now();
             let r = self
                 .spec
@@ -304,11 +342,26 @@ impl SpecState {
         self.recent.push(RoundRecord {
             drafted: kd as u32,
             accepted: out.accepted as u32,
-            draft_seconds: 0.0,
+            draft_seconds: dt,
             verify_seconds: vt,
         });
         if self.recent.len() > 4 * RECENT_ROUNDS {
             self.recent.drain(..self.recent.len() - RECENT_ROUNDS);
+        }
+        if let Some(trace) = self.trace.as_mut() {
+            trace.push(RoundTrace {
+                round: round_no,
+                schedule_input: traced_input,
+                k: k as u32,
+                drafted: kd as u32,
+                positions: traced_positions,
+                decision,
+                accepted: out.accepted as u32,
+                tokens: out.tokens.clone(),
+                draft_seconds: dt,
+                verify_seconds: vt,
+                policy_seconds: self.counters.policy_seconds - policy_before,
+            });
         }
         Ok(out)
     }

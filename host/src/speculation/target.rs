@@ -46,12 +46,22 @@ impl LlamaTarget {
     pub fn first_layers(model: Arc<Llama>, n_layers: usize) -> Self {
         let n_layers = n_layers.clamp(1, model.layers.len());
         let caches = model.new_caches_n(n_layers);
-        LlamaTarget { model, caches, n_layers, snapshots: Vec::new() }
+        LlamaTarget {
+            model,
+            caches,
+            n_layers,
+            snapshots: Vec::new(),
+        }
     }
 
     pub fn with_caches(model: Arc<Llama>, caches: Vec<Box<dyn LayerCache>>) -> Self {
         let n_layers = caches.len();
-        LlamaTarget { model, caches, n_layers, snapshots: Vec::new() }
+        LlamaTarget {
+            model,
+            caches,
+            n_layers,
+            snapshots: Vec::new(),
+        }
     }
 
     fn collect_snapshots(&mut self) {
@@ -104,7 +114,9 @@ impl Target for LlamaTarget {
             let snap = snapshots
                 .get(i)
                 .and_then(|s| s.iter().find(|s| s.offset == offset))
-                .ok_or_else(|| anyhow::anyhow!("layer {i} cannot rewind to {offset} and has no snapshot there"))?;
+                .ok_or_else(|| {
+                    anyhow::anyhow!("layer {i} cannot rewind to {offset} and has no snapshot there")
+                })?;
             c.restore(snap);
         }
         Ok(())
@@ -117,6 +129,9 @@ impl Target for LlamaTarget {
     }
 
     fn snapshot_counts(&self) -> (usize, usize) {
-        self.caches.iter().map(|c| c.snapshot_counts()).fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+        self.caches
+            .iter()
+            .map(|c| c.snapshot_counts())
+            .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
     }
 }

@@ -19,8 +19,12 @@ fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
         let p = test_gguf();
-        Tokenizer::from_gguf_file(&p)
-            .unwrap_or_else(|e| panic!("the default model must be pulled for these tests ({}): {e:#}", p.display()))
+        Tokenizer::from_gguf_file(&p).unwrap_or_else(|e| {
+            panic!(
+                "the default model must be pulled for these tests ({}): {e:#}",
+                p.display()
+            )
+        })
     })
 }
 
@@ -44,7 +48,13 @@ struct FakeTarget {
 
 impl FakeTarget {
     fn new(script: Script) -> Self {
-        FakeTarget { vocab: 49152, seq: Vec::new(), script, pending: Vec::new(), taken: Vec::new() }
+        FakeTarget {
+            vocab: 49152,
+            seq: Vec::new(),
+            script,
+            pending: Vec::new(),
+            taken: Vec::new(),
+        }
     }
 }
 
@@ -63,7 +73,11 @@ impl Target for FakeTarget {
             rows.push((self.script)(&self.seq));
         }
         let end = self.seq.len();
-        self.taken = self.pending.drain(..).filter(|&o| o > start && o <= end).collect();
+        self.taken = self
+            .pending
+            .drain(..)
+            .filter(|&o| o > start && o <= end)
+            .collect();
         if !all {
             rows.drain(..rows.len() - 1);
         }
@@ -123,7 +137,11 @@ impl Drafter for ScriptedDrafter {
                 Some(n) if pos >= n => 2,
                 _ => w[pos % w.len()],
             };
-            tokens.push(if i >= self.wrong_at { w[(pos + 1) % w.len()] } else { right });
+            tokens.push(if i >= self.wrong_at {
+                w[(pos + 1) % w.len()]
+            } else {
+                right
+            });
         }
         let q = tokens.iter().map(|_| DraftProb::PointMass).collect();
         Ok(Draft { tokens, q })
@@ -133,7 +151,12 @@ impl Drafter for ScriptedDrafter {
     }
 }
 
-fn spec(drafter: Box<dyn Drafter>, schedule: &str, sched_cfg: &str, acceptance: &str) -> Speculation {
+fn spec(
+    drafter: Box<dyn Drafter>,
+    schedule: &str,
+    sched_cfg: &str,
+    acceptance: &str,
+) -> Speculation {
     Speculation {
         drafter,
         schedule: native::schedule(schedule, sched_cfg, None).unwrap(),
@@ -148,6 +171,7 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
         max_tokens,
         stop: stop.iter().map(|s| s.to_string()).collect(),
         context_length: 8192,
+        record: false,
     }
 }
 
@@ -160,9 +184,25 @@ fn prompt() -> Vec<u32> {
 fn greedy_rounds_keep_the_scripted_sequence() {
     for wrong_at in [0, 1, 3, 8] {
         let mut t = FakeTarget::new(cycle_script(None));
-        let s = spec(Box::new(ScriptedDrafter { wrong_at, eos_after: None }), "constant", r#"{"k":4}"#, "greedy");
-        let fin = pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &settings(Some(30), &[]), Some(s), &mut |_| true)
-            .unwrap();
+        let s = spec(
+            Box::new(ScriptedDrafter {
+                wrong_at,
+                eos_after: None,
+            }),
+            "constant",
+            r#"{"k":4}"#,
+            "greedy",
+        );
+        let fin = pipeline::generate(
+            &mut t,
+            tokenizer(),
+            &prompt(),
+            0,
+            &settings(Some(30), &[]),
+            Some(s),
+            &mut |_| true,
+        )
+        .unwrap();
         let w = words();
         let want: Vec<u32> = (12..42).map(|i| w[i % w.len()]).collect();
         assert_eq!(fin.emitted, want, "wrong_at {wrong_at}");
@@ -183,21 +223,41 @@ fn cancellation_at_every_point_keeps_caches_equal_to_the_log() {
     let mut calls_total = 0;
     for cancel_at in 1..60 {
         let mut t = FakeTarget::new(cycle_script(None));
-        let s = spec(Box::new(ScriptedDrafter { wrong_at: 2, eos_after: None }), "heuristic", "{}", "greedy");
+        let s = spec(
+            Box::new(ScriptedDrafter {
+                wrong_at: 2,
+                eos_after: None,
+            }),
+            "heuristic",
+            "{}",
+            "greedy",
+        );
         let mut calls = 0;
         let mut sink = |_: &str| {
             calls += 1;
             calls < cancel_at
         };
-        let fin = pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &settings(Some(24), &[]), Some(s), &mut sink)
-            .unwrap();
+        let fin = pipeline::generate(
+            &mut t,
+            tokenizer(),
+            &prompt(),
+            0,
+            &settings(Some(24), &[]),
+            Some(s),
+            &mut sink,
+        )
+        .unwrap();
         calls_total = calls_total.max(calls);
         if fin.stats.done_reason == DoneReason::Cancelled {
             assert!(calls == cancel_at, "cancelled at the call that said so");
         }
         // Prefill cancels before the log grows; afterwards caches hold all but the last committed token.
         assert_eq!(t.offset(), fin.log.len() - 1, "cancel_at {cancel_at}");
-        assert_eq!(t.snapshot_counts(), (0, 0), "cancel_at {cancel_at}: a snapshot leaked or stayed scheduled");
+        assert_eq!(
+            t.snapshot_counts(),
+            (0, 0),
+            "cancel_at {cancel_at}: a snapshot leaked or stayed scheduled"
+        );
         assert!(fin.emitted.len() <= 24);
     }
     assert!(calls_total > 20, "the sweep covered the whole run");
@@ -208,32 +268,83 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
     let w = words();
     // EOS inside a fully accepted run: nothing at or after it is emitted.
     let mut t = FakeTarget::new(cycle_script(Some(17)));
-    let s = spec(Box::new(ScriptedDrafter { wrong_at: 99, eos_after: Some(17) }), "constant", r#"{"k":8}"#, "greedy");
-    let fin = pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &settings(Some(50), &[]), Some(s), &mut |_| true)
-        .unwrap();
+    let s = spec(
+        Box::new(ScriptedDrafter {
+            wrong_at: 99,
+            eos_after: Some(17),
+        }),
+        "constant",
+        r#"{"k":8}"#,
+        "greedy",
+    );
+    let fin = pipeline::generate(
+        &mut t,
+        tokenizer(),
+        &prompt(),
+        0,
+        &settings(Some(50), &[]),
+        Some(s),
+        &mut |_| true,
+    )
+    .unwrap();
     assert_eq!(fin.stats.done_reason, DoneReason::Stop);
     assert_eq!(fin.emitted.len(), 17 - 12);
     assert!(!fin.emitted.contains(&2));
-    assert!(fin.log.len() > 12 + fin.emitted.len(), "the run was accepted past EOS and recorded");
+    assert!(
+        fin.log.len() > 12 + fin.emitted.len(),
+        "the run was accepted past EOS and recorded"
+    );
 
     // The budget cuts a run short.
     for max in [1, 2, 5, 9] {
         let mut t = FakeTarget::new(cycle_script(None));
-        let s = spec(Box::new(ScriptedDrafter { wrong_at: 99, eos_after: None }), "constant", r#"{"k":8}"#, "greedy");
-        let fin = pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &settings(Some(max), &[]), Some(s), &mut |_| true)
-            .unwrap();
+        let s = spec(
+            Box::new(ScriptedDrafter {
+                wrong_at: 99,
+                eos_after: None,
+            }),
+            "constant",
+            r#"{"k":8}"#,
+            "greedy",
+        );
+        let fin = pipeline::generate(
+            &mut t,
+            tokenizer(),
+            &prompt(),
+            0,
+            &settings(Some(max), &[]),
+            Some(s),
+            &mut |_| true,
+        )
+        .unwrap();
         assert_eq!(fin.emitted.len(), max);
         assert_eq!(fin.stats.done_reason, DoneReason::Length);
     }
 
     // A stop string in the middle of a run: the text ends before it.
     let mut t = FakeTarget::new(cycle_script(None));
-    let s = spec(Box::new(ScriptedDrafter { wrong_at: 99, eos_after: None }), "constant", r#"{"k":8}"#, "greedy");
+    let s = spec(
+        Box::new(ScriptedDrafter {
+            wrong_at: 99,
+            eos_after: None,
+        }),
+        "constant",
+        r#"{"k":8}"#,
+        "greedy",
+    );
     let mut text = String::new();
-    let fin = pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &settings(Some(40), &[" f g"]), Some(s), &mut |s| {
-        text.push_str(s);
-        true
-    })
+    let fin = pipeline::generate(
+        &mut t,
+        tokenizer(),
+        &prompt(),
+        0,
+        &settings(Some(40), &[" f g"]),
+        Some(s),
+        &mut |s| {
+            text.push_str(s);
+            true
+        },
+    )
     .unwrap();
     assert_eq!(fin.stats.done_reason, DoneReason::Stop);
     assert_eq!(text, " e");
@@ -247,17 +358,37 @@ impl Acceptance for Broken {
         "broken"
     }
     fn decide(&mut self, _: &[Position]) -> Result<Decision, PolicyError> {
-        Err(PolicyError::new("broken", PolicyErrorKind::Trap, "wasm trap: unreachable"))
+        Err(PolicyError::new(
+            "broken",
+            PolicyErrorKind::Trap,
+            "wasm trap: unreachable",
+        ))
     }
 }
 
 #[test]
 fn a_failing_policy_falls_back_to_plain_decoding() {
     let mut t = FakeTarget::new(cycle_script(None));
-    let mut s = spec(Box::new(ScriptedDrafter { wrong_at: 99, eos_after: None }), "constant", r#"{"k":4}"#, "greedy");
+    let mut s = spec(
+        Box::new(ScriptedDrafter {
+            wrong_at: 99,
+            eos_after: None,
+        }),
+        "constant",
+        r#"{"k":4}"#,
+        "greedy",
+    );
     s.acceptance = Box::new(Broken);
-    let fin =
-        pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &settings(Some(20), &[]), Some(s), &mut |_| true).unwrap();
+    let fin = pipeline::generate(
+        &mut t,
+        tokenizer(),
+        &prompt(),
+        0,
+        &settings(Some(20), &[]),
+        Some(s),
+        &mut |_| true,
+    )
+    .unwrap();
     let w = words();
     let want: Vec<u32> = (12..32).map(|i| w[i % w.len()]).collect();
     assert_eq!(fin.emitted, want);
@@ -277,7 +408,10 @@ impl Drafter for SampledDrafter {
     }
     fn propose(&mut self, _: &[u32], k: usize, _: &SamplingParams, rng: &mut Rng) -> Result<Draft> {
         let tokens: Vec<u32> = (0..k).map(|_| self.q.sample_with(rng.uniform())).collect();
-        let q = tokens.iter().map(|_| DraftProb::Dist(self.q.clone())).collect();
+        let q = tokens
+            .iter()
+            .map(|_| DraftProb::Dist(self.q.clone()))
+            .collect();
         Ok(Draft { tokens, q })
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
@@ -287,7 +421,11 @@ impl Drafter for SampledDrafter {
 
 fn chi_square(counts: &[u64], p: &[f64]) -> f64 {
     let n: u64 = counts.iter().sum();
-    counts.iter().zip(p).map(|(&c, &pi)| (c as f64 - n as f64 * pi).powi(2) / (n as f64 * pi)).sum()
+    counts
+        .iter()
+        .zip(p)
+        .map(|(&c, &pi)| (c as f64 - n as f64 * pi).powi(2) / (n as f64 * pi))
+        .sum()
 }
 
 #[test]
@@ -300,7 +438,12 @@ fn rejection_sampling_preserves_the_target_distribution() {
     for (i, &t) in ids.iter().enumerate() {
         q_probs[t as usize] = qv[i];
     }
-    let q = Distribution { argmax: ids[0], probs: q_probs, entropy: 0.0, margin: 0.0 };
+    let q = Distribution {
+        argmax: ids[0],
+        probs: q_probs,
+        entropy: 0.0,
+        margin: 0.0,
+    };
     let logits: Vec<f32> = {
         let mut v = vec![f32::NEG_INFINITY; vocab];
         for (i, &t) in ids.iter().enumerate() {
@@ -309,7 +452,11 @@ fn rejection_sampling_preserves_the_target_distribution() {
         v
     };
     let mut t = FakeTarget::new(Box::new(move |_: &[u32]| logits.clone()));
-    let params = SamplingParams { temperature: 1.0, seed: 1234, ..Default::default() };
+    let params = SamplingParams {
+        temperature: 1.0,
+        seed: 1234,
+        ..Default::default()
+    };
     let s = Speculation {
         drafter: Box::new(SampledDrafter { q }),
         schedule: native::schedule("constant", r#"{"k":3}"#, None).unwrap(),
@@ -323,9 +470,14 @@ fn rejection_sampling_preserves_the_target_distribution() {
     let mut drafted_counts = [0u64; 4];
     let mut n = 0;
     while n < 24_000 {
-        let out = st.round(&mut t, &log, &params, &mut rng, n, usize::MAX / 2).unwrap();
+        let out = st
+            .round(&mut t, &log, &params, &mut rng, n, usize::MAX / 2)
+            .unwrap();
         for &tok in &out.tokens {
-            counts[ids.iter().position(|&x| x == tok).expect("only support tokens")] += 1;
+            counts[ids
+                .iter()
+                .position(|&x| x == tok)
+                .expect("only support tokens")] += 1;
         }
         n += out.tokens.len();
         log.extend_from_slice(&out.tokens);
@@ -338,12 +490,18 @@ fn rejection_sampling_preserves_the_target_distribution() {
         let _ = &mut drafted_counts;
     }
     let c = st.counters.clone();
-    assert!(c.drafted > 0 && c.accepted > 0 && c.accepted < c.drafted, "{c:?}");
+    assert!(
+        c.drafted > 0 && c.accepted > 0 && c.accepted < c.drafted,
+        "{c:?}"
+    );
     let x2 = chi_square(&counts, &p);
     // df = 3: P(X2 > 16.27) = 0.001.
     assert!(x2 < 16.27, "chi-square {x2} for {counts:?} vs {p:?}");
     // And the draft distribution itself is far from p: the test can fail.
     let total: u64 = counts.iter().sum();
-    let qcounts: Vec<u64> = qv.iter().map(|&x| (x as f64 * total as f64) as u64).collect();
+    let qcounts: Vec<u64> = qv
+        .iter()
+        .map(|&x| (x as f64 * total as f64) as u64)
+        .collect();
     assert!(chi_square(&qcounts, &p) > 100.0);
 }

@@ -1,0 +1,105 @@
+//! Trace files (`--record FILE`): JSON lines. The first line is a header
+//! `{"specd_trace": 1, "model", "drafter", "schedule", "acceptance",
+//! "params", "stats"}`; every further line is one round
+//! ([`RoundTrace`](crate::speculation::RoundTrace)): the schedule's input and
+//! answer k, the drafted positions as the acceptance policy saw them (token,
+//! p, q, target argmax, entropy, uniform), its decision, the committed
+//! tokens, and the measured draft / verify / policy seconds.
+use crate::engine::Engine;
+use crate::pipeline::{Finished, Settings};
+use crate::speculation::RoundTrace;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+pub const TRACE_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Header {
+    pub specd_trace: u32,
+    pub model: String,
+    pub drafter: String,
+    pub schedule: String,
+    pub acceptance: String,
+    pub params: crate::sampling::SamplingParams,
+    pub stats: serde_json::Value,
+}
+
+pub fn header(engine: &Engine, settings: &Settings, fin: &Finished) -> Result<Header> {
+    Ok(Header {
+        specd_trace: TRACE_VERSION,
+        model: engine.name.clone(),
+        drafter: fin.stats.drafter.clone(),
+        schedule: fin.stats.schedule.clone(),
+        acceptance: fin.stats.acceptance.clone(),
+        params: settings.params.clone(),
+        stats: serde_json::to_value(&fin.stats)?,
+    })
+}
+
+/// Writes (or appends to, for several requests) a trace file.
+pub fn write(path: &Path, engine: &Engine, settings: &Settings, fin: &Finished) -> Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?,
+    );
+    writeln!(
+        f,
+        "{}",
+        serde_json::to_string(&header(engine, settings, fin)?)?
+    )?;
+    for r in &fin.trace {
+        writeln!(f, "{}", serde_json::to_string(r)?)?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// One recorded request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub header: Header,
+    pub rounds: Vec<RoundTrace>,
+}
+
+/// Reads every request of a trace file.
+pub fn read(path: &Path) -> Result<Vec<Recorded>> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut out: Vec<Recorded> = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+        if v.get("specd_trace").is_some() {
+            let header: Header = serde_json::from_value(v)
+                .with_context(|| format!("{}:{}: bad header", path.display(), i + 1))?;
+            if header.specd_trace != TRACE_VERSION {
+                bail!(
+                    "{}: trace version {} (this specd reads {TRACE_VERSION})",
+                    path.display(),
+                    header.specd_trace
+                );
+            }
+            out.push(Recorded {
+                header,
+                rounds: Vec::new(),
+            });
+        } else {
+            let r: RoundTrace = serde_json::from_value(v)
+                .with_context(|| format!("{}:{}: bad round", path.display(), i + 1))?;
+            out.last_mut()
+                .with_context(|| {
+                    format!("{}:{}: a round before any header", path.display(), i + 1)
+                })?
+                .rounds
+                .push(r);
+        }
+    }
+    Ok(out)
+}
