@@ -30,7 +30,13 @@ fn chat(text: &str) -> Prompt {
     Prompt::Chat(vec![ChatMessage::user(text)])
 }
 
-fn run_one(e: &Engine, prompt: &str, opts: &SpecOptions, params: &SamplingParams, max_tokens: usize) -> Result<Finished> {
+fn run_one(
+    e: &Engine,
+    prompt: &str,
+    opts: &SpecOptions,
+    params: &SamplingParams,
+    max_tokens: usize,
+) -> Result<Finished> {
     let ids = e.encode(&chat(prompt))?;
     let spec = e.speculation(opts, params)?;
     let settings = e.settings(params.clone(), Some(max_tokens), vec![]);
@@ -47,15 +53,23 @@ pub struct DecodeReport {
 
 /// Plain greedy prefill and decode speed.
 pub fn decode(e: &Engine, max_tokens: usize) -> Result<DecodeReport> {
-    let text = format!("{}\n\nContinue this story for a long time:\nOnce upon a time", GROUNDED.join("\n"));
+    let text = format!(
+        "{}\n\nContinue this story for a long time:\nOnce upon a time",
+        GROUNDED.join("\n")
+    );
     let ids = e.encode(&Prompt::Raw(text))?;
     let params = SamplingParams::default();
-    let none = SpecOptions { drafter: Some("none".into()), ..Default::default() };
+    let none = SpecOptions {
+        drafter: Some("none".into()),
+        ..Default::default()
+    };
     // Warm up (first-touch allocations), then measure.
     let settings = e.settings(params.clone(), Some(8), vec![]);
     e.generate_uncached(&ids, &settings, None, &mut |_| true)?;
     let settings = e.settings(params.clone(), Some(max_tokens), vec![]);
-    let fin = e.generate_uncached(&ids, &settings, e.speculation(&none, &params)?, &mut |_| true)?;
+    let fin = e.generate_uncached(&ids, &settings, e.speculation(&none, &params)?, &mut |_| {
+        true
+    })?;
     Ok(DecodeReport {
         prompt_tokens: fin.stats.prompt_tokens,
         generated_tokens: fin.stats.generated_tokens,
@@ -63,6 +77,11 @@ pub fn decode(e: &Engine, max_tokens: usize) -> Result<DecodeReport> {
         decode_tps: fin.stats.decode_tps(),
     })
 }
+
+/// Sums over the runs of one config: tokens, seconds, per-run speedups,
+/// drafted, accepted, rounds, policy seconds, runs identical to plain.
+#[derive(Debug, Clone, Default)]
+struct Acc(usize, f64, Vec<f64>, u64, u64, u64, f64, usize);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
@@ -110,19 +129,26 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
         }
     }
     let mut cells = Vec::new();
-    let total = b.suites.iter().map(|(_, p)| p.len()).sum::<usize>() * b.repeats * (configs.len() + 1);
+    let total =
+        b.suites.iter().map(|(_, p)| p.len()).sum::<usize>() * b.repeats * (configs.len() + 1);
     let mut done = 0;
     for (suite, prompts) in &b.suites {
         // Per config: (tokens, seconds, per-run speedups, counters...)
-        let mut acc: Vec<(usize, f64, Vec<f64>, u64, u64, u64, f64, usize)> =
-            vec![(0, 0.0, vec![], 0, 0, 0, 0.0, 0); configs.len()];
+        let mut acc: Vec<Acc> = vec![Acc::default(); configs.len()];
         let (mut plain_tokens, mut plain_seconds) = (0usize, 0.0f64);
         for r in 0..b.repeats {
             for p in prompts {
-                let none = SpecOptions { drafter: Some("none".into()), ..Default::default() };
+                let none = SpecOptions {
+                    drafter: Some("none".into()),
+                    ..Default::default()
+                };
                 let plain = run_one(e, p, &none, &b.params, b.max_tokens)?;
                 done += 1;
-                progress(&format!("[{done}/{total}] {suite} repeat {} plain: {:.1} tok/s", r + 1, plain.stats.decode_tps()));
+                progress(&format!(
+                    "[{done}/{total}] {suite} repeat {} plain: {:.1} tok/s",
+                    r + 1,
+                    plain.stats.decode_tps()
+                ));
                 plain_tokens += plain.stats.generated_tokens;
                 plain_seconds += plain.stats.decode_seconds;
                 for (i, (d, s, a)) in configs.iter().enumerate() {
@@ -156,7 +182,11 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 }
             }
         }
-        let plain_tps = if plain_seconds > 0.0 { plain_tokens as f64 / plain_seconds } else { 0.0 };
+        let plain_tps = if plain_seconds > 0.0 {
+            plain_tokens as f64 / plain_seconds
+        } else {
+            0.0
+        };
         cells.push(Cell {
             suite: suite.clone(),
             drafter: "none".into(),
@@ -178,9 +208,14 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
             runs: prompts.len() * b.repeats,
         });
         for (i, (d, s, a)) in configs.iter().enumerate() {
-            let (tokens, seconds, mut sp, drafted, accepted, rounds, policy, same) = acc[i].clone();
+            let Acc(tokens, seconds, mut sp, drafted, accepted, rounds, policy, same) =
+                acc[i].clone();
             sp.sort_by(|x, y| x.total_cmp(y));
-            let tps = if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
+            let tps = if seconds > 0.0 {
+                tokens as f64 / seconds
+            } else {
+                0.0
+            };
             let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
             cells.push(Cell {
                 suite: suite.clone(),
@@ -211,7 +246,18 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
 pub fn table(cells: &[Cell]) -> String {
     let mut s = format!(
         "{:<9} {:<10} {:<20} {:<10} {:>8} {:>8} {:>22} {:>7} {:>8} {:>7} {:>7} {:>6}\n",
-        "suite", "drafter", "schedule", "accept", "tok/s", "speedup", "min/med/max", "accept", "acc/rnd", "draft", "policy", "same"
+        "suite",
+        "drafter",
+        "schedule",
+        "accept",
+        "tok/s",
+        "speedup",
+        "min/med/max",
+        "accept",
+        "acc/rnd",
+        "draft",
+        "policy",
+        "same"
     );
     for c in cells {
         s += &format!(

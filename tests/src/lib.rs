@@ -12,7 +12,11 @@ pub fn default_model_path() -> PathBuf {
     }
     let k = specd::store::Store::known("default").expect("default model is known");
     let p = specd::store::Store::default().path_of(k);
-    assert!(p.exists(), "the default model is missing at {} (run `specd pull`)", p.display());
+    assert!(
+        p.exists(),
+        "the default model is missing at {} (run `specd pull`)",
+        p.display()
+    );
     p
 }
 
@@ -20,7 +24,10 @@ pub fn engine() -> MutexGuard<'static, Engine> {
     static E: OnceLock<Mutex<Engine>> = OnceLock::new();
     let m = E.get_or_init(|| {
         let policies = specd::cli::policy_host(None).expect("policy host");
-        Mutex::new(Engine::load("smollm2:135m", &default_model_path(), policies).expect("load the default model"))
+        Mutex::new(
+            Engine::load("smollm2:135m", &default_model_path(), policies)
+                .expect("load the default model"),
+        )
     });
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

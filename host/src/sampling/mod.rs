@@ -95,7 +95,7 @@ impl Distribution {
 /// Index `i` with the cumulative mass first exceeding `u * total`.
 pub fn sample_index(probs: &[f32], u: f32) -> Option<u32> {
     let total: f64 = probs.iter().map(|&p| p as f64).sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return None;
     }
     let target = u as f64 * total;
