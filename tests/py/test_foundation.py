@@ -297,6 +297,13 @@ def test_error_bad_sampling_parameters(binary, gguf_path, flags, word):
     assert_clean_error(p, word)
 
 
+def test_error_usage_is_one_line(binary):
+    p = run_specd("generate", "--no-such-flag", "hello")
+    assert_clean_error(p, "--no-such-flag")
+    p = run_specd("generate")
+    assert_clean_error(p, "PROMPT")
+
+
 # ---------------------------------------------------------------------------
 # d. the smoke test
 

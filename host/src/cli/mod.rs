@@ -1,4 +1,4 @@
-//! Command-line interface: `specd generate | serve | pull | convert | policy | bench`.
+//! Command-line interface: `specd generate | pull | convert | policy | bench`.
 mod bench;
 mod debug;
 mod generate;
@@ -24,8 +24,6 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(generate::GenerateArgs),
-    /// Serve Ollama- and OpenAI-compatible HTTP APIs (default 127.0.0.1:11435).
-    Serve(crate::server::ServeArgs),
     /// Fetch a known model into the store (SPECD_HOME/models).
     Pull {
         /// A store name (default: smollm2:135m).
@@ -95,7 +93,14 @@ fn parse_args() -> Result<Cli> {
                 .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
                 .map(|l| l.strip_prefix("error: ").unwrap_or(l))
                 .collect();
-            Err(anyhow::anyhow!("{} (see --help)", parts.join("; ")))
+            let mut msg = String::new();
+            for p in parts {
+                if !msg.is_empty() {
+                    msg.push_str(if msg.ends_with(':') { " " } else { "; " });
+                }
+                msg.push_str(p);
+            }
+            Err(anyhow::anyhow!("{msg} (see --help)"))
         }
         Err(e) => e.exit(),
     }
@@ -106,7 +111,6 @@ pub fn main() -> Result<()> {
     let cli = parse_args()?;
     match cli.command {
         Command::Generate(a) => generate::run(a),
-        Command::Serve(a) => crate::server::run(a),
         Command::Pull { name } => {
             let store = crate::store::Store::default();
             let k = crate::store::Store::known(&name).with_context(|| {
