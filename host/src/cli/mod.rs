@@ -1,4 +1,4 @@
-//! Command-line interface: `specd generate | pull | convert | policy | bench`.
+//! Command-line interface: `specd generate | serve | pull | convert | policy | bench`.
 mod bench;
 mod debug;
 mod generate;
@@ -24,6 +24,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(generate::GenerateArgs),
+    /// Serve Ollama- and OpenAI-compatible HTTP APIs (default 127.0.0.1:11435).
+    Serve(crate::server::ServeArgs),
     /// Fetch a known model into the store (SPECD_HOME/models).
     Pull {
         /// A store name (default: smollm2:135m).
@@ -90,7 +92,11 @@ fn parse_args() -> Result<Cli> {
             let parts: Vec<&str> = text
                 .lines()
                 .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .filter(|l| {
+                    !l.is_empty()
+                        && !l.starts_with("Usage:")
+                        && !l.starts_with("For more information")
+                })
                 .map(|l| l.strip_prefix("error: ").unwrap_or(l))
                 .collect();
             let mut msg = String::new();
@@ -111,6 +117,7 @@ pub fn main() -> Result<()> {
     let cli = parse_args()?;
     match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Serve(a) => crate::server::run(a),
         Command::Pull { name } => {
             let store = crate::store::Store::default();
             let k = crate::store::Store::known(&name).with_context(|| {
