@@ -19,7 +19,8 @@ fn run(prompt: &str, opts: &SpecOptions, max_tokens: usize) -> Finished {
     let params = SamplingParams::default();
     let spec = e.speculation(opts, &params).unwrap();
     let settings = e.settings(params, Some(max_tokens), vec![]);
-    e.generate_uncached(&ids, &settings, spec, &mut |_| true).unwrap()
+    e.generate_uncached(&ids, &settings, spec, &mut |_| true)
+        .unwrap()
 }
 
 fn opts(drafter: &str, schedule: &str) -> SpecOptions {
@@ -38,13 +39,19 @@ fn same_or_near_tie(plain: &Finished, spec: &Finished) -> Result<bool, String> {
     let n = plain.emitted.len().min(spec.emitted.len());
     match (0..n).find(|&i| plain.emitted[i] != spec.emitted[i]) {
         None if plain.emitted.len() == spec.emitted.len() => Ok(false),
-        None => Err(format!("lengths differ: {} vs {}", plain.emitted.len(), spec.emitted.len())),
+        None => Err(format!(
+            "lengths differ: {} vs {}",
+            plain.emitted.len(),
+            spec.emitted.len()
+        )),
         Some(i) => {
             let m = plain.margins[i].min(spec.margins[i]);
             if m < 0.01 {
                 Ok(true)
             } else {
-                Err(format!("first difference at token {i} with top-2 margin {m}"))
+                Err(format!(
+                    "first difference at token {i} with top-2 margin {m}"
+                ))
             }
         }
     }
@@ -53,12 +60,23 @@ fn same_or_near_tie(plain: &Finished, spec: &Finished) -> Result<bool, String> {
 #[test]
 fn greedy_speculation_is_lossless_for_every_drafter_and_schedule() {
     let layers = engine().model.layers.len();
-    let drafters = [format!("self:{layers}"), "self:4".to_string(), "ngram".to_string()];
+    let drafters = [
+        format!("self:{layers}"),
+        "self:4".to_string(),
+        "ngram".to_string(),
+    ];
     let mut near_ties = 0;
     let mut compared = 0;
     let mut accepted = 0;
     for prompt in GROUNDED.iter().chain(OPEN.iter()) {
-        let plain = run(prompt, &SpecOptions { drafter: Some("none".into()), ..Default::default() }, 64);
+        let plain = run(
+            prompt,
+            &SpecOptions {
+                drafter: Some("none".into()),
+                ..Default::default()
+            },
+            64,
+        );
         assert!(plain.emitted.len() > 4, "{prompt}");
         for d in &drafters {
             for s in ["constant", "heuristic"] {
@@ -88,9 +106,17 @@ fn rotating_target() -> LlamaTarget {
 #[test]
 fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
     let e = engine();
-    let prompt = e.encode(&chat("Count from one to twenty: one two three four five six seven")).unwrap();
+    let prompt = e
+        .encode(&chat(
+            "Count from one to twenty: one two three four five six seven",
+        ))
+        .unwrap();
     drop(e);
-    let (x, drafts, y) = (prompt[prompt.len() - 1], [264u32, 1345, 2177, 3045, 411], 5012u32);
+    let (x, drafts, y) = (
+        prompt[prompt.len() - 1],
+        [264u32, 1345, 2177, 3045, 411],
+        5012u32,
+    );
     let body = &prompt[..prompt.len() - 1];
     let keep = 2; // drafts kept
 
@@ -103,9 +129,16 @@ fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
     let mut input = vec![x];
     input.extend_from_slice(&drafts);
     a.forward(&input, true).unwrap();
-    assert!(a.caches[0].rewind(before + 1 + keep) == false || before + drafts.len() + 1 <= 16, "the window wrapped");
+    assert!(
+        a.caches[0].rewind(before + 1 + keep) == false || before + drafts.len() + 1 <= 16,
+        "the window wrapped"
+    );
     a.rewind(before + 1 + keep).unwrap();
-    assert_eq!(a.snapshot_counts(), (0, 0), "snapshots are closed after the rollback");
+    assert_eq!(
+        a.snapshot_counts(),
+        (0, 0),
+        "snapshots are closed after the rollback"
+    );
     let la = a.forward(&[y], false).unwrap().pop().unwrap();
 
     // Recompute from scratch with only the kept tokens.
@@ -115,7 +148,11 @@ fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
     kept.extend_from_slice(&drafts[..keep]);
     b.forward(&kept, true).unwrap();
     let lb = b.forward(&[y], false).unwrap().pop().unwrap();
-    let diff = la.iter().zip(&lb).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+    let diff = la
+        .iter()
+        .zip(&lb)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0.0f32, f32::max);
     assert!(diff < 1e-3, "max logit difference {diff}");
     assert_eq!(a.offset(), b.offset());
     let _ = Logits::All;
@@ -125,18 +162,59 @@ fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
 fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
     let e = engine();
     let long = GROUNDED.join(" ").repeat(3);
-    let first = e.encode(&Prompt::Chat(vec![ChatMessage::user(format!("{long}\nSummarize the above."))])).unwrap();
-    let second = e.encode(&Prompt::Chat(vec![ChatMessage::user(format!("{long}\nWhat is the first sentence?"))])).unwrap();
-    let shared = first.iter().zip(&second).take_while(|(a, b)| a == b).count();
+    let first = e
+        .encode(&Prompt::Chat(vec![ChatMessage::user(format!(
+            "{long}\nSummarize the above."
+        ))]))
+        .unwrap();
+    let second = e
+        .encode(&Prompt::Chat(vec![ChatMessage::user(format!(
+            "{long}\nWhat is the first sentence?"
+        ))]))
+        .unwrap();
+    let shared = first
+        .iter()
+        .zip(&second)
+        .take_while(|(a, b)| a == b)
+        .count();
     assert!(shared > 200, "prompts share a long prefix ({shared})");
     let params = SamplingParams::default();
     let settings = e.settings(params.clone(), Some(24), vec![]);
-    let none = SpecOptions { drafter: Some("none".into()), ..Default::default() };
-    e.generate(&first, &settings, e.speculation(&none, &params).unwrap(), &mut |_| true).unwrap();
-    let cached = e.generate(&second, &settings, e.speculation(&none, &params).unwrap(), &mut |_| true).unwrap();
-    assert_eq!(cached.stats.cached_tokens, shared, "reused exactly the shared prefix");
-    let fresh = e.generate_uncached(&second, &settings, e.speculation(&none, &params).unwrap(), &mut |_| true).unwrap();
+    let none = SpecOptions {
+        drafter: Some("none".into()),
+        ..Default::default()
+    };
+    e.generate(
+        &first,
+        &settings,
+        e.speculation(&none, &params).unwrap(),
+        &mut |_| true,
+    )
+    .unwrap();
+    let cached = e
+        .generate(
+            &second,
+            &settings,
+            e.speculation(&none, &params).unwrap(),
+            &mut |_| true,
+        )
+        .unwrap();
+    assert_eq!(
+        cached.stats.cached_tokens, shared,
+        "reused exactly the shared prefix"
+    );
+    let fresh = e
+        .generate_uncached(
+            &second,
+            &settings,
+            e.speculation(&none, &params).unwrap(),
+            &mut |_| true,
+        )
+        .unwrap();
     assert_eq!(fresh.stats.cached_tokens, 0);
-    assert_eq!(cached.emitted, fresh.emitted, "the prefix cache changed the output");
+    assert_eq!(
+        cached.emitted, fresh.emitted,
+        "the prefix cache changed the output"
+    );
     assert!(cached.stats.prompt_seconds < fresh.stats.prompt_seconds);
 }

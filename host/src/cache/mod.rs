@@ -27,7 +27,12 @@ pub struct Snapshot {
 impl Snapshot {
     pub fn new(offset: usize, keys: Array, values: Array, live: &Arc<AtomicUsize>) -> Snapshot {
         live.fetch_add(1, Ordering::SeqCst);
-        Snapshot { offset, keys, values, live: live.clone() }
+        Snapshot {
+            offset,
+            keys,
+            values,
+            live: live.clone(),
+        }
     }
 }
 

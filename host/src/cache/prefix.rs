@@ -37,12 +37,22 @@ pub struct Hit {
 }
 
 fn bytes_of(caches: &[Box<dyn LayerCache>]) -> usize {
-    caches.iter().flat_map(|c| c.state()).map(|a| a.nbytes()).sum()
+    caches
+        .iter()
+        .flat_map(|c| c.state())
+        .map(|a| a.nbytes())
+        .sum()
 }
 
 impl PrefixCache {
     pub fn new(limit_bytes: usize) -> Self {
-        PrefixCache { nodes: vec![Node::default()], free: Vec::new(), limit_bytes, used_bytes: 0, clock: 0 }
+        PrefixCache {
+            nodes: vec![Node::default()],
+            free: Vec::new(),
+            limit_bytes,
+            used_bytes: 0,
+            clock: 0,
+        }
     }
 
     pub fn used_bytes(&self) -> usize {
@@ -82,7 +92,8 @@ impl PrefixCache {
             for e in candidates {
                 let entry = self.nodes[e].entry.as_mut().expect("listed");
                 let want = d.min(depth);
-                let mut caches: Vec<Box<dyn LayerCache>> = entry.caches.iter().map(|c| c.boxed_clone()).collect();
+                let mut caches: Vec<Box<dyn LayerCache>> =
+                    entry.caches.iter().map(|c| c.boxed_clone()).collect();
                 if caches.iter_mut().all(|c| c.rewind(want)) {
                     entry.last_used = self.clock;
                     return Some(Hit { caches, len: want });
@@ -119,7 +130,11 @@ impl PrefixCache {
             node = match self.nodes[node].children.get(&t) {
                 Some(&c) => c,
                 None => {
-                    let id = self.alloc(Node { parent: node, token: t, ..Default::default() });
+                    let id = self.alloc(Node {
+                        parent: node,
+                        token: t,
+                        ..Default::default()
+                    });
                     self.nodes[node].children.insert(t, id);
                     id
                 }
@@ -128,7 +143,12 @@ impl PrefixCache {
         if let Some(old) = self.nodes[node].entry.take() {
             self.used_bytes -= old.bytes;
         }
-        self.nodes[node].entry = Some(Entry { caches, len: tokens.len(), bytes, last_used: self.clock });
+        self.nodes[node].entry = Some(Entry {
+            caches,
+            len: tokens.len(),
+            bytes,
+            last_used: self.clock,
+        });
         self.used_bytes += bytes;
         // An entry makes its ancestors' entries redundant for rewindable
         // caches, but not for others; keep them and let LRU decide.

@@ -52,7 +52,10 @@ impl LayerCache for RotatingCache {
         let t = k.dim(2) as usize;
         let n = self.kept();
         let (fk, fv) = match (&self.keys, &self.values) {
-            (Some(ok), Some(ov)) => (ops::concatenate(&[ok, k], 2)?, ops::concatenate(&[ov, v], 2)?),
+            (Some(ok), Some(ov)) => (
+                ops::concatenate(&[ok, k], 2)?,
+                ops::concatenate(&[ov, v], 2)?,
+            ),
             _ => (k.clone(), v.clone()),
         };
         // Snapshots at the scheduled offsets inside this update.
@@ -60,7 +63,12 @@ impl LayerCache for RotatingCache {
         for o in pending {
             if o > self.offset && o <= self.offset + t {
                 let len = n + (o - self.offset);
-                let snap = Snapshot::new(o, self.window_of(&fk, len)?, self.window_of(&fv, len)?, &self.live);
+                let snap = Snapshot::new(
+                    o,
+                    self.window_of(&fk, len)?,
+                    self.window_of(&fv, len)?,
+                    &self.live,
+                );
                 self.taken.push(snap);
             }
         }
@@ -77,7 +85,7 @@ impl LayerCache for RotatingCache {
         }
         let n = self.kept();
         let first = self.offset - n; // position of the oldest kept token
-        // Positions [to - window, to) must all still be here.
+                                     // Positions [to - window, to) must all still be here.
         if to.saturating_sub(self.window) < first {
             return false;
         }
