@@ -2,6 +2,7 @@
 mod bench;
 mod debug;
 mod generate;
+mod replay;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -40,6 +41,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Replay a trace (`--record`) under other policies, without a model.
+    Replay(replay::ReplayArgs),
     /// Debugging dumps (logits, greedy token ids) as JSON; used by the tests.
     #[command(subcommand, hide = true)]
     Debug(debug::DebugCmd),
@@ -178,6 +181,7 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Bench(b) => bench::run(b),
+        Command::Replay(a) => replay::run(a),
         Command::Debug(d) => debug::run(d),
     }
 }
