@@ -34,7 +34,7 @@ import reference  # noqa: E402
 
 # The logits tolerance: specd computes in float32 (MLX, OpenBLAS), the
 # reference in float64 from the same quantized weights. Measured on the
-# default model: max |diff| ~2e-5 at logits of magnitude ~20.
+# default model: max |diff| ~5e-5 at logits of magnitude ~20-26.
 LOGITS_ATOL = 1e-3
 # DESIGN.md: a first difference between two greedy runs is acceptable only
 # at a near-tie, where the top-2 logit margin is below this.
@@ -142,10 +142,12 @@ def test_first_position_logits_match_numpy_reference(binary, gguf_path, ref, tmp
 # b. mlx-lm on the converted directory vs specd on the GGUF
 
 GREEDY_PROMPTS = [
-    # (chat?, text)
+    # (chat?, text); the first ends at <|im_end|> after a few tokens (the
+    # end-of-generation path), the others run the full 64 tokens.
     (True, "What is the capital of France?"),
     (True, "Write a short story about a robot who learns to paint."),
     (False, "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    (False, "The history of the printing press"),
 ]
 GREEDY_TOKENS = 64
 
