@@ -10,6 +10,7 @@ pub mod cli;
 pub mod engine;
 pub mod model;
 pub mod pipeline;
+pub mod profile;
 pub mod replay;
 pub mod sampling;
 pub mod server;

@@ -41,6 +41,16 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Where the time of one plain decode step goes.
+    Profile {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Tokens in the cache before the profiled steps.
+        #[arg(long, default_value_t = 256)]
+        context: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+    },
     /// Replay a trace (`--record`) under other policies, without a model.
     Replay(replay::ReplayArgs),
     /// Debugging dumps (logits, greedy token ids) as JSON; used by the tests.
@@ -181,6 +191,17 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Bench(b) => bench::run(b),
+        Command::Profile {
+            model,
+            context,
+            steps,
+        } => {
+            let path = crate::store::Store::default().resolve(&model.model, false)?;
+            let (m, _) = crate::model::load_model(&path)?;
+            let p = crate::profile::profile(&m, context.max(1), steps.max(1))?;
+            print!("{}", crate::profile::report(&p));
+            Ok(())
+        }
         Command::Replay(a) => replay::run(a),
         Command::Debug(d) => debug::run(d),
     }
