@@ -43,6 +43,9 @@ pub enum BenchCmd {
         /// Write every cell as JSON here (and CSV next to it).
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Draw the speedup of every cell (SVG).
+        #[arg(long)]
+        svg: Option<PathBuf>,
     },
     /// MLX matmul of 1 row vs 8 rows against a 2048x2048 float32 matrix.
     Blas {
@@ -75,6 +78,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             sampling,
             policy_dir,
             json,
+            svg,
         } => {
             let mut spec_args = no_spec();
             spec_args.policy_dir = policy_dir;
@@ -107,6 +111,22 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                     );
                 }
                 std::fs::write(p.with_extension("csv"), csv)?;
+            }
+            if let Some(p) = svg {
+                let bars: Vec<(String, f64)> = cells
+                    .iter()
+                    .map(|c| {
+                        let name =
+                            format!("{} {}/{}/{}", c.suite, c.drafter, c.schedule, c.acceptance);
+                        (name, c.speedup)
+                    })
+                    .collect();
+                let chart = crate::replay::charts::speedup_svg(
+                    "speedup over plain decoding per cell",
+                    &bars,
+                )?;
+                std::fs::write(&p, chart).with_context(|| format!("writing {}", p.display()))?;
+                eprintln!("wrote {}", p.display());
             }
             Ok(())
         }
