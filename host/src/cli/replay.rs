@@ -21,6 +21,13 @@ pub struct ReplayArgs {
     /// JSON config of the acceptance policy at the same position (repeatable).
     #[arg(long)]
     pub acceptance_config: Vec<String>,
+    /// The schedule config the trace was recorded with (traces do not
+    /// store configs), for the baseline row and the reproduction check.
+    #[arg(long)]
+    pub recorded_schedule_config: Option<String>,
+    /// The acceptance config the trace was recorded with.
+    #[arg(long)]
+    pub recorded_acceptance_config: Option<String>,
     /// Draft limit (default: inferred from the trace).
     #[arg(long)]
     pub draft_max: Option<usize>,
@@ -95,7 +102,11 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let schedules = paired(&a.schedule, &a.schedule_config, "schedule")?;
     let acceptances = paired(&a.acceptance, &a.acceptance_config, "acceptance")?;
     // The recorded policies first (the baseline, and the reproduction check).
+    let rsc = a.recorded_schedule_config.clone().unwrap_or_default();
+    let rac = a.recorded_acceptance_config.clone().unwrap_or_default();
     let mut variants = vec![crate::replay::ReplayPolicies {
+        schedule_config: rsc.clone(),
+        acceptance_config: rac.clone(),
         draft_max: a.draft_max,
         ..Default::default()
     }];
@@ -103,13 +114,22 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         for (ac, acc) in &acceptances {
             let v = crate::replay::ReplayPolicies {
                 schedule: s.clone(),
-                schedule_config: sc.clone(),
+                // The recorded policy keeps its recorded config unless told.
+                schedule_config: if s.is_none() && sc.is_empty() {
+                    rsc.clone()
+                } else {
+                    sc.clone()
+                },
                 acceptance: ac.clone(),
-                acceptance_config: acc.clone(),
+                acceptance_config: if ac.is_none() && acc.is_empty() {
+                    rac.clone()
+                } else {
+                    acc.clone()
+                },
                 draft_max: a.draft_max,
             };
-            let same_as_recorded = v.schedule_config.is_empty()
-                && v.acceptance_config.is_empty()
+            let same_as_recorded = v.schedule_config == rsc
+                && v.acceptance_config == rac
                 && v.schedule.as_deref().is_none_or(|x| x == h.schedule)
                 && v.acceptance.as_deref().is_none_or(|x| x == h.acceptance);
             if !same_as_recorded {
