@@ -406,7 +406,7 @@ impl fmt::Display for CheckError {
             ),
             CheckError::ForbiddenImport { name, detail } => write!(
                 f,
-                "imports `{name}`, which specd does not provide (policies may import only WASI 0.2, which is deny-all){}",
+                "imports `{name}`, which specd does not provide (a policy may import only the deny-all WASI 0.2: wasi:io, wasi:clocks, wasi:random, wasi:cli, wasi:filesystem, wasi:sockets){}",
                 if detail.is_empty() { String::new() } else { format!(": {detail}") }
             ),
             CheckError::Mismatch { export, detail } => {

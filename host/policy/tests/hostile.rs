@@ -371,3 +371,73 @@ fn many_failing_requests_do_not_exhaust_the_host() {
     }
     host_still_serves();
 }
+
+/// Writes one component per misfit kind into `$SPECD_MISFITS_DIR`, to try
+/// `specd policy check` on by hand:
+///     SPECD_MISFITS_DIR=/tmp/misfits cargo test --release -p specd-policy --test hostile -- --ignored write_misfits
+#[test]
+#[ignore]
+fn write_misfits() {
+    let Some(dir) = std::env::var_os("SPECD_MISFITS_DIR") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut truncated = ScheduleWat::default().build();
+    truncated.truncate(truncated.len() / 2);
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("ok", ScheduleWat::default().build()),
+        ("not-wasm", b"hello, world".to_vec()),
+        ("core-module", wat::parse_str("(module (func (export \"f\")))").unwrap()),
+        ("truncated", truncated),
+        ("too-large", {
+            let mut b = ScheduleWat::default().build();
+            b.resize(host().config().max_component_bytes + 1, 0);
+            b
+        }),
+        (
+            "wrong-version",
+            ScheduleWat {
+                export: "specd:policy/schedule@0.2.0",
+                ..Default::default()
+            }
+            .build(),
+        ),
+        (
+            "missing-export",
+            ScheduleWat {
+                export: "acme:policy/schedule@0.1.0",
+                ..Default::default()
+            }
+            .build(),
+        ),
+        ("empty", wat::parse_str("(component)").unwrap()),
+        (
+            "forbidden-import",
+            ScheduleWat {
+                component_extra: r#"(import "evil:net/socket@1.0.0" (instance (export "connect" (func (param "host" string)))))"#,
+                ..Default::default()
+            }
+            .build(),
+        ),
+        (
+            "wasi-http",
+            ScheduleWat {
+                component_extra: r#"(import "wasi:http/outgoing-handler@0.2.0" (instance))"#,
+                ..Default::default()
+            }
+            .build(),
+        ),
+        (
+            "mismatch",
+            ScheduleWat {
+                carry: None,
+                ..Default::default()
+            }
+            .build(),
+        ),
+    ];
+    for (name, bytes) in files {
+        std::fs::write(dir.join(format!("{name}.wasm")), bytes).unwrap();
+    }
+}

@@ -183,10 +183,15 @@ pub fn main() -> Result<()> {
                 .check(&bytes)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             println!(
-                "{}: ok, exports {}, sha256 {}",
+                "{}: ok, exports {}, sha256 {}{}",
                 file.display(),
                 info.exports,
-                info.sha256
+                info.sha256,
+                if info.imports_wasi {
+                    " (imports WASI: runs under the deny-all WASI)"
+                } else {
+                    ""
+                }
             );
             Ok(())
         }
