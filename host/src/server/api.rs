@@ -301,7 +301,7 @@ pub async fn collect(mut rx: UnboundedReceiver<Msg>) -> Result<Collected, ApiErr
             Some(Msg::Failed(m)) | Some(Msg::Error { message: m, .. }) => {
                 return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m))
             }
-            Some(Msg::Started { .. }) => {}
+            Some(Msg::Started { .. }) | Some(Msg::Rounds(_)) => {}
             None => {
                 return Err(ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,

@@ -13,6 +13,7 @@ mod metrics;
 mod ollama;
 mod openai;
 mod policies;
+mod ui;
 mod worker;
 
 pub use config::{ServeArgs, ServerConfig};
@@ -58,6 +59,7 @@ pub fn router(state: State) -> Router {
     Router::new()
         .route("/", get(|| async { "specd is running" }))
         .route("/health", get(api::health))
+        .route("/ui", get(ui::page))
         .route("/metrics", get(api::metrics))
         .route("/api/version", get(api::version))
         .route("/api/tags", get(ollama::tags))

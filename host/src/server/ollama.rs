@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Default)]
 pub struct OllamaOptions {
     pub num_predict: Option<i64>,
+    pub trace_rounds: bool,
     pub common: CommonOptions,
 }
 
@@ -25,16 +26,23 @@ pub struct OllamaOptions {
 #[serde(default)]
 struct NumPredict {
     num_predict: Option<i64>,
+    /// Stream `{"round": ...}` lines (one per speculation round) before the
+    /// final line.
+    trace_rounds: Option<bool>,
 }
 
 impl OllamaOptions {
     fn parse(v: Option<Value>) -> Result<OllamaOptions, ApiError> {
         match v {
             None | Some(Value::Null) => Ok(OllamaOptions::default()),
-            Some(v @ Value::Object(_)) => Ok(OllamaOptions {
-                num_predict: api::from_value::<NumPredict>(v.clone(), "options.")?.num_predict,
-                common: api::from_value(v, "options.")?,
-            }),
+            Some(v @ Value::Object(_)) => {
+                let n = api::from_value::<NumPredict>(v.clone(), "options.")?;
+                Ok(OllamaOptions {
+                    num_predict: n.num_predict,
+                    trace_rounds: n.trace_rounds.unwrap_or(false),
+                    common: api::from_value(v, "options.")?,
+                })
+            }
             Some(v) => Err(ApiError::bad(format!(
                 "options must be a JSON object, got {v}"
             ))),
@@ -93,6 +101,7 @@ fn request(state: &State, prompt: Prompt, o: &OllamaOptions) -> Result<GenReques
         max_tokens,
         stop: o.common.stop(),
         spec: o.common.spec(&state.defaults)?,
+        trace_rounds: o.trace_rounds,
     })
 }
 
@@ -201,6 +210,24 @@ async fn run(
         Msg::Failed(e) | Msg::Error { message: e, .. } => {
             (vec![ndjson_line(&json!({ "error": e }))], true)
         }
+        Msg::Rounds(rounds) => (
+            rounds
+                .iter()
+                .map(|r| {
+                    ndjson_line(&json!({ "round": {
+                        "round": r.round,
+                        "k": r.k,
+                        "drafted": r.drafted,
+                        "accepted": r.accepted,
+                        "tokens": r.tokens.len(),
+                        "draft_seconds": r.draft_seconds,
+                        "verify_seconds": r.verify_seconds,
+                        "policy_seconds": r.policy_seconds,
+                    }}))
+                })
+                .collect(),
+            false,
+        ),
         Msg::Started { .. } => (vec![], false),
     });
     Ok(ndjson_response(Body::from_stream(s)))

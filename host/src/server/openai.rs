@@ -245,7 +245,7 @@ async fn run(
             ],
             true,
         ),
-        Msg::Started { .. } => (vec![], false),
+        Msg::Started { .. } | Msg::Rounds(_) => (vec![], false),
     });
     Ok(Sse::new(s)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
@@ -289,6 +289,7 @@ pub async fn chat_completions(
         max_tokens: max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
+        trace_rounds: false,
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -335,6 +336,7 @@ pub async fn completions(
         max_tokens: max_tokens(b.max_tokens).map_err(oa)?.or(Some(16)),
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
+        trace_rounds: false,
     };
     let ctx = Ctx {
         kind: Kind::Completion,

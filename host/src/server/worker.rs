@@ -24,6 +24,8 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Already merged with the server defaults.
     pub spec: SpecOptions,
+    /// Send the per-round trace (`Msg::Rounds`) before `Done`.
+    pub trace_rounds: bool,
 }
 
 /// What the worker tells the HTTP side, in order: `Started` or `Error`
@@ -41,6 +43,8 @@ pub enum Msg {
         message: String,
     },
     Chunk(String),
+    /// Every round's trace, just before `Done` (when `trace_rounds`).
+    Rounds(Vec<crate::speculation::RoundTrace>),
     Done {
         stats: Box<Stats>,
         /// Prompt + committed tokens.
@@ -259,7 +263,8 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics) {
         Ok(s) => s,
         Err(e) => return refuse(format!("{e:#}")),
     };
-    let settings = engine.settings(req.params.clone(), req.max_tokens, req.stop.clone());
+    let mut settings = engine.settings(req.params.clone(), req.max_tokens, req.stop.clone());
+    settings.record = req.trace_rounds;
     if reply
         .send(Msg::Started {
             prompt_tokens: prompt.len(),
@@ -280,6 +285,9 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics) {
     match engine.generate(&prompt, &settings, spec, &mut sink) {
         Ok(fin) => {
             m.record(&fin.stats);
+            if req.trace_rounds {
+                let _ = reply.send(Msg::Rounds(fin.trace));
+            }
             let _ = reply.send(Msg::Done {
                 stats: Box::new(fin.stats),
                 log: fin.log,
