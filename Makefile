@@ -34,7 +34,7 @@ PYTEST_ARGS ?=
 export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32
+APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32 chromium
 
 .PHONY: run test setup apt rust tools venv build pull test-rust test-py clean-stamps
 
