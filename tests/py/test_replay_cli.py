@@ -1,0 +1,54 @@
+"""The CLI end to end: `specd generate --record`, `specd replay --json --svg`
+(reproduces the recording, draws one series per policy) and
+`specd bench spec --svg` (one bar per cell)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import server_bin
+
+
+def specd(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    exe = server_bin()
+    assert exe.exists(), f"{exe} is missing: build it first (cargo build --release -p specd)"
+    r = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"specd {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def test_record_replay_json_and_svg(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    specd("generate", "--chat", "--max-tokens", "48", "--drafter", "ngram", "--schedule", "constant",
+          "--schedule-config", '{"k":8}', "--draft-max", "8", "--record", str(trace),
+          "Repeat exactly: one two three four five six seven eight nine ten")
+    out, svg = tmp_path / "r.json", tmp_path / "r.svg"
+    r = specd("replay", str(trace), "--recorded-schedule-config", '{"k":8}',
+              "--schedule", 'constant:{"k":2}', "--schedule", "heuristic-transient",
+              "--schedule", 'constant:{"k":0}', "--json", str(out), "--svg", str(svg))
+    assert "reproduces every recorded decision" in r.stdout, r.stdout
+    rep = json.loads(out.read_text())["reports"]
+    assert [x["schedule"] for x in rep] == ["constant", "constant", "heuristic-transient", "constant"]
+    assert rep[0]["matches_recording"] and rep[0]["recorded_policies"]
+    assert rep[3]["modelled_speedup"] == 1.0 and rep[3]["drafted"] == 0
+    assert all(x["rounds"] == rep[0]["rounds"] == len(x["per_round"]) for x in rep)
+    assert all(r["k"] <= 2 for r in rep[1]["per_round"])
+    text = svg.read_text()
+    assert text.startswith("<svg")
+    assert "draft length per round" in text and "accepted drafts per round" in text
+    assert "heuristic-transient / greedy" in text
+    assert text.count("<polyline") >= 8  # 4 policy pairs x 2 charts
+
+
+def test_bench_spec_svg(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Repeat exactly: red green blue", "suite": "g"}) + "\n")
+    out, svg = tmp_path / "b.json", tmp_path / "b.svg"
+    specd("bench", "spec", "--drafters", "ngram", "--schedules", "constant,throughput", "--prompts",
+          str(prompts), "--max-tokens", "16", "--json", str(out), "--svg", str(svg))
+    cells = json.loads(out.read_text())
+    text = svg.read_text()
+    assert text.startswith("<svg") and "speedup over plain decoding" in text
+    for c in cells:
+        assert f"{c['suite']} {c['drafter']}/{c['schedule']}/{c['acceptance']}" in text
+        assert f"{c['speedup']:.2f}x" in text
