@@ -64,8 +64,7 @@ apt:
 # ---- Rust toolchain, wasm target, wit-bindgen ----------------------------------
 rust:
 	@command -v cargo >/dev/null || { \
-	    echo "make: installing Rust (rustup)"; \
-	    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal; }
+	    echo "make: no cargo found: install a Rust toolchain (rustup, Rust >= 1.95) first" >&2; exit 1; }
 
 $(STAMPS)/tools: scripts/build-plugins.sh | rust apt
 	bash scripts/build-plugins.sh --install-tools
