@@ -68,7 +68,12 @@ impl Llama {
 
     /// Runs `tokens` through all layers after what `caches` hold; returns
     /// logits `[T or 1, vocab]` (float32, lazy).
-    pub fn forward(&self, tokens: &[u32], caches: &mut [Box<dyn LayerCache>], which: Logits) -> Result<Array> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        which: Logits,
+    ) -> Result<Array> {
         self.forward_layers(tokens, caches, self.layers.len(), which)
     }
 
@@ -86,7 +91,12 @@ impl Llama {
     }
 
     /// Hidden states after `n_layers` layers, `[1, T, hidden]`.
-    pub fn hidden(&self, tokens: &[u32], caches: &mut [Box<dyn LayerCache>], n_layers: usize) -> Result<Array> {
+    pub fn hidden(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+    ) -> Result<Array> {
         assert!(caches.len() >= n_layers, "one cache per layer");
         let t = tokens.len() as i32;
         let ids = Array::from_u32(tokens, &[t])?;
