@@ -129,8 +129,9 @@ fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
     let mut input = vec![x];
     input.extend_from_slice(&drafts);
     a.forward(&input, true).unwrap();
+    // The window wrapped: rolling back in place is impossible, only a snapshot can.
     assert!(
-        a.caches[0].rewind(before + 1 + keep) == false || before + drafts.len() + 1 <= 16,
+        !a.caches[0].boxed_clone().rewind(before + 1 + keep),
         "the window wrapped"
     );
     a.rewind(before + 1 + keep).unwrap();
