@@ -36,12 +36,12 @@ export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32 chromium
 
-.PHONY: run test setup apt rust tools venv build pull test-rust test-py clean-stamps
+.PHONY: run test setup apt rust tools venv build pull lint test-rust test-py clean-stamps
 
 run: build
 	$(SPECD) generate --chat "$(PROMPT)"
 
-test: build venv pull test-rust test-py
+test: build venv pull lint test-rust test-py
 
 setup: tools venv
 
@@ -94,6 +94,11 @@ pull: build
 	$(SPECD) pull
 
 # ---- tests ----------------------------------------------------------------------
+# Formatting and clippy are part of the test command (CI checks them).
+lint: build
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
+
 test-rust: build pull
 	cargo test --release --workspace
 
