@@ -625,6 +625,8 @@ pub mod charts {
             .configure_mesh()
             .x_desc("round")
             .y_desc(y_desc)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()
             .map_err(e)?;
         for (i, (label, v)) in series.iter().enumerate() {
@@ -708,7 +710,7 @@ pub mod charts {
                 .margin(10)
                 .x_label_area_size(30)
                 .y_label_area_size(330)
-                .build_cartesian_2d(0f64..xmax, (0..n).into_segmented())
+                .build_cartesian_2d(0f64..xmax, (0..n - 1).into_segmented())
                 .map_err(e)?;
             let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
             chart
