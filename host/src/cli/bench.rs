@@ -6,6 +6,7 @@ use clap::Subcommand;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
 pub enum BenchCmd {
     /// Prefill and decode tokens/s of plain greedy decoding.
     Decode {
@@ -85,8 +86,19 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let e = load_engine(&model.model, &spec_args)?;
             let params = sampling.params();
             params.validate()?;
-            let list = |s: &str| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect::<Vec<_>>();
-            let acceptances = acceptances.unwrap_or_else(|| if params.greedy() { "greedy".into() } else { "rejection".into() });
+            let list = |s: &str| {
+                s.split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect::<Vec<_>>()
+            };
+            let acceptances = acceptances.unwrap_or_else(|| {
+                if params.greedy() {
+                    "greedy".into()
+                } else {
+                    "rejection".into()
+                }
+            });
             let b = crate::bench::SpecBench {
                 drafters: list(&drafters),
                 schedules: list(&schedules),
@@ -100,7 +112,8 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             let cells = crate::bench::spec(&e, &b, &mut |m| eprintln!("{m}"))?;
             print!("{}", crate::bench::table(&cells));
             if let Some(p) = json {
-                std::fs::write(&p, serde_json::to_string_pretty(&cells)?).with_context(|| format!("writing {}", p.display()))?;
+                std::fs::write(&p, serde_json::to_string_pretty(&cells)?)
+                    .with_context(|| format!("writing {}", p.display()))?;
                 let mut csv = String::from("suite,drafter,schedule,acceptance,tokens_per_second,plain_tokens_per_second,speedup,speedup_min,speedup_median,speedup_max,acceptance_rate,mean_accepted,mean_draft,policy_share,identical_to_plain,runs\n");
                 for c in &cells {
                     csv += &format!(
@@ -179,13 +192,24 @@ fn suites(spec: &str) -> Result<Vec<(String, Vec<String>)>> {
     Ok(match spec {
         "grounded" => vec![("grounded".into(), own(&crate::bench::GROUNDED))],
         "open" => vec![("open".into(), own(&crate::bench::OPEN))],
-        "all" => vec![("grounded".into(), own(&crate::bench::GROUNDED)), ("open".into(), own(&crate::bench::OPEN))],
+        "all" => vec![
+            ("grounded".into(), own(&crate::bench::GROUNDED)),
+            ("open".into(), own(&crate::bench::OPEN)),
+        ],
         path => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading prompt file {path}"))?;
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading prompt file {path}"))?;
             let mut by: Vec<(String, Vec<String>)> = Vec::new();
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{path}:{}: not JSON", i + 1))?;
-                let p = v["prompt"].as_str().with_context(|| format!("{path}:{}: no \"prompt\" string", i + 1))?;
+            for (i, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .with_context(|| format!("{path}:{}: not JSON", i + 1))?;
+                let p = v["prompt"]
+                    .as_str()
+                    .with_context(|| format!("{path}:{}: no \"prompt\" string", i + 1))?;
                 let suite = v["suite"].as_str().unwrap_or("user").to_string();
                 match by.iter_mut().find(|(s, _)| *s == suite) {
                     Some((_, ps)) => ps.push(p.to_string()),
