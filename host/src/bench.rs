@@ -36,11 +36,17 @@ fn run_one(
     opts: &SpecOptions,
     params: &SamplingParams,
     max_tokens: usize,
+    record: Option<&std::path::Path>,
 ) -> Result<Finished> {
     let ids = e.encode(&chat(prompt))?;
     let spec = e.speculation(opts, params)?;
-    let settings = e.settings(params.clone(), Some(max_tokens), vec![]);
-    e.generate_uncached(&ids, &settings, spec, &mut |_| true)
+    let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
+    settings.record = record.is_some();
+    let fin = e.generate_uncached(&ids, &settings, spec, &mut |_| true)?;
+    if let Some(p) = record {
+        crate::trace::write(p, e, &settings, &fin)?;
+    }
+    Ok(fin)
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -115,6 +121,8 @@ pub struct SpecBench {
     pub draft_max: Option<usize>,
     pub params: SamplingParams,
     pub suites: Vec<(String, Vec<String>)>,
+    /// Append every run's rounds to this trace file.
+    pub record: Option<std::path::PathBuf>,
 }
 
 /// Every drafter x schedule x acceptance against plain decoding, per suite,
@@ -142,7 +150,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                     drafter: Some("none".into()),
                     ..Default::default()
                 };
-                let plain = run_one(e, p, &none, &b.params, b.max_tokens)?;
+                let plain = run_one(e, p, &none, &b.params, b.max_tokens, None)?;
                 done += 1;
                 progress(&format!(
                     "[{done}/{total}] {suite} repeat {} plain: {:.1} tok/s",
@@ -159,7 +167,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                         draft_max: b.draft_max,
                         ..Default::default()
                     };
-                    let f = run_one(e, p, &opts, &b.params, b.max_tokens)?;
+                    let f = run_one(e, p, &opts, &b.params, b.max_tokens, b.record.as_deref())?;
                     done += 1;
                     progress(&format!(
                         "[{done}/{total}] {suite} repeat {} {d}/{s}/{a}: {:.1} tok/s, acceptance {:.2}",

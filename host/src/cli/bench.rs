@@ -41,6 +41,9 @@ pub enum BenchCmd {
         sampling: SamplingArgs,
         #[arg(long)]
         policy_dir: Option<PathBuf>,
+        /// Append every speculative run's rounds to this JSONL trace.
+        #[arg(long)]
+        record: Option<PathBuf>,
         /// Write every cell as JSON here (and CSV next to it).
         #[arg(long)]
         json: Option<PathBuf>,
@@ -79,6 +82,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             sampling,
             policy_dir,
             json,
+            record,
             svg,
         } => {
             let mut spec_args = no_spec();
@@ -108,6 +112,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 draft_max,
                 params,
                 suites: suites(&prompts)?,
+                record,
             };
             let cells = crate::bench::spec(&e, &b, &mut |m| eprintln!("{m}"))?;
             print!("{}", crate::bench::table(&cells));

@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running one; past it: 503 [default: 16].
     #[arg(long)]
     pub queue: Option<usize>,
+    /// Append every request's rounds (what the policies saw and answered)
+    /// to this JSONL trace file.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
     /// Default drafter: none, ngram, ngram:MIN-MAX, self:N, model:NAME [default: ngram].
     #[arg(long)]
     pub drafter: Option<String>,
@@ -87,6 +91,8 @@ pub struct ServerConfig {
     pub draft_models: BTreeMap<String, String>,
     pub defaults: SpecOptions,
     pub policy_limits: HostConfig,
+    /// Trace file every request's rounds are appended to.
+    pub record: Option<PathBuf>,
 }
 
 fn json_arg(s: &Option<String>, flag: &str) -> Result<Option<serde_json::Value>> {
@@ -164,6 +170,7 @@ impl ServerConfig {
             draft_models,
             defaults: flags.or(&file.defaults),
             policy_limits,
+            record: a.record.clone(),
         })
     }
 }

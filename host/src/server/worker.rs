@@ -208,7 +208,7 @@ pub fn start(
                 m.queued.fetch_sub(1, Relaxed);
                 let reply = job.reply.clone();
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(&engine, job, &m)
+                    run_job(&engine, job, &m, cfg2.record.as_deref())
                 }));
                 if r.is_err() {
                     m.panics.fetch_add(1, Relaxed);
@@ -224,7 +224,7 @@ pub fn start(
     Ok((WorkerHandle { tx, metrics }, info))
 }
 
-fn run_job(engine: &Engine, job: Job, m: &ServerMetrics) {
+fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::path::Path>) {
     let Job {
         req,
         reply,
@@ -264,7 +264,7 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics) {
         Err(e) => return refuse(format!("{e:#}")),
     };
     let mut settings = engine.settings(req.params.clone(), req.max_tokens, req.stop.clone());
-    settings.record = req.trace_rounds;
+    settings.record = req.trace_rounds || record.is_some();
     if reply
         .send(Msg::Started {
             prompt_tokens: prompt.len(),
@@ -285,6 +285,11 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics) {
     match engine.generate(&prompt, &settings, spec, &mut sink) {
         Ok(fin) => {
             m.record(&fin.stats);
+            if let Some(p) = record {
+                if let Err(e) = crate::trace::write(p, engine, &settings, &fin) {
+                    tracing::warn!("writing trace {}: {e:#}", p.display());
+                }
+            }
             if req.trace_rounds {
                 let _ = reply.send(Msg::Rounds(fin.trace));
             }
