@@ -43,10 +43,27 @@ def test_record_replay_json_and_svg(tmp_path):
 def test_bench_spec_svg(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Repeat exactly: red green blue", "suite": "g"}) + "\n")
-    out, svg = tmp_path / "b.json", tmp_path / "b.svg"
+    out, svg, trace = tmp_path / "b.json", tmp_path / "b.svg", tmp_path / "b.jsonl"
     specd("bench", "spec", "--drafters", "ngram", "--schedules", "constant,throughput", "--prompts",
           str(prompts), "--max-tokens", "16", "--json", str(out), "--svg", str(svg))
     cells = json.loads(out.read_text())
+    # Every cell of the matrix, with its figures.
+    assert [(c["drafter"], c["schedule"]) for c in cells] == [
+        ("none", "-"), ("ngram", "constant"), ("ngram", "throughput")]
+    for c in cells:
+        assert c["runs"] == 1 and c["tokens"] > 0 and c["tokens_per_second"] > 0
+        assert c["identical_to_plain"] == 1, "greedy speculation changed the tokens"
+    # The plain cell agrees with `specd generate` on the same prompt.
+    stats = tmp_path / "s.json"
+    specd("generate", "--chat", "--drafter", "none", "--max-tokens", "16", "--stats-json", str(stats),
+          "Repeat exactly: red green blue")
+    assert json.loads(stats.read_text())["generated_tokens"] == cells[0]["tokens"]
+    # --record traces the speculative runs; replay reproduces them.
+    specd("bench", "spec", "--drafters", "ngram", "--schedules", "heuristic-transient", "--prompts",
+          str(prompts), "--max-tokens", "16", "--repeats", "2", "--record", str(trace))
+    r = specd("replay", str(trace))
+    assert "2 request(s)" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "reproduces every recorded decision" in r.stdout, r.stdout
     text = svg.read_text()
     assert text.startswith("<svg") and "speedup over plain decoding" in text
     for c in cells:
