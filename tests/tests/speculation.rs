@@ -219,3 +219,39 @@ fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
     );
     assert!(cached.stats.prompt_seconds < fresh.stats.prompt_seconds);
 }
+
+#[test]
+fn greedy_acceptance_with_every_schedule_matches_plain_decoding() {
+    let schedules: Vec<String> = {
+        let e = engine();
+        e.policies
+            .list()
+            .into_iter()
+            .filter(|p| p.builtin && p.exports.schedule)
+            .map(|p| p.name)
+            .collect()
+    };
+    assert!(schedules.len() >= 5, "built-in schedules: {schedules:?}");
+    for prompt in GROUNDED.iter().take(3).chain(OPEN.iter().take(2)) {
+        let plain = run(
+            prompt,
+            &SpecOptions {
+                drafter: Some("none".into()),
+                ..Default::default()
+            },
+            48,
+        );
+        for s in &schedules {
+            let spec = run(prompt, &opts("ngram", s), 48);
+            if let Err(e) = same_or_near_tie(&plain, &spec) {
+                panic!("schedule {s} on {prompt:?}: {e}");
+            }
+            assert!(
+                spec.stats.policy_failure.is_none(),
+                "{s}: {:?}",
+                spec.stats.policy_failure
+            );
+            assert_eq!(spec.stats.schedule, *s);
+        }
+    }
+}
