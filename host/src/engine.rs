@@ -290,6 +290,7 @@ impl Engine {
             stop,
             context_length: self.context_length(),
             record: false,
+            on_round: None,
         }
     }
 }

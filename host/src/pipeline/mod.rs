@@ -101,6 +101,17 @@ impl Stats {
     }
 }
 
+/// Called after every round with its trace (when recording), e.g. to
+/// stream per-round figures to a client as they happen.
+#[derive(Clone)]
+pub struct RoundHook(pub std::sync::Arc<dyn Fn(&crate::speculation::RoundTrace) + Send + Sync>);
+
+impl std::fmt::Debug for RoundHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RoundHook")
+    }
+}
+
 /// What a request asks of the decode loop.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -111,6 +122,8 @@ pub struct Settings {
     pub context_length: usize,
     /// Keep a trace of every round (`--record`).
     pub record: bool,
+    /// Told about every round as it ends (needs `record`).
+    pub on_round: Option<RoundHook>,
 }
 
 /// The outcome besides the streamed text.
@@ -198,6 +211,12 @@ pub fn generate(
             emitted.len(),
             max_tokens - emitted.len(),
         )?;
+        if let (Some(hook), Some(t)) = (
+            &settings.on_round,
+            state.trace.as_ref().and_then(|t| t.last()),
+        ) {
+            (hook.0)(t);
+        }
         // Record the whole run before streaming any of it.
         log.extend_from_slice(&round.tokens);
         near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();

@@ -24,7 +24,7 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// Already merged with the server defaults.
     pub spec: SpecOptions,
-    /// Send the per-round trace (`Msg::Rounds`) before `Done`.
+    /// Send each round's trace (`Msg::Rounds`) as the round ends.
     pub trace_rounds: bool,
 }
 
@@ -43,7 +43,7 @@ pub enum Msg {
         message: String,
     },
     Chunk(String),
-    /// Every round's trace, just before `Done` (when `trace_rounds`).
+    /// A round's trace, as it ends (when `trace_rounds`).
     Rounds(Vec<crate::speculation::RoundTrace>),
     Done {
         stats: Box<Stats>,
@@ -265,6 +265,13 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::pa
     };
     let mut settings = engine.settings(req.params.clone(), req.max_tokens, req.stop.clone());
     settings.record = req.trace_rounds || record.is_some();
+    if req.trace_rounds {
+        // Each round goes out as it ends, so a client can plot it live.
+        let tx = reply.clone();
+        settings.on_round = Some(crate::pipeline::RoundHook(Arc::new(move |r| {
+            let _ = tx.send(Msg::Rounds(vec![r.clone()]));
+        })));
+    }
     if reply
         .send(Msg::Started {
             prompt_tokens: prompt.len(),
@@ -289,9 +296,6 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::pa
                 if let Err(e) = crate::trace::write(p, engine, &settings, &fin) {
                     tracing::warn!("writing trace {}: {e:#}", p.display());
                 }
-            }
-            if req.trace_rounds {
-                let _ = reply.send(Msg::Rounds(fin.trace));
             }
             let _ = reply.send(Msg::Done {
                 stats: Box::new(fin.stats),

@@ -172,6 +172,7 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
         stop: stop.iter().map(|s| s.to_string()).collect(),
         context_length: 8192,
         record: false,
+        on_round: None,
     }
 }
 
