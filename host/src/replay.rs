@@ -26,16 +26,13 @@
 //! their configs) the replay is the recording: every k and decision is
 //! reproduced, which the report checks (`matches_recording`).
 use crate::speculation::RoundTrace;
+use crate::speculation::ScheduleHistory;
 use crate::trace::Recorded;
 use anyhow::{bail, Result};
 use serde::Serialize;
-use specd_policy::{
-    Acceptance, Decision, PolicyHost, Position, RoundRecord, Schedule, ScheduleInput,
-};
+use specd_policy::{Acceptance, Decision, PolicyHost, Position, Schedule};
 use std::time::Instant;
 
-/// Rounds the schedule sees in `recent` (as in `speculation`).
-const RECENT_ROUNDS: usize = 32;
 /// Draft limit when a trace does not show it (DESIGN.md default).
 const DEFAULT_DRAFT_MAX: usize = 16;
 
@@ -217,94 +214,6 @@ pub struct ReplayReport {
     pub per_round: Vec<ReplayedRound>,
 }
 
-/// The replayed history, as `SpecState` keeps it.
-struct History {
-    recent: Vec<RoundRecord>,
-    reached: Vec<u64>,
-    kept: Vec<u64>,
-    draft_seconds_per_token: f64,
-    verify_seconds_by_len: Vec<f64>,
-}
-
-fn ema(old: f64, new: f64) -> f64 {
-    if old == 0.0 {
-        new
-    } else {
-        0.8 * old + 0.2 * new
-    }
-}
-
-impl History {
-    fn new(draft_max: usize) -> Self {
-        History {
-            recent: Vec::new(),
-            reached: Vec::new(),
-            kept: Vec::new(),
-            draft_seconds_per_token: 0.0,
-            verify_seconds_by_len: vec![0.0; draft_max + 1],
-        }
-    }
-
-    fn input(
-        &self,
-        round: u32,
-        generated: u64,
-        budget_left: u64,
-        max_draft: usize,
-    ) -> ScheduleInput {
-        let position_acceptance = self
-            .reached
-            .iter()
-            .zip(&self.kept)
-            .take_while(|(r, _)| **r > 0)
-            .map(|(r, k)| (*k as f64 + 1.0) / (*r as f64 + 2.0))
-            .collect();
-        let start = self.recent.len().saturating_sub(RECENT_ROUNDS);
-        ScheduleInput {
-            round,
-            generated: generated as u32,
-            budget_left: budget_left as u32,
-            max_draft: max_draft as u32,
-            recent: self.recent[start..].to_vec(),
-            position_acceptance,
-            draft_seconds_per_token: self.draft_seconds_per_token,
-            verify_seconds_by_len: self.verify_seconds_by_len
-                [..=max_draft.min(self.verify_seconds_by_len.len() - 1)]
-                .to_vec(),
-        }
-    }
-
-    fn push(&mut self, kd: usize, accepted: usize, dt: f64, vt: f64) {
-        if kd > 0 {
-            self.draft_seconds_per_token = ema(self.draft_seconds_per_token, dt / kd as f64);
-            for i in 0..kd {
-                if self.reached.len() <= i {
-                    self.reached.push(0);
-                    self.kept.push(0);
-                }
-                self.reached[i] += 1;
-                if i < accepted {
-                    self.kept[i] += 1;
-                } else {
-                    break;
-                }
-            }
-        }
-        if kd < self.verify_seconds_by_len.len() {
-            self.verify_seconds_by_len[kd] = ema(self.verify_seconds_by_len[kd], vt);
-        }
-        self.recent.push(RoundRecord {
-            drafted: kd as u32,
-            accepted: accepted as u32,
-            draft_seconds: dt,
-            verify_seconds: vt,
-        });
-        if self.recent.len() > 4 * RECENT_ROUNDS {
-            self.recent.drain(..self.recent.len() - RECENT_ROUNDS);
-        }
-    }
-}
-
 /// The draft limit a recording ran with: exact from any round where the
 /// budget did not bind, else the largest seen (default 16 with no evidence).
 pub fn infer_draft_max(rec: &Recorded) -> usize {
@@ -398,7 +307,7 @@ pub fn replay(
                     .map(|i| i.generated as u64 + i.budget_left as u64)
             })
             .unwrap_or_else(|| rec.rounds.iter().map(|r| r.tokens.len() as u64).sum());
-        let mut hist = History::new(draft_max);
+        let mut hist = ScheduleHistory::new(draft_max);
         let mut generated = 0u64;
         for (i, r) in rec.rounds.iter().enumerate() {
             let budget_left = budget.saturating_sub(generated);
@@ -411,7 +320,12 @@ pub fn replay(
             if speculating && schedule.is_some() {
                 let max_draft = draft_max.min(budget_left.saturating_sub(1) as usize);
                 if max_draft > 0 {
-                    let input = hist.input(round_no, generated, budget_left, max_draft);
+                    let input = hist.input(
+                        round_no,
+                        generated as usize,
+                        budget_left as usize,
+                        max_draft,
+                    );
                     match schedule
                         .as_mut()
                         .expect("checked")

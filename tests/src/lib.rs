@@ -32,20 +32,6 @@ pub fn engine() -> MutexGuard<'static, Engine> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Input-grounded prompts (repeat, edit, summarize a given text or code).
-pub const GROUNDED: [&str; 5] = [
-    "Repeat the following text exactly: The quick brown fox jumps over the lazy dog. The early bird catches the worm. A stitch in time saves nine.",
-    "Fix the typo and rewrite the sentence: Teh cat sat on the mat and looked out of the windwo at the birds.",
-    "Rewrite this Python function with a docstring:\ndef add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b",
-    "Summarize: The Eiffel Tower is a wrought-iron lattice tower in Paris, France. It is named after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.",
-    "Copy this list and add one more fruit at the end: apples, bananas, cherries, dates, elderberries, figs.",
-];
-
-/// Open-ended chat.
-pub const OPEN: [&str; 5] = [
-    "What is the capital of France?",
-    "Write a short poem about the sea.",
-    "Give me three tips for learning to cook.",
-    "Why is the sky blue?",
-    "Tell me a fun fact about octopuses.",
-];
+/// The prompt suites of `specd bench spec`: input-grounded (repeat, edit,
+/// summarize a given text) and open-ended chat.
+pub use specd::bench::{GROUNDED, OPEN};

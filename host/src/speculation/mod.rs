@@ -4,11 +4,13 @@
 //! `specd_policy` traits (WASM components in production, scripted in tests);
 //! the host validates and owns all randomness.
 pub mod drafter;
+pub mod history;
 pub mod stats;
 pub mod target;
 
 pub use self::RoundTrace as Round;
 pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
+pub use history::{ScheduleHistory, RECENT_ROUNDS};
 pub use stats::{PolicyFailure, SpecCounters};
 pub use target::{LlamaTarget, Target};
 
@@ -16,12 +18,9 @@ use crate::sampling::{distribution, sample_index, Distribution, Rng, SamplingPar
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use specd_policy::{
-    Acceptance, Correction, Decision, PolicyError, Position, RoundRecord, Schedule, ScheduleInput,
+    Acceptance, Correction, Decision, PolicyError, Position, Schedule, ScheduleInput,
 };
 use std::time::Instant;
-
-/// Rounds the schedule sees in `recent`.
-const RECENT_ROUNDS: usize = 32;
 
 /// The policies and drafter of one request.
 pub struct Speculation {
@@ -72,19 +71,7 @@ pub struct SpecState {
     pub trace: Option<Vec<RoundTrace>>,
     spec: Option<Speculation>,
     pub counters: SpecCounters,
-    recent: Vec<RoundRecord>,
-    reached: Vec<u64>,
-    kept: Vec<u64>,
-    draft_seconds_per_token: f64,
-    verify_seconds_by_len: Vec<f64>,
-}
-
-fn ema(old: f64, new: f64) -> f64 {
-    if old == 0.0 {
-        new
-    } else {
-        0.8 * old + 0.2 * new
-    }
+    history: ScheduleHistory,
 }
 
 impl SpecState {
@@ -102,11 +89,7 @@ impl SpecState {
             trace: None,
             spec,
             counters,
-            recent: Vec::new(),
-            reached: Vec::new(),
-            kept: Vec::new(),
-            draft_seconds_per_token: 0.0,
-            verify_seconds_by_len: vec![0.0; n],
+            history: ScheduleHistory::new(n - 1),
         }
     }
 
@@ -124,36 +107,6 @@ impl SpecState {
             s.schedule.finish();
         }
         self.counters
-    }
-
-    fn schedule_input(
-        &self,
-        round: u32,
-        generated: usize,
-        budget_left: usize,
-        max_draft: usize,
-    ) -> ScheduleInput {
-        let position_acceptance = self
-            .reached
-            .iter()
-            .zip(&self.kept)
-            .take_while(|(r, _)| **r > 0)
-            // Laplace-smoothed: one early rejection must not read as "never".
-            .map(|(r, k)| (*k as f64 + 1.0) / (*r as f64 + 2.0))
-            .collect();
-        let start = self.recent.len().saturating_sub(RECENT_ROUNDS);
-        ScheduleInput {
-            round,
-            generated: generated as u32,
-            budget_left: budget_left as u32,
-            max_draft: max_draft as u32,
-            recent: self.recent[start..].to_vec(),
-            position_acceptance,
-            draft_seconds_per_token: self.draft_seconds_per_token,
-            verify_seconds_by_len: self.verify_seconds_by_len
-                [..=max_draft.min(self.verify_seconds_by_len.len() - 1)]
-                .to_vec(),
-        }
     }
 
     /// One round. `log` holds the committed tokens; the target's caches hold
@@ -182,7 +135,9 @@ impl SpecState {
         if let Some(spec) = self.spec.as_ref() {
             let max_draft = spec.draft_max.min(budget_left.saturating_sub(1));
             if max_draft > 0 {
-                let input = self.schedule_input(round_no, generated, budget_left, max_draft);
+                let input = self
+                    .history
+                    .input(round_no, generated, budget_left, max_draft);
                 if self.trace.is_some() {
                     traced_input = Some(input.clone());
                 }
@@ -212,10 +167,6 @@ impl SpecState {
             draft.q.truncate(k);
             dt = t.elapsed().as_secs_f64();
             self.counters.draft_seconds += dt;
-            if !draft.tokens.is_empty() {
-                self.draft_seconds_per_token =
-                    ema(self.draft_seconds_per_token, dt / draft.tokens.len() as f64);
-            }
         }
         let kd = draft.tokens.len();
 
@@ -231,9 +182,6 @@ impl SpecState {
         let rows = target.forward(&input, kd > 0)?;
         let vt = t.elapsed().as_secs_f64();
         self.counters.verify_seconds += vt;
-        if kd < self.verify_seconds_by_len.len() {
-            self.verify_seconds_by_len[kd] = ema(self.verify_seconds_by_len[kd], vt);
-        }
         let mut history = log.to_vec();
         let mut dists: Vec<Distribution> = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {
@@ -326,28 +274,8 @@ impl SpecState {
             self.counters.spec_rounds += 1;
             self.counters.drafted += kd as u64;
             self.counters.accepted += out.accepted as u64;
-            for i in 0..kd {
-                if self.reached.len() <= i {
-                    self.reached.push(0);
-                    self.kept.push(0);
-                }
-                self.reached[i] += 1;
-                if i < out.accepted {
-                    self.kept[i] += 1;
-                } else {
-                    break;
-                }
-            }
         }
-        self.recent.push(RoundRecord {
-            drafted: kd as u32,
-            accepted: out.accepted as u32,
-            draft_seconds: dt,
-            verify_seconds: vt,
-        });
-        if self.recent.len() > 4 * RECENT_ROUNDS {
-            self.recent.drain(..self.recent.len() - RECENT_ROUNDS);
-        }
+        self.history.push(kd, out.accepted, dt, vt);
         if let Some(trace) = self.trace.as_mut() {
             trace.push(RoundTrace {
                 round: round_no,
