@@ -73,42 +73,9 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Verify cost of k drafts from partial measurements: exact where measured,
-/// linear between measured lengths, extrapolated from the last two above,
-/// flat below (the `throughput` schedule's `estimate_verify`).
-pub fn estimate_verify(measured: &[f64], k: usize) -> Option<f64> {
-    let known = |j: usize| {
-        measured
-            .get(j)
-            .copied()
-            .filter(|t| t.is_finite() && *t > 0.0)
-    };
-    if let Some(t) = known(k) {
-        return Some(t);
-    }
-    let below: Vec<usize> = (0..k.min(measured.len()))
-        .filter(|&j| known(j).is_some())
-        .collect();
-    let above = (k + 1..measured.len()).find(|&j| known(j).is_some());
-    match (below.last(), above) {
-        (Some(&lo), Some(hi)) => {
-            let (tl, th) = (known(lo)?, known(hi)?);
-            Some(tl + (th - tl) * (k - lo) as f64 / (hi - lo) as f64)
-        }
-        (Some(&lo), None) => {
-            let tl = known(lo)?;
-            if below.len() >= 2 {
-                let lo2 = below[below.len() - 2];
-                let slope = ((tl - known(lo2)?) / (lo - lo2) as f64).max(0.0);
-                Some(tl + slope * (k - lo) as f64)
-            } else {
-                Some(tl)
-            }
-        }
-        (None, Some(hi)) => known(hi),
-        (None, None) => None,
-    }
-}
+/// Verify cost of k drafts from partial measurements, exactly as the
+/// `throughput` schedule estimates it.
+pub use specd_policy::logic::estimate_verify;
 
 impl TimingModel {
     pub fn from_rounds<'a>(rounds: impl IntoIterator<Item = &'a RoundTrace>) -> Result<Self> {

@@ -69,6 +69,9 @@ mod builtin;
 mod cache;
 mod host;
 mod metrics;
+/// The policies' semantics as plain Rust (shared by the components, the
+/// native baselines and the host's replay).
+pub use specd_policy_logic as logic;
 pub mod native;
 mod sandbox;
 mod wasm;
