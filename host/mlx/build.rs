@@ -101,6 +101,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=SPECD_MLX_WHEEL");
     println!("cargo:rerun-if-changed=src/shim.h");
     println!("cargo:rerun-if-changed=src/shim.cc");
+    println!("cargo:rerun-if-changed=src/kernels.cc");
     println!("cargo:rerun-if-changed=src/lib.rs");
 
     let root = match env::var("MLX_DIR") {
@@ -119,6 +120,7 @@ fn main() {
     let mut build = cxx_build::bridge("src/lib.rs");
     build
         .file("src/shim.cc")
+        .file("src/kernels.cc")
         .include(&include)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")

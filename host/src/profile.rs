@@ -83,9 +83,7 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
     for _ in 0..steps {
         rewind(&mut caches);
         let ids = Array::from_u32(&[tok], &[1])?;
-        let mut x = timed(&mut acc[0], || {
-            ops::take(&m.embed, &ids, 0)?.reshape(&[1, 1, d])
-        })?;
+        let mut x = timed(&mut acc[0], || m.embed.rows(&ids)?.reshape(&[1, 1, d]))?;
         for (l, cache) in m.layers.iter().zip(caches.iter_mut()) {
             let h = timed(&mut acc[1], || {
                 fast::rms_norm(&x, &l.attn_norm, c.rms_norm_eps)
@@ -119,15 +117,9 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
             specd_mlx::eval(&[&q, &k, &v])?;
             acc[3] += t0.elapsed().as_secs_f64() * 1e3;
             let o = timed(&mut acc[4], || {
-                fast::scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    1.0 / (hd as f32).sqrt(),
-                    fast::Mask::None,
-                )?
-                .transpose(&[0, 2, 1, 3])?
-                .reshape(&[1, 1, nh * hd])
+                m.attention(&q, &k, &v)?
+                    .transpose(&[0, 2, 1, 3])?
+                    .reshape(&[1, 1, nh * hd])
             })?;
             x = timed(&mut acc[5], || ops::add(&x, &l.o.forward(&o)?))?;
             let h = timed(&mut acc[6], || {
@@ -144,9 +136,8 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
         let h = timed(&mut acc[10], || {
             fast::rms_norm(&x.reshape(&[1, d])?, &m.norm, c.rms_norm_eps)
         })?;
-        let logits = timed(&mut acc[11], || match &m.lm_head {
-            Some(head) => head.forward(&h),
-            None => ops::matmul(&h, &m.embed.t()?),
+        let logits = timed(&mut acc[11], || {
+            m.lm_head.as_ref().unwrap_or(&m.embed).forward(&h)
         })?;
         let t0 = Instant::now();
         let l = logits.to_vec_f32()?;

@@ -121,6 +121,24 @@ mod ffi {
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
 
+        fn qmatmul(
+            x: &Array,
+            w: &Array,
+            scales: &Array,
+            biases: &Array,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
+        fn attention(
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            scale: f32,
+            causal: bool,
+        ) -> Result<UniquePtr<Array>>;
+        fn kernel_threads() -> i32;
+        fn kernel_isa() -> String;
+
         fn random_key(seed: u64) -> Result<UniquePtr<Array>>;
         fn random_split(key: &Array, num: i32) -> Result<UniquePtr<Array>>;
         fn random_uniform(shape: &[i32], key: &Array) -> Result<UniquePtr<Array>>;
@@ -448,6 +466,46 @@ pub mod fast {
             Mask::Causal => wrap(ffi::sdpa(&q.0, &k.0, &v.0, scale, "causal")),
             Mask::Array(m) => wrap(ffi::sdpa_masked(&q.0, &k.0, &v.0, scale, &m.0)),
         }
+    }
+}
+
+/// specd's own CPU kernels (MLX primitives in `kernels.cc`). Each output
+/// row is computed by the same float operations whatever the number of rows
+/// in the call, so a k-row verify rounds exactly like k one-row steps. On a
+/// GPU device they fall back to MLX's own ops.
+pub mod kernels {
+    use super::*;
+
+    /// `x @ dequantize(w)^T` over MLX affine-quantized weights `w`
+    /// (`[out, in * bits / 32]` uint32, 4 or 8 bits), with float16 `scales`
+    /// and `biases` (`[out, in / group_size]`); `x` is `[..., in]`, the result
+    /// float32 `[..., out]`.
+    pub fn qmatmul(
+        x: &Array,
+        w: &Array,
+        scales: &Array,
+        biases: &Array,
+        group_size: i32,
+        bits: i32,
+    ) -> Result<Array> {
+        wrap(ffi::qmatmul(
+            &x.0, &w.0, &scales.0, &biases.0, group_size, bits,
+        ))
+    }
+    /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
+    /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads). With
+    /// `causal`, query row t sees keys `0..=L - T + t`.
+    pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Result<Array> {
+        wrap(ffi::attention(&q.0, &k.0, &v.0, scale, causal))
+    }
+    /// Threads the kernels use (`SPECD_THREADS`, default: all cores).
+    pub fn threads() -> i32 {
+        ffi::kernel_threads()
+    }
+    /// The SIMD level chosen at run time: `avx512`, `avx2` or `scalar`
+    /// (`SPECD_KERNEL_ISA=avx2|scalar` forces a lower one).
+    pub fn isa() -> String {
+        ffi::kernel_isa()
     }
 }
 

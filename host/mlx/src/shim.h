@@ -106,6 +106,13 @@ A dequantize(const Array& w, const Array& scales, const Array& biases, int32_t g
 A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
                    bool transpose, int32_t group_size, int32_t bits);
 
+// specd's own CPU kernels (kernels.cc): batch-invariant, MLX's ops on GPU
+A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
+          int32_t group_size, int32_t bits);
+A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
+int32_t kernel_threads();
+rust::String kernel_isa();
+
 // random
 A random_key(uint64_t seed);
 A random_split(const Array& key, int32_t num);

@@ -32,7 +32,7 @@ const LAYER_NAMES: [(&str, &str); 9] = [
 ];
 
 pub fn convert_gguf(gguf: &Path, out: &Path) -> Result<()> {
-    let (t, meta) = read_gguf(gguf)?;
+    let (t, meta) = read_gguf(gguf, super::WeightMode::F32)?;
     let mut config = LlamaConfig::from_gguf(&meta, t.has("output"))?;
     let tokenizer = Tokenizer::from_gguf_file(gguf)?;
     let mut tensors: Vec<(String, Array)> = Vec::new();

@@ -1,18 +1,114 @@
 //! A llama forward in the shape of mlx-lm's llama.py: RMSNorm, RoPE, GQA
-//! attention through MLX's fused kernel, SwiGLU MLP, tied or untied head.
+//! attention, SwiGLU MLP, tied or untied head.
+//!
+//! Two weight paths: quantized (the file's 4/8-bit blocks kept as they are,
+//! multiplied by specd's batch-invariant kernels, attention by specd's
+//! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
+//! attention). See [`WeightMode`].
 use super::LlamaConfig;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
-use specd_mlx::{fast, ops, Array, Result};
+use specd_mlx::{fast, kernels, ops, Array, Dtype, Result};
 
-/// A dense linear layer, `y = x W^T` with `W` as `[out, in]`.
+/// How a model's weights are held and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightMode {
+    /// Quantized tensors stay quantized; specd's kernels (batch-invariant:
+    /// greedy speculation equals plain decoding bit for bit).
+    #[default]
+    Quantized,
+    /// Everything dequantized to float32 at load; MLX's matmul and attention.
+    F32,
+}
+
+impl WeightMode {
+    pub fn parse(s: &str) -> std::result::Result<WeightMode, String> {
+        match s {
+            "quantized" | "q" => Ok(WeightMode::Quantized),
+            "f32" | "fp32" | "float32" => Ok(WeightMode::F32),
+            _ => Err(format!("unknown weights mode {s:?} (use quantized or f32)")),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightMode::Quantized => "quantized",
+            WeightMode::F32 => "f32",
+        }
+    }
+    /// `SPECD_WEIGHTS` if set (for A/B runs), else the default.
+    pub fn from_env() -> std::result::Result<WeightMode, String> {
+        match std::env::var("SPECD_WEIGHTS") {
+            Ok(s) if !s.is_empty() => WeightMode::parse(&s),
+            _ => Ok(WeightMode::default()),
+        }
+    }
+}
+
+/// MLX affine-quantized weights `[out, in * bits / 32]` with float16
+/// per-group scales and biases.
 #[derive(Clone)]
-pub struct Linear {
-    pub weight: Array,
+pub struct QuantizedWeight {
+    pub w: Array,
+    pub scales: Array,
+    pub biases: Array,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+impl QuantizedWeight {
+    pub fn out_features(&self) -> i32 {
+        self.w.dim(0)
+    }
+    pub fn in_features(&self) -> i32 {
+        self.w.dim(1) * 32 / self.bits
+    }
+    /// Rows `ids` dequantized to float32 (an embedding lookup).
+    pub fn rows(&self, ids: &Array) -> Result<Array> {
+        let f = |a: &Array| -> Result<Array> { ops::take(a, ids, 0)?.as_type(Dtype::Float32) };
+        ops::dequantize(
+            &ops::take(&self.w, ids, 0)?,
+            &f(&self.scales)?,
+            &f(&self.biases)?,
+            self.group_size,
+            self.bits,
+        )
+    }
+}
+
+/// A linear layer, `y = x W^T` with `W` as `[out, in]`.
+#[derive(Clone)]
+pub enum Linear {
+    Dense(Array),
+    Quantized(QuantizedWeight),
 }
 
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        ops::matmul(x, &self.weight.t()?)
+        match self {
+            Linear::Dense(w) => ops::matmul(x, &w.t()?),
+            Linear::Quantized(q) => {
+                kernels::qmatmul(x, &q.w, &q.scales, &q.biases, q.group_size, q.bits)
+            }
+        }
+    }
+    /// `[out, in]`.
+    pub fn shape(&self) -> [i32; 2] {
+        match self {
+            Linear::Dense(w) => [w.dim(0), w.dim(1)],
+            Linear::Quantized(q) => [q.out_features(), q.in_features()],
+        }
+    }
+    /// Rows of the weight as float32 (for a tied embedding).
+    pub fn rows(&self, ids: &Array) -> Result<Array> {
+        match self {
+            Linear::Dense(w) => ops::take(w, ids, 0),
+            Linear::Quantized(q) => q.rows(ids),
+        }
+    }
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Linear::Dense(w) => vec![w],
+            Linear::Quantized(q) => vec![&q.w, &q.scales, &q.biases],
+        }
     }
 }
 
@@ -41,8 +137,11 @@ pub enum Logits {
 #[derive(Clone)]
 pub struct Llama {
     pub config: LlamaConfig,
-    /// `[vocab, hidden]`, float32.
-    pub embed: Array,
+    /// `[vocab, hidden]`; also the head when tied.
+    pub embed: Linear,
+    /// Attention through specd's batch-invariant kernel (the quantized path)
+    /// or MLX's fused one (the float32 path).
+    pub invariant_attention: bool,
     pub layers: Vec<Layer>,
     pub norm: Array,
     /// `None` when the head is tied to the embedding.
@@ -100,8 +199,10 @@ impl Llama {
         assert!(caches.len() >= n_layers, "one cache per layer");
         let t = tokens.len() as i32;
         let ids = Array::from_u32(tokens, &[t])?;
-        let mut x =
-            ops::take(&self.embed, &ids, 0)?.reshape(&[1, t, self.config.hidden_size as i32])?;
+        let mut x = self
+            .embed
+            .rows(&ids)?
+            .reshape(&[1, t, self.config.hidden_size as i32])?;
         for (layer, cache) in self.layers[..n_layers].iter().zip(caches.iter_mut()) {
             x = self.layer(layer, &x, cache)?;
         }
@@ -117,10 +218,22 @@ impl Llama {
             Logits::Last => h.slice(&[0, t - 1, 0], &[1, t, d])?.reshape(&[1, d])?,
         };
         let h = fast::rms_norm(&h, &self.norm, self.config.rms_norm_eps)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => ops::matmul(&h, &self.embed.t()?),
+        self.lm_head.as_ref().unwrap_or(&self.embed).forward(&h)
+    }
+
+    /// Causal attention of `q` `[1, heads, T, d]` over the cached `k`, `v`.
+    pub fn attention(&self, q: &Array, k: &Array, v: &Array) -> Result<Array> {
+        let scale = 1.0 / (self.config.head_dim as f32).sqrt();
+        let t = q.dim(2);
+        if self.invariant_attention {
+            return kernels::attention(q, k, v, scale, t > 1);
         }
+        let mask = if t > 1 {
+            fast::Mask::Causal
+        } else {
+            fast::Mask::None
+        };
+        fast::scaled_dot_product_attention(q, k, v, scale, mask)
     }
 
     fn layer(&self, l: &Layer, x: &Array, cache: &mut Box<dyn LayerCache>) -> Result<Array> {
@@ -143,13 +256,7 @@ impl Llama {
         let q = fast::rope(&q, hd, c.rope_traditional, c.rope_theta, 1.0, offset)?;
         let k = fast::rope(&k, hd, c.rope_traditional, c.rope_theta, 1.0, offset)?;
         let (k, v) = cache.update(&k, &v)?;
-        let mask = if t > 1 {
-            fast::Mask::Causal
-        } else {
-            fast::Mask::None
-        };
-        let scale = 1.0 / (hd as f32).sqrt();
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask)?;
+        let o = self.attention(&q, &k, &v)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[1, t, nh * hd])?;
         let x = ops::add(x, &l.o.forward(&o)?)?;
 
@@ -162,22 +269,16 @@ impl Llama {
 
     /// Every weight, for evaluation after loading.
     pub fn weights(&self) -> Vec<&Array> {
-        let mut w = vec![&self.embed, &self.norm];
+        let mut w = self.embed.arrays();
+        w.push(&self.norm);
         if let Some(h) = &self.lm_head {
-            w.push(&h.weight);
+            w.extend(h.arrays());
         }
         for l in &self.layers {
-            w.extend([
-                &l.attn_norm,
-                &l.q.weight,
-                &l.k.weight,
-                &l.v.weight,
-                &l.o.weight,
-                &l.ffn_norm,
-                &l.gate.weight,
-                &l.up.weight,
-                &l.down.weight,
-            ]);
+            w.extend([&l.attn_norm, &l.ffn_norm]);
+            for lin in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+                w.extend(lin.arrays());
+            }
         }
         w
     }

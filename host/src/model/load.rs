@@ -1,7 +1,9 @@
 //! Loading weights: GGUF through MLX's own reader, or a Hugging Face
-//! directory of safetensors. On CPU, quantized tensors are dequantized to
-//! float32 at load (MLX's CPU quantized matmul is slower than fp32 GEMM).
-use super::llama::{Layer, Linear};
+//! directory of safetensors. Quantized tensors stay quantized for specd's
+//! kernels ([`WeightMode::Quantized`]) or are dequantized to float32
+//! ([`WeightMode::F32`]); a layout the kernels don't take (bits other than
+//! 4 and 8, groups not a multiple of 32) is dequantized either way.
+use super::llama::{Layer, Linear, QuantizedWeight, WeightMode};
 use super::{Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, ops, Array, Dtype};
@@ -39,6 +41,7 @@ pub struct Tensors {
     group_size: Option<i32>,
     /// Bits, where the source says (HF quantization config); else inferred.
     bits: Option<i32>,
+    mode: WeightMode,
 }
 
 impl Tensors {
@@ -46,14 +49,18 @@ impl Tensors {
         self.map.contains_key(&format!("{base}.weight"))
     }
 
-    /// The tensor `base.weight` as float32, dequantized if it is quantized.
-    pub fn dense(&self, base: &str) -> Result<Array> {
-        let w = self
-            .map
+    fn weight(&self, base: &str) -> Result<&Array> {
+        self.map
             .get(&format!("{base}.weight"))
-            .with_context(|| format!("model has no tensor {base}.weight"))?;
+            .with_context(|| format!("model has no tensor {base}.weight"))
+    }
+
+    /// `base` as MLX quantized arrays (scales/biases in their stored dtype),
+    /// or `None` when it is stored dense.
+    fn quantized(&self, base: &str) -> Result<Option<QuantizedWeight>> {
+        let w = self.weight(base)?;
         let Some(scales) = self.map.get(&format!("{base}.scales")) else {
-            return Ok(w.as_type(Dtype::Float32)?);
+            return Ok(None);
         };
         let biases = self
             .map
@@ -66,22 +73,54 @@ impl Tensors {
         if packed_cols * 32 != in_features * bits {
             bail!("cannot infer the quantization of {base}: packed width {packed_cols}, {in_features} inputs");
         }
-        // Scales and biases in f32 so the result is f32 without a second rounding.
-        let s = scales.as_type(Dtype::Float32)?;
-        let b = biases.as_type(Dtype::Float32)?;
-        Ok(ops::dequantize(w, &s, &b, group, bits)?)
+        Ok(Some(QuantizedWeight {
+            w: w.clone(),
+            scales: scales.clone(),
+            biases: biases.clone(),
+            group_size: group,
+            bits,
+        }))
     }
 
+    /// The tensor `base.weight` as float32, dequantized if it is quantized.
+    pub fn dense(&self, base: &str) -> Result<Array> {
+        let Some(q) = self.quantized(base)? else {
+            return Ok(self.weight(base)?.as_type(Dtype::Float32)?);
+        };
+        // Scales and biases in f32 so the result is f32 without a second rounding.
+        let s = q.scales.as_type(Dtype::Float32)?;
+        let b = q.biases.as_type(Dtype::Float32)?;
+        Ok(ops::dequantize(&q.w, &s, &b, q.group_size, q.bits)?)
+    }
+
+    /// `base` as a linear layer: quantized where the mode and the layout
+    /// allow it, else float32.
     pub fn linear(&self, base: &str) -> Result<Linear> {
-        Ok(Linear {
-            weight: self.dense(base)?,
-        })
+        if self.mode == WeightMode::Quantized {
+            if let Some(q) = self.quantized(base)? {
+                if matches!(q.bits, 4 | 8) && q.group_size % 32 == 0 {
+                    // The kernels read float16 scales (GGUF's own dtype;
+                    // bf16 ones from MLX checkpoints convert exactly enough).
+                    return Ok(Linear::Quantized(QuantizedWeight {
+                        scales: q.scales.as_type(Dtype::Float16)?,
+                        biases: q.biases.as_type(Dtype::Float16)?,
+                        ..q
+                    }));
+                }
+            }
+        }
+        Ok(Linear::Dense(self.dense(base)?))
+    }
+
+    /// Whether any weight is stored quantized.
+    fn any_quantized(&self) -> bool {
+        self.map.keys().any(|k| k.ends_with(".scales"))
     }
 }
 
 /// Reads the tensors of a GGUF file (MLX's reader) and the string/number
 /// metadata specd-mlx hands back.
-pub fn read_gguf(path: &Path) -> Result<(Tensors, HashMap<String, String>)> {
+pub fn read_gguf(path: &Path, mode: WeightMode) -> Result<(Tensors, HashMap<String, String>)> {
     // Parse the header ourselves first: a truncated or foreign file gets a
     // clear error instead of whatever the C++ reader does with it.
     specd_text::gguf::GgufFile::open(path)
@@ -94,6 +133,7 @@ pub fn read_gguf(path: &Path) -> Result<(Tensors, HashMap<String, String>)> {
             map,
             group_size: Some(32),
             bits: None,
+            mode,
         },
         meta,
     ))
@@ -101,8 +141,8 @@ pub fn read_gguf(path: &Path) -> Result<(Tensors, HashMap<String, String>)> {
 
 fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
     let mut config = config;
-    let embed = t.dense(names.embed)?;
-    let vocab = embed.dim(0) as usize;
+    let embed = t.linear(names.embed)?;
+    let vocab = embed.shape()[0] as usize;
     if config.vocab_size == 0 {
         config.vocab_size = vocab;
     }
@@ -130,6 +170,10 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
     let model = Llama {
         config,
         embed,
+        // Quantized mode is the batch-invariant path throughout; a file with
+        // no quantized tensors runs there too (dense matmul rows are not
+        // invariant, but attention still is).
+        invariant_attention: t.mode == WeightMode::Quantized && t.any_quantized(),
         layers,
         norm: t.dense(names.norm)?,
         lm_head,
@@ -145,7 +189,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
 fn check_shapes(m: &Llama) -> Result<()> {
     let c = &m.config;
     let (d, hd) = (c.hidden_size as i32, c.head_dim as i32);
-    let want = |name: &str, a: &Array, shape: &[i32]| -> Result<()> {
+    let want = |name: &str, a: &Linear, shape: &[i32]| -> Result<()> {
         if a.shape() != shape {
             bail!(
                 "tensor {name} has shape {:?}, the config implies {shape:?}",
@@ -158,17 +202,17 @@ fn check_shapes(m: &Llama) -> Result<()> {
     for (i, l) in m.layers.iter().enumerate() {
         want(
             &format!("layer {i} q"),
-            &l.q.weight,
+            &l.q,
             &[c.num_attention_heads as i32 * hd, d],
         )?;
         want(
             &format!("layer {i} k"),
-            &l.k.weight,
+            &l.k,
             &[c.num_key_value_heads as i32 * hd, d],
         )?;
         want(
             &format!("layer {i} down"),
-            &l.down.weight,
+            &l.down,
             &[d, c.intermediate_size as i32],
         )?;
     }
@@ -224,14 +268,14 @@ const HF_NAMES: Names = Names {
     head: "lm_head",
 };
 
-pub fn load_gguf_model(path: &Path) -> Result<Llama> {
-    let (t, meta) = read_gguf(path)?;
+pub fn load_gguf_model(path: &Path, mode: WeightMode) -> Result<Llama> {
+    let (t, meta) = read_gguf(path, mode)?;
     let config = LlamaConfig::from_gguf(&meta, t.has("output"))?;
     build(config, &t, &GGUF_NAMES)
         .with_context(|| format!("building the model from {}", path.display()))
 }
 
-pub fn load_hf_model(dir: &Path) -> Result<Llama> {
+pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)
         .with_context(|| format!("reading {}", cfg_path.display()))?;
@@ -257,17 +301,24 @@ pub fn load_hf_model(dir: &Path) -> Result<Llama> {
         map,
         group_size: quant["group_size"].as_i64().map(|g| g as i32).or(Some(64)),
         bits: quant["bits"].as_i64().map(|b| b as i32),
+        mode,
     };
     build(config, &t, &HF_NAMES)
         .with_context(|| format!("building the model from {}", dir.display()))
 }
 
-/// A model from a GGUF file or a HF directory.
+/// A model from a GGUF file or a HF directory, weights as `SPECD_WEIGHTS`
+/// says (default quantized).
 pub fn load_model(path: &Path) -> Result<(Llama, ModelFormat)> {
+    let mode = WeightMode::from_env().map_err(anyhow::Error::msg)?;
+    load_model_with(path, mode)
+}
+
+pub fn load_model_with(path: &Path, mode: WeightMode) -> Result<(Llama, ModelFormat)> {
     let format = ModelFormat::detect(path)?;
     let m = match format {
-        ModelFormat::Gguf => load_gguf_model(path)?,
-        ModelFormat::HfDir => load_hf_model(path)?,
+        ModelFormat::Gguf => load_gguf_model(path, mode)?,
+        ModelFormat::HfDir => load_hf_model(path, mode)?,
     };
     Ok((m, format))
 }

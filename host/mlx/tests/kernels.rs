@@ -1,0 +1,329 @@
+//! specd's own kernels against MLX: the quantized matmul against MLX's
+//! `quantized_matmul` on the same arrays and against an fp32 matmul of the
+//! dequantized weights; the attention against MLX's fused SDPA; and both for
+//! batch invariance (row r of a k-row call is bitwise the 1-row call on row r).
+use specd_mlx::{fast, kernels, ops, Array, Dtype};
+
+/// A small deterministic generator (splitmix64), so failures reproduce.
+struct Gen(u64);
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn f32s(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| lo + (hi - lo) * (self.next() >> 40) as f32 / (1u64 << 24) as f32)
+            .collect()
+    }
+    fn u32s(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next() as u32).collect()
+    }
+}
+
+struct QWeight {
+    w: Array,
+    s: Array,
+    b: Array,
+    group: i32,
+    bits: i32,
+}
+
+/// Random packed weights with float16 scales and biases of the magnitudes a
+/// GGUF Q4_1 / Q8_0 block has.
+fn qweight(g: &mut Gen, n: usize, k: usize, group: i32, bits: i32) -> QWeight {
+    let words = k * bits as usize / 32;
+    let groups = k / group as usize;
+    let w = Array::from_u32(&g.u32s(n * words), &[n as i32, words as i32]).unwrap();
+    let smax = if bits == 4 { 0.01 } else { 0.0008 };
+    let s = Array::from_f32(
+        &g.f32s(n * groups, 0.0002, smax),
+        &[n as i32, groups as i32],
+    )
+    .unwrap()
+    .as_type(Dtype::Float16)
+    .unwrap();
+    let blim = if bits == 4 { 0.08 } else { 0.1 };
+    let b = Array::from_f32(&g.f32s(n * groups, -blim, blim), &[n as i32, groups as i32])
+        .unwrap()
+        .as_type(Dtype::Float16)
+        .unwrap();
+    QWeight {
+        w,
+        s,
+        b,
+        group,
+        bits,
+    }
+}
+
+fn ours(x: &Array, q: &QWeight) -> Vec<f32> {
+    kernels::qmatmul(x, &q.w, &q.s, &q.b, q.group, q.bits)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap()
+}
+
+fn rows(x: &[f32], k: usize, r0: usize, r1: usize) -> Array {
+    Array::from_f32(&x[r0 * k..r1 * k], &[(r1 - r0) as i32, k as i32]).unwrap()
+}
+
+/// Checks one shape for every row count 1..=16: within tolerance of MLX's
+/// quantized matmul and of the fp32 product of the dequantized weights, and
+/// each row bitwise equal to the same row computed alone.
+fn check_qmatmul(n: usize, k: usize, group: i32, bits: i32, seed: u64) {
+    let mut g = Gen(seed);
+    let q = qweight(&mut g, n, k, group, bits);
+    let dense = ops::dequantize(
+        &q.w,
+        &q.s.as_type(Dtype::Float32).unwrap(),
+        &q.b.as_type(Dtype::Float32).unwrap(),
+        group,
+        bits,
+    )
+    .unwrap();
+    let xs = g.f32s(16 * k, -2.0, 2.0);
+    let abs_dense: Vec<f32> = dense
+        .to_vec_f32()
+        .unwrap()
+        .into_iter()
+        .map(f32::abs)
+        .collect();
+    let abs_dense = Array::from_f32(&abs_dense, &[n as i32, k as i32]).unwrap();
+    // One row at a time: the reference for the bitwise check.
+    let singles: Vec<Vec<f32>> = (0..16).map(|r| ours(&rows(&xs, k, r, r + 1), &q)).collect();
+    for m in 1..=16 {
+        let x = rows(&xs, k, 0, m);
+        let got = ours(&x, &q);
+        assert_eq!(got.len(), m * n);
+        let fp32 = ops::matmul(&x, &dense.t().unwrap())
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let mlx = ops::quantized_matmul(&x, &q.w, &q.s, &q.b, true, group, bits)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        // Error bound: float32 rounding over k terms, relative to sum |x w|.
+        let xa: Vec<f32> = xs[..m * k].iter().map(|v| v.abs()).collect();
+        let mag = ops::matmul(
+            &Array::from_f32(&xa, &[m as i32, k as i32]).unwrap(),
+            &abs_dense.t().unwrap(),
+        )
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+        for i in 0..m * n {
+            let tol = 2e-6 * (k as f32).sqrt() * mag[i] + 1e-6;
+            assert!(
+                (got[i] - fp32[i]).abs() <= tol,
+                "{n}x{k} g{group} {bits}-bit, {m} rows, [{}, {}]: ours {} fp32 {} (tol {tol})",
+                i / n,
+                i % n,
+                got[i],
+                fp32[i]
+            );
+            assert!(
+                (got[i] - mlx[i]).abs() <= tol,
+                "{n}x{k} g{group} {bits}-bit, {m} rows, [{}, {}]: ours {} mlx {} (tol {tol})",
+                i / n,
+                i % n,
+                got[i],
+                mlx[i]
+            );
+        }
+        for r in 0..m {
+            assert!(
+                got[r * n..(r + 1) * n]
+                    .iter()
+                    .zip(&singles[r])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{n}x{k} g{group} {bits}-bit: row {r} of {m} differs from the row alone"
+            );
+        }
+    }
+}
+
+#[test]
+fn qmatmul_model_shapes_4bit() {
+    // SmolLM2-135M: q/o 576x576, k/v 192x576, gate/up 1536x576, down 576x1536.
+    for (i, (n, k)) in [(576, 576), (192, 576), (1536, 576), (576, 1536)]
+        .into_iter()
+        .enumerate()
+    {
+        check_qmatmul(n, k, 32, 4, 10 + i as u64);
+    }
+}
+
+#[test]
+fn qmatmul_head_shape_8bit() {
+    // The Q8_0 embedding used as the tied head, cut to a slice of the vocab
+    // (the full 49152 rows cost minutes in the fp32 reference), plus a row
+    // count that is not a multiple of the thread split.
+    check_qmatmul(4099, 576, 32, 8, 20);
+}
+
+#[test]
+fn qmatmul_odd_shapes_and_groups() {
+    for (i, (n, k, group, bits)) in [
+        (1, 32, 32, 4),
+        (7, 96, 32, 4),
+        (13, 160, 32, 8),
+        (77, 128, 64, 4),
+        (33, 192, 64, 8),
+        (5, 256, 128, 4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        check_qmatmul(n, k, group, bits, 30 + i as u64);
+    }
+}
+
+#[test]
+fn qmatmul_batched_leading_axes_and_errors() {
+    let mut g = Gen(40);
+    let q = qweight(&mut g, 64, 96, 32, 4);
+    let xs = g.f32s(2 * 3 * 96, -1.0, 1.0);
+    let x3 = Array::from_f32(&xs, &[2, 3, 96]).unwrap();
+    let y = kernels::qmatmul(&x3, &q.w, &q.s, &q.b, 32, 4).unwrap();
+    assert_eq!(y.shape(), vec![2, 3, 64]);
+    assert_eq!(y.to_vec_f32().unwrap(), ours(&rows(&xs, 96, 0, 6), &q));
+    // A transposed (non-contiguous) input gives the same result.
+    let xt = Array::from_f32(&xs[..6 * 96], &[6, 96])
+        .unwrap()
+        .t()
+        .unwrap()
+        .t()
+        .unwrap();
+    assert_eq!(ours(&xt, &q), ours(&rows(&xs, 96, 0, 6), &q));
+    let bad = Array::from_f32(&xs[..95], &[1, 95]).unwrap();
+    assert!(kernels::qmatmul(&bad, &q.w, &q.s, &q.b, 32, 4).is_err());
+    assert!(kernels::qmatmul(&x3, &q.w, &q.s, &q.b, 32, 3).is_err());
+    let s32 = q.s.as_type(Dtype::Float32).unwrap();
+    assert!(kernels::qmatmul(&x3, &q.w, &s32, &q.b, 32, 4).is_err());
+}
+
+/// `[1, h, t, d]` from a flat buffer.
+fn heads(v: &[f32], h: usize, t: usize, d: usize) -> Array {
+    Array::from_f32(v, &[1, h as i32, t as i32, d as i32]).unwrap()
+}
+
+#[test]
+fn attention_matches_sdpa_and_is_row_invariant() {
+    let mut g = Gen(50);
+    // 9 query heads over 3 kv heads of 64, as the default model.
+    let (h, hkv, d) = (9usize, 3usize, 64usize);
+    for len in [1usize, 7, 40, 300] {
+        let kv_len = len + 16;
+        let k = heads(&g.f32s(hkv * kv_len * d, -1.0, 1.0), hkv, kv_len, d);
+        let v = heads(&g.f32s(hkv * kv_len * d, -1.0, 1.0), hkv, kv_len, d);
+        let qs = g.f32s(h * 16 * d, -1.5, 1.5);
+        let scale = 1.0 / (d as f32).sqrt();
+        let q16 = heads(&qs, h, 16, d);
+        // Query index i of 16 sits at position kv_len - 16 + i and sees keys
+        // 0..=that position.
+        let q_at = |i0: usize, i1: usize| -> Array {
+            q16.slice(&[0, 0, i0 as i32, 0], &[1, h as i32, i1 as i32, d as i32])
+                .unwrap()
+        };
+        let keys_to = |a: &Array, n: usize| -> Array {
+            a.slice(&[0, 0, 0, 0], &[1, hkv as i32, n as i32, d as i32])
+                .unwrap()
+        };
+        let row = |y: &[f32], t: usize, r: usize| -> Vec<f32> {
+            (0..h)
+                .flat_map(|hh| y[(hh * t + r) * d..(hh * t + r + 1) * d].to_vec())
+                .collect()
+        };
+        let singles: Vec<Vec<f32>> = (0..16)
+            .map(|i| {
+                let n = kv_len - 16 + i + 1;
+                let y = kernels::attention(
+                    &q_at(i, i + 1),
+                    &keys_to(&k, n),
+                    &keys_to(&v, n),
+                    scale,
+                    true,
+                )
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+                row(&y, 1, 0)
+            })
+            .collect();
+        for t in 1..=16usize {
+            // The last t positions as one causal call over all keys.
+            let q = q_at(16 - t, 16);
+            let got = kernels::attention(&q, &k, &v, scale, true).unwrap();
+            assert_eq!(got.shape(), vec![1, h as i32, t as i32, d as i32]);
+            let got = got.to_vec_f32().unwrap();
+            let mask = if t > 1 {
+                fast::Mask::Causal
+            } else {
+                fast::Mask::None
+            };
+            let want = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() < 2e-5, "len {len} t {t} [{i}]: {a} vs {b}");
+            }
+            for r in 0..t {
+                assert!(
+                    row(&got, t, r)
+                        .iter()
+                        .zip(&singles[16 - t + r])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "len {len}: row {r} of {t} differs from the same query alone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_reads_cache_slices_in_place() {
+    // Keys as a slice of a larger buffer (what the KV cache hands over).
+    let mut g = Gen(60);
+    let (h, d, cap, len) = (2usize, 64usize, 64usize, 37usize);
+    let kbuf = heads(&g.f32s(h * cap * d, -1.0, 1.0), h, cap, d);
+    let vbuf = heads(&g.f32s(h * cap * d, -1.0, 1.0), h, cap, d);
+    let end = [1, h as i32, len as i32, d as i32];
+    let k = kbuf.slice(&[0, 0, 0, 0], &end).unwrap();
+    let v = vbuf.slice(&[0, 0, 0, 0], &end).unwrap();
+    let q = heads(&g.f32s(h * 3 * d, -1.0, 1.0), h, 3, d);
+    let got = kernels::attention(&q, &k, &v, 0.125, true)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    let want = kernels::attention(
+        &q,
+        &k.contiguous().unwrap(),
+        &v.contiguous().unwrap(),
+        0.125,
+        true,
+    )
+    .unwrap()
+    .to_vec_f32()
+    .unwrap();
+    assert_eq!(got, want);
+    assert!(kernels::attention(
+        &q,
+        &k.slice(&[0, 0, 0, 0], &[1, h as i32, 2, d as i32]).unwrap(),
+        &v,
+        0.1,
+        true
+    )
+    .is_err());
+}
+
+#[test]
+fn kernel_config_is_reported() {
+    assert!(kernels::threads() >= 1);
+    assert!(["avx512", "avx2", "scalar"].contains(&kernels::isa().as_str()));
+}
