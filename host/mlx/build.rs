@@ -101,7 +101,9 @@ fn main() {
     println!("cargo:rerun-if-env-changed=SPECD_MLX_WHEEL");
     println!("cargo:rerun-if-changed=src/shim.h");
     println!("cargo:rerun-if-changed=src/shim.cc");
-    println!("cargo:rerun-if-changed=src/kernels.cc");
+    for f in ["kernels.cc", "qmm.h", "qmm_simd.h", "qmm_avx2.cc", "qmm_avx512.cc"] {
+        println!("cargo:rerun-if-changed=src/{f}");
+    }
     println!("cargo:rerun-if-changed=src/lib.rs");
 
     let root = match env::var("MLX_DIR") {
@@ -134,6 +136,34 @@ fn main() {
         );
         build.define("SPECD_OPENBLAS", None);
         println!("cargo:rustc-link-search=native={}", dir.display());
+    }
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if arch == "x86_64" {
+        // The SIMD kernels, each in its own unit with its instruction set
+        // on; kernels.cc picks one at run time from the CPU's features.
+        build.define("SPECD_X86_KERNELS", None);
+        for (file, flags) in [
+            ("src/qmm_avx2.cc", &["-mavx2", "-mfma", "-mf16c"][..]),
+            (
+                "src/qmm_avx512.cc",
+                &["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"][..],
+            ),
+        ] {
+            let mut b = cc::Build::new();
+            b.cpp(true)
+                .file(file)
+                .std("c++20")
+                .opt_level(3)
+                // GCC 12's AVX-512 intrinsics self-initialize a dummy
+                // (`__Y = __Y`) and then warn about it once inlined.
+                .flag_if_supported("-Wno-uninitialized")
+                .flag_if_supported("-Wno-maybe-uninitialized");
+            for f in flags {
+                b.flag(f);
+            }
+            let name = Path::new(file).file_stem().unwrap().to_str().unwrap();
+            b.compile(&format!("specd_{name}"));
+        }
     }
     build.compile("specd_mlx_shim");
 

@@ -26,13 +26,10 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "specd-mlx/src/qmm.h"
 #include "specd-mlx/src/shim.h"
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 intrinsics self-initialize a dummy (`__Y = __Y`) that
-// trips its own uninitialized warnings once inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #endif
 
@@ -46,10 +43,15 @@ namespace {
 // Decode calls a kernel a few hundred times per token, tens of microseconds
 // apart, so workers spin briefly before sleeping: a condition-variable wake
 // per call would cost more than many of the calls themselves.
+//
+// A call is split into more chunks than threads and every participant
+// (the caller included) claims chunks until none are left. The caller never
+// waits for a worker to show up, only for chunks already claimed: on a busy
+// machine a descheduled worker costs nothing but its own absence.
 class Pool {
  public:
   explicit Pool(int threads) : n_(std::max(1, threads)) {
-    for (int i = 1; i < n_; i++) workers_.emplace_back([this, i] { work(i); });
+    for (int i = 1; i < n_; i++) workers_.emplace_back([this] { work(); });
   }
   ~Pool() {
     {
@@ -62,30 +64,42 @@ class Pool {
   }
   int size() const { return n_; }
 
-  // Runs f(0..n-1), f(0) on the calling thread; returns when all are done.
+  // Runs f(0..chunks-1) across the pool; returns when all are done.
   template <class F>
-  void run(int n, F&& f) {
-    n = std::min(n, n_);
-    if (n <= 1) {
-      f(0);
+  void run(int chunks, F&& f) {
+    if (chunks <= 1 || n_ == 1) {
+      for (int c = 0; c < chunks; c++) f(c);
       return;
     }
     std::lock_guard<std::mutex> serial(submit_);
-    auto call = [&](int i) { f(i); };
-    job_ = [](void* ctx, int i) { (*static_cast<decltype(call)*>(ctx))(i); };
-    ctx_ = &call;
-    active_ = n;
-    pending_.store(n - 1);
+    auto call = [&](int c) { f(c); };
+    Job job{[](void* ctx, int c) { (*static_cast<decltype(call)*>(ctx))(c); }, &call, chunks};
+    cur_.store(&job);
     gen_.fetch_add(1);
     if (sleeping_.load() > 0) {
       std::lock_guard<std::mutex> lk(m_);
       cv_.notify_all();
     }
-    f(0);
-    while (pending_.load() > 0) pause();
+    job.drain();
+    for (int spins = 0; job.done.load() < chunks; spins++) backoff(spins);
+    // A worker that picked up `job` may still be looking at it.
+    cur_.store(nullptr);
+    for (int spins = 0; users_.load() > 0; spins++) backoff(spins);
   }
 
  private:
+  struct Job {
+    void (*fn)(void*, int);
+    void* ctx;
+    int total;
+    std::atomic<int> next{0}, done{0};
+    void drain() {
+      for (int c; (c = next.fetch_add(1)) < total;) {
+        fn(ctx, c);
+        done.fetch_add(1);
+      }
+    }
+  };
   static void pause() {
 #if defined(__x86_64__)
     _mm_pause();
@@ -93,7 +107,13 @@ class Pool {
     std::this_thread::yield();
 #endif
   }
-  void work(int i) {
+  static void backoff(int spins) {
+    if (spins < 2000)
+      pause();
+    else
+      std::this_thread::yield();
+  }
+  void work() {
     // Generation 0 is the pool's birth: a run submitted before this thread
     // got here must still be seen as new.
     uint64_t seen = 0;
@@ -108,10 +128,9 @@ class Pool {
       }
       seen = gen_.load();
       if (stop_) return;
-      if (i < active_) {
-        job_(ctx_, i);
-        pending_.fetch_sub(1);
-      }
+      users_.fetch_add(1);
+      if (Job* j = cur_.load()) j->drain();
+      users_.fetch_sub(1);
     }
   }
 
@@ -120,11 +139,9 @@ class Pool {
   std::mutex submit_, m_;
   std::condition_variable cv_;
   std::atomic<uint64_t> gen_{0};
-  std::atomic<int> pending_{0}, sleeping_{0};
-  void (*job_)(void*, int) = nullptr;
-  void* ctx_ = nullptr;
-  int active_ = 0;
-  bool stop_ = false;
+  std::atomic<int> sleeping_{0}, users_{0};
+  std::atomic<Job*> cur_{nullptr};
+  std::atomic<bool> stop_{false};
 };
 
 int default_threads() {
@@ -159,7 +176,7 @@ Isa detect_isa() {
     if (v == "scalar") return Isa::Scalar;
     if (v == "avx2") return Isa::Avx2;
   }
-#if defined(__x86_64__)
+#if defined(SPECD_X86_KERNELS)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return Isa::Avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -190,15 +207,7 @@ float h2f(uint16_t h) {
 // byte load splits them (low nibbles, then high). That order is fixed, so
 // every row reduces identically whatever the tile it is computed in.
 
-struct QArgs {
-  const float* x;     // prepared activations [M, K]
-  const float* xsum;  // [M, K / group]
-  const uint32_t* w;  // [N, K * bits / 32]
-  const uint16_t* s;  // f16 [N, K / group]
-  const uint16_t* b;  // f16 [N, K / group]
-  float* y;           // [M, N]
-  int M, N, K, group, bits;
-};
+using QArgs = qmm::Args;
 
 void prepare_x(const float* x, int M, int K, int group, int bits, float* xp, float* xs) {
   int groups = K / group;
@@ -259,150 +268,11 @@ void qmm_scalar(const QArgs& a, int n0, int n1) {
   }
 }
 
-#if defined(__x86_64__)
-// The bias term sum_g b[g] * xsum[g], identical in both SIMD paths' structure:
-// 8-lane f16->f32 partial sums, then a scalar tail, then a fixed horizontal sum.
-__attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target("avx2,fma,f16c"))) float bias_dot(const uint16_t* b, const float* xs,
-                                                         int groups) {
-  __m256 acc = _mm256_setzero_ps();
-  int g = 0;
-  for (; g + 8 <= groups; g += 8) {
-    __m256 bv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g)));
-    acc = _mm256_fmadd_ps(bv, _mm256_loadu_ps(xs + g), acc);
-  }
-  float r = hsum8(acc);
-  for (; g < groups; g++) r += h2f(b[g]) * xs[g];
-  return r;
-}
-
-// Rows per tile: the weights of a column are unpacked once per tile.
-constexpr int kTile = 4;
-
-template <int R>
-__attribute__((target("avx2,fma,f16c"))) void qmm_avx2_tile(const QArgs& a, int n, int m0) {
-  int groups = a.K / a.group, row_words = a.K * a.bits / 32;
-  const uint8_t* wr = reinterpret_cast<const uint8_t*>(a.w + (size_t)n * row_words);
-  const __m128i lowmask = _mm_set1_epi8(15);
-  __m256 acc[R];
-  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-  for (int g = 0; g < groups; g++) {
-    __m256 t[R];
-    for (int r = 0; r < R; r++) t[r] = _mm256_setzero_ps();
-    for (int blk = g * a.group; blk < (g + 1) * a.group; blk += 32) {
-      __m256 q[4];
-      if (a.bits == 4) {
-        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + blk / 2));
-        __m128i lo = _mm_and_si128(v, lowmask);
-        __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), lowmask);
-        q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-        q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-        q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-        q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-      } else {
-        const uint8_t* p = wr + blk;
-        for (int j = 0; j < 4; j++)
-          q[j] = _mm256_cvtepi32_ps(
-              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * j))));
-      }
-      for (int r = 0; r < R; r++) {
-        const float* xr = a.x + (size_t)(m0 + r) * a.K + blk;
-        for (int j = 0; j < 4; j++) t[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * j), q[j], t[r]);
-      }
-    }
-    __m256 s = _mm256_set1_ps(h2f(a.s[(size_t)n * groups + g]));
-    for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(t[r], s, acc[r]);
-  }
-  for (int r = 0; r < R; r++) {
-    float bias = bias_dot(a.b + (size_t)n * groups, a.xsum + (size_t)(m0 + r) * groups, groups);
-    a.y[(size_t)(m0 + r) * a.N + n] = hsum8(acc[r]) + bias;
-  }
-}
-
-__attribute__((target("avx2,fma,f16c"))) void qmm_avx2(const QArgs& a, int n0, int n1) {
-  for (int n = n0; n < n1; n++) {
-    int m = 0;
-    for (; m + kTile <= a.M; m += kTile) qmm_avx2_tile<kTile>(a, n, m);
-    switch (a.M - m) {
-      case 3: qmm_avx2_tile<3>(a, n, m); break;
-      case 2: qmm_avx2_tile<2>(a, n, m); break;
-      case 1: qmm_avx2_tile<1>(a, n, m); break;
-      default: break;
-    }
-  }
-}
-
-__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) inline float hsum16(__m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  return hsum8(_mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8)));
-}
-
-template <int R>
-__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void qmm_avx512_tile(const QArgs& a,
-                                                                              int n, int m0) {
-  int groups = a.K / a.group, row_words = a.K * a.bits / 32;
-  const uint8_t* wr = reinterpret_cast<const uint8_t*>(a.w + (size_t)n * row_words);
-  const __m128i lowmask = _mm_set1_epi8(15);
-  __m512 acc[R];
-  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-  for (int g = 0; g < groups; g++) {
-    __m512 t[R];
-    for (int r = 0; r < R; r++) t[r] = _mm512_setzero_ps();
-    for (int blk = g * a.group; blk < (g + 1) * a.group; blk += 32) {
-      __m512 q0, q1;
-      if (a.bits == 4) {
-        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + blk / 2));
-        q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, lowmask)));
-        q1 = _mm512_cvtepi32_ps(
-            _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), lowmask)));
-      } else {
-        const __m128i* p = reinterpret_cast<const __m128i*>(wr + blk);
-        q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p)));
-        q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p + 1)));
-      }
-      for (int r = 0; r < R; r++) {
-        const float* xr = a.x + (size_t)(m0 + r) * a.K + blk;
-        t[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr), q0, t[r]);
-        t[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), q1, t[r]);
-      }
-    }
-    __m512 s = _mm512_set1_ps(h2f(a.s[(size_t)n * groups + g]));
-    for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(t[r], s, acc[r]);
-  }
-  for (int r = 0; r < R; r++) {
-    float bias = bias_dot(a.b + (size_t)n * groups, a.xsum + (size_t)(m0 + r) * groups, groups);
-    a.y[(size_t)(m0 + r) * a.N + n] = hsum16(acc[r]) + bias;
-  }
-}
-
-__attribute__((target("avx512f,avx512bw,avx2,fma,f16c"))) void qmm_avx512(const QArgs& a, int n0,
-                                                                          int n1) {
-  for (int n = n0; n < n1; n++) {
-    int m = 0;
-    for (; m + kTile <= a.M; m += kTile) qmm_avx512_tile<kTile>(a, n, m);
-    switch (a.M - m) {
-      case 3: qmm_avx512_tile<3>(a, n, m); break;
-      case 2: qmm_avx512_tile<2>(a, n, m); break;
-      case 1: qmm_avx512_tile<1>(a, n, m); break;
-      default: break;
-    }
-  }
-}
-#endif
-
 void qmm_range(const QArgs& a, int n0, int n1) {
   switch (isa()) {
-#if defined(__x86_64__)
-    case Isa::Avx512: qmm_avx512(a, n0, n1); return;
-    case Isa::Avx2: qmm_avx2(a, n0, n1); return;
+#if defined(SPECD_X86_KERNELS)
+    case Isa::Avx512: qmm::avx512(a, n0, n1); return;
+    case Isa::Avx2: qmm::avx2(a, n0, n1); return;
 #endif
     default: qmm_scalar(a, n0, n1); return;
   }
@@ -418,9 +288,9 @@ void qmm_run(const float* x, const uint32_t* w, const uint16_t* s, const uint16_
   prepare_x(x, M, K, group, bits, xp.data(), xs.data());
   QArgs a{xp.data(), xs.data(), w, s, b, y, M, N, K, group, bits};
   size_t bytes = (size_t)N * K * bits / 8;
-  int parts = bytes < kParallelBytes ? 1 : pool().size();
-  pool().run(parts, [&](int i) {
-    auto [n0, n1] = share(N, parts, i, 8);
+  int chunks = bytes < kParallelBytes ? 1 : std::min(4 * pool().size(), (N + 7) / 8);
+  pool().run(chunks, [&](int i) {
+    auto [n0, n1] = share(N, chunks, i, 8);
     qmm_range(a, n0, n1);
   });
 }
@@ -476,20 +346,9 @@ struct AttnArgs {
   bool causal;
 };
 
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma,f16c"))) float dot_avx2(const float* a, const float* b, int n) {
-  __m256 acc = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float r = hsum8(acc);
-  for (; i < n; i++) r += a[i] * b[i];
-  return r;
-}
-#endif
-
 float dot(const float* a, const float* b, int n) {
-#if defined(__x86_64__)
-  if (isa() != Isa::Scalar) return dot_avx2(a, b, n);
+#if defined(SPECD_X86_KERNELS)
+  if (isa() != Isa::Scalar) return qmm::dot_avx2(a, b, n);
 #endif
   float r = 0.f;
   for (int i = 0; i < n; i++) r += a[i] * b[i];
@@ -504,6 +363,13 @@ inline const float* row_of(const float* base, int64_t row, int64_t col, int j, i
   if (col == 1) return r;
   for (int i = 0; i < n; i++) tmp[i] = r[i * col];
   return tmp;
+}
+
+void axpy(float a, const float* x, float* y, int n) {
+#if defined(SPECD_X86_KERNELS)
+  if (isa() != Isa::Scalar) return qmm::axpy_avx2(a, x, y, n);
+#endif
+  for (int i = 0; i < n; i++) y[i] = std::fma(a, x[i], y[i]);
 }
 
 void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
@@ -533,7 +399,7 @@ void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
     for (int j = 0; j < n; j++) {
       const float* vr = row_of(vb, a.v_row, a.v_col, j, a.Dv, vtmp);
       float pj = p[j];
-      for (int d = 0; d < a.Dv; d++) o[d] += pj * vr[d];
+      axpy(pj, vr, o, a.Dv);
     }
     float inv = 1.f / sum;
     for (int d = 0; d < a.Dv; d++) o[d] *= inv;
@@ -558,10 +424,10 @@ class Attention : public mx::UnaryPrimitive {
     enc.dispatch([a, keep = in, keep_out = out]() {
       int rows = a.H * a.T;
       // A row costs ~L*D; below ~64K multiply-adds per call stay on one thread.
-      int parts = (int64_t)rows * a.L * a.D < 65536 ? 1 : pool().size();
-      pool().run(parts, [&](int i) {
+      int chunks = (int64_t)rows * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), rows);
+      pool().run(chunks, [&](int i) {
         thread_local std::vector<float> p;
-        auto [r0, r1] = share(rows, parts, i, 1);
+        auto [r0, r1] = share(rows, chunks, i, 1);
         attn_rows(a, r0, r1, p);
       });
     });
