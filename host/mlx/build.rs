@@ -101,7 +101,13 @@ fn main() {
     println!("cargo:rerun-if-env-changed=SPECD_MLX_WHEEL");
     println!("cargo:rerun-if-changed=src/shim.h");
     println!("cargo:rerun-if-changed=src/shim.cc");
-    for f in ["kernels.cc", "qmm.h", "qmm_simd.h", "qmm_avx2.cc", "qmm_avx512.cc"] {
+    for f in [
+        "kernels.cc",
+        "qmm.h",
+        "qmm_simd.h",
+        "qmm_avx2.cc",
+        "qmm_avx512.cc",
+    ] {
         println!("cargo:rerun-if-changed=src/{f}");
     }
     println!("cargo:rerun-if-changed=src/lib.rs");

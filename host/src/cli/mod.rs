@@ -19,6 +19,15 @@ use std::sync::Arc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How quantized weights run: `quantized` (kept as they are, specd's
+    /// batch-invariant CPU kernels; the default) or `f32` (dequantized at
+    /// load, MLX's matmul). Same as SPECD_WEIGHTS.
+    #[arg(long, global = true, value_parser = parse_weights)]
+    weights: Option<crate::model::WeightMode>,
+}
+
+fn parse_weights(s: &str) -> std::result::Result<crate::model::WeightMode, String> {
+    crate::model::WeightMode::parse(s)
 }
 
 #[derive(Subcommand)]
@@ -128,6 +137,10 @@ fn parse_args() -> Result<Cli> {
 pub fn main() -> Result<()> {
     init_logging();
     let cli = parse_args()?;
+    if let Some(w) = cli.weights {
+        // Every loader (engine, draft models, server) reads it from here.
+        std::env::set_var("SPECD_WEIGHTS", w.name());
+    }
     match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Serve(a) => crate::server::run(a),

@@ -90,6 +90,9 @@ impl Linear {
             }
         }
     }
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Linear::Quantized(_))
+    }
     /// `[out, in]`.
     pub fn shape(&self) -> [i32; 2] {
         match self {
@@ -219,6 +222,20 @@ impl Llama {
         };
         let h = fast::rms_norm(&h, &self.norm, self.config.rms_norm_eps)?;
         self.lm_head.as_ref().unwrap_or(&self.embed).forward(&h)
+    }
+
+    /// Whether a forward over k new tokens gives, row for row, bitwise the
+    /// logits of k one-token forwards: every matmul through specd's
+    /// quantized kernels and attention through its kernel (norms, rope and
+    /// elementwise ops are row-wise in MLX already).
+    pub fn batch_invariant(&self) -> bool {
+        self.invariant_attention
+            && self.lm_head.as_ref().unwrap_or(&self.embed).is_quantized()
+            && self.layers.iter().all(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .into_iter()
+                    .all(|l| l.is_quantized())
+            })
     }
 
     /// Causal attention of `q` `[1, heads, T, d]` over the cached `k`, `v`.
