@@ -14,7 +14,9 @@
 #     (`specd pull`), both under $SPECD_HOME (default ~/.cache/specd)
 #
 # Knobs: CARGO_TARGET_DIR (one shared target dir, default ./target),
-# PYTHON (default python3), PYTEST_ARGS, PROMPT.
+# PYTHON (default python3), PYTEST_ARGS, PROMPT, ANCHORS_ARGS.
+#
+#   make bench-anchors   our decode/prefill speed next to mlx-lm and llama.cpp
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -29,6 +31,7 @@ PYTHON     ?= python3
 STAMPS     := $(TARGET_DIR)/.make
 PROMPT     ?= What is the capital of France?
 PYTEST_ARGS ?=
+ANCHORS_ARGS ?=
 
 # pip (for the MLX wheel and `specd pull`) comes from the venv when present.
 export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
@@ -36,7 +39,7 @@ export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32 chromium
 
-.PHONY: run test setup apt rust tools venv build pull lint test-rust test-py clean-stamps
+.PHONY: run test setup apt rust tools venv build pull lint test-rust test-py bench-anchors clean-stamps
 
 run: build
 	$(SPECD) generate --chat "$(PROMPT)"
@@ -107,6 +110,23 @@ test-py: build venv pull
 	@set +e; cd $(ROOT) && SPECD_BIN=$(SPECD) $(VENV)/bin/python -m pytest -p no:cacheprovider tests/py $(PYTEST_ARGS); rc=$$?; set -e; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests under tests/py (exit 5): failing" >&2; exit 1; fi; \
 	exit $$rc
+
+# ---- anchors ----------------------------------------------------------------------
+# `specd bench anchors`: ours, mlx-lm and llama.cpp side by side. llama-cpp-python
+# is not in tests/py/requirements.txt (pip compiles llama.cpp from source, minutes
+# on 2 cores): it goes into .venv here, with cmake and a C++ compiler from apt.
+bench-anchors: build venv pull
+	@if ! $(VENV)/bin/python -c 'import llama_cpp' >/dev/null 2>&1; then \
+	    if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null; then \
+	        echo "make: installing cmake g++ (to build llama-cpp-python)"; \
+	        export DEBIAN_FRONTEND=noninteractive; \
+	        $(SUDO) apt-get install -y --no-install-recommends cmake g++ \
+	            || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends cmake g++; }; \
+	    fi; \
+	    echo "make: installing llama-cpp-python into $(VENV) (compiles llama.cpp: minutes)"; \
+	    $(VENV)/bin/python -m pip install llama-cpp-python; \
+	fi
+	SPECD_PYTHON=$(VENV)/bin/python $(SPECD) bench anchors $(ANCHORS_ARGS)
 
 clean-stamps:
 	rm -rf $(STAMPS) $(VENV)/.installed

@@ -1,0 +1,819 @@
+//! `specd bench anchors`: our plain greedy decode and prefill speed next to
+//! mlx-lm (on the weights `specd convert` writes) and llama.cpp (via
+//! llama-cpp-python, on the same GGUF), measured in one run with the same
+//! token ids, token count and thread count; plus our verify cost curve (one
+//! forward over 1, 2, 4, 8, 16 new tokens, relative to 1).
+//!
+//! The anchors run in Python (`scripts/anchors.py`, compiled into the binary),
+//! one process each, with the interpreter from `SPECD_PYTHON`, else the
+//! checkout's `.venv`, else `python3`. A missing anchor package is installed
+//! there with pip on first use (unless `--no-install`); one that still cannot
+//! run is an error in the report, never a silent skip.
+use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::model::{Logits, ModelFormat};
+use crate::sampling::SamplingParams;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use specd_text::ChatMessage;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// The anchor script, run with `python -c`.
+pub const SCRIPT: &str = include_str!("../../scripts/anchors.py");
+
+/// Engine names, in the order they run.
+pub const ENGINES: [&str; 3] = ["ours", "mlx-lm", "llama.cpp"];
+
+/// New tokens per forward on the verify cost curve.
+pub const VERIFY_TOKENS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// The decode prompt (a chat turn; ~40 tokens with the default model's
+/// template). It asks for a long answer, so greedy decoding runs the whole
+/// token budget.
+pub const DECODE_PROMPT: &str =
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.";
+
+const WARMUP_TOKENS: usize = 8;
+
+pub struct Options {
+    /// A subset of [`ENGINES`].
+    pub engines: Vec<String>,
+    pub max_tokens: usize,
+    /// Length of the prefill prompt, in tokens.
+    pub prefill_tokens: usize,
+    pub threads: usize,
+    /// Timed prefill runs per engine (the median counts).
+    pub reps: usize,
+    pub verify_context: usize,
+    pub verify_reps: usize,
+    /// pip-install a missing anchor package.
+    pub install: bool,
+    /// Preload this BLAS into mlx-lm's process (the wheel's own is reference BLAS).
+    pub mlx_lm_blas: Option<PathBuf>,
+    pub python: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Prefill {
+    pub prompt_tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    pub reps: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Decode {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+/// One engine's results, or why it could not run.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct EngineRun {
+    pub engine: String,
+    pub version: Option<String>,
+    /// What it ran on (file or directory).
+    pub model: String,
+    /// Weights and backend, in words.
+    pub backend: String,
+    pub threads: usize,
+    pub load_seconds: Option<f64>,
+    pub prefill: Option<Prefill>,
+    pub decode: Option<Decode>,
+    /// Leading generated tokens equal to ours (greedy on the same weights:
+    /// they should agree up to numerical near-ties).
+    pub same_tokens_as_ours: Option<usize>,
+    pub error: Option<String>,
+    /// How to install the engine when it is missing.
+    pub install: Option<String>,
+    #[serde(skip)]
+    pub tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyPoint {
+    pub tokens: usize,
+    pub ms: f64,
+    /// `ms` over the 1-token forward's.
+    pub relative: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verify {
+    pub context: usize,
+    pub reps: usize,
+    pub points: Vec<VerifyPoint>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub model: String,
+    pub gguf: Option<String>,
+    pub converted: Option<String>,
+    pub threads: usize,
+    pub max_tokens: usize,
+    pub decode_prompt_tokens: usize,
+    pub prefill_prompt_tokens: usize,
+    pub python: String,
+    /// The 1-minute load average when the run began (Linux): other work on
+    /// the machine skews every number.
+    pub load_average: Option<f64>,
+    pub engines: Vec<EngineRun>,
+    /// Ours over each anchor that ran: `{"decode": {"mlx-lm": x}, "prefill": {...}}`.
+    pub ratios: BTreeMap<String, BTreeMap<String, f64>>,
+    pub verify: Option<Verify>,
+}
+
+impl Report {
+    pub fn failed(&self) -> Vec<&EngineRun> {
+        self.engines.iter().filter(|e| e.error.is_some()).collect()
+    }
+}
+
+/// The interpreter for the anchors: `SPECD_PYTHON`, else `.venv/bin/python`
+/// of this checkout (as the Makefile makes it) or of the current directory,
+/// else `python3` on PATH.
+pub fn default_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("SPECD_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    // Never resolve the venv's symlink: the interpreter it points at is
+    // outside the venv.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().unwrap_or(manifest).to_path_buf();
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    for base in [root, cwd] {
+        let p = base.join(".venv/bin/python");
+        if p.exists() {
+            return p;
+        }
+    }
+    PathBuf::from("python3")
+}
+
+/// The system's OpenBLAS shared library (what specd links), if installed.
+pub fn system_openblas() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join("libopenblas.so.0"))
+    .find(|p| p.exists())
+}
+
+/// Threads when `--threads` is not given: `SPECD_THREADS`, else every core.
+pub fn default_threads() -> usize {
+    std::env::var("SPECD_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// `n` prompt tokens of plain text (the bench's prompt suites, repeated).
+fn long_prompt(e: &Engine, n: usize) -> Result<Vec<u32>> {
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    while ids.len() < n {
+        for p in crate::bench::GROUNDED
+            .iter()
+            .chain(crate::bench::OPEN.iter())
+        {
+            text.push_str(p);
+            text.push_str("\n\n");
+        }
+        ids = e.encode(&Prompt::Raw(text.clone()))?;
+    }
+    ids.truncate(n);
+    Ok(ids)
+}
+
+/// Ours: the engine's plain greedy decode, a direct forward for prefill.
+fn run_ours(e: &Engine, decode_ids: &[u32], long_ids: &[u32], o: &Options) -> Result<EngineRun> {
+    let m = &e.model;
+    // Prefill: the whole prompt to the last position's logits, one batch.
+    let prefill_once = || -> Result<f64> {
+        let mut caches = m.new_caches();
+        let t = Instant::now();
+        m.forward(long_ids, &mut caches, Logits::Last)?.eval()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    prefill_once()?;
+    let times = (0..o.reps.max(1))
+        .map(|_| prefill_once())
+        .collect::<Result<Vec<_>>>()?;
+    let prefill_s = median(times);
+
+    // Decode: the pipeline with no drafter, as `specd generate` runs it.
+    let params = SamplingParams::default();
+    let none = SpecOptions {
+        drafter: Some("none".into()),
+        ..Default::default()
+    };
+    let decode = |n: usize| {
+        let settings = e.settings(params.clone(), Some(n), vec![]);
+        e.generate_uncached(
+            decode_ids,
+            &settings,
+            e.speculation(&none, &params)?,
+            &mut |_| true,
+        )
+    };
+    decode(WARMUP_TOKENS)?;
+    let fin = decode(o.max_tokens)?;
+    let weights = match std::env::var("SPECD_WEIGHTS") {
+        Ok(w) if !w.is_empty() => format!("SPECD_WEIGHTS={w}"),
+        _ => "default (SPECD_WEIGHTS unset)".into(),
+    };
+    Ok(EngineRun {
+        engine: "ours".into(),
+        version: Some(env!("CARGO_PKG_VERSION").into()),
+        model: e.path.display().to_string(),
+        backend: format!("specd, MLX CPU, weights {weights}"),
+        threads: o.threads,
+        prefill: Some(Prefill {
+            prompt_tokens: long_ids.len(),
+            seconds: prefill_s,
+            tokens_per_second: long_ids.len() as f64 / prefill_s,
+            reps: o.reps.max(1),
+        }),
+        decode: Some(Decode {
+            prompt_tokens: decode_ids.len(),
+            generated_tokens: fin.stats.generated_tokens,
+            seconds: fin.stats.decode_seconds,
+            tokens_per_second: fin.stats.decode_tps(),
+        }),
+        tokens: fin.emitted.clone(),
+        ..Default::default()
+    })
+}
+
+/// The verify cost curve: one forward over k new tokens after `context`
+/// tokens, for k in [`VERIFY_TOKENS`]; the median of `reps` (the k's
+/// interleaved within each rep), relative to k = 1.
+pub fn verify_curve(e: &Engine, ids: &[u32], context: usize, reps: usize) -> Result<Verify> {
+    let kmax = *VERIFY_TOKENS.iter().max().expect("non-empty");
+    if ids.len() < context + kmax {
+        bail!(
+            "the verify curve needs {} prompt tokens, got {}",
+            context + kmax,
+            ids.len()
+        );
+    }
+    let m = &e.model;
+    let mut caches = m.new_caches();
+    if context > 0 {
+        m.forward(&ids[..context], &mut caches, Logits::Last)?
+            .eval()?;
+        let state: Vec<&specd_mlx::Array> = caches.iter().flat_map(|c| c.state()).collect();
+        specd_mlx::eval(&state)?;
+    }
+    let new = &ids[context..context + kmax];
+    let mut times = vec![Vec::new(); VERIFY_TOKENS.len()];
+    // One untimed round warms every shape.
+    for rep in 0..=reps.max(1) {
+        for (i, &k) in VERIFY_TOKENS.iter().enumerate() {
+            for c in caches.iter_mut() {
+                c.rewind(context);
+            }
+            let t = Instant::now();
+            m.forward(&new[..k], &mut caches, Logits::All)?.eval()?;
+            if rep > 0 {
+                times[i].push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    let ms: Vec<f64> = times.into_iter().map(median).collect();
+    let points = VERIFY_TOKENS
+        .iter()
+        .zip(&ms)
+        .map(|(&k, &t)| VerifyPoint {
+            tokens: k,
+            ms: t,
+            relative: if ms[0] > 0.0 { t / ms[0] } else { 0.0 },
+        })
+        .collect();
+    Ok(Verify {
+        context,
+        reps: reps.max(1),
+        points,
+    })
+}
+
+/// `$SPECD_HOME/converted/<stem>-<sha256 prefix>`: `specd convert` of the GGUF,
+/// made once (written next to it, then renamed into place).
+pub fn converted_dir(gguf: &Path, progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let sha = crate::store::sha256_file(gguf)?;
+    let stem = gguf
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let root = crate::store::specd_home().join("converted");
+    let dir = root.join(format!("{stem}-{}", &sha[..12]));
+    if dir.join("config.json").exists() {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let tmp = root.join(format!(".{stem}-{}.tmp{}", &sha[..12], std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    progress(&format!(
+        "converting {} for mlx-lm into {} (once)",
+        gguf.display(),
+        dir.display()
+    ));
+    crate::model::convert::convert_gguf(gguf, &tmp)?;
+    if let Err(e) = std::fs::rename(&tmp, &dir) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        if !dir.join("config.json").exists() {
+            return Err(e).with_context(|| format!("moving the conversion to {}", dir.display()));
+        }
+    }
+    Ok(dir)
+}
+
+/// The anchor script with `args`, threads pinned through the environment.
+fn script(o: &Options, engine: &str, cmd: &str) -> Command {
+    let mut c = Command::new(&o.python);
+    c.arg("-c").arg(SCRIPT).arg(cmd).arg(engine);
+    let t = o.threads.to_string();
+    c.env("OPENBLAS_NUM_THREADS", &t)
+        .env("OMP_NUM_THREADS", &t)
+        .env("PYTHONUNBUFFERED", "1");
+    if engine == "mlx-lm" {
+        if let Some(blas) = &o.mlx_lm_blas {
+            c.env("LD_PRELOAD", blas);
+        }
+    }
+    c
+}
+
+/// Our stderr as a child's stdout (pip's progress must not reach `--json`'s stdout).
+fn stderr_stdio() -> Stdio {
+    use std::os::fd::AsFd;
+    match std::io::stderr().as_fd().try_clone_to_owned() {
+        Ok(fd) => Stdio::from(fd),
+        Err(_) => Stdio::null(),
+    }
+}
+
+#[derive(Deserialize)]
+struct ScriptError {
+    error: String,
+    install: Option<String>,
+}
+
+fn install_hint(o: &Options, engine: &str) -> String {
+    let pkgs = match engine {
+        "llama.cpp" => "llama-cpp-python  (it compiles llama.cpp: needs cmake and a C++ compiler, e.g. apt-get install cmake build-essential)",
+        _ => "mlx[cpu]==0.32.4 mlx-lm==0.32.2",
+    };
+    format!("{} -m pip install {pkgs}", o.python.display())
+}
+
+/// Checks that `engine` imports, installing it once when allowed.
+/// `Err((error, install hint))` when it cannot run.
+fn ensure(
+    o: &Options,
+    engine: &str,
+    progress: &mut dyn FnMut(&str),
+) -> std::result::Result<(), (String, String)> {
+    let check = || -> std::result::Result<(), (String, String)> {
+        let out = script(o, engine, "check")
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|err| {
+                (
+                    format!(
+                        "cannot run the anchors' python {}: {err}",
+                        o.python.display()
+                    ),
+                    "create the venv (make venv) or point SPECD_PYTHON at a python 3 with pip"
+                        .into(),
+                )
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        match text
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<ScriptError>(l).ok())
+        {
+            Some(se) => Err((
+                se.error,
+                se.install.unwrap_or_else(|| install_hint(o, engine)),
+            )),
+            None => Err((
+                format!(
+                    "the anchor script failed in {} ({}): {}",
+                    o.python.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                install_hint(o, engine),
+            )),
+        }
+    };
+    match check() {
+        Ok(()) => Ok(()),
+        Err(missing) if o.install && missing.0.contains("not importable") => {
+            progress(&format!(
+                "{engine} is not installed in {}: installing it now ({}){}",
+                o.python.display(),
+                missing.1,
+                if engine == "llama.cpp" {
+                    "; pip compiles llama.cpp, which takes minutes on 2 cores"
+                } else {
+                    ""
+                }
+            ));
+            let status = script(o, engine, "install")
+                .stdin(Stdio::null())
+                .stdout(stderr_stdio())
+                .status();
+            match status {
+                Ok(s) if s.success() => check(),
+                Ok(s) => Err((
+                    format!("installing {engine} failed ({s}): see pip's output above"),
+                    missing.1,
+                )),
+                Err(err) => Err((format!("installing {engine}: {err}"), missing.1)),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ScriptRun {
+    version: String,
+    load_seconds: f64,
+    prefill: Prefill,
+    decode: Decode,
+    tokens: Vec<u32>,
+}
+
+/// One anchor in its own Python process.
+fn run_anchor(
+    o: &Options,
+    engine: &str,
+    model: &Path,
+    cfg: &serde_json::Value,
+) -> std::result::Result<ScriptRun, (String, Option<String>)> {
+    let mut child = script(o, engine, "run")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|err| (format!("cannot run {}: {err}", o.python.display()), None))?;
+    let mut cfg = cfg.clone();
+    cfg["model"] = model.display().to_string().into();
+    {
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(cfg.to_string().as_bytes())
+            .map_err(|err| (format!("writing the anchor's config: {err}"), None))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|err| (format!("waiting for {engine}: {err}"), None))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().rev().find(|l| l.trim_start().starts_with('{'));
+    if let Some(l) = last {
+        if out.status.success() {
+            if let Ok(r) = serde_json::from_str::<ScriptRun>(l) {
+                return Ok(r);
+            }
+        }
+        if let Ok(se) = serde_json::from_str::<ScriptError>(l) {
+            return Err((se.error, se.install));
+        }
+    }
+    Err((
+        format!(
+            "{engine} gave no result ({}); its output: {}",
+            out.status,
+            text.trim()
+        ),
+        None,
+    ))
+}
+
+/// Runs the selected engines and the verify curve (ours) in one run.
+pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    for name in &o.engines {
+        if !ENGINES.contains(&name.as_str()) {
+            bail!(
+                "unknown engine {name:?} in --only: use {}",
+                ENGINES.join(", ")
+            );
+        }
+    }
+    if o.max_tokens == 0 || o.prefill_tokens < 2 {
+        bail!("--max-tokens must be at least 1 and --prefill-tokens at least 2");
+    }
+    let want = |n: &str| o.engines.iter().any(|x| x == n);
+    let load_average = load_average();
+    let decode_ids = e.encode(&Prompt::Chat(vec![ChatMessage::user(DECODE_PROMPT)]))?;
+    let kmax = *VERIFY_TOKENS.iter().max().expect("non-empty");
+    let long_ids = long_prompt(&e, o.prefill_tokens.max(o.verify_context + kmax))?;
+    let prefill_ids = long_ids[..o.prefill_tokens].to_vec();
+    let gguf = (e.format == ModelFormat::Gguf).then(|| e.path.clone());
+
+    let mut engines = Vec::new();
+    let mut verify = None;
+    if want("ours") {
+        progress(&format!(
+            "ours: prefill {} tokens x{}, decode {} tokens",
+            prefill_ids.len(),
+            o.reps,
+            o.max_tokens
+        ));
+        engines.push(run_ours(&e, &decode_ids, &prefill_ids, o)?);
+        progress(&format!(
+            "ours: verify curve after {} tokens, {} reps",
+            o.verify_context, o.verify_reps
+        ));
+        verify = Some(verify_curve(
+            &e,
+            &long_ids,
+            o.verify_context,
+            o.verify_reps,
+        )?);
+    }
+    let eos = e.tokenizer.eos_ids();
+    let model_path = e.path.clone();
+    let model_name = e.name.clone();
+    // The anchors get the machine to themselves.
+    drop(e);
+
+    let cfg = serde_json::json!({
+        "decode_prompt": decode_ids,
+        "prefill_prompt": prefill_ids,
+        "max_tokens": o.max_tokens,
+        "eos": eos,
+        "threads": o.threads,
+        "reps": o.reps.max(1),
+    });
+    let mut converted: Option<PathBuf> = None;
+    for engine in ["mlx-lm", "llama.cpp"] {
+        if !want(engine) {
+            continue;
+        }
+        let mut r = EngineRun {
+            engine: engine.into(),
+            threads: o.threads,
+            backend: match engine {
+                "mlx-lm" => format!(
+                    "MLX CPU, float32 from specd convert, {}",
+                    match &o.mlx_lm_blas {
+                        Some(p) => format!("BLAS {} (LD_PRELOAD)", p.display()),
+                        None => "the wheel's BLAS".into(),
+                    }
+                ),
+                _ => "llama.cpp CPU, the GGUF's own quantization".into(),
+            },
+            ..Default::default()
+        };
+        // What the engine loads.
+        let model: std::result::Result<PathBuf, String> = match (engine, &gguf) {
+            ("mlx-lm", Some(g)) => match &converted {
+                Some(d) => Ok(d.clone()),
+                None => converted_dir(g, progress)
+                    .inspect(|d| converted = Some(d.clone()))
+                    .map_err(|err| format!("specd convert failed: {err:#}")),
+            },
+            ("mlx-lm", None) => Ok(model_path.clone()),
+            (_, Some(g)) => Ok(g.clone()),
+            (_, None) => Err(format!(
+                "llama.cpp needs a GGUF file; {} is a directory",
+                model_path.display()
+            )),
+        };
+        let model = match model {
+            Ok(m) => m,
+            Err(err) => {
+                r.error = Some(err);
+                engines.push(r);
+                continue;
+            }
+        };
+        r.model = model.display().to_string();
+        if let Err((err, hint)) = ensure(o, engine, progress) {
+            r.error = Some(err);
+            r.install = Some(hint);
+            engines.push(r);
+            continue;
+        }
+        progress(&format!(
+            "{engine}: prefill {} tokens x{}, decode {} tokens",
+            o.prefill_tokens, o.reps, o.max_tokens
+        ));
+        match run_anchor(o, engine, &model, &cfg) {
+            Ok(s) => {
+                r.version = Some(s.version);
+                r.load_seconds = Some(s.load_seconds);
+                r.prefill = Some(s.prefill);
+                r.decode = Some(s.decode);
+                r.tokens = s.tokens;
+            }
+            Err((err, hint)) => {
+                r.error = Some(err);
+                r.install = hint;
+            }
+        }
+        engines.push(r);
+    }
+
+    // Agreement and ratios against ours.
+    let mut ratios: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    if let Some(ours) = engines.iter().find(|r| r.engine == "ours").cloned() {
+        for r in engines.iter_mut().filter(|r| r.engine != "ours") {
+            if r.error.is_some() {
+                continue;
+            }
+            r.same_tokens_as_ours = Some(
+                r.tokens
+                    .iter()
+                    .zip(&ours.tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count(),
+            );
+            let pairs = [
+                (
+                    "decode",
+                    ours.decode.as_ref().map(|d| d.tokens_per_second),
+                    r.decode.as_ref().map(|d| d.tokens_per_second),
+                ),
+                (
+                    "prefill",
+                    ours.prefill.as_ref().map(|d| d.tokens_per_second),
+                    r.prefill.as_ref().map(|d| d.tokens_per_second),
+                ),
+            ];
+            for (what, a, b) in pairs {
+                if let (Some(a), Some(b)) = (a, b) {
+                    if b > 0.0 {
+                        ratios
+                            .entry(what.into())
+                            .or_default()
+                            .insert(r.engine.clone(), a / b);
+                    }
+                }
+            }
+        }
+    }
+    Ok(Report {
+        model: model_name,
+        gguf: gguf.map(|p| p.display().to_string()),
+        converted: converted.map(|p| p.display().to_string()),
+        threads: o.threads,
+        max_tokens: o.max_tokens,
+        decode_prompt_tokens: decode_ids.len(),
+        prefill_prompt_tokens: prefill_ids.len(),
+        python: o.python.display().to_string(),
+        load_average,
+        engines,
+        ratios,
+        verify,
+    })
+}
+
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The report as a text table.
+pub fn table(r: &Report) -> String {
+    let mut s = String::new();
+    if let Some(l) = r.load_average.filter(|&l| l >= 1.0) {
+        s += &format!("warning: the load average was {l:.2} at the start: other work on this machine skews these numbers\n");
+    }
+    s += &format!(
+        "bench anchors: {} | {} threads | greedy | decode: {}-token chat prompt, up to {} tokens | prefill: {}-token prompt\n\n",
+        r.model, r.threads, r.decode_prompt_tokens, r.max_tokens, r.prefill_prompt_tokens
+    );
+    s += &format!(
+        "{:<10} {:<8} {:>13} {:>12} {:>7} {:>8}  {}\n",
+        "ENGINE", "VERSION", "PREFILL tok/s", "DECODE tok/s", "TOKENS", "=OURS", "BACKEND"
+    );
+    for e in &r.engines {
+        match &e.error {
+            None => {
+                s += &format!(
+                    "{:<10} {:<8} {:>13.1} {:>12.1} {:>7} {:>8}  {}\n",
+                    e.engine,
+                    e.version.as_deref().unwrap_or("-"),
+                    e.prefill.as_ref().map_or(0.0, |p| p.tokens_per_second),
+                    e.decode.as_ref().map_or(0.0, |d| d.tokens_per_second),
+                    e.decode.as_ref().map_or(0, |d| d.generated_tokens),
+                    e.same_tokens_as_ours
+                        .map_or("-".to_string(), |n| n.to_string()),
+                    e.backend
+                );
+            }
+            Some(err) => {
+                s += &format!("{:<10} ERROR: {err}\n", e.engine);
+                if let Some(h) = &e.install {
+                    s += &format!("{:<10} install: {h}\n", "");
+                }
+            }
+        }
+    }
+    if !r.ratios.is_empty() {
+        s += "\n";
+        let anchors: Vec<&String> = r
+            .engines
+            .iter()
+            .filter(|e| e.engine != "ours" && e.error.is_none())
+            .map(|e| &e.engine)
+            .collect();
+        for a in anchors {
+            let get = |what: &str| {
+                r.ratios
+                    .get(what)
+                    .and_then(|m| m.get(a.as_str()))
+                    .map_or("-".to_string(), |x| format!("{x:.2}x"))
+            };
+            s += &format!(
+                "ours / {a:<10} decode {:>7}   prefill {:>7}\n",
+                get("decode"),
+                get("prefill")
+            );
+        }
+    }
+    if let Some(v) = &r.verify {
+        s += &format!(
+            "\nverify cost (ours): one forward over k new tokens after {} tokens, median of {}\n",
+            v.context, v.reps
+        );
+        s += &format!("{:<10}", "k");
+        for p in &v.points {
+            s += &format!(" {:>8}", p.tokens);
+        }
+        s += &format!("\n{:<10}", "ms");
+        for p in &v.points {
+            s += &format!(" {:>8.2}", p.ms);
+        }
+        s += &format!("\n{:<10}", "relative");
+        for p in &v.points {
+            s += &format!(" {:>8.2}", p.relative);
+        }
+        s += "\n";
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![]), 0.0);
+    }
+
+    #[test]
+    fn script_knows_every_anchor() {
+        for e in ENGINES.iter().filter(|e| **e != "ours") {
+            assert!(
+                SCRIPT.contains(&format!("\"{e}\"")),
+                "{e} missing from anchors.py"
+            );
+        }
+    }
+}
