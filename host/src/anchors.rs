@@ -246,10 +246,10 @@ fn run_ours(e: &Engine, decode_ids: &[u32], long_ids: &[u32], o: &Options) -> Re
     };
     decode(WARMUP_TOKENS)?;
     let fin = decode(o.max_tokens)?;
-    let weights = match std::env::var("SPECD_WEIGHTS") {
-        Ok(w) if !w.is_empty() => format!("SPECD_WEIGHTS={w}"),
-        _ => "default (SPECD_WEIGHTS unset)".into(),
-    };
+    // `--weights` (global) and SPECD_WEIGHTS pick it; the loader already read it.
+    let weights = crate::model::WeightMode::from_env()
+        .map(|w| w.name().to_string())
+        .unwrap_or_else(|e| e);
     Ok(EngineRun {
         engine: "ours".into(),
         version: Some(env!("CARGO_PKG_VERSION").into()),
