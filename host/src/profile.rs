@@ -11,7 +11,11 @@ use std::time::Instant;
 
 #[derive(Debug, Default, Clone)]
 pub struct Profile {
+    /// Weight path and kernels, e.g. `quantized, batch-invariant, avx512 x2`.
+    pub path: String,
     pub step_ms: f64,
+    /// Of a whole step: building the lazy graph (host side, before eval).
+    pub build_ms: f64,
     pub parts: Vec<(String, f64)>,
 }
 
@@ -42,19 +46,21 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
             ch.rewind(context);
         }
     };
-    let mut step_ms = 0.0;
+    let (mut step_ms, mut build_ms) = (0.0, 0.0);
     for i in 0..steps + 2 {
         rewind(&mut caches);
         let t = Instant::now();
-        let l = m
-            .forward(&[tok], &mut caches, crate::model::Logits::Last)?
-            .to_vec_f32()?;
+        let lazy = m.forward(&[tok], &mut caches, crate::model::Logits::Last)?;
+        let built = t.elapsed().as_secs_f64() * 1e3;
+        let l = lazy.to_vec_f32()?;
         let _ = distribution(&l, &params, &prompt);
         if i >= 2 {
             step_ms += t.elapsed().as_secs_f64() * 1e3;
+            build_ms += built;
         }
     }
     step_ms /= steps as f64;
+    build_ms /= steps as f64;
 
     // Part by part.
     let names = [
@@ -151,12 +157,30 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
         .zip(acc)
         .map(|(n, a)| (n.to_string(), a / steps as f64))
         .collect();
-    Ok(Profile { step_ms, parts })
+    let quantized = m.layers.iter().any(|l| l.q.is_quantized());
+    let path = format!(
+        "{}{}, kernels {} x{} threads",
+        if quantized { "quantized" } else { "f32" },
+        if m.batch_invariant() {
+            ", batch-invariant"
+        } else {
+            ""
+        },
+        specd_mlx::kernels::isa(),
+        specd_mlx::kernels::threads()
+    );
+    Ok(Profile {
+        path,
+        step_ms,
+        build_ms,
+        parts,
+    })
 }
 
 pub fn report(p: &Profile) -> String {
     let sum: f64 = p.parts.iter().map(|(_, v)| v).sum();
-    let mut s = format!(
+    let mut s = format!("weights: {}\n", p.path);
+    s += &format!(
         "{:<26} {:>9} {:>7}\n",
         "part (evaluated alone)", "ms/step", "share"
     );
@@ -169,6 +193,10 @@ pub fn report(p: &Profile) -> String {
         "one whole step",
         p.step_ms,
         1e3 / p.step_ms
+    );
+    s += &format!(
+        "{:<26} {:>9.3}   (host side, overlaps nothing)\n",
+        "  of which graph building", p.build_ms
     );
     s += &format!(
         "a whole step costs {:.0}% of its parts run one by one: the rest of the parts' time is per-op sync and dispatch\n",

@@ -209,10 +209,36 @@ float h2f(uint16_t h) {
 
 using QArgs = qmm::Args;
 
-void prepare_x(const float* x, int M, int K, int group, int bits, float* xp, float* xs) {
+// Element offsets of each row (all axes but the last) of a strided array:
+// the kernels read their inputs where they lie instead of asking MLX for a
+// contiguous copy (one more op per call).
+std::vector<int64_t> row_offsets(const mx::array& a) {
+  int nd = a.ndim();
+  int64_t rows = a.size() / a.shape(-1);
+  std::vector<int64_t> off(rows);
+  std::vector<int> idx(std::max(nd - 1, 0), 0);
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t o = 0;
+    for (int d = 0; d < nd - 1; d++) o += idx[d] * a.strides()[d];
+    off[r] = o;
+    for (int d = nd - 2; d >= 0; d--) {
+      if (++idx[d] < a.shape(d)) break;
+      idx[d] = 0;
+    }
+  }
+  return off;
+}
+
+void prepare_x(const float* x, const int64_t* row_off, int64_t col, int M, int K, int group,
+               int bits, float* xp, float* xs) {
   int groups = K / group;
+  std::vector<float> dense(col == 1 ? 0 : K);
   for (int m = 0; m < M; m++) {
-    const float* xr = x + (size_t)m * K;
+    const float* xr = x + row_off[m];
+    if (col != 1) {
+      for (int i = 0; i < K; i++) dense[i] = xr[i * col];
+      xr = dense.data();
+    }
     float* pr = xp + (size_t)m * K;
     for (int g = 0; g < groups; g++) {
       float acc = 0.f;
@@ -282,10 +308,11 @@ void qmm_range(const QArgs& a, int n0, int n1) {
 // costs more than it saves.
 constexpr size_t kParallelBytes = 32 * 1024;
 
-void qmm_run(const float* x, const uint32_t* w, const uint16_t* s, const uint16_t* b, float* y,
-             int M, int N, int K, int group, int bits) {
+void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, const uint32_t* w,
+             const uint16_t* s, const uint16_t* b, float* y, int M, int N, int K, int group,
+             int bits) {
   std::vector<float> xp((size_t)M * K), xs((size_t)M * (K / group));
-  prepare_x(x, M, K, group, bits, xp.data(), xs.data());
+  prepare_x(x, row_off.data(), col, M, K, group, bits, xp.data(), xs.data());
   QArgs a{xp.data(), xs.data(), w, s, b, y, M, N, K, group, bits};
   size_t bytes = (size_t)N * K * bits / 8;
   int chunks = bytes < kParallelBytes ? 1 : std::min(4 * pool().size(), (N + 7) / 8);
@@ -312,9 +339,15 @@ class QMatmul : public mx::UnaryPrimitive {
     const uint16_t* s = reinterpret_cast<const uint16_t*>(in[2].data<mx::float16_t>());
     const uint16_t* b = reinterpret_cast<const uint16_t*>(in[3].data<mx::float16_t>());
     float* y = out.data<float>();
+    for (int i = 1; i < 4; i++)
+      if (!in[i].flags().row_contiguous)
+        throw std::runtime_error("SpecdQMatmul: weights must be row-contiguous");
+    auto row_off = row_offsets(in[0]);
+    int64_t col = in[0].strides().back();
     // The arrays ride along so their buffers outlive the task.
-    enc.dispatch([x, w, s, b, y, M, N, K, group, bits, keep = in, keep_out = out]() {
-      qmm_run(x, w, s, b, y, M, N, K, group, bits);
+    enc.dispatch([x, row_off = std::move(row_off), col, w, s, b, y, M, N, K, group, bits,
+                  keep = in, keep_out = out]() {
+      qmm_run(x, row_off, col, w, s, b, y, M, N, K, group, bits);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -336,12 +369,12 @@ class QMatmul : public mx::UnaryPrimitive {
 // one thread per (head, row) range. Query row t of T sees keys [0, L - T + t].
 
 struct AttnArgs {
-  const float* q;  // [H, T, D] contiguous
+  const float* q;  // strided [H, T, D]
   const float* k;  // strided [Hkv, L, D]
   const float* v;  // strided [Hkv, L, Dv]
   float* o;        // [H, T, Dv] contiguous
   int H, Hkv, T, L, D, Dv;
-  int64_t k_head, k_row, k_col, v_head, v_row, v_col;
+  int64_t q_head, q_row, q_col, k_head, k_row, k_col, v_head, v_row, v_col;
   float scale;
   bool causal;
 };
@@ -374,14 +407,15 @@ void axpy(float a, const float* x, float* y, int n) {
 
 void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
   int rep = a.H / a.Hkv;
-  p.resize(a.L + a.D + a.Dv);
+  p.resize(a.L + 2 * a.D + a.Dv);
   float* ktmp = p.data() + a.L;
   float* vtmp = ktmp + a.D;
+  float* qtmp = vtmp + a.Dv;
   for (int hr = r0; hr < r1; hr++) {
     int h = hr / a.T, t = hr % a.T;
     int kvh = h / rep;
     int n = a.causal ? a.L - a.T + t + 1 : a.L;
-    const float* q = a.q + ((size_t)h * a.T + t) * a.D;
+    const float* q = row_of(a.q + h * a.q_head, a.q_row, a.q_col, t, a.D, qtmp);
     const float* kb = a.k + kvh * a.k_head;
     const float* vb = a.v + kvh * a.v_head;
     float mx = -INFINITY;
@@ -418,7 +452,8 @@ class Attention : public mx::UnaryPrimitive {
     const auto &q = in[0], &k = in[1], &v = in[2];
     AttnArgs a{q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                q.shape(1),      k.shape(1),      q.shape(2),      k.shape(2),
-               q.shape(3),      v.shape(3),      k.strides()[1],  k.strides()[2],
+               q.shape(3),      v.shape(3),      q.strides()[1],  q.strides()[2],
+               q.strides()[3],  k.strides()[1],  k.strides()[2],
                k.strides()[3],  v.strides()[1],  v.strides()[2],  v.strides()[3],
                scale_,          causal_};
     enc.dispatch([a, keep = in, keep_out = out]() {
@@ -451,7 +486,12 @@ bool on_gpu() { return mx::default_device().type == mx::Device::DeviceType::gpu;
 A wrap_array(mx::array a) { return std::make_unique<Array>(std::move(a)); }
 
 // A row-contiguous view (a copy only where the layout needs one).
-mx::array rowmajor(const mx::array& a) { return mx::contiguous(a); }
+// Weights are evaluated, row-contiguous arrays from the loader: used as they
+// are. Anything else gets a contiguous copy first.
+mx::array rowmajor(const mx::array& a) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a);
+}
 
 }  // namespace
 
@@ -471,7 +511,7 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
     throw std::invalid_argument("qmatmul: scales/biases do not match the weight");
   if (scales.a.dtype() != mx::float16 || biases.a.dtype() != mx::float16)
     throw std::invalid_argument("qmatmul: scales and biases must be float16");
-  auto xs = rowmajor(mx::astype(x.a, mx::float32));
+  auto xs = mx::astype(x.a, mx::float32);
   mx::Shape shape = x.a.shape();
   shape.back() = N;
   auto prim = std::make_shared<QMatmul>(mx::default_stream(mx::Device::cpu), group_size, bits);
@@ -491,7 +531,7 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
     throw std::invalid_argument("attention: shapes of q, k, v do not fit together");
   // Keys and values keep their (cache-slice) strides: the kernel reads them
   // in place.
-  auto qq = rowmajor(mx::astype(q.a, mx::float32));
+  auto qq = mx::astype(q.a, mx::float32);
   auto kk = mx::astype(k.a, mx::float32), vv = mx::astype(v.a, mx::float32);
   mx::Shape shape = q.a.shape();
   shape[3] = v.a.shape(3);

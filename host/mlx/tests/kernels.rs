@@ -192,14 +192,26 @@ fn qmatmul_batched_leading_axes_and_errors() {
     let y = kernels::qmatmul(&x3, &q.w, &q.s, &q.b, 32, 4).unwrap();
     assert_eq!(y.shape(), vec![2, 3, 64]);
     assert_eq!(y.to_vec_f32().unwrap(), ours(&rows(&xs, 96, 0, 6), &q));
-    // A transposed (non-contiguous) input gives the same result.
-    let xt = Array::from_f32(&xs[..6 * 96], &[6, 96])
+    // Strided inputs are read in place: a transposed view (column stride 6)
+    // and a column slice (row stride 192) give the same bits.
+    let dense6 = ours(&rows(&xs, 96, 0, 6), &q);
+    let mut transposed = vec![0f32; 6 * 96];
+    for r in 0..6 {
+        for c in 0..96 {
+            transposed[c * 6 + r] = xs[r * 96 + c];
+        }
+    }
+    let xt = Array::from_f32(&transposed, &[96, 6]).unwrap().t().unwrap();
+    assert_eq!(ours(&xt, &q), dense6);
+    let mut wide = vec![0f32; 6 * 192];
+    for r in 0..6 {
+        wide[r * 192 + 50..r * 192 + 146].copy_from_slice(&xs[r * 96..(r + 1) * 96]);
+    }
+    let xw = Array::from_f32(&wide, &[6, 192])
         .unwrap()
-        .t()
-        .unwrap()
-        .t()
+        .slice(&[0, 50], &[6, 146])
         .unwrap();
-    assert_eq!(ours(&xt, &q), ours(&rows(&xs, 96, 0, 6), &q));
+    assert_eq!(ours(&xw, &q), dense6);
     let bad = Array::from_f32(&xs[..95], &[1, 95]).unwrap();
     assert!(kernels::qmatmul(&bad, &q.w, &q.s, &q.b, 32, 4).is_err());
     assert!(kernels::qmatmul(&x3, &q.w, &q.s, &q.b, 32, 3).is_err());
