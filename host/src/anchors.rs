@@ -120,9 +120,9 @@ pub struct Report {
     pub decode_prompt_tokens: usize,
     pub prefill_prompt_tokens: usize,
     pub python: String,
-    /// The 1-minute load average when the run began (Linux): other work on
-    /// the machine skews every number.
-    pub load_average: Option<f64>,
+    /// The share of CPU time busy in the half second before the run
+    /// (Linux): other work on the machine skews every number.
+    pub cpu_busy_at_start: Option<f64>,
     pub engines: Vec<EngineRun>,
     /// Ours over each anchor that ran: `{"decode": {"mlx-lm": x}, "prefill": {...}}`.
     pub ratios: BTreeMap<String, BTreeMap<String, f64>>,
@@ -540,7 +540,7 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
         bail!("--max-tokens must be at least 1 and --prefill-tokens at least 2");
     }
     let want = |n: &str| o.engines.iter().any(|x| x == n);
-    let load_average = load_average();
+    let cpu_busy_at_start = cpu_busy(std::time::Duration::from_millis(500));
     let decode_ids = e.encode(&Prompt::Chat(vec![ChatMessage::user(DECODE_PROMPT)]))?;
     let kmax = *VERIFY_TOKENS.iter().max().expect("non-empty");
     let long_ids = long_prompt(&e, o.prefill_tokens.max(o.verify_context + kmax))?;
@@ -699,27 +699,43 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
         decode_prompt_tokens: decode_ids.len(),
         prefill_prompt_tokens: prefill_ids.len(),
         python: o.python.display().to_string(),
-        load_average,
+        cpu_busy_at_start,
         engines,
         ratios,
         verify,
     })
 }
 
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+/// The busy share of all CPUs over `window`, from /proc/stat.
+fn cpu_busy(window: std::time::Duration) -> Option<f64> {
+    let sample = || -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        let v: Vec<u64> = text
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal ...
+        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+        Some((v.iter().take(8).sum(), idle))
+    };
+    let (t0, i0) = sample()?;
+    std::thread::sleep(window);
+    let (t1, i1) = sample()?;
+    let dt = t1.checked_sub(t0).filter(|&d| d > 0)?;
+    Some(1.0 - (i1.saturating_sub(i0)) as f64 / dt as f64)
 }
 
 /// The report as a text table.
 pub fn table(r: &Report) -> String {
     let mut s = String::new();
-    if let Some(l) = r.load_average.filter(|&l| l >= 1.0) {
-        s += &format!("warning: the load average was {l:.2} at the start: other work on this machine skews these numbers\n");
+    if let Some(b) = r.cpu_busy_at_start.filter(|&b| b >= 0.2) {
+        s += &format!(
+            "warning: the CPUs were {:.0}% busy before the run: other work on this machine skews these numbers\n",
+            b * 100.0
+        );
     }
     s += &format!(
         "bench anchors: {} | {} threads | greedy | decode: {}-token chat prompt, up to {} tokens | prefill: {}-token prompt\n\n",
