@@ -6,7 +6,7 @@ use crate::cache::LayerCache;
 use crate::model::Llama;
 use crate::sampling::{distribution, SamplingParams};
 use anyhow::Result;
-use specd_mlx::{fast, ops, Array};
+use specd_mlx::{ops, Array};
 use std::time::Instant;
 
 #[derive(Debug, Default, Clone)]
@@ -91,9 +91,7 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
         let ids = Array::from_u32(&[tok], &[1])?;
         let mut x = timed(&mut acc[0], || m.embed.rows(&ids)?.reshape(&[1, 1, d]))?;
         for (l, cache) in m.layers.iter().zip(caches.iter_mut()) {
-            let h = timed(&mut acc[1], || {
-                fast::rms_norm(&x, &l.attn_norm, c.rms_norm_eps)
-            })?;
+            let h = timed(&mut acc[1], || m.rms_norm(&x, &l.attn_norm))?;
             let t0 = Instant::now();
             let q = l.q.forward(&h)?;
             let k = l.k.forward(&h)?;
@@ -101,47 +99,25 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
             specd_mlx::eval(&[&q, &k, &v])?;
             acc[2] += t0.elapsed().as_secs_f64() * 1e3;
             let t0 = Instant::now();
-            let heads = |y: &Array, n: i32| y.reshape(&[1, 1, n, hd])?.transpose(&[0, 2, 1, 3]);
             let off = cache.offset() as i32;
-            let q = fast::rope(
-                &heads(&q, nh)?,
-                hd,
-                c.rope_traditional,
-                c.rope_theta,
-                1.0,
-                off,
-            )?;
-            let k = fast::rope(
-                &heads(&k, nkv)?,
-                hd,
-                c.rope_traditional,
-                c.rope_theta,
-                1.0,
-                off,
-            )?;
-            let (k, v) = cache.update(&k, &heads(&v, nkv)?)?;
+            let q = m.rope_heads(&q, nh, off)?;
+            let k = m.rope_heads(&k, nkv, off)?;
+            let v = v.reshape(&[1, 1, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
+            let (k, v) = cache.update(&k, &v)?;
             specd_mlx::eval(&[&q, &k, &v])?;
             acc[3] += t0.elapsed().as_secs_f64() * 1e3;
-            let o = timed(&mut acc[4], || {
-                m.attention(&q, &k, &v)?
-                    .transpose(&[0, 2, 1, 3])?
-                    .reshape(&[1, 1, nh * hd])
-            })?;
+            let o = timed(&mut acc[4], || m.attention(&q, &k, &v))?;
             x = timed(&mut acc[5], || ops::add(&x, &l.o.forward(&o)?))?;
-            let h = timed(&mut acc[6], || {
-                fast::rms_norm(&x, &l.ffn_norm, c.rms_norm_eps)
-            })?;
+            let h = timed(&mut acc[6], || m.rms_norm(&x, &l.ffn_norm))?;
             let t0 = Instant::now();
             let g = l.gate.forward(&h)?;
             let u = l.up.forward(&h)?;
             specd_mlx::eval(&[&g, &u])?;
             acc[7] += t0.elapsed().as_secs_f64() * 1e3;
-            let gu = timed(&mut acc[8], || ops::multiply(&ops::silu(&g)?, &u))?;
+            let gu = timed(&mut acc[8], || m.swiglu(&g, &u))?;
             x = timed(&mut acc[9], || ops::add(&x, &l.down.forward(&gu)?))?;
         }
-        let h = timed(&mut acc[10], || {
-            fast::rms_norm(&x.reshape(&[1, d])?, &m.norm, c.rms_norm_eps)
-        })?;
+        let h = timed(&mut acc[10], || m.rms_norm(&x.reshape(&[1, d])?, &m.norm))?;
         let logits = timed(&mut acc[11], || {
             m.lm_head.as_ref().unwrap_or(&m.embed).forward(&h)
         })?;

@@ -372,7 +372,7 @@ struct AttnArgs {
   const float* q;  // strided [H, T, D]
   const float* k;  // strided [Hkv, L, D]
   const float* v;  // strided [Hkv, L, Dv]
-  float* o;        // [H, T, Dv] contiguous
+  float* o;        // [T, H, Dv] contiguous (heads last: a free reshape to [T, H * Dv])
   int H, Hkv, T, L, D, Dv;
   int64_t q_head, q_row, q_col, k_head, k_row, k_col, v_head, v_row, v_col;
   float scale;
@@ -428,7 +428,7 @@ void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
       p[j] = std::exp(p[j] - mx);
       sum += p[j];
     }
-    float* o = a.o + ((size_t)h * a.T + t) * a.Dv;
+    float* o = a.o + ((size_t)t * a.H + h) * a.Dv;
     std::fill(o, o + a.Dv, 0.f);
     for (int j = 0; j < n; j++) {
       const float* vr = row_of(vb, a.v_row, a.v_col, j, a.Dv, vtmp);
@@ -481,6 +481,136 @@ class Attention : public mx::UnaryPrimitive {
   bool causal_;
 };
 
+// ---- small row-wise ops --------------------------------------------------------
+//
+// On CPU, MLX's fast::rms_norm and fast::rope run as their unfused fallbacks
+// (5-10 ops each, every op a dispatch). These do each in one op, row by row.
+
+// A primitive whose whole work is `body(inputs, output)` on the stream's
+// thread (single-threaded: these ops are microseconds).
+template <class Body>
+class RowOp : public mx::UnaryPrimitive {
+ public:
+  RowOp(mx::Stream s, const char* name, Body body)
+      : UnaryPrimitive(s), name_(name), body_(std::move(body)) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& x : in) enc.set_input_array(x);
+    enc.set_output_array(out);
+    auto info = body_.prepare(in);
+    enc.dispatch([body = body_, info = std::move(info), keep = in, out]() mutable {
+      body.run(keep, out, info);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error(std::string(name_) + " has no GPU kernel");
+  }
+  const char* name() const override { return name_; }
+
+ private:
+  const char* name_;
+  Body body_;
+};
+
+// y = x * rsqrt(mean(x^2) + eps) * w over the last axis.
+struct RmsNormBody {
+  float eps;
+  std::vector<int64_t> prepare(const std::vector<mx::array>& in) const {
+    if (!in[1].flags().row_contiguous)
+      throw std::runtime_error("rms_norm: the weight must be contiguous");
+    return row_offsets(in[0]);
+  }
+  void run(const std::vector<mx::array>& in, mx::array& out,
+           const std::vector<int64_t>& rows) const {
+    const float* x = in[0].data<float>();
+    const float* w = in[1].data<float>();
+    float* y = out.data<float>();
+    int D = in[0].shape(-1);
+    int64_t col = in[0].strides().back();
+    for (size_t r = 0; r < rows.size(); r++) {
+      const float* xr = x + rows[r];
+      float ss = 0.f;
+      for (int i = 0; i < D; i++) ss += xr[i * col] * xr[i * col];
+      float inv = 1.f / std::sqrt(ss / D + eps);
+      float* yr = y + r * D;
+      for (int i = 0; i < D; i++) yr[i] = (xr[i * col] * inv) * w[i];
+    }
+  }
+};
+
+// Rotary embedding: x [B, T, H, D] -> [B, H, T, D], position of row t is
+// offset + t. The angle is computed per (position, frequency) exactly as
+// MLX's fallback does: theta = (pos * scale) * exp(-i * log(base) / half).
+struct RopeBody {
+  int dims;
+  bool traditional;
+  float base, scale;
+  int offset;
+  std::vector<int64_t> prepare(const std::vector<mx::array>&) const { return {}; }
+  void run(const std::vector<mx::array>& in, mx::array& out, const std::vector<int64_t>&) const {
+    const auto& a = in[0];
+    int B = a.shape(0), T = a.shape(1), H = a.shape(2), D = a.shape(3);
+    auto st = a.strides();
+    const float* x = a.data<float>();
+    float* y = out.data<float>();
+    int half = dims / 2;
+    std::vector<float> cs(half), sn(half);
+    float step = std::log(base) / half;
+    for (int t = 0; t < T; t++) {
+      float pos = float(offset + t) * scale;
+      for (int i = 0; i < half; i++) {
+        float theta = pos * std::exp(-float(i) * step);
+        cs[i] = std::cos(theta);
+        sn[i] = std::sin(theta);
+      }
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+          const float* xr = x + b * st[0] + t * st[1] + h * st[2];
+          float* yr = y + (((size_t)b * H + h) * T + t) * D;
+          int64_t c = st[3];
+          for (int i = 0; i < half; i++) {
+            int i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
+            float x1 = xr[i1 * c], x2 = xr[i2 * c];
+            yr[i1] = x1 * cs[i] - x2 * sn[i];
+            yr[i2] = x1 * sn[i] + x2 * cs[i];
+          }
+          for (int i = dims; i < D; i++) yr[i] = xr[i * c];
+        }
+    }
+  }
+};
+
+// silu(g) * u, elementwise over two same-shaped (possibly strided) arrays.
+struct SwigluBody {
+  struct Rows {
+    std::vector<int64_t> g, u;
+  };
+  Rows prepare(const std::vector<mx::array>& in) const {
+    return {row_offsets(in[0]), row_offsets(in[1])};
+  }
+  void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
+    const float* g = in[0].data<float>();
+    const float* u = in[1].data<float>();
+    float* y = out.data<float>();
+    int D = out.shape(-1);
+    int64_t gc = in[0].strides().back(), uc = in[1].strides().back();
+    for (size_t r = 0; r < rows.g.size(); r++)
+      for (int i = 0; i < D; i++) {
+        float gv = g[rows.g[r] + i * gc];
+        y[r * D + i] = gv / (1.f + std::exp(-gv)) * u[rows.u[r] + i * uc];
+      }
+  }
+};
+
+template <class Body>
+A row_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array> inputs) {
+  for (auto& a : inputs) a = mx::astype(a, mx::float32);
+  auto prim =
+      std::make_shared<RowOp<Body>>(mx::default_stream(mx::Device::cpu), name, std::move(body));
+  return std::make_unique<Array>(mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
+}
+
 bool on_gpu() { return mx::default_device().type == mx::Device::DeviceType::gpu; }
 
 A wrap_array(mx::array a) { return std::make_unique<Array>(std::move(a)); }
@@ -521,8 +651,9 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
 
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {
   if (on_gpu())
-    return wrap_array(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale,
-                                                             causal ? "causal" : ""));
+    return wrap_array(mx::transpose(
+        mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, causal ? "causal" : ""),
+        {0, 2, 1, 3}));
   if (q.a.ndim() != 4 || k.a.ndim() != 4 || v.a.ndim() != 4 || q.a.shape(0) != 1)
     throw std::invalid_argument("attention: q, k, v must be [1, heads, len, dim]");
   if (q.a.shape(1) % k.a.shape(1) != 0 || k.a.shape(1) != v.a.shape(1) ||
@@ -533,10 +664,36 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
   // in place.
   auto qq = mx::astype(q.a, mx::float32);
   auto kk = mx::astype(k.a, mx::float32), vv = mx::astype(v.a, mx::float32);
-  mx::Shape shape = q.a.shape();
-  shape[3] = v.a.shape(3);
+  mx::Shape shape = {1, q.a.shape(2), q.a.shape(1), v.a.shape(3)};
   auto prim = std::make_shared<Attention>(mx::default_stream(mx::Device::cpu), scale, causal);
   return wrap_array(mx::array(shape, mx::float32, prim, {qq, kk, vv}));
+}
+
+A rms_norm_rows(const Array& x, const Array& w, float eps) {
+  if (on_gpu()) return std::make_unique<Array>(mx::fast::rms_norm(x.a, w.a, eps));
+  if (w.a.ndim() != 1 || w.a.shape(0) != x.a.shape(-1))
+    throw std::invalid_argument("rms_norm: weight must be [dim]");
+  return row_op("SpecdRmsNorm", RmsNormBody{eps}, x.a.shape(), {x.a, rowmajor(w.a)});
+}
+
+A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
+             int32_t offset) {
+  if (x.a.ndim() != 4) throw std::invalid_argument("rope_heads: x must be [B, T, H, D]");
+  if (dims % 2 != 0 || dims > x.a.shape(3))
+    throw std::invalid_argument("rope_heads: dims must be even and at most D");
+  if (on_gpu())
+    return std::make_unique<Array>(mx::fast::rope(mx::transpose(x.a, {0, 2, 1, 3}), dims,
+                                                  traditional, base, scale, offset));
+  auto sh = x.a.shape();
+  return row_op("SpecdRope", RopeBody{dims, traditional, base, scale, offset},
+                {sh[0], sh[2], sh[1], sh[3]}, {x.a});
+}
+
+A swiglu(const Array& g, const Array& u) {
+  if (g.a.shape() != u.a.shape()) throw std::invalid_argument("swiglu: shapes differ");
+  if (on_gpu())
+    return std::make_unique<Array>(mx::multiply(mx::multiply(g.a, mx::sigmoid(g.a)), u.a));
+  return row_op("SpecdSwiglu", SwigluBody{}, g.a.shape(), {g.a, u.a});
 }
 
 int32_t kernel_threads() { return pool().size(); }

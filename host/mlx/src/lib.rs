@@ -136,6 +136,16 @@ mod ffi {
             scale: f32,
             causal: bool,
         ) -> Result<UniquePtr<Array>>;
+        fn rms_norm_rows(x: &Array, w: &Array, eps: f32) -> Result<UniquePtr<Array>>;
+        fn rope_heads(
+            x: &Array,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offset: i32,
+        ) -> Result<UniquePtr<Array>>;
+        fn swiglu(g: &Array, u: &Array) -> Result<UniquePtr<Array>>;
         fn kernel_threads() -> i32;
         fn kernel_isa() -> String;
 
@@ -493,10 +503,40 @@ pub mod kernels {
         ))
     }
     /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
-    /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads). With
-    /// `causal`, query row t sees keys `0..=L - T + t`.
+    /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads), returned
+    /// heads last, `[1, T, heads, d]` (so `[1, T, heads * d]` is a free
+    /// reshape). With `causal`, query row t sees keys `0..=L - T + t`.
     pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Result<Array> {
         wrap(ffi::attention(&q.0, &k.0, &v.0, scale, causal))
+    }
+    /// RMS norm over the last axis in one op (MLX's CPU `fast::rms_norm`
+    /// is its unfused fallback, several ops).
+    pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+        wrap(ffi::rms_norm_rows(&x.0, &weight.0, eps))
+    }
+    /// Rotary embedding of `x` `[B, T, heads, d]` (rows at positions
+    /// `offset..offset + T`), returned as `[B, heads, T, d]`: the reshape
+    /// to heads and the rope in one op.
+    pub fn rope_heads(
+        x: &Array,
+        dims: i32,
+        traditional: bool,
+        base: f32,
+        scale: f32,
+        offset: i32,
+    ) -> Result<Array> {
+        wrap(ffi::rope_heads(
+            &x.0,
+            dims,
+            traditional,
+            base,
+            scale,
+            offset,
+        ))
+    }
+    /// `silu(g) * u` in one op.
+    pub fn swiglu(g: &Array, u: &Array) -> Result<Array> {
+        wrap(ffi::swiglu(&g.0, &u.0))
     }
     /// Threads the kernels use (`SPECD_THREADS`, default: all cores).
     pub fn threads() -> i32 {

@@ -110,6 +110,10 @@ A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Ar
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
           int32_t group_size, int32_t bits);
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
+A rms_norm_rows(const Array& x, const Array& w, float eps);
+A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
+             int32_t offset);
+A swiglu(const Array& g, const Array& u);
 int32_t kernel_threads();
 rust::String kernel_isa();
 

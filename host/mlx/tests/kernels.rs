@@ -246,11 +246,9 @@ fn attention_matches_sdpa_and_is_row_invariant() {
             a.slice(&[0, 0, 0, 0], &[1, hkv as i32, n as i32, d as i32])
                 .unwrap()
         };
-        let row = |y: &[f32], t: usize, r: usize| -> Vec<f32> {
-            (0..h)
-                .flat_map(|hh| y[(hh * t + r) * d..(hh * t + r + 1) * d].to_vec())
-                .collect()
-        };
+        // Output is heads last, [1, T, H, D]: row r is one slice.
+        let row =
+            |y: &[f32], _t: usize, r: usize| -> Vec<f32> { y[r * h * d..(r + 1) * h * d].to_vec() };
         let singles: Vec<Vec<f32>> = (0..16)
             .map(|i| {
                 let n = kv_len - 16 + i + 1;
@@ -271,7 +269,7 @@ fn attention_matches_sdpa_and_is_row_invariant() {
             // The last t positions as one causal call over all keys.
             let q = q_at(16 - t, 16);
             let got = kernels::attention(&q, &k, &v, scale, true).unwrap();
-            assert_eq!(got.shape(), vec![1, h as i32, t as i32, d as i32]);
+            assert_eq!(got.shape(), vec![1, t as i32, h as i32, d as i32]);
             let got = got.to_vec_f32().unwrap();
             let mask = if t > 1 {
                 fast::Mask::Causal
@@ -279,6 +277,8 @@ fn attention_matches_sdpa_and_is_row_invariant() {
                 fast::Mask::None
             };
             let want = fast::scaled_dot_product_attention(&q, &k, &v, scale, mask)
+                .unwrap()
+                .transpose(&[0, 2, 1, 3])
                 .unwrap()
                 .to_vec_f32()
                 .unwrap();
@@ -332,6 +332,129 @@ fn attention_reads_cache_slices_in_place() {
         true
     )
     .is_err());
+}
+
+/// Rows of a `[rows, d]` result computed alone are bitwise the same rows of
+/// a batched call.
+fn assert_row_invariant(name: &str, rows: usize, d: usize, f: impl Fn(usize, usize) -> Vec<f32>) {
+    let all = f(0, rows);
+    for r in 0..rows {
+        let one = f(r, r + 1);
+        assert!(
+            all[r * d..(r + 1) * d]
+                .iter()
+                .zip(&one)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: row {r} of {rows} differs from the row alone"
+        );
+    }
+}
+
+#[test]
+fn rms_norm_matches_mlx_and_is_row_invariant() {
+    let mut g = Gen(70);
+    for d in [576usize, 64, 33] {
+        let xs = g.f32s(16 * d, -3.0, 3.0);
+        let w = Array::from_f32(&g.f32s(d, 0.5, 1.5), &[d as i32]).unwrap();
+        let x = Array::from_f32(&xs, &[1, 16, d as i32]).unwrap();
+        let got = kernels::rms_norm(&x, &w, 1e-5)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let want = fast::rms_norm(&x, &w, 1e-5).unwrap().to_vec_f32().unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        assert_row_invariant("rms_norm", 16, d, |r0, r1| {
+            let x = Array::from_f32(&xs[r0 * d..r1 * d], &[1, (r1 - r0) as i32, d as i32]).unwrap();
+            kernels::rms_norm(&x, &w, 1e-5)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap()
+        });
+    }
+    let x = Array::from_f32(&[1.0; 8], &[2, 4]).unwrap();
+    let w = Array::from_f32(&[1.0; 3], &[3]).unwrap();
+    assert!(kernels::rms_norm(&x, &w, 1e-5).is_err());
+}
+
+#[test]
+fn rope_matches_mlx_at_every_offset_and_is_row_invariant() {
+    let mut g = Gen(80);
+    let (h, d) = (3usize, 64usize);
+    for traditional in [true, false] {
+        for offset in [0, 1, 37, 1000, 8000] {
+            let xs = g.f32s(16 * h * d, -2.0, 2.0);
+            let x = Array::from_f32(&xs, &[1, 16, h as i32, d as i32]).unwrap();
+            let got = kernels::rope_heads(&x, d as i32, traditional, 10000.0, 1.0, offset).unwrap();
+            assert_eq!(got.shape(), vec![1, h as i32, 16, d as i32]);
+            let got = got.to_vec_f32().unwrap();
+            let want = fast::rope(
+                &x.transpose(&[0, 2, 1, 3]).unwrap(),
+                d as i32,
+                traditional,
+                10000.0,
+                1.0,
+                offset,
+            )
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+            // Angles up to ~8000 rad: float32 rounding of the angle itself
+            // dominates, as in MLX.
+            let tol = if offset > 100 { 2e-3 } else { 2e-5 };
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol,
+                    "trad {traditional} offset {offset} [{i}]: {a} vs {b}"
+                );
+            }
+            // Row t of 16 at offset equals the single row at offset + t.
+            for t in 0..16usize {
+                let one =
+                    Array::from_f32(&xs[t * h * d..(t + 1) * h * d], &[1, 1, h as i32, d as i32])
+                        .unwrap();
+                let one = kernels::rope_heads(
+                    &one,
+                    d as i32,
+                    traditional,
+                    10000.0,
+                    1.0,
+                    offset + t as i32,
+                )
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+                for hh in 0..h {
+                    let row = &got[(hh * 16 + t) * d..(hh * 16 + t + 1) * d];
+                    assert!(
+                        row.iter()
+                            .zip(&one[hh * d..(hh + 1) * d])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "rope row {t} head {hh} differs from the row alone"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn swiglu_matches_silu_times_up() {
+    let mut g = Gen(90);
+    let n = 3 * 1536;
+    let gs = Array::from_f32(&g.f32s(n, -8.0, 8.0), &[1, 3, 1536]).unwrap();
+    let us = Array::from_f32(&g.f32s(n, -2.0, 2.0), &[1, 3, 1536]).unwrap();
+    let got = kernels::swiglu(&gs, &us).unwrap().to_vec_f32().unwrap();
+    let want = ops::multiply(&ops::silu(&gs).unwrap(), &us)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+    }
+    let short = Array::from_f32(&[1.0; 4], &[1, 4]).unwrap();
+    assert!(kernels::swiglu(&gs, &short).is_err());
 }
 
 #[test]

@@ -142,9 +142,10 @@ pub struct Llama {
     pub config: LlamaConfig,
     /// `[vocab, hidden]`; also the head when tied.
     pub embed: Linear,
-    /// Attention through specd's batch-invariant kernel (the quantized path)
-    /// or MLX's fused one (the float32 path).
-    pub invariant_attention: bool,
+    /// Attention, norms, rope and the SwiGLU activation through specd's
+    /// one-op, batch-invariant CPU kernels (the quantized path) or MLX's
+    /// fast ops (the float32 path).
+    pub own_kernels: bool,
     pub layers: Vec<Layer>,
     pub norm: Array,
     /// `None` when the head is tied to the embedding.
@@ -220,7 +221,7 @@ impl Llama {
             Logits::All => h.reshape(&[t, d])?,
             Logits::Last => h.slice(&[0, t - 1, 0], &[1, t, d])?.reshape(&[1, d])?,
         };
-        let h = fast::rms_norm(&h, &self.norm, self.config.rms_norm_eps)?;
+        let h = self.rms_norm(&h, &self.norm)?;
         self.lm_head.as_ref().unwrap_or(&self.embed).forward(&h)
     }
 
@@ -229,7 +230,7 @@ impl Llama {
     /// quantized kernels and attention through its kernel (norms, rope and
     /// elementwise ops are row-wise in MLX already).
     pub fn batch_invariant(&self) -> bool {
-        self.invariant_attention
+        self.own_kernels
             && self.lm_head.as_ref().unwrap_or(&self.embed).is_quantized()
             && self.layers.iter().all(|l| {
                 [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
@@ -238,19 +239,53 @@ impl Llama {
             })
     }
 
-    /// Causal attention of `q` `[1, heads, T, d]` over the cached `k`, `v`.
+    /// Causal attention of `q` `[1, heads, T, d]` over the cached `k`, `v`;
+    /// returns `[1, T, heads * d]`.
     pub fn attention(&self, q: &Array, k: &Array, v: &Array) -> Result<Array> {
         let scale = 1.0 / (self.config.head_dim as f32).sqrt();
-        let t = q.dim(2);
-        if self.invariant_attention {
-            return kernels::attention(q, k, v, scale, t > 1);
+        let (h, t, d) = (q.dim(1), q.dim(2), v.dim(3));
+        if self.own_kernels {
+            return kernels::attention(q, k, v, scale, t > 1)?.reshape(&[1, t, h * d]);
         }
         let mask = if t > 1 {
             fast::Mask::Causal
         } else {
             fast::Mask::None
         };
-        fast::scaled_dot_product_attention(q, k, v, scale, mask)
+        fast::scaled_dot_product_attention(q, k, v, scale, mask)?
+            .transpose(&[0, 2, 1, 3])?
+            .reshape(&[1, t, h * d])
+    }
+
+    pub fn rms_norm(&self, x: &Array, w: &Array) -> Result<Array> {
+        if self.own_kernels {
+            kernels::rms_norm(x, w, self.config.rms_norm_eps)
+        } else {
+            fast::rms_norm(x, w, self.config.rms_norm_eps)
+        }
+    }
+
+    /// `y` `[1, T, n * head_dim]` split into heads `[1, n, T, head_dim]`
+    /// and rotated for positions `offset..`.
+    pub fn rope_heads(&self, y: &Array, n: i32, offset: i32) -> Result<Array> {
+        let c = &self.config;
+        let (t, hd) = (y.dim(1), c.head_dim as i32);
+        let y = y.reshape(&[1, t, n, hd])?;
+        let (trad, base) = (c.rope_traditional, c.rope_theta);
+        if self.own_kernels {
+            kernels::rope_heads(&y, hd, trad, base, 1.0, offset)
+        } else {
+            fast::rope(&y.transpose(&[0, 2, 1, 3])?, hd, trad, base, 1.0, offset)
+        }
+    }
+
+    /// `silu(g) * u`.
+    pub fn swiglu(&self, g: &Array, u: &Array) -> Result<Array> {
+        if self.own_kernels {
+            kernels::swiglu(g, u)
+        } else {
+            ops::multiply(&ops::silu(g)?, u)
+        }
     }
 
     fn layer(&self, l: &Layer, x: &Array, cache: &mut Box<dyn LayerCache>) -> Result<Array> {
@@ -263,24 +298,21 @@ impl Llama {
         );
         let offset = cache.offset() as i32;
 
-        let h = fast::rms_norm(x, &l.attn_norm, c.rms_norm_eps)?;
-        let heads = |y: Array, n: i32| -> Result<Array> {
-            y.reshape(&[1, t, n, hd])?.transpose(&[0, 2, 1, 3])
-        };
-        let q = heads(l.q.forward(&h)?, nh)?;
-        let k = heads(l.k.forward(&h)?, nkv)?;
-        let v = heads(l.v.forward(&h)?, nkv)?;
-        let q = fast::rope(&q, hd, c.rope_traditional, c.rope_theta, 1.0, offset)?;
-        let k = fast::rope(&k, hd, c.rope_traditional, c.rope_theta, 1.0, offset)?;
+        let h = self.rms_norm(x, &l.attn_norm)?;
+        let q = self.rope_heads(&l.q.forward(&h)?, nh, offset)?;
+        let k = self.rope_heads(&l.k.forward(&h)?, nkv, offset)?;
+        let v =
+            l.v.forward(&h)?
+                .reshape(&[1, t, nkv, hd])?
+                .transpose(&[0, 2, 1, 3])?;
         let (k, v) = cache.update(&k, &v)?;
         let o = self.attention(&q, &k, &v)?;
-        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[1, t, nh * hd])?;
         let x = ops::add(x, &l.o.forward(&o)?)?;
 
-        let h = fast::rms_norm(&x, &l.ffn_norm, c.rms_norm_eps)?;
-        let g = ops::silu(&l.gate.forward(&h)?)?;
-        let u = l.up.forward(&h)?;
-        let m = l.down.forward(&ops::multiply(&g, &u)?)?;
+        let h = self.rms_norm(&x, &l.ffn_norm)?;
+        let m = l
+            .down
+            .forward(&self.swiglu(&l.gate.forward(&h)?, &l.up.forward(&h)?)?)?;
         ops::add(&x, &m)
     }
 

@@ -173,7 +173,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         // Quantized mode is the batch-invariant path throughout; a file with
         // no quantized tensors runs there too (dense matmul rows are not
         // invariant, but attention still is).
-        invariant_attention: t.mode == WeightMode::Quantized && t.any_quantized(),
+        own_kernels: t.mode == WeightMode::Quantized && t.any_quantized(),
         layers,
         norm: t.dense(names.norm)?,
         lm_head,
