@@ -123,6 +123,9 @@ pub struct Report {
     /// The share of CPU time busy in the half second before the run
     /// (Linux): other work on the machine skews every number.
     pub cpu_busy_at_start: Option<f64>,
+    /// The share of all CPU time during the run that went to other
+    /// processes than this one and its anchors (Linux).
+    pub cpu_others_during_run: Option<f64>,
     pub engines: Vec<EngineRun>,
     /// Ours over each anchor that ran: `{"decode": {"mlx-lm": x}, "prefill": {...}}`.
     pub ratios: BTreeMap<String, BTreeMap<String, f64>>,
@@ -541,6 +544,7 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
     }
     let want = |n: &str| o.engines.iter().any(|x| x == n);
     let cpu_busy_at_start = cpu_busy(std::time::Duration::from_millis(500));
+    let probe = CpuProbe::now();
     let decode_ids = e.encode(&Prompt::Chat(vec![ChatMessage::user(DECODE_PROMPT)]))?;
     let kmax = *VERIFY_TOKENS.iter().max().expect("non-empty");
     let long_ids = long_prompt(&e, o.prefill_tokens.max(o.verify_context + kmax))?;
@@ -700,6 +704,7 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
         prefill_prompt_tokens: prefill_ids.len(),
         python: o.python.display().to_string(),
         cpu_busy_at_start,
+        cpu_others_during_run: probe.and_then(|p| p.others_share()),
         engines,
         ratios,
         verify,
@@ -728,12 +733,61 @@ fn cpu_busy(window: std::time::Duration) -> Option<f64> {
     Some(1.0 - (i1.saturating_sub(i0)) as f64 / dt as f64)
 }
 
+/// CPU time of the whole machine and of this process with its waited-for
+/// children, in clock ticks.
+#[derive(Debug, Clone, Copy)]
+struct CpuProbe {
+    total: u64,
+    busy: u64,
+    own: u64,
+}
+
+impl CpuProbe {
+    fn now() -> Option<CpuProbe> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        let v: Vec<u64> = text
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let total: u64 = v.iter().sum();
+        let busy = total - v.get(3)? - v.get(4).copied().unwrap_or(0);
+        let me = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // After "pid (comm) ": state is field 0; utime stime cutime cstime are 11..=14.
+        let f: Vec<&str> = me.rsplit_once(')')?.1.split_whitespace().collect();
+        let own = (11..=14)
+            .map(|i| f.get(i)?.parse::<i64>().ok())
+            .sum::<Option<i64>>()?
+            .max(0) as u64;
+        Some(CpuProbe { total, busy, own })
+    }
+
+    /// Since `self`: the share of all CPU time spent busy outside this
+    /// process tree.
+    fn others_share(self) -> Option<f64> {
+        let now = CpuProbe::now()?;
+        let total = now.total.checked_sub(self.total).filter(|&t| t > 0)?;
+        let busy = now.busy.saturating_sub(self.busy);
+        let own = now.own.saturating_sub(self.own);
+        Some(busy.saturating_sub(own) as f64 / total as f64)
+    }
+}
+
 /// The report as a text table.
 pub fn table(r: &Report) -> String {
     let mut s = String::new();
     if let Some(b) = r.cpu_busy_at_start.filter(|&b| b >= 0.2) {
         s += &format!(
             "warning: the CPUs were {:.0}% busy before the run: other work on this machine skews these numbers\n",
+            b * 100.0
+        );
+    }
+    if let Some(b) = r.cpu_others_during_run.filter(|&b| b >= 0.1) {
+        s += &format!(
+            "warning: other processes used {:.0}% of the CPUs during the run: these numbers are skewed\n",
             b * 100.0
         );
     }
