@@ -18,6 +18,8 @@ fn wheel_package() -> String {
     let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let pkg = if os == "macos" {
         "mlx-metal"
+    } else if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        "mlx-cuda-12"
     } else {
         "mlx-cpu"
     };
@@ -38,6 +40,9 @@ fn fetch_wheel() -> PathBuf {
     let root = dest.join("mlx");
     if root.join("include/mlx/mlx.h").exists() {
         return root;
+    }
+    if pkg.starts_with("mlx-cuda") {
+        return install_cuda_wheel(&pkg, &dest);
     }
     let dl = dest.join("download");
     std::fs::create_dir_all(&dl).expect("create MLX cache dir");
@@ -78,6 +83,30 @@ fn fetch_wheel() -> PathBuf {
         root.join("include/mlx/mlx.h").exists(),
         "the wheel has no mlx/include"
     );
+    root
+}
+
+/// The CUDA wheel's libmlx finds the NVIDIA libraries through an rpath into
+/// sibling packages (`$ORIGIN/../../nvidia/...`), so it is installed with its
+/// dependencies (`pip install --target`), not just unpacked.
+fn install_cuda_wheel(pkg: &str, dest: &Path) -> PathBuf {
+    let site = dest.join("site");
+    let root = site.join("mlx");
+    if root.join("include/mlx/mlx.h").exists() {
+        return root;
+    }
+    eprintln!(
+        "installing {pkg} (and the NVIDIA libraries it needs) into {}",
+        site.display()
+    );
+    let ok = Command::new("python3")
+        .args(["-m", "pip", "install", "--only-binary=:all:", "--target"])
+        .arg(&site)
+        .arg(pkg)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "`pip install --target {} {pkg}` failed", site.display());
     root
 }
 

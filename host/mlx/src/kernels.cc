@@ -405,6 +405,18 @@ void axpy(float a, const float* x, float* y, int n) {
   for (int i = 0; i < n; i++) y[i] = std::fma(a, x[i], y[i]);
 }
 
+float exp_sum(float* p, int n, float shift) {
+#if defined(SPECD_X86_KERNELS)
+  if (isa() != Isa::Scalar) return qmm::exp_sum_avx2(p, n, shift);
+#endif
+  float sum = 0.f;
+  for (int j = 0; j < n; j++) {
+    p[j] = std::exp(p[j] - shift);
+    sum += p[j];
+  }
+  return sum;
+}
+
 void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
   int rep = a.H / a.Hkv;
   p.resize(a.L + 2 * a.D + a.Dv);
@@ -423,11 +435,7 @@ void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
       p[j] = dot(q, row_of(kb, a.k_row, a.k_col, j, a.D, ktmp), a.D) * a.scale;
       mx = std::max(mx, p[j]);
     }
-    float sum = 0.f;
-    for (int j = 0; j < n; j++) {
-      p[j] = std::exp(p[j] - mx);
-      sum += p[j];
-    }
+    float sum = exp_sum(p.data(), n, mx);
     float* o = a.o + ((size_t)t * a.H + h) * a.Dv;
     std::fill(o, o + a.Dv, 0.f);
     for (int j = 0; j < n; j++) {

@@ -2,6 +2,7 @@
 // called only when the CPU has them.
 #include <immintrin.h>
 
+#include <cmath>
 #include <vector>
 
 #include "qmm_simd.h"
@@ -59,6 +60,49 @@ float dot_avx2(const float* a, const float* b, int n) {
   float r = Avx2::hsum(acc);
   for (; i < n; i++) r += a[i] * b[i];
   return r;
+}
+
+namespace {
+// exp(x) for 8 lanes: Cephes' expf (range reduction by ln 2, degree-5
+// polynomial), ~1 ulp over the softmax range. Lanes below -87 give ~0.
+__m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+}  // namespace
+
+float exp_sum_avx2(float* p, int n, float shift) {
+  __m256 acc = _mm256_setzero_ps(), sh = _mm256_set1_ps(shift);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), sh));
+    _mm256_storeu_ps(p + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = Avx2::hsum(acc);
+  if (j < n) {
+    // The tail through the same polynomial, padded to 8 lanes.
+    alignas(32) float t[8];
+    for (int i = 0; i < 8; i++) t[i] = j + i < n ? p[j + i] - shift : -100.f;
+    _mm256_store_ps(t, exp8(_mm256_load_ps(t)));
+    for (int i = 0; j + i < n; i++) {
+      p[j + i] = t[i];
+      sum += t[i];
+    }
+  }
+  return sum;
 }
 
 void axpy_avx2(float a, const float* x, float* y, int n) {
