@@ -91,6 +91,9 @@ pub struct EngineRun {
     pub error: Option<String>,
     /// How to install the engine when it is missing.
     pub install: Option<String>,
+    /// The share of all CPU time that other processes took while this
+    /// engine ran (Linux).
+    pub cpu_others: Option<f64>,
     #[serde(skip)]
     pub tokens: Vec<u32>,
 }
@@ -560,7 +563,10 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
             o.reps,
             o.max_tokens
         ));
-        engines.push(run_ours(&e, &decode_ids, &prefill_ids, o)?);
+        let p = CpuProbe::now();
+        let mut r = run_ours(&e, &decode_ids, &prefill_ids, o)?;
+        r.cpu_others = p.and_then(|p| p.others_share());
+        engines.push(r);
         progress(&format!(
             "ours: verify curve after {} tokens, {} reps",
             o.verify_context, o.verify_reps
@@ -640,7 +646,10 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
             "{engine}: prefill {} tokens x{}, decode {} tokens",
             o.prefill_tokens, o.reps, o.max_tokens
         ));
-        match run_anchor(o, engine, &model, &cfg) {
+        let p = CpuProbe::now();
+        let ran = run_anchor(o, engine, &model, &cfg);
+        r.cpu_others = p.and_then(|p| p.others_share());
+        match ran {
             Ok(s) => {
                 r.version = Some(s.version);
                 r.load_seconds = Some(s.load_seconds);
@@ -796,14 +805,21 @@ pub fn table(r: &Report) -> String {
         r.model, r.threads, r.decode_prompt_tokens, r.max_tokens, r.prefill_prompt_tokens
     );
     s += &format!(
-        "{:<10} {:<8} {:>13} {:>12} {:>7} {:>8}  {}\n",
-        "ENGINE", "VERSION", "PREFILL tok/s", "DECODE tok/s", "TOKENS", "=OURS", "BACKEND"
+        "{:<10} {:<8} {:>13} {:>12} {:>7} {:>6} {:>7}  {}\n",
+        "ENGINE",
+        "VERSION",
+        "PREFILL tok/s",
+        "DECODE tok/s",
+        "TOKENS",
+        "=OURS",
+        "OTHERS",
+        "BACKEND"
     );
     for e in &r.engines {
         match &e.error {
             None => {
                 s += &format!(
-                    "{:<10} {:<8} {:>13.1} {:>12.1} {:>7} {:>8}  {}\n",
+                    "{:<10} {:<8} {:>13.1} {:>12.1} {:>7} {:>6} {:>7}  {}\n",
                     e.engine,
                     e.version.as_deref().unwrap_or("-"),
                     e.prefill.as_ref().map_or(0.0, |p| p.tokens_per_second),
@@ -811,6 +827,8 @@ pub fn table(r: &Report) -> String {
                     e.decode.as_ref().map_or(0, |d| d.generated_tokens),
                     e.same_tokens_as_ours
                         .map_or("-".to_string(), |n| n.to_string()),
+                    e.cpu_others
+                        .map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0)),
                     e.backend
                 );
             }

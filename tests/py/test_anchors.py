@@ -34,6 +34,7 @@ def test_ours_and_mlx_lm_side_by_side():
         assert e["prefill"]["tokens_per_second"] > 0, e
         assert 0 < e["decode"]["generated_tokens"] <= 16, e
         assert e["decode"]["tokens_per_second"] > 0, e
+        assert 0.0 <= e["cpu_others"] <= 1.0, e  # how much other work skewed it
     mlx = rep["engines"][1]
     assert mlx["version"] and mlx["model"] == rep["converted"]
     # Greedy on the same weights, from the same token ids: the first tokens agree.
@@ -42,6 +43,7 @@ def test_ours_and_mlx_lm_side_by_side():
         ours = rep["engines"][0][what]["tokens_per_second"]
         theirs = mlx[what]["tokens_per_second"]
         assert abs(rep["ratios"][what]["mlx-lm"] - ours / theirs) < 1e-9
+    assert 0.0 <= rep["cpu_busy_at_start"] <= 1.0 and 0.0 <= rep["cpu_others_during_run"] <= 1.0
     v = rep["verify"]
     assert v["context"] == 128
     assert [p["tokens"] for p in v["points"]] == [1, 2, 4, 8, 16]
