@@ -71,6 +71,9 @@ struct Kernel {
   static void columns(const Args& a, int n, const float* sf, const float* bf) {
     int m = 0;
     if constexpr (NC == 1) {
+      // 16-lane registers come 32 to a core: 8 rows share one unpack there.
+      if constexpr (W == 16)
+        for (; m + 8 <= a.M; m += 8) tile<8, 1>(a, n, m, sf, bf);
       for (; m + 4 <= a.M; m += 4) tile<4, 1>(a, n, m, sf, bf);
       switch (a.M - m) {
         case 3: tile<3, 1>(a, n, m, sf, bf); break;
