@@ -17,9 +17,9 @@ struct Avx512 {
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(V v) {
-    alignas(64) float l[16];
-    _mm512_store_ps(l, v);
-    __m256 h = _mm256_add_ps(_mm256_load_ps(l), _mm256_load_ps(l + 8));
+    // In registers: a store and two reloads would stall on store forwarding.
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
