@@ -1,6 +1,5 @@
 //! Speculation on the real default model: greedy losslessness for every
 //! drafter and schedule, rotating-cache rollback, the prefix cache.
-use specd::cache::LayerCache;
 use specd::engine::{Prompt, SpecOptions};
 use specd::model::Logits;
 use specd::pipeline::Finished;
