@@ -174,9 +174,11 @@ pub fn report(p: &Profile) -> String {
         "{:<26} {:>9.3}   (host side, overlaps nothing)\n",
         "  of which graph building", p.build_ms
     );
-    s += &format!(
-        "a whole step costs {:.0}% of its parts run one by one: the rest of the parts' time is per-op sync and dispatch\n",
-        100.0 * p.step_ms / sum.max(1e-9)
-    );
+    let ratio = 100.0 * p.step_ms / sum.max(1e-9);
+    s += &if ratio < 100.0 {
+        format!("a whole step costs {ratio:.0}% of its parts run one by one: the rest of the parts' time is per-op sync and dispatch\n")
+    } else {
+        format!("a whole step costs {ratio:.0}% of its parts run one by one: the parts' own syncs cost less than dispatching the whole graph\n")
+    };
     s
 }
