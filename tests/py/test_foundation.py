@@ -31,6 +31,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import reference  # noqa: E402
+from conftest import server_bin  # noqa: E402
 
 # The logits tolerance: specd computes in float32 (MLX, OpenBLAS), the
 # reference in float64 from the same quantized weights. Measured on the
@@ -42,13 +43,7 @@ NEAR_TIE = 0.01
 EOS = {0, 2}
 
 
-def specd_bin() -> Path:
-    if os.environ.get("SPECD_BIN"):
-        return Path(os.environ["SPECD_BIN"])
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    if not target.is_absolute():
-        target = ROOT / target
-    return target / "release" / "specd"
+specd_bin = server_bin
 
 
 def specd_home() -> Path:

@@ -197,6 +197,44 @@ float h2f(uint16_t h) {
   return static_cast<float>(f);
 }
 
+// ---- one primitive for every kernel -------------------------------------------
+//
+// `Body::prepare(inputs)` runs at graph evaluation, when the inputs' buffers
+// and strides are known (and throws on misfits); `Body::run(inputs, output,
+// prepared)` is the work, dispatched on the CPU stream's thread. The inputs
+// ride along in the task so their buffers outlive it.
+template <class Body>
+class KernelOp : public mx::UnaryPrimitive {
+ public:
+  KernelOp(mx::Stream s, const char* name, Body body)
+      : UnaryPrimitive(s), name_(name), body_(std::move(body)) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& x : in) enc.set_input_array(x);
+    enc.set_output_array(out);
+    auto info = body_.prepare(in, out);
+    enc.dispatch([body = body_, info = std::move(info), keep = in, out]() mutable {
+      body.run(keep, out, info);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error(std::string(name_) + " has no GPU kernel (the op falls back to MLX's)");
+  }
+  const char* name() const override { return name_; }
+
+ private:
+  const char* name_;
+  Body body_;
+};
+
+template <class Body>
+A kernel_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array> inputs) {
+  auto prim =
+      std::make_shared<KernelOp<Body>>(mx::default_stream(mx::Device::cpu), name, std::move(body));
+  return std::make_unique<Array>(mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
+}
+
 // ---- quantized matmul -----------------------------------------------------------
 //
 // y[m, n] = sum_k x[m, k] * (s[n, g] * q[n, k] + b[n, g]),  g = k / group
@@ -311,7 +349,10 @@ constexpr size_t kParallelBytes = 32 * 1024;
 void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, const uint32_t* w,
              const uint16_t* s, const uint16_t* b, float* y, int M, int N, int K, int group,
              int bits) {
-  std::vector<float> xp((size_t)M * K), xs((size_t)M * (K / group));
+  // Reused across calls: this runs a few hundred times per token.
+  thread_local std::vector<float> xp, xs;
+  xp.resize((size_t)M * K);
+  xs.resize((size_t)M * (K / group));
   prepare_x(x, row_off.data(), col, M, K, group, bits, xp.data(), xs.data());
   QArgs a{xp.data(), xs.data(), w, s, b, y, M, N, K, group, bits};
   size_t bytes = (size_t)N * K * bits / 8;
@@ -322,45 +363,26 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
   });
 }
 
-class QMatmul : public mx::UnaryPrimitive {
- public:
-  QMatmul(mx::Stream s, int group, int bits) : UnaryPrimitive(s), group_(group), bits_(bits) {}
-  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& x : in) enc.set_input_array(x);
-    enc.set_output_array(out);
-    int K = in[0].shape(-1);
-    int M = in[0].size() / K;
-    int N = out.shape(-1);
-    int group = group_, bits = bits_;
-    const float* x = in[0].data<float>();
-    const uint32_t* w = in[1].data<uint32_t>();
-    const uint16_t* s = reinterpret_cast<const uint16_t*>(in[2].data<mx::float16_t>());
-    const uint16_t* b = reinterpret_cast<const uint16_t*>(in[3].data<mx::float16_t>());
-    float* y = out.data<float>();
+// x [..., K] f32 (any strides), w, scales, biases row-contiguous.
+struct QmmBody {
+  int group, bits;
+  struct Rows {
+    std::vector<int64_t> off;
+    int64_t col;
+  };
+  Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
     for (int i = 1; i < 4; i++)
       if (!in[i].flags().row_contiguous)
         throw std::runtime_error("SpecdQMatmul: weights must be row-contiguous");
-    auto row_off = row_offsets(in[0]);
-    int64_t col = in[0].strides().back();
-    // The arrays ride along so their buffers outlive the task.
-    enc.dispatch([x, row_off = std::move(row_off), col, w, s, b, y, M, N, K, group, bits,
-                  keep = in, keep_out = out]() {
-      qmm_run(x, row_off, col, w, s, b, y, M, N, K, group, bits);
-    });
+    return {row_offsets(in[0]), in[0].strides().back()};
   }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("specd QMatmul has no GPU kernel (the op falls back to MLX's)");
+  void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
+    int K = in[0].shape(-1);
+    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(),
+            reinterpret_cast<const uint16_t*>(in[2].data<mx::float16_t>()),
+            reinterpret_cast<const uint16_t*>(in[3].data<mx::float16_t>()), out.data<float>(),
+            in[0].size() / K, out.shape(-1), K, group, bits);
   }
-  const char* name() const override { return "SpecdQMatmul"; }
-  bool is_equivalent(const mx::Primitive& o) const override {
-    auto* p = dynamic_cast<const QMatmul*>(&o);
-    return p && p->group_ == group_ && p->bits_ == bits_;
-  }
-
- private:
-  int group_, bits_;
 };
 
 // ---- attention ----------------------------------------------------------------
@@ -448,45 +470,29 @@ void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
   }
 }
 
-class Attention : public mx::UnaryPrimitive {
- public:
-  Attention(mx::Stream s, float scale, bool causal)
-      : UnaryPrimitive(s), scale_(scale), causal_(causal) {}
-  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& x : in) enc.set_input_array(x);
-    enc.set_output_array(out);
+// q, k, v [1, heads, len, dim], any strides; output [1, T, H, Dv].
+struct AttnBody {
+  float scale;
+  bool causal;
+  AttnArgs prepare(const std::vector<mx::array>& in, mx::array& out) const {
     const auto &q = in[0], &k = in[1], &v = in[2];
-    AttnArgs a{q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-               q.shape(1),      k.shape(1),      q.shape(2),      k.shape(2),
-               q.shape(3),      v.shape(3),      q.strides()[1],  q.strides()[2],
-               q.strides()[3],  k.strides()[1],  k.strides()[2],
-               k.strides()[3],  v.strides()[1],  v.strides()[2],  v.strides()[3],
-               scale_,          causal_};
-    enc.dispatch([a, keep = in, keep_out = out]() {
-      int rows = a.H * a.T;
-      // A row costs ~L*D; below ~64K multiply-adds per call stay on one thread.
-      int chunks = (int64_t)rows * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), rows);
-      pool().run(chunks, [&](int i) {
-        thread_local std::vector<float> p;
-        auto [r0, r1] = share(rows, chunks, i, 1);
-        attn_rows(a, r0, r1, p);
-      });
+    return {q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+            q.shape(1),      k.shape(1),      q.shape(2),      k.shape(2),
+            q.shape(3),      v.shape(3),      q.strides()[1],  q.strides()[2],
+            q.strides()[3],  k.strides()[1],  k.strides()[2],  k.strides()[3],
+            v.strides()[1],  v.strides()[2],  v.strides()[3],  scale,
+            causal};
+  }
+  void run(const std::vector<mx::array>&, mx::array&, const AttnArgs& a) const {
+    int rows = a.H * a.T;
+    // A row costs ~L*D; below ~64K multiply-adds per call stay on one thread.
+    int chunks = (int64_t)rows * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), rows);
+    pool().run(chunks, [&](int i) {
+      thread_local std::vector<float> p;
+      auto [r0, r1] = share(rows, chunks, i, 1);
+      attn_rows(a, r0, r1, p);
     });
   }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("specd Attention has no GPU kernel (the op falls back to MLX's)");
-  }
-  const char* name() const override { return "SpecdAttention"; }
-  bool is_equivalent(const mx::Primitive& o) const override {
-    auto* p = dynamic_cast<const Attention*>(&o);
-    return p && p->scale_ == scale_ && p->causal_ == causal_;
-  }
-
- private:
-  float scale_;
-  bool causal_;
 };
 
 // ---- small row-wise ops --------------------------------------------------------
@@ -494,37 +500,10 @@ class Attention : public mx::UnaryPrimitive {
 // On CPU, MLX's fast::rms_norm and fast::rope run as their unfused fallbacks
 // (5-10 ops each, every op a dispatch). These do each in one op, row by row.
 
-// A primitive whose whole work is `body(inputs, output)` on the stream's
-// thread (single-threaded: these ops are microseconds).
-template <class Body>
-class RowOp : public mx::UnaryPrimitive {
- public:
-  RowOp(mx::Stream s, const char* name, Body body)
-      : UnaryPrimitive(s), name_(name), body_(std::move(body)) {}
-  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& x : in) enc.set_input_array(x);
-    enc.set_output_array(out);
-    auto info = body_.prepare(in);
-    enc.dispatch([body = body_, info = std::move(info), keep = in, out]() mutable {
-      body.run(keep, out, info);
-    });
-  }
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error(std::string(name_) + " has no GPU kernel");
-  }
-  const char* name() const override { return name_; }
-
- private:
-  const char* name_;
-  Body body_;
-};
-
 // y = x * rsqrt(mean(x^2) + eps) * w over the last axis.
 struct RmsNormBody {
   float eps;
-  std::vector<int64_t> prepare(const std::vector<mx::array>& in) const {
+  std::vector<int64_t> prepare(const std::vector<mx::array>& in, const mx::array&) const {
     if (!in[1].flags().row_contiguous)
       throw std::runtime_error("rms_norm: the weight must be contiguous");
     return row_offsets(in[0]);
@@ -555,7 +534,9 @@ struct RopeBody {
   bool traditional;
   float base, scale;
   int offset;
-  std::vector<int64_t> prepare(const std::vector<mx::array>&) const { return {}; }
+  std::vector<int64_t> prepare(const std::vector<mx::array>&, const mx::array&) const {
+    return {};
+  }
   void run(const std::vector<mx::array>& in, mx::array& out, const std::vector<int64_t>&) const {
     const auto& a = in[0];
     int B = a.shape(0), T = a.shape(1), H = a.shape(2), D = a.shape(3);
@@ -594,7 +575,7 @@ struct SwigluBody {
   struct Rows {
     std::vector<int64_t> g, u;
   };
-  Rows prepare(const std::vector<mx::array>& in) const {
+  Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
     return {row_offsets(in[0]), row_offsets(in[1])};
   }
   void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
@@ -611,17 +592,12 @@ struct SwigluBody {
   }
 };
 
-template <class Body>
-A row_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array> inputs) {
-  for (auto& a : inputs) a = mx::astype(a, mx::float32);
-  auto prim =
-      std::make_shared<RowOp<Body>>(mx::default_stream(mx::Device::cpu), name, std::move(body));
-  return std::make_unique<Array>(mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
-}
-
 bool on_gpu() { return mx::default_device().type == mx::Device::DeviceType::gpu; }
 
 A wrap_array(mx::array a) { return std::make_unique<Array>(std::move(a)); }
+
+// Kernels read float32; a no-op for inputs that already are.
+mx::array f32(const mx::array& a) { return mx::astype(a, mx::float32); }
 
 // A row-contiguous view (a copy only where the layout needs one).
 // Weights are evaluated, row-contiguous arrays from the loader: used as they
@@ -649,12 +625,10 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
     throw std::invalid_argument("qmatmul: scales/biases do not match the weight");
   if (scales.a.dtype() != mx::float16 || biases.a.dtype() != mx::float16)
     throw std::invalid_argument("qmatmul: scales and biases must be float16");
-  auto xs = mx::astype(x.a, mx::float32);
   mx::Shape shape = x.a.shape();
   shape.back() = N;
-  auto prim = std::make_shared<QMatmul>(mx::default_stream(mx::Device::cpu), group_size, bits);
-  return wrap_array(mx::array(shape, mx::float32, prim,
-                              {xs, rowmajor(w.a), rowmajor(scales.a), rowmajor(biases.a)}));
+  return kernel_op("SpecdQMatmul", QmmBody{group_size, bits}, shape,
+                   {f32(x.a), rowmajor(w.a), rowmajor(scales.a), rowmajor(biases.a)});
 }
 
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {
@@ -670,18 +644,15 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
     throw std::invalid_argument("attention: shapes of q, k, v do not fit together");
   // Keys and values keep their (cache-slice) strides: the kernel reads them
   // in place.
-  auto qq = mx::astype(q.a, mx::float32);
-  auto kk = mx::astype(k.a, mx::float32), vv = mx::astype(v.a, mx::float32);
-  mx::Shape shape = {1, q.a.shape(2), q.a.shape(1), v.a.shape(3)};
-  auto prim = std::make_shared<Attention>(mx::default_stream(mx::Device::cpu), scale, causal);
-  return wrap_array(mx::array(shape, mx::float32, prim, {qq, kk, vv}));
+  return kernel_op("SpecdAttention", AttnBody{scale, causal},
+                   {1, q.a.shape(2), q.a.shape(1), v.a.shape(3)}, {f32(q.a), f32(k.a), f32(v.a)});
 }
 
 A rms_norm_rows(const Array& x, const Array& w, float eps) {
   if (on_gpu()) return std::make_unique<Array>(mx::fast::rms_norm(x.a, w.a, eps));
   if (w.a.ndim() != 1 || w.a.shape(0) != x.a.shape(-1))
     throw std::invalid_argument("rms_norm: weight must be [dim]");
-  return row_op("SpecdRmsNorm", RmsNormBody{eps}, x.a.shape(), {x.a, rowmajor(w.a)});
+  return kernel_op("SpecdRmsNorm", RmsNormBody{eps}, x.a.shape(), {f32(x.a), rowmajor(f32(w.a))});
 }
 
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
@@ -693,15 +664,15 @@ A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float s
     return std::make_unique<Array>(mx::fast::rope(mx::transpose(x.a, {0, 2, 1, 3}), dims,
                                                   traditional, base, scale, offset));
   auto sh = x.a.shape();
-  return row_op("SpecdRope", RopeBody{dims, traditional, base, scale, offset},
-                {sh[0], sh[2], sh[1], sh[3]}, {x.a});
+  return kernel_op("SpecdRope", RopeBody{dims, traditional, base, scale, offset},
+                   {sh[0], sh[2], sh[1], sh[3]}, {f32(x.a)});
 }
 
 A swiglu(const Array& g, const Array& u) {
   if (g.a.shape() != u.a.shape()) throw std::invalid_argument("swiglu: shapes differ");
   if (on_gpu())
     return std::make_unique<Array>(mx::multiply(mx::multiply(g.a, mx::sigmoid(g.a)), u.a));
-  return row_op("SpecdSwiglu", SwigluBody{}, g.a.shape(), {g.a, u.a});
+  return kernel_op("SpecdSwiglu", SwigluBody{}, g.a.shape(), {f32(g.a), f32(u.a)});
 }
 
 int32_t kernel_threads() { return pool().size(); }

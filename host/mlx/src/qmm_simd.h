@@ -89,34 +89,28 @@ struct Kernel {
 
   static void run(const Args& a, int n0, int n1) {
     const int groups = a.K / a.group;
-    // Scales and biases of up to 4 columns, as float32.
-    float sf[4 * 512], bf[4 * 512];
+    // Scales and biases of up to 4 columns as float32, reused across calls.
+    thread_local std::vector<float> sf, bf;
+    sf.resize(4 * groups);
+    bf.resize(4 * groups);
     auto convert = [&](int n, int nc) {
       for (int c = 0; c < nc; c++) {
-        I::f16_to_f32(a.s + (size_t)(n + c) * groups, sf + c * groups, groups);
-        I::f16_to_f32(a.b + (size_t)(n + c) * groups, bf + c * groups, groups);
+        I::f16_to_f32(a.s + (size_t)(n + c) * groups, sf.data() + c * groups, groups);
+        I::f16_to_f32(a.b + (size_t)(n + c) * groups, bf.data() + c * groups, groups);
       }
     };
     int n = n0;
     // Few rows leave the FMA chains of one column latency-bound: run four
     // columns side by side there.
-    if (a.M <= 3 && groups <= 512) {
+    if (a.M <= 3) {
       for (; n + 4 <= n1; n += 4) {
         convert(n, 4);
-        columns<4>(a, n, sf, bf);
+        columns<4>(a, n, sf.data(), bf.data());
       }
     }
     for (; n < n1; n++) {
-      if (groups > 512) break;
       convert(n, 1);
-      columns<1>(a, n, sf, bf);
-    }
-    for (; n < n1; n++) {
-      // Very long rows: convert in place per column (not expected in practice).
-      std::vector<float> s2(groups), b2(groups);
-      I::f16_to_f32(a.s + (size_t)n * groups, s2.data(), groups);
-      I::f16_to_f32(a.b + (size_t)n * groups, b2.data(), groups);
-      columns<1>(a, n, s2.data(), b2.data());
+      columns<1>(a, n, sf.data(), bf.data());
     }
   }
 };

@@ -144,7 +144,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 mlx_lm_blas,
                 python: crate::anchors::default_python(),
             };
-            let e = load_engine(&model.model, &no_spec())?;
+            let e = load_engine(&model.model, &SpecArgs::default())?;
             let report = crate::anchors::run(e, &opts, &mut |m| eprintln!("bench anchors: {m}"))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -165,7 +165,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             Ok(())
         }
         BenchCmd::Decode { model, max_tokens } => {
-            let e = load_engine(&model.model, &no_spec())?;
+            let e = load_engine(&model.model, &SpecArgs::default())?;
             let r = crate::bench::decode(&e, max_tokens)?;
             println!(
                 "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
@@ -188,8 +188,10 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             record,
             svg,
         } => {
-            let mut spec_args = no_spec();
-            spec_args.policy_dir = policy_dir;
+            let spec_args = SpecArgs {
+                policy_dir,
+                ..Default::default()
+            };
             let e = load_engine(&model.model, &spec_args)?;
             let params = sampling.params();
             params.validate()?;
@@ -281,18 +283,6 @@ fn blas(iters: usize) -> Result<()> {
     println!("matmul [8x{n}]x[{n}x{n}]: {:.3} ms", t8 * 1e3);
     println!("8 rows / 1 row: {:.2}x", t8 / t1);
     Ok(())
-}
-
-fn no_spec() -> SpecArgs {
-    SpecArgs {
-        drafter: None,
-        schedule: None,
-        acceptance: None,
-        draft_max: None,
-        schedule_config: None,
-        acceptance_config: None,
-        policy_dir: None,
-    }
 }
 
 fn suites(spec: &str) -> Result<Vec<(String, Vec<String>)>> {

@@ -56,12 +56,7 @@ pub struct GenIdsArgs {
 fn engine(model: &str) -> Result<Engine> {
     let spec = SpecArgs {
         drafter: Some("none".into()),
-        schedule: None,
-        acceptance: None,
-        draft_max: None,
-        schedule_config: None,
-        acceptance_config: None,
-        policy_dir: None,
+        ..Default::default()
     };
     load_engine(model, &spec)
 }

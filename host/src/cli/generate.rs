@@ -39,7 +39,7 @@ impl SamplingArgs {
     }
 }
 
-#[derive(Args, Clone, Debug)]
+#[derive(Args, Clone, Debug, Default)]
 pub struct SpecArgs {
     /// none, ngram, ngram:MIN-MAX, self:N (first N target layers), model:PATH
     #[arg(long)]

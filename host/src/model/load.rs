@@ -96,20 +96,19 @@ impl Tensors {
     /// `base` as a linear layer: quantized where the mode and the layout
     /// allow it, else float32.
     pub fn linear(&self, base: &str) -> Result<Linear> {
-        if self.mode == WeightMode::Quantized {
-            if let Some(q) = self.quantized(base)? {
-                if matches!(q.bits, 4 | 8) && q.group_size % 32 == 0 {
-                    // The kernels read float16 scales (GGUF's own dtype;
-                    // bf16 ones from MLX checkpoints convert exactly enough).
-                    return Ok(Linear::Quantized(QuantizedWeight {
-                        scales: q.scales.as_type(Dtype::Float16)?,
-                        biases: q.biases.as_type(Dtype::Float16)?,
-                        ..q
-                    }));
-                }
+        let kernel_fit = |q: &QuantizedWeight| matches!(q.bits, 4 | 8) && q.group_size % 32 == 0;
+        match self.quantized(base)? {
+            Some(q) if self.mode == WeightMode::Quantized && kernel_fit(&q) => {
+                // The kernels read float16 scales (GGUF's own dtype; bf16
+                // ones from MLX checkpoints convert exactly enough).
+                Ok(Linear::Quantized(QuantizedWeight {
+                    scales: q.scales.as_type(Dtype::Float16)?,
+                    biases: q.biases.as_type(Dtype::Float16)?,
+                    ..q
+                }))
             }
+            _ => Ok(Linear::Dense(self.dense(base)?)),
         }
-        Ok(Linear::Dense(self.dense(base)?))
     }
 
     /// Whether any weight is stored quantized.

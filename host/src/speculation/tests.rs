@@ -176,6 +176,26 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
     }
 }
 
+/// The scripted prompt through the pipeline with speculation `s`.
+fn run_scripted(
+    t: &mut dyn Target,
+    s: Speculation,
+    max_tokens: usize,
+    stop: &[&str],
+    sink: &mut pipeline::Sink<'_>,
+) -> pipeline::Finished {
+    pipeline::generate(
+        t,
+        tokenizer(),
+        &prompt(),
+        0,
+        &settings(Some(max_tokens), stop),
+        Some(s),
+        sink,
+    )
+    .unwrap()
+}
+
 fn prompt() -> Vec<u32> {
     let w = words();
     (0..12).map(|i| w[i % w.len()]).collect()
@@ -194,16 +214,7 @@ fn greedy_rounds_keep_the_scripted_sequence() {
             r#"{"k":4}"#,
             "greedy",
         );
-        let fin = pipeline::generate(
-            &mut t,
-            tokenizer(),
-            &prompt(),
-            0,
-            &settings(Some(30), &[]),
-            Some(s),
-            &mut |_| true,
-        )
-        .unwrap();
+        let fin = run_scripted(&mut t, s, 30, &[], &mut |_| true);
         let w = words();
         let want: Vec<u32> = (12..42).map(|i| w[i % w.len()]).collect();
         assert_eq!(fin.emitted, want, "wrong_at {wrong_at}");
@@ -238,16 +249,7 @@ fn cancellation_at_every_point_keeps_caches_equal_to_the_log() {
             calls += 1;
             calls < cancel_at
         };
-        let fin = pipeline::generate(
-            &mut t,
-            tokenizer(),
-            &prompt(),
-            0,
-            &settings(Some(24), &[]),
-            Some(s),
-            &mut sink,
-        )
-        .unwrap();
+        let fin = run_scripted(&mut t, s, 24, &[], &mut sink);
         calls_total = calls_total.max(calls);
         if fin.stats.done_reason == DoneReason::Cancelled {
             assert!(calls == cancel_at, "cancelled at the call that said so");
@@ -278,16 +280,7 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
         r#"{"k":8}"#,
         "greedy",
     );
-    let fin = pipeline::generate(
-        &mut t,
-        tokenizer(),
-        &prompt(),
-        0,
-        &settings(Some(50), &[]),
-        Some(s),
-        &mut |_| true,
-    )
-    .unwrap();
+    let fin = run_scripted(&mut t, s, 50, &[], &mut |_| true);
     assert_eq!(fin.stats.done_reason, DoneReason::Stop);
     assert_eq!(fin.emitted.len(), 17 - 12);
     assert!(!fin.emitted.contains(&2));
@@ -308,16 +301,7 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
             r#"{"k":8}"#,
             "greedy",
         );
-        let fin = pipeline::generate(
-            &mut t,
-            tokenizer(),
-            &prompt(),
-            0,
-            &settings(Some(max), &[]),
-            Some(s),
-            &mut |_| true,
-        )
-        .unwrap();
+        let fin = run_scripted(&mut t, s, max, &[], &mut |_| true);
         assert_eq!(fin.emitted.len(), max);
         assert_eq!(fin.stats.done_reason, DoneReason::Length);
     }
@@ -334,19 +318,10 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
         "greedy",
     );
     let mut text = String::new();
-    let fin = pipeline::generate(
-        &mut t,
-        tokenizer(),
-        &prompt(),
-        0,
-        &settings(Some(40), &[" f g"]),
-        Some(s),
-        &mut |s| {
-            text.push_str(s);
-            true
-        },
-    )
-    .unwrap();
+    let fin = run_scripted(&mut t, s, 40, &[" f g"], &mut |s| {
+        text.push_str(s);
+        true
+    });
     assert_eq!(fin.stats.done_reason, DoneReason::Stop);
     assert_eq!(text, " e");
     assert!(w.len() == 8);
@@ -380,16 +355,7 @@ fn a_failing_policy_falls_back_to_plain_decoding() {
         "greedy",
     );
     s.acceptance = Box::new(Broken);
-    let fin = pipeline::generate(
-        &mut t,
-        tokenizer(),
-        &prompt(),
-        0,
-        &settings(Some(20), &[]),
-        Some(s),
-        &mut |_| true,
-    )
-    .unwrap();
+    let fin = run_scripted(&mut t, s, 20, &[], &mut |_| true);
     let w = words();
     let want: Vec<u32> = (12..32).map(|i| w[i % w.len()]).collect();
     assert_eq!(fin.emitted, want);
