@@ -56,12 +56,13 @@ fn main() {
         .t()
         .unwrap();
         dense.eval().unwrap();
+        let packed = kernels::qpack(&w, &s, &b, 32, bits as i32).unwrap();
         for rows in [1usize, 4, 16] {
             let x = Array::from_f32(&vec![0.5; rows * k], &[rows as i32, k as i32]).unwrap();
             x.eval().unwrap();
             let reps = if n > 10000 { 20 } else { 200 };
             let ours = time(reps, || {
-                kernels::qmatmul(&x, &w, &s, &b, 32, bits as i32).unwrap()
+                kernels::qmatmul_packed(&x, &packed, n as i32, 32, bits as i32).unwrap()
             });
             let mlxq = time(reps, || {
                 ops::quantized_matmul(&x, &w, &s, &b, true, 32, bits as i32).unwrap()

@@ -238,12 +238,11 @@ A kernel_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array>
 // ---- quantized matmul -----------------------------------------------------------
 //
 // y[m, n] = sum_k x[m, k] * (s[n, g] * q[n, k] + b[n, g]),  g = k / group
-//         = sum_g s[n, g] * dot(x[m, g], q[n, g]) + sum_g b[n, g] * xsum[m, g]
+//         = sum_g s[n, g] * dot(x[m, g], q[n, g]) + b[n, g] * xsum[m, g]
 //
-// The activations are prepared once per call: per-group sums, and for 4 bits
-// each 32-block reordered (even elements, then odd) to match the nibbles as a
-// byte load splits them (low nibbles, then high). That order is fixed, so
-// every row reduces identically whatever the tile it is computed in.
+// over weights packed once at load (qmm.h: 16 output columns to a vector,
+// x broadcast), so no horizontal sums and no per-call reordering of x. Per
+// call, only the per-group sums of x are computed (and strided rows gathered).
 
 using QArgs = qmm::Args;
 
@@ -267,78 +266,62 @@ std::vector<int64_t> row_offsets(const mx::array& a) {
   return off;
 }
 
-void prepare_x(const float* x, const int64_t* row_off, int64_t col, int M, int K, int group,
-               int bits, float* xp, float* xs) {
+// Rows of x as a dense [M, K] block (x itself when it already is one) and
+// their per-group sums, in a fixed order.
+const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int64_t col, int M,
+                       int K, int group, std::vector<float>& dense, float* xs) {
+  bool packed = col == 1;
+  for (int m = 0; m < M && packed; m++) packed = row_off[m] == (int64_t)m * K;
+  if (!packed) {
+    dense.resize((size_t)M * K);
+    for (int m = 0; m < M; m++)
+      for (int i = 0; i < K; i++) dense[(size_t)m * K + i] = x[row_off[m] + i * col];
+    x = dense.data();
+  }
   int groups = K / group;
-  std::vector<float> dense(col == 1 ? 0 : K);
-  for (int m = 0; m < M; m++) {
-    const float* xr = x + row_off[m];
-    if (col != 1) {
-      for (int i = 0; i < K; i++) dense[i] = xr[i * col];
-      xr = dense.data();
-    }
-    float* pr = xp + (size_t)m * K;
+  for (int m = 0; m < M; m++)
     for (int g = 0; g < groups; g++) {
       float acc = 0.f;
-      for (int i = 0; i < group; i++) acc += xr[g * group + i];
+      const float* xr = x + (size_t)m * K + g * group;
+      for (int i = 0; i < group; i++) acc += xr[i];
       xs[(size_t)m * groups + g] = acc;
     }
-    if (bits == 4) {
-      for (int blk = 0; blk < K; blk += 32)
-        for (int i = 0; i < 16; i++) {
-          pr[blk + i] = xr[blk + 2 * i];
-          pr[blk + 16 + i] = xr[blk + 2 * i + 1];
-        }
-    } else {
-      std::memcpy(pr, xr, sizeof(float) * K);
-    }
-  }
+  return x;
 }
 
-// One 32-block's quantized values as floats, in prepared order.
-inline void block_scalar(const uint8_t* p, int bits, float* q) {
-  if (bits == 4) {
-    for (int i = 0; i < 16; i++) {
-      q[i] = float(p[i] & 15);
-      q[16 + i] = float(p[i] >> 4);
-    }
-  } else {
-    for (int i = 0; i < 32; i++) q[i] = float(p[i]);
-  }
-}
-
-void qmm_scalar(const QArgs& a, int n0, int n1) {
-  int groups = a.K / a.group, row_words = a.K * a.bits / 32;
-  int block_bytes = a.bits * 4;
-  float q[32];
-  for (int n = n0; n < n1; n++) {
-    const uint8_t* wr = reinterpret_cast<const uint8_t*>(a.w + (size_t)n * row_words);
-    for (int m = 0; m < a.M; m++) {
-      const float* xr = a.x + (size_t)m * a.K;
-      float acc = 0.f;
-      for (int g = 0; g < groups; g++) {
-        float t = 0.f;
-        for (int blk = g * a.group; blk < (g + 1) * a.group; blk += 32) {
-          block_scalar(wr + (size_t)(blk / 32) * block_bytes, a.bits, q);
-          for (int i = 0; i < 32; i++) t += xr[blk + i] * q[i];
+// The packed layout's formula (qmm_simd.h), one lane at a time.
+void qmm_scalar(const QArgs& a, int cb0, int cb1) {
+  const int groups = a.K / a.group, per = 32 / a.bits, dpg = a.group / per;
+  const int gw = qmm::group_words(a.group, a.bits);
+  const uint32_t mask = (1u << a.bits) - 1;
+  for (int cb = cb0; cb < cb1; cb++)
+    for (int l = 0; l < qmm::kLanes && cb * qmm::kLanes + l < a.N; l++)
+      for (int m = 0; m < a.M; m++) {
+        const float* xr = a.x + (size_t)m * a.K;
+        float acc = 0.f;
+        for (int g = 0; g < groups; g++) {
+          const uint32_t* base = a.w + ((size_t)cb * groups + g) * gw;
+          float t[2] = {0.f, 0.f};
+          for (int d = 0; d < dpg; d++)
+            for (int j = 0; j < per; j++) {
+              float q = float((base[d * qmm::kLanes + l] >> (j * a.bits)) & mask);
+              t[d & 1] = std::fma(xr[g * a.group + d * per + j], q, t[d & 1]);
+            }
+          const uint16_t* sb = reinterpret_cast<const uint16_t*>(base + dpg * qmm::kLanes);
+          acc = std::fma(t[0] + t[1], h2f(sb[l]), acc);
+          acc = std::fma(h2f(sb[qmm::kLanes + l]), a.xsum[(size_t)m * groups + g], acc);
         }
-        acc += t * h2f(a.s[(size_t)n * groups + g]);
+        a.y[(size_t)m * a.N + cb * qmm::kLanes + l] = acc;
       }
-      float bias = 0.f;
-      for (int g = 0; g < groups; g++)
-        bias += h2f(a.b[(size_t)n * groups + g]) * a.xsum[(size_t)m * groups + g];
-      a.y[(size_t)m * a.N + n] = acc + bias;
-    }
-  }
 }
 
-void qmm_range(const QArgs& a, int n0, int n1) {
+void qmm_range(const QArgs& a, int cb0, int cb1) {
   switch (isa()) {
 #if defined(SPECD_X86_KERNELS)
-    case Isa::Avx512: qmm::avx512(a, n0, n1); return;
-    case Isa::Avx2: qmm::avx2(a, n0, n1); return;
+    case Isa::Avx512: qmm::avx512(a, cb0, cb1); return;
+    case Isa::Avx2: qmm::avx2(a, cb0, cb1); return;
 #endif
-    default: qmm_scalar(a, n0, n1); return;
+    default: qmm_scalar(a, cb0, cb1); return;
   }
 }
 
@@ -347,41 +330,38 @@ void qmm_range(const QArgs& a, int n0, int n1) {
 constexpr size_t kParallelBytes = 32 * 1024;
 
 void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, const uint32_t* w,
-             const uint16_t* s, const uint16_t* b, float* y, int M, int N, int K, int group,
-             int bits) {
+             float* y, int M, int N, int K, int group, int bits) {
   // Reused across calls: this runs a few hundred times per token.
-  thread_local std::vector<float> xp, xs;
-  xp.resize((size_t)M * K);
+  thread_local std::vector<float> dense, xs;
   xs.resize((size_t)M * (K / group));
-  prepare_x(x, row_off.data(), col, M, K, group, bits, xp.data(), xs.data());
-  QArgs a{xp.data(), xs.data(), w, s, b, y, M, N, K, group, bits};
+  const float* xd = prepare_x(x, row_off, col, M, K, group, dense, xs.data());
+  QArgs a{xd, xs.data(), w, y, M, N, K, group, bits};
+  int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
   size_t bytes = (size_t)N * K * bits / 8;
-  int chunks = bytes < kParallelBytes ? 1 : std::min(4 * pool().size(), (N + 7) / 8);
+  // Chunks of 4 blocks keep the widest one-row tile whole.
+  int chunks = bytes < kParallelBytes ? 1 : std::min(4 * pool().size(), (blocks + 3) / 4);
   pool().run(chunks, [&](int i) {
-    auto [n0, n1] = share(N, chunks, i, 8);
-    qmm_range(a, n0, n1);
+    auto [b0, b1] = share(blocks, chunks, i, 4);
+    qmm_range(a, b0, b1);
   });
 }
 
-// x [..., K] f32 (any strides), w, scales, biases row-contiguous.
+// x [..., K] f32 (any strides), packed weights row-contiguous.
 struct QmmBody {
-  int group, bits;
+  int n, group, bits;
   struct Rows {
     std::vector<int64_t> off;
     int64_t col;
   };
   Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
-    for (int i = 1; i < 4; i++)
-      if (!in[i].flags().row_contiguous)
-        throw std::runtime_error("SpecdQMatmul: weights must be row-contiguous");
+    if (!in[1].flags().row_contiguous)
+      throw std::runtime_error("SpecdQMatmul: packed weights must be row-contiguous");
     return {row_offsets(in[0]), in[0].strides().back()};
   }
   void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
     int K = in[0].shape(-1);
-    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(),
-            reinterpret_cast<const uint16_t*>(in[2].data<mx::float16_t>()),
-            reinterpret_cast<const uint16_t*>(in[3].data<mx::float16_t>()), out.data<float>(),
-            in[0].size() / K, out.shape(-1), K, group, bits);
+    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), out.data<float>(),
+            in[0].size() / K, n, K, group, bits);
   }
 };
 
@@ -609,26 +589,77 @@ mx::array rowmajor(const mx::array& a) {
 
 }  // namespace
 
-A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
-          int32_t group_size, int32_t bits) {
+namespace {
+// The layouts the kernels take: 4 or 8 bits, groups of 32k, float16 scales.
+void check_quant(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                 int32_t group_size, int32_t bits) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
-  if (group_size % 32 != 0) throw std::invalid_argument("qmatmul needs group sizes of 32k");
-  if (on_gpu())
-    return wrap_array(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, true, group_size, bits));
-  if (w.a.ndim() != 2 || scales.a.ndim() != 2) throw std::invalid_argument("qmatmul: 2-D weights");
-  int N = w.a.shape(0), K = w.a.shape(1) * 32 / bits;
+  if (group_size <= 0 || group_size % 32 != 0)
+    throw std::invalid_argument("qmatmul needs group sizes of 32k");
+  if (w.ndim() != 2 || scales.ndim() != 2) throw std::invalid_argument("qmatmul: 2-D weights");
+  int N = w.shape(0), K = w.shape(1) * 32 / bits;
+  if (scales.shape(1) * group_size != K || biases.shape() != scales.shape() ||
+      scales.shape(0) != N)
+    throw std::invalid_argument("qmatmul: scales/biases do not match the weight");
+  if (scales.dtype() != mx::float16 || biases.dtype() != mx::float16)
+    throw std::invalid_argument("qmatmul: scales and biases must be float16");
+  if (w.dtype() != mx::uint32) throw std::invalid_argument("qmatmul: weights must be uint32");
+}
+}  // namespace
+
+A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_size,
+        int32_t bits) {
+  check_quant(w.a, scales.a, biases.a, group_size, bits);
+  auto wc = mx::contiguous(w.a), sc = mx::contiguous(scales.a), bc = mx::contiguous(biases.a);
+  mx::eval({wc, sc, bc});
+  const int N = wc.shape(0), wpc = wc.shape(1), groups = sc.shape(1);
+  const int dpg = group_size * bits / 32, gw = qmm::group_words(group_size, bits);
+  const int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
+  std::vector<uint32_t> out((size_t)blocks * groups * gw, 0);
+  const uint32_t* W = wc.data<uint32_t>();
+  const uint16_t* S = reinterpret_cast<const uint16_t*>(sc.data<mx::float16_t>());
+  const uint16_t* B = reinterpret_cast<const uint16_t*>(bc.data<mx::float16_t>());
+  for (int n = 0; n < N; n++) {
+    int cb = n / qmm::kLanes, l = n % qmm::kLanes;
+    for (int g = 0; g < groups; g++) {
+      uint32_t* base = out.data() + ((size_t)cb * groups + g) * gw;
+      for (int d = 0; d < dpg; d++) base[d * qmm::kLanes + l] = W[(size_t)n * wpc + g * dpg + d];
+      uint16_t* sb = reinterpret_cast<uint16_t*>(base + dpg * qmm::kLanes);
+      sb[l] = S[(size_t)n * groups + g];
+      sb[qmm::kLanes + l] = B[(size_t)n * groups + g];
+    }
+  }
+  return wrap_array(mx::array(out.begin(), {blocks, groups, gw}, mx::uint32));
+}
+
+A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
+                 int32_t bits) {
+  if (on_gpu()) throw std::invalid_argument("qmatmul_packed: packed weights are for the CPU kernels");
+  if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
+  if (group_size <= 0 || group_size % 32 != 0)
+    throw std::invalid_argument("qmatmul needs group sizes of 32k");
+  const auto& p = packed.a;
+  if (p.ndim() != 3 || p.dtype() != mx::uint32 || n <= 0 ||
+      p.shape(0) != (n + qmm::kLanes - 1) / qmm::kLanes ||
+      p.shape(2) != qmm::group_words(group_size, bits))
+    throw std::invalid_argument("qmatmul_packed: the packed weights do not fit n, group and bits");
+  int K = p.shape(1) * group_size;
   if (x.a.shape(-1) != K)
     throw std::invalid_argument("qmatmul: x has " + std::to_string(x.a.shape(-1)) +
                                 " features, the weight " + std::to_string(K));
-  if (scales.a.shape(1) * group_size != K || biases.a.shape() != scales.a.shape() ||
-      scales.a.shape(0) != N)
-    throw std::invalid_argument("qmatmul: scales/biases do not match the weight");
-  if (scales.a.dtype() != mx::float16 || biases.a.dtype() != mx::float16)
-    throw std::invalid_argument("qmatmul: scales and biases must be float16");
   mx::Shape shape = x.a.shape();
-  shape.back() = N;
-  return kernel_op("SpecdQMatmul", QmmBody{group_size, bits}, shape,
-                   {f32(x.a), rowmajor(w.a), rowmajor(scales.a), rowmajor(biases.a)});
+  shape.back() = n;
+  return kernel_op("SpecdQMatmul", QmmBody{n, group_size, bits}, shape,
+                   {f32(x.a), rowmajor(p)});
+}
+
+A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
+          int32_t group_size, int32_t bits) {
+  check_quant(w.a, scales.a, biases.a, group_size, bits);
+  if (on_gpu())
+    return wrap_array(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, true, group_size, bits));
+  return qmatmul_packed(x, *qpack(w, scales, biases, group_size, bits), w.a.shape(0), group_size,
+                        bits);
 }
 
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {

@@ -129,6 +129,20 @@ mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        fn qpack(
+            w: &Array,
+            scales: &Array,
+            biases: &Array,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
+        fn qmatmul_packed(
+            x: &Array,
+            packed: &Array,
+            n: i32,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
         fn attention(
             q: &Array,
             k: &Array,
@@ -489,7 +503,8 @@ pub mod kernels {
     /// `x @ dequantize(w)^T` over MLX affine-quantized weights `w`
     /// (`[out, in * bits / 32]` uint32, 4 or 8 bits), with float16 `scales`
     /// and `biases` (`[out, in / group_size]`); `x` is `[..., in]`, the result
-    /// float32 `[..., out]`.
+    /// float32 `[..., out]`. On CPU this packs the weights on every call: a
+    /// model packs once with [`qpack`] and calls [`qmatmul_packed`].
     pub fn qmatmul(
         x: &Array,
         w: &Array,
@@ -501,6 +516,28 @@ pub mod kernels {
         wrap(ffi::qmatmul(
             &x.0, &w.0, &scales.0, &biases.0, group_size, bits,
         ))
+    }
+    /// The CPU kernels' layout of MLX affine-quantized weights (16 output
+    /// columns to a vector; see `qmm.h`), computed now: pack once at load.
+    pub fn qpack(
+        w: &Array,
+        scales: &Array,
+        biases: &Array,
+        group_size: i32,
+        bits: i32,
+    ) -> Result<Array> {
+        wrap(ffi::qpack(&w.0, &scales.0, &biases.0, group_size, bits))
+    }
+    /// [`qmatmul`] over weights packed by [`qpack`]; `n` is the number of
+    /// output features. CPU only.
+    pub fn qmatmul_packed(
+        x: &Array,
+        packed: &Array,
+        n: i32,
+        group_size: i32,
+        bits: i32,
+    ) -> Result<Array> {
+        wrap(ffi::qmatmul_packed(&x.0, &packed.0, n, group_size, bits))
     }
     /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
     /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads), returned

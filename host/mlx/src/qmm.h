@@ -1,25 +1,40 @@
-// The quantized matmul's arguments and its per-ISA entry points. The SIMD
-// variants live in their own translation units (qmm_avx2.cc, qmm_avx512.cc),
-// each compiled with its instruction set enabled, and are only called after
-// a run-time CPU check.
+// The quantized matmul's arguments, its packed weight layout, and its per-ISA
+// entry points. The SIMD variants live in their own translation units
+// (qmm_avx2.cc, qmm_avx512.cc), each compiled with its instruction set
+// enabled, and are only called after a run-time CPU check.
 #pragma once
 #include <cstdint>
 
 namespace specd_mlx::qmm {
 
+// Packed weights ("columns in lanes"): MLX's affine-quantized rows
+// (`[N, K * bits / 32]` uint32, float16 scales and biases `[N, K / group]`)
+// regrouped by blocks of 16 output columns, so one vector load brings the
+// same packed word of 16 columns and each SIMD lane owns one column:
+//
+//   block cb (columns 16 cb ..), group g: kGroupWords(group, bits) words =
+//     dpg * 16 weight words   word d of column 16 cb + l at [d * 16 + l]
+//     8 words                 16 float16 scales, lane l = column 16 cb + l
+//     8 words                 16 float16 biases
+//
+// with dpg = group * bits / 32 words per column and group. Columns past N
+// are zero. A word holds 32 / bits values, value j of the word at bits
+// j * bits (MLX's order), so word d of group g holds inputs g * group +
+// d * 32 / bits + j.
+constexpr int kLanes = 16;
+inline int group_words(int group, int bits) { return group * bits / 32 * kLanes + kLanes; }
+
 struct Args {
-  const float* x;     // prepared activations [M, K] (see kernels.cc)
+  const float* x;     // activations [M, K], dense rows
   const float* xsum;  // per-group sums of x, [M, K / group]
-  const uint32_t* w;  // [N, K * bits / 32]
-  const uint16_t* s;  // float16 scales [N, K / group]
-  const uint16_t* b;  // float16 biases [N, K / group]
+  const uint32_t* w;  // packed weights [ceil(N / 16), K / group, group_words]
   float* y;           // [M, N]
   int M, N, K, group, bits;
 };
 
-// Columns [n0, n1) of y, every row.
-void avx2(const Args& a, int n0, int n1);
-void avx512(const Args& a, int n0, int n1);
+// Column blocks [cb0, cb1) of y, every row.
+void avx2(const Args& a, int cb0, int cb1);
+void avx512(const Args& a, int cb0, int cb1);
 
 // Attention helpers: a fixed-order dot product, and y += a * x.
 float dot_avx2(const float* a, const float* b, int n);

@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <vector>
 
 #include "qmm_simd.h"
 
@@ -12,10 +11,14 @@ namespace {
 
 struct Avx2 {
   using V = __m256;
+  using Vi = __m256i;
   static constexpr int W = 8;
+  // Tile widths, in 16-column blocks (two vectors each), that keep every
+  // chain in the 16 registers.
+  static constexpr int kSoloBlocks = 2, kPairBlocks = 1;
   static V zero() { return _mm256_setzero_ps(); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
   static V set1(float v) { return _mm256_set1_ps(v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static float hsum(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -23,28 +26,31 @@ struct Avx2 {
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
   }
-  static void f16_to_f32(const uint16_t* src, float* dst, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i,
-                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+  static Vi loadw(const uint32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
-  // A 32-block: 4 bits as low nibbles then high nibbles; 8 bits in order.
-  static void unpack(const uint8_t* p, int bits, V* q) {
-    if (bits == 4) {
-      const __m128i mask = _mm_set1_epi8(15);
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-      q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-      q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-      q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-      q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  static V cvtph(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // Value j of every lane's word, as float.
+  template <int BITS>
+  static V unpack(Vi w, int j) {
+    if constexpr (BITS == 4) {
+      return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 4 * j), _mm256_set1_epi32(15)));
     } else {
-      for (int j = 0; j < 4; j++)
-        q[j] = _mm256_cvtepi32_ps(
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * j))));
+      const Vi ctl = _mm256_add_epi32(_mm256_set1_epi32(int(0x80808000u | unsigned(j))),
+                                      _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12));
+      return _mm256_cvtepi32_ps(_mm256_shuffle_epi8(w, ctl));
     }
+  }
+  static void store(float* y, V v, int n) {
+    if (n == W) {
+      _mm256_storeu_ps(y, v);
+      return;
+    }
+    alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    for (int i = 0; i < n; i++) y[i] = t[i];
   }
 };
 

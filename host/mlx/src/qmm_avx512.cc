@@ -2,8 +2,6 @@
 // enabled; called only when the CPU has them.
 #include <immintrin.h>
 
-#include <vector>
-
 #include "qmm_simd.h"
 
 namespace specd_mlx::qmm {
@@ -11,44 +9,44 @@ namespace {
 
 struct Avx512 {
   using V = __m512;
+  using Vi = __m512i;
   static constexpr int W = 16;
+  // Tile widths, in 16-column blocks, that keep every chain in registers.
+  static constexpr int kSoloBlocks = 4, kPairBlocks = 2;
   static V zero() { return _mm512_setzero_ps(); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
   static V set1(float v) { return _mm512_set1_ps(v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static float hsum(V v) {
-    // In registers: a store and two reloads would stall on store forwarding.
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
+  static Vi loadw(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  static V cvtph(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static void f16_to_f32(const uint16_t* src, float* dst, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(
-          dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
-  }
-  // A 32-block: 4 bits as low nibbles then high nibbles; 8 bits in order.
-  static void unpack(const uint8_t* p, int bits, V* q) {
-    if (bits == 4) {
-      const __m128i mask = _mm_set1_epi8(15);
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      q[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
-      q[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+  // Value j of every lane's word, as float.
+  template <int BITS>
+  static V unpack(Vi w, int j) {
+    if constexpr (BITS == 4) {
+      // A 16-entry table lookup on the low 4 bits of each lane: the shift
+      // alone isolates the nibble, no mask or int->float conversion.
+      const V table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      return _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4 * j), table);
     } else {
-      const __m128i* v = reinterpret_cast<const __m128i*>(p);
-      q[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(v)));
-      q[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(v + 1)));
+      // Byte j of each lane moved to its low byte, the rest zeroed.
+      const Vi ctl = _mm512_add_epi32(_mm512_set1_epi32(int(0x80808000u | unsigned(j))),
+                                      _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0,
+                                                        4, 8, 12));
+      return _mm512_cvtepi32_ps(_mm512_shuffle_epi8(w, ctl));
     }
+  }
+  static void store(float* y, V v, int n) {
+    if (n == W)
+      _mm512_storeu_ps(y, v);
+    else
+      _mm512_mask_storeu_ps(y, __mmask16((1u << n) - 1), v);
   }
 };
 
 }  // namespace
 
-void avx512(const Args& a, int n0, int n1) { Kernel<Avx512>::run(a, n0, n1); }
+void avx512(const Args& a, int cb0, int cb1) { Kernel<Avx512>::run(a, cb0, cb1); }
 
 }  // namespace specd_mlx::qmm

@@ -1,17 +1,19 @@
-// The quantized matmul body, generic over a SIMD width (included by
-// qmm_avx2.cc and qmm_avx512.cc with their own `Isa` traits).
+// The quantized matmul body over packed weights (qmm.h), generic over a SIMD
+// width (included by qmm_avx2.cc and qmm_avx512.cc with their own `Isa`
+// traits). Lanes are output columns; x is broadcast.
 //
 // For output (row m, column n) the float operations are, in this order:
-//   per group g: t = 0; t = fma(x, q, t) over the group's vectors;
-//                acc = fma(t, scale[n, g], acc)
-//   then y = hsum(acc) + dot(bias[n, :], xsum[m, :])
-// whatever tile (rows x columns) it is computed in. Tiles only decide which
-// independent chains run side by side, so results are batch-invariant.
+//   per group g: t0 = t1 = 0
+//                for each word d, value j: t_(d % 2) = fma(x[m, k], q[n, k], t_(d % 2))
+//                acc = fma(t0 + t1, scale[n, g], acc)
+//                acc = fma(bias[n, g], xsum[m, g], acc)
+//   y = acc
+// whatever tile (rows x column blocks) it is computed in: tiles only decide
+// which independent chains run side by side, so results are batch-invariant
+// (and equal to the scalar reference in kernels.cc, which does the same).
 #pragma once
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "qmm.h"
 
@@ -20,98 +22,85 @@ namespace specd_mlx::qmm {
 template <class I>
 struct Kernel {
   using V = typename I::V;
+  using Vi = typename I::Vi;
   static constexpr int W = I::W;
-  static constexpr int B = 32 / W;  // vectors per 32-block
+  static constexpr int NV = kLanes / W;  // vectors per column block
 
-  // sum_g b[g] * xs[g] in a fixed order.
-  static float bias_dot(const float* b, const float* xs, int groups) {
-    V acc = I::zero();
-    int g = 0;
-    for (; g + W <= groups; g += W) acc = I::fma(I::load(b + g), I::load(xs + g), acc);
-    float r = I::hsum(acc);
-    for (; g < groups; g++) r += b[g] * xs[g];
-    return r;
-  }
-
-  template <int R, int NC>
-  static void tile(const Args& a, int n0, int m0, const float* sf, const float* bf) {
-    const int groups = a.K / a.group, row_bytes = a.K * a.bits / 8;
-    const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w);
-    V acc[R][NC];
+  template <int BITS, int R, int CB>
+  static void tile(const Args& a, int cb0, int m0) {
+    constexpr int per = 32 / BITS;
+    const int groups = a.K / a.group, dpg = a.group / per, gw = group_words(a.group, BITS);
+    V acc[R][CB][NV];
     for (int r = 0; r < R; r++)
-      for (int c = 0; c < NC; c++) acc[r][c] = I::zero();
+      for (int c = 0; c < CB; c++)
+        for (int v = 0; v < NV; v++) acc[r][c][v] = I::zero();
     for (int g = 0; g < groups; g++) {
-      V t[R][NC];
-      for (int r = 0; r < R; r++)
-        for (int c = 0; c < NC; c++) t[r][c] = I::zero();
-      for (int blk = g * a.group; blk < (g + 1) * a.group; blk += 32) {
-        for (int c = 0; c < NC; c++) {
-          V q[B];
-          I::unpack(w + (size_t)(n0 + c) * row_bytes + blk * a.bits / 8, a.bits, q);
+      V t[2][R][CB][NV];
+      for (int h = 0; h < 2; h++)
+        for (int r = 0; r < R; r++)
+          for (int c = 0; c < CB; c++)
+            for (int v = 0; v < NV; v++) t[h][r][c][v] = I::zero();
+      const uint32_t* base[CB];
+      for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
+      for (int d = 0; d < dpg; d++) {
+        const float* xk = a.x + (size_t)m0 * a.K + g * a.group + d * per;
+        for (int c = 0; c < CB; c++)
+          for (int v = 0; v < NV; v++) {
+            Vi wv = I::loadw(base[c] + d * kLanes + v * W);
+#pragma GCC unroll 8
+            for (int j = 0; j < per; j++) {
+              V q = I::template unpack<BITS>(wv, j);
+              for (int r = 0; r < R; r++)
+                t[d & 1][r][c][v] = I::fma(I::set1(xk[(size_t)r * a.K + j]), q, t[d & 1][r][c][v]);
+            }
+          }
+      }
+      for (int c = 0; c < CB; c++) {
+        const uint16_t* sb = reinterpret_cast<const uint16_t*>(base[c] + dpg * kLanes);
+        for (int v = 0; v < NV; v++) {
+          V s = I::cvtph(sb + v * W), b = I::cvtph(sb + kLanes + v * W);
           for (int r = 0; r < R; r++) {
-            const float* x = a.x + (size_t)(m0 + r) * a.K + blk;
-            for (int j = 0; j < B; j++) t[r][c] = I::fma(I::load(x + j * W), q[j], t[r][c]);
+            V& o = acc[r][c][v];
+            o = I::fma(I::add(t[0][r][c][v], t[1][r][c][v]), s, o);
+            o = I::fma(b, I::set1(a.xsum[(size_t)(m0 + r) * groups + g]), o);
           }
         }
       }
-      for (int c = 0; c < NC; c++) {
-        V s = I::set1(sf[c * groups + g]);
-        for (int r = 0; r < R; r++) acc[r][c] = I::fma(t[r][c], s, acc[r][c]);
-      }
     }
     for (int r = 0; r < R; r++)
-      for (int c = 0; c < NC; c++)
-        a.y[(size_t)(m0 + r) * a.N + n0 + c] =
-            I::hsum(acc[r][c]) +
-            bias_dot(bf + c * groups, a.xsum + (size_t)(m0 + r) * groups, groups);
+      for (int c = 0; c < CB; c++)
+        for (int v = 0; v < NV; v++) {
+          int n = (cb0 + c) * kLanes + v * W;
+          if (n < a.N) I::store(a.y + (size_t)(m0 + r) * a.N + n, acc[r][c][v], std::min(W, a.N - n));
+        }
   }
 
-  // Columns [n, n + NC), all rows: rows four at a time, then the rest.
-  template <int NC>
-  static void columns(const Args& a, int n, const float* sf, const float* bf) {
+  // Every row of column blocks [cb, cb + CB): pairs of rows, then the odd one.
+  template <int BITS, int CB>
+  static void rows(const Args& a, int cb) {
     int m = 0;
-    if constexpr (NC == 1) {
-      // 16-lane registers come 32 to a core: 8 rows share one unpack there.
-      if constexpr (W == 16)
-        for (; m + 8 <= a.M; m += 8) tile<8, 1>(a, n, m, sf, bf);
-      for (; m + 4 <= a.M; m += 4) tile<4, 1>(a, n, m, sf, bf);
-      switch (a.M - m) {
-        case 3: tile<3, 1>(a, n, m, sf, bf); break;
-        case 2: tile<2, 1>(a, n, m, sf, bf); break;
-        case 1: tile<1, 1>(a, n, m, sf, bf); break;
-        default: break;
-      }
-    } else {
-      for (; m + 2 <= a.M; m += 2) tile<2, NC>(a, n, m, sf, bf);
-      if (m < a.M) tile<1, NC>(a, n, m, sf, bf);
-    }
+    for (; m + 2 <= a.M; m += 2) tile<BITS, 2, CB>(a, cb, m);
+    if (m < a.M) tile<BITS, 1, CB>(a, cb, m);
   }
 
-  static void run(const Args& a, int n0, int n1) {
-    const int groups = a.K / a.group;
-    // Scales and biases of up to 4 columns as float32, reused across calls.
-    thread_local std::vector<float> sf, bf;
-    sf.resize(4 * groups);
-    bf.resize(4 * groups);
-    auto convert = [&](int n, int nc) {
-      for (int c = 0; c < nc; c++) {
-        I::f16_to_f32(a.s + (size_t)(n + c) * groups, sf.data() + c * groups, groups);
-        I::f16_to_f32(a.b + (size_t)(n + c) * groups, bf.data() + c * groups, groups);
-      }
-    };
-    int n = n0;
-    // Few rows leave the FMA chains of one column latency-bound: run four
-    // columns side by side there.
-    if (a.M <= 3) {
-      for (; n + 4 <= n1; n += 4) {
-        convert(n, 4);
-        columns<4>(a, n, sf.data(), bf.data());
-      }
+  template <int BITS>
+  static void run_bits(const Args& a, int cb0, int cb1) {
+    int cb = cb0;
+    if (a.M == 1) {
+      // One row leaves each chain latency-bound: more column blocks side by side.
+      for (; cb + I::kSoloBlocks <= cb1; cb += I::kSoloBlocks) tile<BITS, 1, I::kSoloBlocks>(a, cb, 0);
+      for (; cb < cb1; cb++) tile<BITS, 1, 1>(a, cb, 0);
+      return;
     }
-    for (; n < n1; n++) {
-      convert(n, 1);
-      columns<1>(a, n, sf.data(), bf.data());
-    }
+    for (; cb + I::kPairBlocks <= cb1; cb += I::kPairBlocks) rows<BITS, I::kPairBlocks>(a, cb);
+    for (; cb < cb1; cb++) rows<BITS, 1>(a, cb);
+  }
+
+  static void run(const Args& a, int cb0, int cb1) {
+    if (a.bits == 4)
+      run_bits<4>(a, cb0, cb1);
+    else
+      run_bits<8>(a, cb0, cb1);
   }
 };
 

@@ -109,6 +109,10 @@ A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Ar
 // specd's own CPU kernels (kernels.cc): batch-invariant, MLX's ops on GPU
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
           int32_t group_size, int32_t bits);
+A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_size,
+        int32_t bits);
+A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
+                 int32_t bits);
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
 A rms_norm_rows(const Array& x, const Array& w, float eps);
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,

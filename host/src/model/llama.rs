@@ -52,6 +52,9 @@ pub struct QuantizedWeight {
     pub biases: Array,
     pub group_size: i32,
     pub bits: i32,
+    /// The same weights in the CPU kernels' layout ([`kernels::qpack`]),
+    /// packed once at load; `None` on GPU, where MLX's kernels take `w`.
+    pub packed: Option<Array>,
 }
 
 impl QuantizedWeight {
@@ -60,6 +63,35 @@ impl QuantizedWeight {
     }
     pub fn in_features(&self) -> i32 {
         self.w.dim(1) * 32 / self.bits
+    }
+    /// Packs the weights for the CPU kernels.
+    pub fn pack(self) -> Result<QuantizedWeight> {
+        let packed = kernels::qpack(
+            &self.w,
+            &self.scales,
+            &self.biases,
+            self.group_size,
+            self.bits,
+        )?;
+        Ok(QuantizedWeight {
+            packed: Some(packed),
+            ..self
+        })
+    }
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match &self.packed {
+            Some(p) => {
+                kernels::qmatmul_packed(x, p, self.out_features(), self.group_size, self.bits)
+            }
+            None => kernels::qmatmul(
+                x,
+                &self.w,
+                &self.scales,
+                &self.biases,
+                self.group_size,
+                self.bits,
+            ),
+        }
     }
     /// Rows `ids` dequantized to float32 (an embedding lookup).
     pub fn rows(&self, ids: &Array) -> Result<Array> {
@@ -85,9 +117,7 @@ impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Linear::Dense(w) => ops::matmul(x, &w.t()?),
-            Linear::Quantized(q) => {
-                kernels::qmatmul(x, &q.w, &q.scales, &q.biases, q.group_size, q.bits)
-            }
+            Linear::Quantized(q) => q.forward(x),
         }
     }
     pub fn is_quantized(&self) -> bool {
@@ -110,7 +140,11 @@ impl Linear {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Linear::Dense(w) => vec![w],
-            Linear::Quantized(q) => vec![&q.w, &q.scales, &q.biases],
+            Linear::Quantized(q) => {
+                let mut v = vec![&q.w, &q.scales, &q.biases];
+                v.extend(&q.packed);
+                v
+            }
         }
     }
 }

@@ -79,6 +79,7 @@ impl Tensors {
             biases: biases.clone(),
             group_size: group,
             bits,
+            packed: None,
         }))
     }
 
@@ -101,11 +102,15 @@ impl Tensors {
             Some(q) if self.mode == WeightMode::Quantized && kernel_fit(&q) => {
                 // The kernels read float16 scales (GGUF's own dtype; bf16
                 // ones from MLX checkpoints convert exactly enough).
-                Ok(Linear::Quantized(QuantizedWeight {
+                let q = QuantizedWeight {
                     scales: q.scales.as_type(Dtype::Float16)?,
                     biases: q.biases.as_type(Dtype::Float16)?,
                     ..q
-                }))
+                };
+                // Packed once for the CPU kernels; MLX's GPU kernels take
+                // the file's layout.
+                let on_gpu = specd_mlx::default_device() == "gpu";
+                Ok(Linear::Quantized(if on_gpu { q } else { q.pack()? }))
             }
             _ => Ok(Linear::Dense(self.dense(base)?)),
         }
