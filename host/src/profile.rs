@@ -6,7 +6,7 @@ use crate::cache::LayerCache;
 use crate::model::Llama;
 use crate::sampling::{distribution, SamplingParams};
 use anyhow::Result;
-use specd_mlx::{ops, Array};
+use specd_mlx::Array;
 use std::time::Instant;
 
 #[derive(Debug, Default, Clone)]
@@ -19,17 +19,16 @@ pub struct Profile {
     pub parts: Vec<(String, f64)>,
 }
 
-fn timed(acc: &mut f64, f: impl FnOnce() -> specd_mlx::Result<Array>) -> Result<Array> {
-    let t = Instant::now();
-    let a = f()?;
-    a.eval()?;
-    *acc += t.elapsed().as_secs_f64() * 1e3;
-    Ok(a)
+/// Adds `ms` to part `name`, keeping parts in first-seen order.
+fn add_part(parts: &mut Vec<(String, f64)>, name: &str, ms: f64) {
+    match parts.iter_mut().find(|(n, _)| n == name) {
+        Some(p) => p.1 += ms,
+        None => parts.push((name.to_string(), ms)),
+    }
 }
 
 /// Profiles `steps` decode steps after a `context`-token prefill.
 pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
-    let c = &m.config;
     let prompt: Vec<u32> = (0..context as u32)
         .map(|i| 100 + (i * 37) % 20000)
         .collect();
@@ -62,77 +61,39 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
     step_ms /= steps as f64;
     build_ms /= steps as f64;
 
-    // Part by part.
-    let names = [
-        "embedding",
-        "attn norm",
-        "q/k/v matmuls",
-        "rope + cache",
-        "attention (sdpa)",
-        "o matmul + residual",
-        "ffn norm",
-        "gate/up matmuls",
-        "silu * up",
-        "down matmul + residual",
-        "final norm",
-        "lm head",
-        "logits to host",
-        "sampling (host)",
-    ];
-    let mut acc = vec![0.0f64; names.len()];
-    let (nh, nkv, hd) = (
-        c.num_attention_heads as i32,
-        c.num_key_value_heads as i32,
-        c.head_dim as i32,
-    );
-    let d = c.hidden_size as i32;
+    // Part by part: the model's own forward, evaluated and timed at every
+    // part boundary it reports.
+    let mut parts: Vec<(String, f64)> = Vec::new();
     for _ in 0..steps {
         rewind(&mut caches);
-        let ids = Array::from_u32(&[tok], &[1])?;
-        let mut x = timed(&mut acc[0], || m.embed.rows(&ids)?.reshape(&[1, 1, d]))?;
-        for (l, cache) in m.layers.iter().zip(caches.iter_mut()) {
-            let h = timed(&mut acc[1], || m.rms_norm(&x, &l.attn_norm))?;
-            let t0 = Instant::now();
-            let q = l.q.forward(&h)?;
-            let k = l.k.forward(&h)?;
-            let v = l.v.forward(&h)?;
-            specd_mlx::eval(&[&q, &k, &v])?;
-            acc[2] += t0.elapsed().as_secs_f64() * 1e3;
-            let t0 = Instant::now();
-            let off = cache.offset() as i32;
-            let q = m.rope_heads(&q, nh, off)?;
-            let k = m.rope_heads(&k, nkv, off)?;
-            let v = v.reshape(&[1, 1, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
-            let (k, v) = cache.update(&k, &v)?;
-            specd_mlx::eval(&[&q, &k, &v])?;
-            acc[3] += t0.elapsed().as_secs_f64() * 1e3;
-            let o = timed(&mut acc[4], || m.attention(&q, &k, &v))?;
-            x = timed(&mut acc[5], || ops::add(&x, &l.o.forward(&o)?))?;
-            let h = timed(&mut acc[6], || m.rms_norm(&x, &l.ffn_norm))?;
-            let t0 = Instant::now();
-            let g = l.gate.forward(&h)?;
-            let u = l.up.forward(&h)?;
-            specd_mlx::eval(&[&g, &u])?;
-            acc[7] += t0.elapsed().as_secs_f64() * 1e3;
-            let gu = timed(&mut acc[8], || m.swiglu(&g, &u))?;
-            x = timed(&mut acc[9], || ops::add(&x, &l.down.forward(&gu)?))?;
-        }
-        let h = timed(&mut acc[10], || m.rms_norm(&x.reshape(&[1, d])?, &m.norm))?;
-        let logits = timed(&mut acc[11], || {
-            m.lm_head.as_ref().unwrap_or(&m.embed).forward(&h)
-        })?;
+        let mut last = Instant::now();
+        let mut probe = |name: &'static str, outs: &[&Array]| -> specd_mlx::Result<()> {
+            specd_mlx::eval(outs)?;
+            let now = Instant::now();
+            add_part(&mut parts, name, (now - last).as_secs_f64() * 1e3);
+            last = now;
+            Ok(())
+        };
+        let h = m.hidden_probed(&[tok], &mut caches, m.layers.len(), &mut probe)?;
+        let logits = m.head_probed(&h, crate::model::Logits::Last, &mut probe)?;
         let t0 = Instant::now();
         let l = logits.to_vec_f32()?;
-        acc[12] += t0.elapsed().as_secs_f64() * 1e3;
+        add_part(
+            &mut parts,
+            "logits to host",
+            t0.elapsed().as_secs_f64() * 1e3,
+        );
         let t0 = Instant::now();
         let _ = distribution(&l, &params, &prompt);
-        acc[13] += t0.elapsed().as_secs_f64() * 1e3;
+        add_part(
+            &mut parts,
+            "sampling (host)",
+            t0.elapsed().as_secs_f64() * 1e3,
+        );
     }
-    let parts = names
-        .iter()
-        .zip(acc)
-        .map(|(n, a)| (n.to_string(), a / steps as f64))
-        .collect();
+    for p in &mut parts {
+        p.1 /= steps as f64;
+    }
     let quantized = m.layers.iter().any(|l| l.q.is_quantized());
     let path = format!(
         "{}{}, kernels {} x{} threads",

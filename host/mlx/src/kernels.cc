@@ -524,12 +524,21 @@ struct RopeBody {
     const float* x = a.data<float>();
     float* y = out.data<float>();
     int half = dims / 2;
-    std::vector<float> cs(half), sn(half);
-    float step = std::log(base) / half;
+    // The frequencies depend on (dims, base) only: computed once per thread.
+    thread_local std::vector<float> freq, cs, sn;
+    thread_local int f_dims = -1;
+    thread_local float f_base = 0.f;
+    if (f_dims != dims || f_base != base) {
+      float step = std::log(base) / half;
+      freq.resize(half);
+      for (int i = 0; i < half; i++) freq[i] = std::exp(-float(i) * step);
+      f_dims = dims, f_base = base;
+    }
+    cs.resize(half), sn.resize(half);
     for (int t = 0; t < T; t++) {
       float pos = float(offset + t) * scale;
       for (int i = 0; i < half; i++) {
-        float theta = pos * std::exp(-float(i) * step);
+        float theta = pos * freq[i];
         cs[i] = std::cos(theta);
         sn[i] = std::sin(theta);
       }
@@ -564,11 +573,18 @@ struct SwigluBody {
     float* y = out.data<float>();
     int D = out.shape(-1);
     int64_t gc = in[0].strides().back(), uc = in[1].strides().back();
-    for (size_t r = 0; r < rows.g.size(); r++)
+    for (size_t r = 0; r < rows.g.size(); r++) {
+#if defined(SPECD_X86_KERNELS)
+      if (gc == 1 && uc == 1 && isa() != Isa::Scalar) {
+        qmm::swiglu_avx2(g + rows.g[r], u + rows.u[r], y + r * D, D);
+        continue;
+      }
+#endif
       for (int i = 0; i < D; i++) {
         float gv = g[rows.g[r] + i * gc];
         y[r * D + i] = gv / (1.f + std::exp(-gv)) * u[rows.u[r] + i * uc];
       }
+    }
   }
 };
 

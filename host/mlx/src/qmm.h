@@ -39,6 +39,8 @@ void avx512(const Args& a, int cb0, int cb1);
 // Attention helpers: a fixed-order dot product, and y += a * x.
 float dot_avx2(const float* a, const float* b, int n);
 void axpy_avx2(float a, const float* x, float* y, int n);
+// y = silu(g) * u = g / (1 + exp(-g)) * u over n contiguous floats.
+void swiglu_avx2(const float* g, const float* u, float* y, int n);
 // p[j] = exp(p[j] - shift) for j < n; returns their sum (fixed order).
 float exp_sum_avx2(float* p, int n, float shift);
 

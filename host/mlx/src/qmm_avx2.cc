@@ -111,6 +111,24 @@ float exp_sum_avx2(float* p, int n, float shift) {
   return sum;
 }
 
+void swiglu_avx2(const float* g, const float* u, float* y, int n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  auto silu_mul = [&](__m256 gv, __m256 uv) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
+  };
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, silu_mul(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i < n) {
+    // The tail through the same lanes, zero-padded.
+    alignas(32) float gt[8] = {}, ut[8] = {}, yt[8];
+    for (int j = 0; i + j < n; j++) gt[j] = g[i + j], ut[j] = u[i + j];
+    _mm256_store_ps(yt, silu_mul(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+    for (int j = 0; i + j < n; j++) y[i + j] = yt[j];
+  }
+}
+
 void axpy_avx2(float a, const float* x, float* y, int n) {
   __m256 av = _mm256_set1_ps(a);
   int i = 0;

@@ -123,6 +123,47 @@ impl Linear {
     pub fn is_quantized(&self) -> bool {
         matches!(self, Linear::Quantized(_))
     }
+    /// Quantized weights packed for the CPU kernels; dense ones as they are.
+    pub fn pack(self) -> Result<Linear> {
+        Ok(match self {
+            Linear::Quantized(q) if q.packed.is_none() => Linear::Quantized(q.pack()?),
+            other => other,
+        })
+    }
+    /// One layer computing `parts` side by side (their outputs concatenated
+    /// in order), when all are quantized alike over the same inputs: one
+    /// matmul instead of several, with more columns to share out among threads.
+    pub fn fuse(parts: &[&Linear]) -> Result<Option<Linear>> {
+        let qs: Vec<&QuantizedWeight> = parts
+            .iter()
+            .filter_map(|l| match l {
+                Linear::Quantized(q) => Some(q),
+                Linear::Dense(_) => None,
+            })
+            .collect();
+        let Some(first) = qs.first() else {
+            return Ok(None);
+        };
+        let alike = |q: &&QuantizedWeight| {
+            q.bits == first.bits
+                && q.group_size == first.group_size
+                && q.in_features() == first.in_features()
+        };
+        if qs.len() != parts.len() || !qs.iter().all(alike) {
+            return Ok(None);
+        }
+        let cat = |f: fn(&QuantizedWeight) -> &Array| -> Result<Array> {
+            ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)
+        };
+        Ok(Some(Linear::Quantized(QuantizedWeight {
+            w: cat(|q| &q.w)?,
+            scales: cat(|q| &q.scales)?,
+            biases: cat(|q| &q.biases)?,
+            group_size: first.group_size,
+            bits: first.bits,
+            packed: None,
+        })))
+    }
     /// `[out, in]`.
     pub fn shape(&self) -> [i32; 2] {
         match self {
@@ -160,6 +201,18 @@ pub struct Layer {
     pub gate: Linear,
     pub up: Linear,
     pub down: Linear,
+    /// `q`, `k`, `v` as one matmul, and `gate`, `up` as one (packed for the
+    /// CPU kernels by [`Llama::pack_for_cpu`]); the forward prefers them.
+    pub qkv: Option<Linear>,
+    pub gate_up: Option<Linear>,
+}
+
+/// Called with a part's name and outputs as a forward builds them.
+pub type Probe<'a> = dyn FnMut(&'static str, &[&Array]) -> Result<()> + 'a;
+
+/// The probe of every forward but the profiler's.
+pub fn no_probe(_: &'static str, _: &[&Array]) -> Result<()> {
+    Ok(())
 }
 
 /// Which positions' logits a forward returns.
@@ -234,6 +287,19 @@ impl Llama {
         caches: &mut [Box<dyn LayerCache>],
         n_layers: usize,
     ) -> Result<Array> {
+        self.hidden_probed(tokens, caches, n_layers, &mut no_probe)
+    }
+
+    /// [`Llama::hidden`], calling `probe` with each part's name and outputs
+    /// as soon as the part is built (`specd profile` evaluates and times
+    /// them there; everything else passes [`no_probe`]).
+    pub fn hidden_probed(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
         assert!(caches.len() >= n_layers, "one cache per layer");
         let t = tokens.len() as i32;
         let ids = Array::from_u32(tokens, &[t])?;
@@ -241,14 +307,19 @@ impl Llama {
             .embed
             .rows(&ids)?
             .reshape(&[1, t, self.config.hidden_size as i32])?;
+        probe("embedding", &[&x])?;
         for (layer, cache) in self.layers[..n_layers].iter().zip(caches.iter_mut()) {
-            x = self.layer(layer, &x, cache)?;
+            x = self.layer(layer, &x, cache, probe)?;
         }
         Ok(x)
     }
 
     /// Final norm and the vocabulary projection.
     pub fn head(&self, h: &Array, which: Logits) -> Result<Array> {
+        self.head_probed(h, which, &mut no_probe)
+    }
+
+    pub fn head_probed(&self, h: &Array, which: Logits, probe: &mut Probe<'_>) -> Result<Array> {
         let t = h.dim(1);
         let d = self.config.hidden_size as i32;
         let h = match which {
@@ -256,7 +327,42 @@ impl Llama {
             Logits::Last => h.slice(&[0, t - 1, 0], &[1, t, d])?.reshape(&[1, d])?,
         };
         let h = self.rms_norm(&h, &self.norm)?;
-        self.lm_head.as_ref().unwrap_or(&self.embed).forward(&h)
+        probe("final norm", &[&h])?;
+        let logits = self.lm_head.as_ref().unwrap_or(&self.embed).forward(&h)?;
+        probe("lm head", &[&logits])?;
+        Ok(logits)
+    }
+
+    /// Packs the quantized weights for the CPU kernels, fusing `q`/`k`/`v`
+    /// and `gate`/`up` into one matmul each where they are quantized alike.
+    /// The unfused parts keep MLX's layout (for shapes, and the GPU).
+    pub fn pack_for_cpu(&mut self) -> Result<()> {
+        self.embed = self.embed.clone().pack()?;
+        if let Some(h) = self.lm_head.take() {
+            self.lm_head = Some(h.pack()?);
+        }
+        for l in &mut self.layers {
+            l.qkv = Linear::fuse(&[&l.q, &l.k, &l.v])?
+                .map(Linear::pack)
+                .transpose()?;
+            if l.qkv.is_none() {
+                for p in [&mut l.q, &mut l.k, &mut l.v] {
+                    *p = p.clone().pack()?;
+                }
+            }
+            l.gate_up = Linear::fuse(&[&l.gate, &l.up])?
+                .map(Linear::pack)
+                .transpose()?;
+            if l.gate_up.is_none() {
+                for p in [&mut l.gate, &mut l.up] {
+                    *p = p.clone().pack()?;
+                }
+            }
+            for p in [&mut l.o, &mut l.down] {
+                *p = p.clone().pack()?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether a forward over k new tokens gives, row for row, bitwise the
@@ -322,7 +428,13 @@ impl Llama {
         }
     }
 
-    fn layer(&self, l: &Layer, x: &Array, cache: &mut Box<dyn LayerCache>) -> Result<Array> {
+    fn layer(
+        &self,
+        l: &Layer,
+        x: &Array,
+        cache: &mut Box<dyn LayerCache>,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
         let c = &self.config;
         let t = x.dim(1);
         let (nh, nkv, hd) = (
@@ -333,21 +445,51 @@ impl Llama {
         let offset = cache.offset() as i32;
 
         let h = self.rms_norm(x, &l.attn_norm)?;
-        let q = self.rope_heads(&l.q.forward(&h)?, nh, offset)?;
-        let k = self.rope_heads(&l.k.forward(&h)?, nkv, offset)?;
-        let v =
-            l.v.forward(&h)?
-                .reshape(&[1, t, nkv, hd])?
-                .transpose(&[0, 2, 1, 3])?;
+        probe("attn norm", &[&h])?;
+        let (q, k, v) = match &l.qkv {
+            Some(f) => {
+                // Column slices of one product: views, no copies.
+                let y = f.forward(&h)?;
+                let (nq, nk) = (nh * hd, nkv * hd);
+                let cols = |a: i32, b: i32| y.slice(&[0, 0, a], &[1, t, b]);
+                (
+                    cols(0, nq)?,
+                    cols(nq, nq + nk)?,
+                    cols(nq + nk, nq + 2 * nk)?,
+                )
+            }
+            None => (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?),
+        };
+        probe("q/k/v matmuls", &[&q, &k, &v])?;
+        let q = self.rope_heads(&q, nh, offset)?;
+        let k = self.rope_heads(&k, nkv, offset)?;
+        let v = v.reshape(&[1, t, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
         let (k, v) = cache.update(&k, &v)?;
+        probe("rope + cache", &[&q, &k, &v])?;
         let o = self.attention(&q, &k, &v)?;
+        probe("attention", &[&o])?;
         let x = ops::add(x, &l.o.forward(&o)?)?;
+        probe("o matmul + residual", &[&x])?;
 
         let h = self.rms_norm(&x, &l.ffn_norm)?;
-        let m = l
-            .down
-            .forward(&self.swiglu(&l.gate.forward(&h)?, &l.up.forward(&h)?)?)?;
-        ops::add(&x, &m)
+        probe("ffn norm", &[&h])?;
+        let (g, u) = match &l.gate_up {
+            Some(f) => {
+                let y = f.forward(&h)?;
+                let n = y.dim(2) / 2;
+                (
+                    y.slice(&[0, 0, 0], &[1, t, n])?,
+                    y.slice(&[0, 0, n], &[1, t, 2 * n])?,
+                )
+            }
+            None => (l.gate.forward(&h)?, l.up.forward(&h)?),
+        };
+        probe("gate/up matmuls", &[&g, &u])?;
+        let gu = self.swiglu(&g, &u)?;
+        probe("silu * up", &[&gu])?;
+        let x = ops::add(&x, &l.down.forward(&gu)?)?;
+        probe("down matmul + residual", &[&x])?;
+        Ok(x)
     }
 
     /// Every weight, for evaluation after loading.
@@ -360,6 +502,9 @@ impl Llama {
         for l in &self.layers {
             w.extend([&l.attn_norm, &l.ffn_norm]);
             for lin in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+                w.extend(lin.arrays());
+            }
+            for lin in l.qkv.iter().chain(&l.gate_up) {
                 w.extend(lin.arrays());
             }
         }

@@ -107,10 +107,7 @@ impl Tensors {
                     biases: q.biases.as_type(Dtype::Float16)?,
                     ..q
                 };
-                // Packed once for the CPU kernels; MLX's GPU kernels take
-                // the file's layout.
-                let on_gpu = specd_mlx::default_device() == "gpu";
-                Ok(Linear::Quantized(if on_gpu { q } else { q.pack()? }))
+                Ok(Linear::Quantized(q))
             }
             _ => Ok(Linear::Dense(self.dense(base)?)),
         }
@@ -163,6 +160,8 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
             gate: t.linear(&n(names.gate))?,
             up: t.linear(&n(names.up))?,
             down: t.linear(&n(names.down))?,
+            qkv: None,
+            gate_up: None,
         });
     }
     let lm_head = if t.has(names.head) && !config.tie_word_embeddings {
@@ -171,7 +170,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         config.tie_word_embeddings = true;
         None
     };
-    let model = Llama {
+    let mut model = Llama {
         config,
         embed,
         // Quantized mode is the batch-invariant path throughout; a file with
@@ -183,6 +182,11 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         lm_head,
     };
     check_shapes(&model)?;
+    // Packed (and q/k/v, gate/up fused) for the CPU kernels; MLX's GPU
+    // kernels take the file's layout.
+    if specd_mlx::default_device() != "gpu" {
+        model.pack_for_cpu()?;
+    }
     // Materialize layer by layer so the quantized sources can be freed.
     for chunk in model.weights().chunks(16) {
         specd_mlx::eval(chunk)?;
