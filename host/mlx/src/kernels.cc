@@ -464,6 +464,13 @@ struct AttnBody {
             causal};
   }
   void run(const std::vector<mx::array>&, mx::array&, const AttnArgs& a) const {
+#if defined(SPECD_X86_KERNELS)
+    if (isa() == Isa::Avx512 && a.q_col == 1 && a.k_col == 1 && a.v_col == 1 && a.D == a.Dv &&
+        (a.D == 64 || a.D == 128) && a.H / a.Hkv <= qmm::AttnGroup::kMaxHeads) {
+      grouped(a);
+      return;
+    }
+#endif
     int rows = a.H * a.T;
     // A row costs ~L*D; below ~64K multiply-adds per call stay on one thread.
     int chunks = (int64_t)rows * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), rows);
@@ -471,6 +478,36 @@ struct AttnBody {
       thread_local std::vector<float> p;
       auto [r0, r1] = share(rows, chunks, i, 1);
       attn_rows(a, r0, r1, p);
+    });
+  }
+
+  // One unit per (kv head, query row): the query heads sharing that kv head
+  // read each key and value row once.
+  void grouped(const AttnArgs& a) const {
+    int rep = a.H / a.Hkv, units = a.Hkv * a.T;
+    int chunks = (int64_t)a.H * a.T * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), units);
+    pool().run(chunks, [&](int i) {
+      thread_local std::vector<float> scores;
+      auto [u0, u1] = share(units, chunks, i, 1);
+      for (int u = u0; u < u1; u++) {
+        int kvh = u / a.T, t = u % a.T;
+        qmm::AttnGroup g{};
+        g.heads = rep;
+        for (int r = 0; r < rep; r++) {
+          int h = kvh * rep + r;
+          g.q[r] = a.q + h * a.q_head + t * a.q_row;
+          g.o[r] = a.o + ((size_t)t * a.H + h) * a.Dv;
+        }
+        g.k = a.k + kvh * a.k_head;
+        g.v = a.v + kvh * a.v_head;
+        g.k_row = a.k_row;
+        g.v_row = a.v_row;
+        g.n = a.causal ? a.L - a.T + t + 1 : a.L;
+        g.D = a.D;
+        g.scale = a.scale;
+        scores.resize((size_t)rep * g.n);
+        qmm::attn_group_avx512(g, scores.data());
+      }
     });
   }
 };

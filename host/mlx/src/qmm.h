@@ -36,6 +36,25 @@ struct Args {
 void avx2(const Args& a, int cb0, int cb1);
 void avx512(const Args& a, int cb0, int cb1);
 
+// Causal attention of query row t for the heads that share one kv head
+// (GQA): each key and value row is loaded once for all of them. AVX-512,
+// contiguous rows, head dim 64 or 128; returns false (nothing done) for
+// other shapes. Per head the float operations are those of a lone head:
+// scores in key order, softmax (exp_sum_avx2), then o = sum_j p_j v_j in key
+// order, times 1 / sum.
+struct AttnGroup {
+  static constexpr int kMaxHeads = 16;
+  const float* q[kMaxHeads];  // query rows, D floats each
+  float* o[kMaxHeads];        // output rows, D floats each
+  int heads;
+  const float* k;  // key row j at k + j * k_row
+  const float* v;  // value row j at v + j * v_row
+  int64_t k_row, v_row;
+  int n, D;  // keys seen, head dim
+  float scale;
+};
+bool attn_group_avx512(const AttnGroup& g, float* scores);
+
 // Attention helpers: a fixed-order dot product, and y += a * x.
 float dot_avx2(const float* a, const float* b, int n);
 void axpy_avx2(float a, const float* x, float* y, int n);

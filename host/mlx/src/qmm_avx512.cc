@@ -2,6 +2,8 @@
 // enabled; called only when the CPU has them.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "qmm_simd.h"
 
 namespace specd_mlx::qmm {
@@ -17,6 +19,15 @@ struct Avx512 {
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float hsum(V v) {
+    // In registers: a store and two reloads would stall on store forwarding.
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
   static Vi loadw(const uint32_t* p) { return _mm512_loadu_si512(p); }
   static V cvtph(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -48,5 +59,67 @@ struct Avx512 {
 }  // namespace
 
 void avx512(const Args& a, int cb0, int cb1) { Kernel<Avx512>::run(a, cb0, cb1); }
+
+namespace {
+
+// Heads [h0, h0 + HG) of the group, head dim 16 * DC.
+template <int DC, int HG>
+void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
+  const int n = g.n;
+  __m512 q[HG][DC];
+  for (int h = 0; h < hg; h++)
+    for (int c = 0; c < DC; c++) q[h][c] = _mm512_loadu_ps(g.q[h0 + h] + 16 * c);
+  for (int j = 0; j < n; j++) {
+    const float* kr = g.k + j * g.k_row;
+    __m512 k[DC];
+    for (int c = 0; c < DC; c++) k[c] = _mm512_loadu_ps(kr + 16 * c);
+    for (int h = 0; h < hg; h++) {
+      __m512 acc = _mm512_mul_ps(q[h][0], k[0]);
+      for (int c = 1; c < DC; c++) acc = _mm512_fmadd_ps(q[h][c], k[c], acc);
+      scores[h * n + j] = Avx512::hsum(acc) * g.scale;
+    }
+  }
+  float inv[HG];
+  for (int h = 0; h < hg; h++) {
+    float* p = scores + h * n;
+    float mx = p[0];
+    for (int j = 1; j < n; j++) mx = std::max(mx, p[j]);
+    inv[h] = 1.f / exp_sum_avx2(p, n, mx);
+  }
+  __m512 o[HG][DC];
+  for (int h = 0; h < hg; h++)
+    for (int c = 0; c < DC; c++) o[h][c] = _mm512_setzero_ps();
+  for (int j = 0; j < n; j++) {
+    const float* vr = g.v + j * g.v_row;
+    __m512 v[DC];
+    for (int c = 0; c < DC; c++) v[c] = _mm512_loadu_ps(vr + 16 * c);
+    for (int h = 0; h < hg; h++) {
+      __m512 pj = _mm512_set1_ps(scores[h * n + j]);
+      for (int c = 0; c < DC; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
+    }
+  }
+  for (int h = 0; h < hg; h++)
+    for (int c = 0; c < DC; c++)
+      _mm512_storeu_ps(g.o[h0 + h] + 16 * c, _mm512_mul_ps(o[h][c], _mm512_set1_ps(inv[h])));
+}
+
+template <int DC, int HG>
+void attn_all(const AttnGroup& g, float* scores) {
+  for (int h0 = 0; h0 < g.heads; h0 += HG) {
+    int hg = std::min(HG, g.heads - h0);
+    attn_heads<DC, HG>(g, h0, hg, scores);
+  }
+}
+
+}  // namespace
+
+bool attn_group_avx512(const AttnGroup& g, float* scores) {
+  if (g.heads > AttnGroup::kMaxHeads) return false;
+  switch (g.D) {
+    case 64: attn_all<4, 3>(g, scores); return true;
+    case 128: attn_all<8, 2>(g, scores); return true;
+    default: return false;
+  }
+}
 
 }  // namespace specd_mlx::qmm
