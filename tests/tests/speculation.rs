@@ -367,3 +367,71 @@ fn quantized_kernels_decode_like_the_f32_reference() {
     }
     println!("quantized vs f32 reference: {ties} of 4 prompts ended at a near-tie");
 }
+
+/// One plain greedy request on a target we keep, with the round-by-round
+/// loop (`record`) or the pipelined one.
+fn plain_run(
+    target: &mut LlamaTarget,
+    prompt: &[u32],
+    max_tokens: usize,
+    stop: Vec<String>,
+    record: bool,
+    cancel_after: Option<usize>,
+) -> Finished {
+    let e = engine();
+    let mut settings = e.settings(SamplingParams::default(), Some(max_tokens), stop);
+    settings.record = record;
+    let mut pieces = 0usize;
+    let mut sink = |s: &str| {
+        pieces += usize::from(!s.is_empty());
+        cancel_after.is_none_or(|n| pieces < n)
+    };
+    specd::pipeline::generate(target, &e.tokenizer, prompt, 0, &settings, None, &mut sink).unwrap()
+}
+
+#[test]
+fn pipelined_greedy_decoding_matches_round_by_round_and_leaves_the_caches_right() {
+    assert!(SamplingParams::default().plain_greedy());
+    let (model, tokenizer, ids) = {
+        let e = engine();
+        let ids = e.encode(&chat(GROUNDED[0])).unwrap();
+        (e.model.clone(), e.tokenizer.clone(), ids)
+    };
+    // A stop string the output is known to reach, taken from a first run.
+    let mut t = LlamaTarget::new(model.clone());
+    let probe = plain_run(&mut t, &ids, 24, vec![], true, None);
+    let word = tokenizer.decode(&probe.emitted[12..14]);
+    let cases: [(usize, Vec<String>, Option<usize>); 3] = [
+        (24, vec![], None),                        // the budget ends it
+        (64, vec![word.trim().to_string()], None), // a stop string
+        (64, vec![], Some(5)),                     // the client goes away
+    ];
+    for (max, stop, cancel) in cases {
+        let mut ta = LlamaTarget::new(model.clone());
+        let rounds = plain_run(&mut ta, &ids, max, stop.clone(), true, cancel);
+        let mut tb = LlamaTarget::new(model.clone());
+        let piped = plain_run(&mut tb, &ids, max, stop.clone(), false, cancel);
+        let case = format!("max {max}, stop {stop:?}, cancel {cancel:?}");
+        assert_eq!(rounds.emitted, piped.emitted, "{case}");
+        assert_eq!(rounds.log, piped.log, "{case}");
+        assert_eq!(rounds.margins, piped.margins, "{case}");
+        assert_eq!(rounds.stats.done_reason, piped.stats.done_reason, "{case}");
+        assert_eq!(rounds.stats.rounds, piped.stats.rounds, "{case}");
+        // The forward queued ahead is rolled back: the caches hold all but
+        // the last committed token, and continuing from them gives the
+        // logits a fresh prefill of the same tokens gives.
+        let n = piped.log.len();
+        assert_eq!(tb.offset(), n - 1, "{case}");
+        let next = tb.forward(&piped.log[n - 1..], false).unwrap();
+        let mut fresh = LlamaTarget::new(model.clone());
+        fresh.prefill(&piped.log[..n - 1]).unwrap();
+        let want = fresh.forward(&piped.log[n - 1..], false).unwrap();
+        assert!(
+            next[0]
+                .iter()
+                .zip(&want[0])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{case}: continuing from the pipelined caches differs from a fresh prefill"
+        );
+    }
+}

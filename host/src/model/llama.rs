@@ -300,12 +300,24 @@ impl Llama {
         n_layers: usize,
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
+        let ids = Array::from_u32(tokens, &[tokens.len() as i32])?;
+        self.hidden_ids(&ids, caches, n_layers, probe)
+    }
+
+    /// [`Llama::hidden_probed`] from token ids `[T]` (uint32) on the device,
+    /// e.g. an argmax not yet computed.
+    pub fn hidden_ids(
+        &self,
+        ids: &Array,
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
         assert!(caches.len() >= n_layers, "one cache per layer");
-        let t = tokens.len() as i32;
-        let ids = Array::from_u32(tokens, &[t])?;
+        let t = ids.dim(0);
         let mut x = self
             .embed
-            .rows(&ids)?
+            .rows(ids)?
             .reshape(&[1, t, self.config.hidden_size as i32])?;
         probe("embedding", &[&x])?;
         for (layer, cache) in self.layers[..n_layers].iter().zip(caches.iter_mut()) {

@@ -143,6 +143,41 @@ pub struct Finished {
 /// Receives text as it is produced; returns false to cancel.
 pub type Sink<'a> = dyn FnMut(&str) -> bool + 'a;
 
+/// Streams committed tokens as text: EOS, a stop string, the budget or a
+/// cancelled client ends generation.
+struct Emitter<'a, 's> {
+    tokenizer: &'a Tokenizer,
+    detok: StreamDetokenizer<&'a Tokenizer>,
+    stops: StopMatcher,
+    sink: &'a mut Sink<'s>,
+    emitted: Vec<u32>,
+    max_tokens: usize,
+}
+
+impl Emitter<'_, '_> {
+    /// Streams one token; the reason generation ends with it, if it does.
+    fn push(&mut self, tok: u32) -> Option<DoneReason> {
+        if self.tokenizer.is_eos(tok) {
+            return Some(DoneReason::Stop);
+        }
+        self.emitted.push(tok);
+        let piece = self.detok.push(tok);
+        let out = self.stops.push(&piece);
+        if !out.text.is_empty() && !(self.sink)(&out.text) {
+            return Some(DoneReason::Cancelled);
+        }
+        if out.stopped.is_some() {
+            return Some(DoneReason::Stop);
+        }
+        (self.emitted.len() >= self.max_tokens).then_some(DoneReason::Length)
+    }
+
+    /// The cancellation probe between rounds (an empty sink call).
+    fn probe(&mut self) -> Option<DoneReason> {
+        (!(self.sink)("")).then_some(DoneReason::Cancelled)
+    }
+}
+
 /// Runs one request on `target`, whose caches already hold `log[..cached]`
 /// (a prefix-cache hit; 0 for a fresh start).
 #[allow(clippy::too_many_arguments)]
@@ -193,14 +228,37 @@ pub fn generate(
     }
     let mut rng = Rng::new(settings.params.seed);
     let mut log = prompt.to_vec();
-    let mut emitted = Vec::new();
-    let mut detok = StreamDetokenizer::new(tokenizer);
-    let mut stops = StopMatcher::new(settings.stop.iter().cloned());
+    let mut em = Emitter {
+        tokenizer,
+        detok: StreamDetokenizer::new(tokenizer),
+        stops: StopMatcher::new(settings.stop.iter().cloned()),
+        sink,
+        emitted: Vec::new(),
+        max_tokens,
+    };
     let mut near_ties = 0;
     let mut margins = Vec::new();
     let t1 = Instant::now();
     if max_tokens == 0 {
         done = done.or(Some(DoneReason::Length));
+    }
+    // Plain greedy decoding runs pipelined where the target can: the next
+    // forward is queued before the host sees the token it follows from.
+    // Same tokens, same stops; rounds are not traced one by one there.
+    if done.is_none() && state.is_plain() && !settings.record && settings.params.plain_greedy() {
+        let t = Instant::now();
+        let pending = *log.last().expect("the prompt is not empty");
+        let mut each = |tok: u32, margin: f32| -> Result<bool> {
+            log.push(tok);
+            margins.push(margin);
+            near_ties += usize::from(margin < 0.01);
+            done = em.push(tok).or_else(|| em.probe());
+            Ok(done.is_none())
+        };
+        if let Some(r) = target.greedy_pipelined(pending, max_tokens, &mut each) {
+            let n = r?;
+            state.record_plain(n, t.elapsed().as_secs_f64());
+        }
     }
     while done.is_none() {
         let round = state.round(
@@ -208,8 +266,8 @@ pub fn generate(
             &log,
             &settings.params,
             &mut rng,
-            emitted.len(),
-            max_tokens - emitted.len(),
+            em.emitted.len(),
+            max_tokens - em.emitted.len(),
         )?;
         if let (Some(hook), Some(t)) = (
             &settings.on_round,
@@ -222,37 +280,23 @@ pub fn generate(
         near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
         margins.extend_from_slice(&round.margins);
         for &tok in &round.tokens {
-            if tokenizer.is_eos(tok) {
-                done = Some(DoneReason::Stop);
-                break;
-            }
-            emitted.push(tok);
-            let piece = detok.push(tok);
-            let out = stops.push(&piece);
-            if !out.text.is_empty() && !sink(&out.text) {
-                done = Some(DoneReason::Cancelled);
-                break;
-            }
-            if out.stopped.is_some() {
-                done = Some(DoneReason::Stop);
-                break;
-            }
-            if emitted.len() >= max_tokens {
-                done = Some(DoneReason::Length);
+            done = em.push(tok);
+            if done.is_some() {
                 break;
             }
         }
-        if done.is_none() && !sink("") {
-            done = Some(DoneReason::Cancelled);
+        if done.is_none() {
+            done = em.probe();
         }
     }
     let done = done.expect("loop ends with a reason");
-    if done != DoneReason::Cancelled && stops.stopped().is_none() {
-        let tail = stops.push(&detok.flush()).text + &stops.flush();
+    if done != DoneReason::Cancelled && em.stops.stopped().is_none() {
+        let tail = em.stops.push(&em.detok.flush()).text + &em.stops.flush();
         if !tail.is_empty() {
-            sink(&tail);
+            (em.sink)(&tail);
         }
     }
+    let emitted = em.emitted;
     let decode_seconds = t1.elapsed().as_secs_f64();
     let trace = state.trace.take().unwrap_or_default();
     let counters = if done == DoneReason::Cancelled {

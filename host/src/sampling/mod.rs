@@ -65,6 +65,10 @@ impl SamplingParams {
     pub fn greedy(&self) -> bool {
         self.temperature == 0.0
     }
+    /// Greedy on the raw logits: no repeat penalty to apply first.
+    pub fn plain_greedy(&self) -> bool {
+        self.greedy() && (self.repeat_penalty == 1.0 || self.repeat_last_n == 0)
+    }
 }
 
 /// The final distribution at one position.
@@ -113,7 +117,8 @@ pub fn sample_index(probs: &[f32], u: f32) -> Option<u32> {
     last
 }
 
-fn argmax_margin(logits: &[f32]) -> (u32, f32) {
+/// The first index of the largest logit, and its lead over the runner-up.
+pub fn argmax_margin(logits: &[f32]) -> (u32, f32) {
     let (mut best, mut b1, mut b2) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
     for (i, &x) in logits.iter().enumerate() {
         if x > b1 {

@@ -101,6 +101,18 @@ impl SpecState {
         self.spec = None;
     }
 
+    /// No speculation: every round is one plain step.
+    pub fn is_plain(&self) -> bool {
+        self.spec.is_none()
+    }
+
+    /// Counts `n` plain steps taken outside [`SpecState::round`] (the
+    /// pipelined greedy loop), `seconds` in all.
+    pub fn record_plain(&mut self, n: usize, seconds: f64) {
+        self.counters.rounds += n as u64;
+        self.counters.verify_seconds += seconds;
+    }
+
     /// Hands carried state back to the schedule's host (normal end only).
     pub fn finish(mut self) -> SpecCounters {
         if let Some(s) = self.spec.take() {

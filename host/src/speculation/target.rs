@@ -2,8 +2,10 @@
 //! caches hold, get logits rows back as plain numbers, and roll back.
 //! [`LlamaTarget`] is the real thing; tests script fakes with one-hot logits.
 use crate::cache::{LayerCache, Snapshot};
-use crate::model::{Llama, Logits};
+use crate::model::{no_probe, Llama, Logits};
+use crate::sampling::argmax_margin;
 use anyhow::Result;
+use specd_mlx::{ops, Array};
 use std::sync::Arc;
 
 pub trait Target: Send {
@@ -24,6 +26,20 @@ pub trait Target: Send {
     /// Snapshots alive and offsets still scheduled, summed over layers.
     fn snapshot_counts(&self) -> (usize, usize) {
         (0, 0)
+    }
+    /// Plain greedy decoding, pipelined: `pending` (the token the caches do
+    /// not hold yet) is forwarded, then each token produced, at most `max`.
+    /// Every token goes to `each(token, top-2 margin)`, which returns false
+    /// to stop. Ends with the caches holding all but the last token produced,
+    /// as after plain rounds; returns how many were produced. `None` where
+    /// the target cannot (then the caller runs plain rounds).
+    fn greedy_pipelined(
+        &mut self,
+        _pending: u32,
+        _max: usize,
+        _each: &mut dyn FnMut(u32, f32) -> Result<bool>,
+    ) -> Option<Result<usize>> {
+        None
     }
 }
 
@@ -66,6 +82,59 @@ impl LlamaTarget {
 
     fn collect_snapshots(&mut self) {
         self.snapshots = self.caches.iter_mut().map(|c| c.take_snapshots()).collect();
+    }
+
+    /// Queues one forward of `ids` and the argmax of its logits on the
+    /// device, without waiting: the argmax can feed the next forward before
+    /// the host has seen it.
+    fn queue_greedy(&mut self, ids: &Array) -> Result<(Array, Array)> {
+        let h = self
+            .model
+            .hidden_ids(ids, &mut self.caches, self.n_layers, &mut no_probe)?;
+        let logits = self.model.head(&h, Logits::Last)?;
+        let next = ops::argmax(&logits, -1, false)?;
+        specd_mlx::async_eval(&[&next, &logits])?;
+        Ok((logits, next))
+    }
+
+    fn run_greedy_pipelined(
+        &mut self,
+        pending: u32,
+        max: usize,
+        each: &mut dyn FnMut(u32, f32) -> Result<bool>,
+    ) -> Result<usize> {
+        let base = self.offset();
+        let mut produced = 0usize;
+        let mut cur = Some(self.queue_greedy(&Array::from_u32(&[pending], &[1])?)?);
+        while let Some((logits, next)) = cur.take() {
+            // The following forward is queued before this one is waited on:
+            // building its graph overlaps this one's compute.
+            let ahead = if produced + 1 < max {
+                Some(self.queue_greedy(&next)?)
+            } else {
+                None
+            };
+            let (tok, margin) = argmax_margin(&logits.to_vec_f32()?);
+            let fed = next.to_vec_u32()?[0];
+            produced += 1;
+            if !each(tok, margin)? {
+                break;
+            }
+            cur = if fed == tok {
+                ahead
+            } else {
+                // An exact tie the device broke otherwise: the queued
+                // forward took the wrong token. Redo it with the host's.
+                self.rewind(base + produced)?;
+                if produced < max {
+                    Some(self.queue_greedy(&Array::from_u32(&[tok], &[1])?)?)
+                } else {
+                    None
+                }
+            };
+        }
+        self.rewind(base + produced)?;
+        Ok(produced)
     }
 
     fn eval_caches(&self) -> Result<()> {
@@ -126,6 +195,19 @@ impl Target for LlamaTarget {
         for c in &mut self.caches {
             c.prepare_snapshots(offsets);
         }
+    }
+
+    fn greedy_pipelined(
+        &mut self,
+        pending: u32,
+        max: usize,
+        each: &mut dyn FnMut(u32, f32) -> Result<bool>,
+    ) -> Option<Result<usize>> {
+        // A wrapped sliding window cannot drop the one forward queued ahead.
+        if self.model.config.sliding_window.is_some() || max == 0 {
+            return None;
+        }
+        Some(self.run_greedy_pipelined(pending, max, each))
     }
 
     fn snapshot_counts(&self) -> (usize, usize) {
