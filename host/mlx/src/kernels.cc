@@ -311,7 +311,8 @@ void qmm_scalar(const QArgs& a, int cb0, int cb1) {
           acc = std::fma(t[0] + t[1], h2f(sb[l]), acc);
           acc = std::fma(h2f(sb[qmm::kLanes + l]), a.xsum[(size_t)m * groups + g], acc);
         }
-        a.y[(size_t)m * a.N + cb * qmm::kLanes + l] = acc;
+        size_t at = (size_t)m * a.N + cb * qmm::kLanes + l;
+        a.y[at] = a.r ? acc + a.r[at] : acc;
       }
 }
 
@@ -330,12 +331,12 @@ void qmm_range(const QArgs& a, int cb0, int cb1) {
 constexpr size_t kParallelBytes = 32 * 1024;
 
 void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, const uint32_t* w,
-             float* y, int M, int N, int K, int group, int bits) {
+             const float* r, float* y, int M, int N, int K, int group, int bits) {
   // Reused across calls: this runs a few hundred times per token.
   thread_local std::vector<float> dense, xs;
   xs.resize((size_t)M * (K / group));
   const float* xd = prepare_x(x, row_off, col, M, K, group, dense, xs.data());
-  QArgs a{xd, xs.data(), w, y, M, N, K, group, bits};
+  QArgs a{xd, xs.data(), w, r, y, M, N, K, group, bits};
   int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
   size_t bytes = (size_t)N * K * bits / 8;
   // Chunks of 4 blocks keep the widest one-row tile whole.
@@ -346,7 +347,8 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
   });
 }
 
-// x [..., K] f32 (any strides), packed weights row-contiguous.
+// x [..., K] f32 (any strides), packed weights row-contiguous, and
+// optionally a residual shaped like the output, row-contiguous.
 struct QmmBody {
   int n, group, bits;
   struct Rows {
@@ -354,13 +356,15 @@ struct QmmBody {
     int64_t col;
   };
   Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
-    if (!in[1].flags().row_contiguous)
-      throw std::runtime_error("SpecdQMatmul: packed weights must be row-contiguous");
+    for (size_t i = 1; i < in.size(); i++)
+      if (!in[i].flags().row_contiguous)
+        throw std::runtime_error("SpecdQMatmul: weights and residual must be row-contiguous");
     return {row_offsets(in[0]), in[0].strides().back()};
   }
   void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
     int K = in[0].shape(-1);
-    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), out.data<float>(),
+    const float* r = in.size() > 2 ? in[2].data<float>() : nullptr;
+    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), r, out.data<float>(),
             in[0].size() / K, n, K, group, bits);
   }
 };
@@ -685,8 +689,9 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
   return wrap_array(mx::array(out.begin(), {blocks, groups, gw}, mx::uint32));
 }
 
-A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                 int32_t bits) {
+namespace {
+A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t group_size,
+                      int32_t bits, const Array* residual) {
   if (on_gpu()) throw std::invalid_argument("qmatmul_packed: packed weights are for the CPU kernels");
   if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
   if (group_size <= 0 || group_size % 32 != 0)
@@ -702,8 +707,24 @@ A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_s
                                 " features, the weight " + std::to_string(K));
   mx::Shape shape = x.a.shape();
   shape.back() = n;
-  return kernel_op("SpecdQMatmul", QmmBody{n, group_size, bits}, shape,
-                   {f32(x.a), rowmajor(p)});
+  std::vector<mx::array> in{f32(x.a), rowmajor(p)};
+  if (residual) {
+    if (residual->a.shape() != shape)
+      throw std::invalid_argument("qmatmul: the residual must be shaped like the output");
+    in.push_back(rowmajor(f32(residual->a)));
+  }
+  return kernel_op("SpecdQMatmul", QmmBody{n, group_size, bits}, shape, std::move(in));
+}
+}  // namespace
+
+A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
+                 int32_t bits) {
+  return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr);
+}
+
+A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t group_size,
+                     int32_t bits, const Array& residual) {
+  return qmatmul_packed_impl(x, packed, n, group_size, bits, &residual);
 }
 
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,

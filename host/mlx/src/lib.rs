@@ -143,6 +143,14 @@ mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        fn qmatmul_packed_add(
+            x: &Array,
+            packed: &Array,
+            n: i32,
+            group_size: i32,
+            bits: i32,
+            residual: &Array,
+        ) -> Result<UniquePtr<Array>>;
         fn attention(
             q: &Array,
             k: &Array,
@@ -538,6 +546,25 @@ pub mod kernels {
         bits: i32,
     ) -> Result<Array> {
         wrap(ffi::qmatmul_packed(&x.0, &packed.0, n, group_size, bits))
+    }
+    /// `residual + qmatmul_packed(x, ...)` in one op (the sum rounds as
+    /// `ops::add` would); `residual` is shaped like the output. CPU only.
+    pub fn qmatmul_packed_add(
+        x: &Array,
+        packed: &Array,
+        n: i32,
+        group_size: i32,
+        bits: i32,
+        residual: &Array,
+    ) -> Result<Array> {
+        wrap(ffi::qmatmul_packed_add(
+            &x.0,
+            &packed.0,
+            n,
+            group_size,
+            bits,
+            &residual.0,
+        ))
     }
     /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
     /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads), returned

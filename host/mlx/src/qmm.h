@@ -28,6 +28,7 @@ struct Args {
   const float* x;     // activations [M, K], dense rows
   const float* xsum;  // per-group sums of x, [M, K / group]
   const uint32_t* w;  // packed weights [ceil(N / 16), K / group, group_words]
+  const float* r;     // added to y when not null: [M, N], dense rows
   float* y;           // [M, N]
   int M, N, K, group, bits;
 };

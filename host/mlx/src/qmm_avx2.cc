@@ -43,6 +43,12 @@ struct Avx2 {
       return _mm256_cvtepi32_ps(_mm256_shuffle_epi8(w, ctl));
     }
   }
+  static V load_n(const float* p, int n) {
+    if (n == W) return _mm256_loadu_ps(p);
+    alignas(32) float t[8] = {};
+    for (int i = 0; i < n; i++) t[i] = p[i];
+    return _mm256_load_ps(t);
+  }
   static void store(float* y, V v, int n) {
     if (n == W) {
       _mm256_storeu_ps(y, v);

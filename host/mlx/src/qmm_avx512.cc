@@ -48,6 +48,9 @@ struct Avx512 {
       return _mm512_cvtepi32_ps(_mm512_shuffle_epi8(w, ctl));
     }
   }
+  static V load_n(const float* p, int n) {
+    return n == W ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p);
+  }
   static void store(float* y, V v, int n) {
     if (n == W)
       _mm512_storeu_ps(y, v);

@@ -7,7 +7,7 @@
 //                for each word d, value j: t_(d % 2) = fma(x[m, k], q[n, k], t_(d % 2))
 //                acc = fma(t0 + t1, scale[n, g], acc)
 //                acc = fma(bias[n, g], xsum[m, g], acc)
-//   y = acc
+//   y = acc (+ r[m, n], the residual, when given)
 // whatever tile (rows x column blocks) it is computed in: tiles only decide
 // which independent chains run side by side, so results are batch-invariant
 // (and equal to the scalar reference in kernels.cc, which does the same).
@@ -71,7 +71,12 @@ struct Kernel {
       for (int c = 0; c < CB; c++)
         for (int v = 0; v < NV; v++) {
           int n = (cb0 + c) * kLanes + v * W;
-          if (n < a.N) I::store(a.y + (size_t)(m0 + r) * a.N + n, acc[r][c][v], std::min(W, a.N - n));
+          if (n >= a.N) continue;
+          size_t at = (size_t)(m0 + r) * a.N + n;
+          int len = std::min(W, a.N - n);
+          V out = acc[r][c][v];
+          if (a.r) out = I::add(out, I::load_n(a.r + at, len));
+          I::store(a.y + at, out, len);
         }
   }
 

@@ -217,6 +217,30 @@ fn qmatmul_batched_leading_axes_and_errors() {
     assert!(kernels::qmatmul(&x3, &q.w, &q.s, &q.b, 32, 3).is_err());
     let s32 = q.s.as_type(Dtype::Float32).unwrap();
     assert!(kernels::qmatmul(&x3, &q.w, &s32, &q.b, 32, 4).is_err());
+
+    // Packed once: the same bits, and the residual folded in rounds exactly
+    // as a separate add (odd N: a partial last column block).
+    let q = qweight(&mut g, 70, 96, 32, 4);
+    let packed = kernels::qpack(&q.w, &q.s, &q.b, 32, 4).unwrap();
+    let y = kernels::qmatmul_packed(&x3, &packed, 70, 32, 4).unwrap();
+    assert_eq!(
+        y.to_vec_f32().unwrap(),
+        kernels::qmatmul(&x3, &q.w, &q.s, &q.b, 32, 4)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap()
+    );
+    let r = Array::from_f32(&g.f32s(6 * 70, -3.0, 3.0), &[2, 3, 70]).unwrap();
+    let fused = kernels::qmatmul_packed_add(&x3, &packed, 70, 32, 4, &r).unwrap();
+    let apart = ops::add(&r, &y).unwrap();
+    assert_eq!(
+        fused.to_vec_f32().unwrap(),
+        apart.to_vec_f32().unwrap(),
+        "fused residual"
+    );
+    assert!(kernels::qmatmul_packed_add(&x3, &packed, 70, 32, 4, &x3).is_err());
+    assert!(kernels::qmatmul_packed(&x3, &packed, 81, 32, 4).is_err());
+    assert!(kernels::qmatmul_packed(&x3, &packed, 70, 64, 4).is_err());
 }
 
 /// `[1, h, t, d]` from a flat buffer.

@@ -78,6 +78,20 @@ impl QuantizedWeight {
             ..self
         })
     }
+    /// `residual + forward(x)`, in one op where packed.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match &self.packed {
+            Some(p) => kernels::qmatmul_packed_add(
+                x,
+                p,
+                self.out_features(),
+                self.group_size,
+                self.bits,
+                residual,
+            ),
+            None => ops::add(residual, &self.forward(x)?),
+        }
+    }
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match &self.packed {
             Some(p) => {
@@ -118,6 +132,13 @@ impl Linear {
         match self {
             Linear::Dense(w) => ops::matmul(x, &w.t()?),
             Linear::Quantized(q) => q.forward(x),
+        }
+    }
+    /// `residual + forward(x)` (a residual connection).
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            Linear::Dense(_) => ops::add(residual, &self.forward(x)?),
+            Linear::Quantized(q) => q.forward_add(x, residual),
         }
     }
     pub fn is_quantized(&self) -> bool {
@@ -480,7 +501,7 @@ impl Llama {
         probe("rope + cache", &[&q, &k, &v])?;
         let o = self.attention(&q, &k, &v)?;
         probe("attention", &[&o])?;
-        let x = ops::add(x, &l.o.forward(&o)?)?;
+        let x = l.o.forward_add(&o, x)?;
         probe("o matmul + residual", &[&x])?;
 
         let h = self.rms_norm(&x, &l.ffn_norm)?;
@@ -499,7 +520,7 @@ impl Llama {
         probe("gate/up matmuls", &[&g, &u])?;
         let gu = self.swiglu(&g, &u)?;
         probe("silu * up", &[&gu])?;
-        let x = ops::add(&x, &l.down.forward(&gu)?)?;
+        let x = l.down.forward_add(&gu, &x)?;
         probe("down matmul + residual", &[&x])?;
         Ok(x)
     }
