@@ -132,7 +132,7 @@ pub fn report(p: &Profile) -> String {
         1e3 / p.step_ms
     );
     s += &format!(
-        "{:<26} {:>9.3}   (host side, overlaps nothing)\n",
+        "{:<26} {:>9.3}   (host side; plain greedy decoding overlaps it with the previous step)\n",
         "  of which graph building", p.build_ms
     );
     let ratio = 100.0 * p.step_ms / sum.max(1e-9);

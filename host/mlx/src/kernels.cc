@@ -235,6 +235,15 @@ A kernel_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array>
   return std::make_unique<Array>(mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
 }
 
+// One row of an RMS norm: y = x * rsqrt(mean(x^2) + eps) * w. Shared by the
+// norm op and the norm folded into a matmul, so both round identically.
+void rms_norm_row(const float* xr, int64_t col, const float* w, int D, float eps, float* yr) {
+  float ss = 0.f;
+  for (int i = 0; i < D; i++) ss += xr[i * col] * xr[i * col];
+  float inv = 1.f / std::sqrt(ss / D + eps);
+  for (int i = 0; i < D; i++) yr[i] = (xr[i * col] * inv) * w[i];
+}
+
 // ---- quantized matmul -----------------------------------------------------------
 //
 // y[m, n] = sum_k x[m, k] * (s[n, g] * q[n, k] + b[n, g]),  g = k / group
@@ -266,16 +275,22 @@ std::vector<int64_t> row_offsets(const mx::array& a) {
   return off;
 }
 
-// Rows of x as a dense [M, K] block (x itself when it already is one) and
-// their per-group sums, in a fixed order.
+// Rows of x as a dense [M, K] block (x itself when it already is one, and
+// no norm is to be applied) and their per-group sums, in a fixed order.
 const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int64_t col, int M,
-                       int K, int group, std::vector<float>& dense, float* xs) {
-  bool packed = col == 1;
+                       int K, int group, const float* norm_w, float eps,
+                       std::vector<float>& dense, float* xs) {
+  bool packed = col == 1 && !norm_w;
   for (int m = 0; m < M && packed; m++) packed = row_off[m] == (int64_t)m * K;
   if (!packed) {
     dense.resize((size_t)M * K);
-    for (int m = 0; m < M; m++)
-      for (int i = 0; i < K; i++) dense[(size_t)m * K + i] = x[row_off[m] + i * col];
+    for (int m = 0; m < M; m++) {
+      float* d = dense.data() + (size_t)m * K;
+      if (norm_w)
+        rms_norm_row(x + row_off[m], col, norm_w, K, eps, d);
+      else
+        for (int i = 0; i < K; i++) d[i] = x[row_off[m] + i * col];
+    }
     x = dense.data();
   }
   int groups = K / group;
@@ -331,11 +346,12 @@ void qmm_range(const QArgs& a, int cb0, int cb1) {
 constexpr size_t kParallelBytes = 32 * 1024;
 
 void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, const uint32_t* w,
-             const float* r, float* y, int M, int N, int K, int group, int bits) {
+             const float* norm_w, float eps, const float* r, float* y, int M, int N, int K,
+             int group, int bits) {
   // Reused across calls: this runs a few hundred times per token.
   thread_local std::vector<float> dense, xs;
   xs.resize((size_t)M * (K / group));
-  const float* xd = prepare_x(x, row_off, col, M, K, group, dense, xs.data());
+  const float* xd = prepare_x(x, row_off, col, M, K, group, norm_w, eps, dense, xs.data());
   QArgs a{xd, xs.data(), w, r, y, M, N, K, group, bits};
   int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
   size_t bytes = (size_t)N * K * bits / 8;
@@ -347,10 +363,13 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
   });
 }
 
-// x [..., K] f32 (any strides), packed weights row-contiguous, and
-// optionally a residual shaped like the output, row-contiguous.
+// x [..., K] f32 (any strides) and packed weights, then optionally an RMS
+// norm weight [K] applied to x first, then optionally a residual shaped
+// like the output (both row-contiguous).
 struct QmmBody {
   int n, group, bits;
+  bool norm, residual;
+  float eps;
   struct Rows {
     std::vector<int64_t> off;
     int64_t col;
@@ -358,14 +377,15 @@ struct QmmBody {
   Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
     for (size_t i = 1; i < in.size(); i++)
       if (!in[i].flags().row_contiguous)
-        throw std::runtime_error("SpecdQMatmul: weights and residual must be row-contiguous");
+        throw std::runtime_error("SpecdQMatmul: weights, norm and residual must be row-contiguous");
     return {row_offsets(in[0]), in[0].strides().back()};
   }
   void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
     int K = in[0].shape(-1);
-    const float* r = in.size() > 2 ? in[2].data<float>() : nullptr;
-    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), r, out.data<float>(),
-            in[0].size() / K, n, K, group, bits);
+    const float* norm_w = norm ? in[2].data<float>() : nullptr;
+    const float* r = residual ? in[norm ? 3 : 2].data<float>() : nullptr;
+    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), norm_w, eps, r,
+            out.data<float>(), in[0].size() / K, n, K, group, bits);
   }
 };
 
@@ -536,14 +556,7 @@ struct RmsNormBody {
     float* y = out.data<float>();
     int D = in[0].shape(-1);
     int64_t col = in[0].strides().back();
-    for (size_t r = 0; r < rows.size(); r++) {
-      const float* xr = x + rows[r];
-      float ss = 0.f;
-      for (int i = 0; i < D; i++) ss += xr[i * col] * xr[i * col];
-      float inv = 1.f / std::sqrt(ss / D + eps);
-      float* yr = y + r * D;
-      for (int i = 0; i < D; i++) yr[i] = (xr[i * col] * inv) * w[i];
-    }
+    for (size_t r = 0; r < rows.size(); r++) rms_norm_row(x + rows[r], col, w, D, eps, y + r * D);
   }
 };
 
@@ -691,7 +704,7 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
 
 namespace {
 A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                      int32_t bits, const Array* residual) {
+                      int32_t bits, const Array* norm_w, float eps, const Array* residual) {
   if (on_gpu()) throw std::invalid_argument("qmatmul_packed: packed weights are for the CPU kernels");
   if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
   if (group_size <= 0 || group_size % 32 != 0)
@@ -708,23 +721,35 @@ A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t gr
   mx::Shape shape = x.a.shape();
   shape.back() = n;
   std::vector<mx::array> in{f32(x.a), rowmajor(p)};
+  if (norm_w) {
+    if (norm_w->a.ndim() != 1 || norm_w->a.shape(0) != K)
+      throw std::invalid_argument("qmatmul: the norm weight must be [in features]");
+    in.push_back(rowmajor(f32(norm_w->a)));
+  }
   if (residual) {
     if (residual->a.shape() != shape)
       throw std::invalid_argument("qmatmul: the residual must be shaped like the output");
     in.push_back(rowmajor(f32(residual->a)));
   }
-  return kernel_op("SpecdQMatmul", QmmBody{n, group_size, bits}, shape, std::move(in));
+  return kernel_op("SpecdQMatmul",
+                   QmmBody{n, group_size, bits, norm_w != nullptr, residual != nullptr, eps},
+                   shape, std::move(in));
 }
 }  // namespace
 
 A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
                  int32_t bits) {
-  return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr);
+  return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr, 0.f, nullptr);
 }
 
 A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t group_size,
                      int32_t bits, const Array& residual) {
-  return qmatmul_packed_impl(x, packed, n, group_size, bits, &residual);
+  return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr, 0.f, &residual);
+}
+
+A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
+                      int32_t n, int32_t group_size, int32_t bits) {
+  return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr);
 }
 
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,

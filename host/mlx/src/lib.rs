@@ -151,6 +151,15 @@ mod ffi {
             bits: i32,
             residual: &Array,
         ) -> Result<UniquePtr<Array>>;
+        fn qmatmul_packed_norm(
+            x: &Array,
+            norm_w: &Array,
+            eps: f32,
+            packed: &Array,
+            n: i32,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
         fn attention(
             q: &Array,
             k: &Array,
@@ -564,6 +573,21 @@ pub mod kernels {
             group_size,
             bits,
             &residual.0,
+        ))
+    }
+    /// `qmatmul_packed(rms_norm(x, norm_w, eps), ...)` in one op (the norm
+    /// rounds as [`rms_norm`] does). CPU only.
+    pub fn qmatmul_packed_norm(
+        x: &Array,
+        norm_w: &Array,
+        eps: f32,
+        packed: &Array,
+        n: i32,
+        group_size: i32,
+        bits: i32,
+    ) -> Result<Array> {
+        wrap(ffi::qmatmul_packed_norm(
+            &x.0, &norm_w.0, eps, &packed.0, n, group_size, bits,
         ))
     }
     /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`

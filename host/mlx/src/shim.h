@@ -115,6 +115,8 @@ A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_s
                  int32_t bits);
 A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t group_size,
                      int32_t bits, const Array& residual);
+A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
+                      int32_t n, int32_t group_size, int32_t bits);
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
 A rms_norm_rows(const Array& x, const Array& w, float eps);
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,

@@ -239,6 +239,25 @@ fn qmatmul_batched_leading_axes_and_errors() {
         "fused residual"
     );
     assert!(kernels::qmatmul_packed_add(&x3, &packed, 70, 32, 4, &x3).is_err());
+    // The RMS norm folded in rounds exactly as the norm op, strided x too.
+    let nw = Array::from_f32(&g.f32s(96, 0.5, 1.5), &[96]).unwrap();
+    for x in [&x3, &xw] {
+        let fused = kernels::qmatmul_packed_norm(x, &nw, 1e-5, &packed, 70, 32, 4).unwrap();
+        let apart = kernels::qmatmul_packed(
+            &kernels::rms_norm(x, &nw, 1e-5).unwrap(),
+            &packed,
+            70,
+            32,
+            4,
+        )
+        .unwrap();
+        assert_eq!(
+            fused.to_vec_f32().unwrap(),
+            apart.to_vec_f32().unwrap(),
+            "fused norm"
+        );
+    }
+    assert!(kernels::qmatmul_packed_norm(&x3, &x3, 1e-5, &packed, 70, 32, 4).is_err());
     assert!(kernels::qmatmul_packed(&x3, &packed, 81, 32, 4).is_err());
     assert!(kernels::qmatmul_packed(&x3, &packed, 70, 64, 4).is_err());
 }

@@ -78,6 +78,22 @@ impl QuantizedWeight {
             ..self
         })
     }
+    /// `forward(rms_norm(x, norm, eps))` in one op where packed (the norm as
+    /// `kernels::rms_norm` rounds it).
+    pub fn forward_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
+        match &self.packed {
+            Some(p) => kernels::qmatmul_packed_norm(
+                x,
+                norm,
+                eps,
+                p,
+                self.out_features(),
+                self.group_size,
+                self.bits,
+            ),
+            None => self.forward(&kernels::rms_norm(x, norm, eps)?),
+        }
+    }
     /// `residual + forward(x)`, in one op where packed.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match &self.packed {
@@ -359,10 +375,9 @@ impl Llama {
             Logits::All => h.reshape(&[t, d])?,
             Logits::Last => h.slice(&[0, t - 1, 0], &[1, t, d])?.reshape(&[1, d])?,
         };
-        let h = self.rms_norm(&h, &self.norm)?;
-        probe("final norm", &[&h])?;
-        let logits = self.lm_head.as_ref().unwrap_or(&self.embed).forward(&h)?;
-        probe("lm head", &[&logits])?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let logits = self.norm_linear(&h, &self.norm, head)?;
+        probe("final norm + lm head", &[&logits])?;
         Ok(logits)
     }
 
@@ -430,6 +445,16 @@ impl Llama {
             .reshape(&[1, t, h * d])
     }
 
+    /// `lin(rms_norm(x, w))`: one op on the CPU kernels' packed weights.
+    pub fn norm_linear(&self, x: &Array, w: &Array, lin: &Linear) -> Result<Array> {
+        match lin {
+            Linear::Quantized(q) if self.own_kernels && q.packed.is_some() => {
+                q.forward_normed(x, w, self.config.rms_norm_eps)
+            }
+            _ => lin.forward(&self.rms_norm(x, w)?),
+        }
+    }
+
     pub fn rms_norm(&self, x: &Array, w: &Array) -> Result<Array> {
         if self.own_kernels {
             kernels::rms_norm(x, w, self.config.rms_norm_eps)
@@ -477,12 +502,10 @@ impl Llama {
         );
         let offset = cache.offset() as i32;
 
-        let h = self.rms_norm(x, &l.attn_norm)?;
-        probe("attn norm", &[&h])?;
         let (q, k, v) = match &l.qkv {
             Some(f) => {
                 // Column slices of one product: views, no copies.
-                let y = f.forward(&h)?;
+                let y = self.norm_linear(x, &l.attn_norm, f)?;
                 let (nq, nk) = (nh * hd, nkv * hd);
                 let cols = |a: i32, b: i32| y.slice(&[0, 0, a], &[1, t, b]);
                 (
@@ -491,9 +514,12 @@ impl Llama {
                     cols(nq + nk, nq + 2 * nk)?,
                 )
             }
-            None => (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?),
+            None => {
+                let h = self.rms_norm(x, &l.attn_norm)?;
+                (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
+            }
         };
-        probe("q/k/v matmuls", &[&q, &k, &v])?;
+        probe("norm + q/k/v matmuls", &[&q, &k, &v])?;
         let q = self.rope_heads(&q, nh, offset)?;
         let k = self.rope_heads(&k, nkv, offset)?;
         let v = v.reshape(&[1, t, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
@@ -504,20 +530,21 @@ impl Llama {
         let x = l.o.forward_add(&o, x)?;
         probe("o matmul + residual", &[&x])?;
 
-        let h = self.rms_norm(&x, &l.ffn_norm)?;
-        probe("ffn norm", &[&h])?;
         let (g, u) = match &l.gate_up {
             Some(f) => {
-                let y = f.forward(&h)?;
+                let y = self.norm_linear(&x, &l.ffn_norm, f)?;
                 let n = y.dim(2) / 2;
                 (
                     y.slice(&[0, 0, 0], &[1, t, n])?,
                     y.slice(&[0, 0, n], &[1, t, 2 * n])?,
                 )
             }
-            None => (l.gate.forward(&h)?, l.up.forward(&h)?),
+            None => {
+                let h = self.rms_norm(&x, &l.ffn_norm)?;
+                (l.gate.forward(&h)?, l.up.forward(&h)?)
+            }
         };
-        probe("gate/up matmuls", &[&g, &u])?;
+        probe("norm + gate/up matmuls", &[&g, &u])?;
         let gu = self.swiglu(&g, &u)?;
         probe("silu * up", &[&gu])?;
         let x = l.down.forward_add(&gu, &x)?;
