@@ -13,9 +13,9 @@ struct Avx2 {
   using V = __m256;
   using Vi = __m256i;
   static constexpr int W = 8;
-  // Tile widths, in 16-column blocks (two vectors each), that keep every
-  // chain in the 16 registers.
-  static constexpr int kSoloBlocks = 2, kPairBlocks = 1;
+  // Output vectors per tile: with two partial sums each, 4 outputs take 12
+  // of the 16 registers and keep 8 FMA chains in flight.
+  static constexpr int kOutputs = 4, kChains = 2;
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }

@@ -2,10 +2,12 @@
 // width (included by qmm_avx2.cc and qmm_avx512.cc with their own `Isa`
 // traits). Lanes are output columns; x is broadcast.
 //
-// For output (row m, column n) the float operations are, in this order:
-//   per group g: t0 = t1 = 0
-//                for each word d, value j: t_(d % 2) = fma(x[m, k], q[n, k], t_(d % 2))
-//                acc = fma(t0 + t1, scale[n, g], acc)
+// For output (row m, column n) the float operations are, in this order
+// (C = I::kChains partial sums per group: 1 where registers allow enough
+// independent outputs to hide the FMA latency, else 2):
+//   per group g: t_0 .. t_(C-1) = 0
+//                for each word d, value j: t_(d % C) = fma(x[m, k], q[n, k], t_(d % C))
+//                acc = fma(t_0 (+ t_1), scale[n, g], acc)
 //                acc = fma(bias[n, g], xsum[m, g], acc)
 //   y = acc (+ r[m, n], the residual, when given)
 // whatever tile (rows x column blocks) it is computed in: tiles only decide
@@ -26,6 +28,8 @@ struct Kernel {
   static constexpr int W = I::W;
   static constexpr int NV = kLanes / W;  // vectors per column block
 
+  static constexpr int C = I::kChains;
+
   template <int BITS, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {
     constexpr int per = 32 / BITS;
@@ -35,8 +39,8 @@ struct Kernel {
       for (int c = 0; c < CB; c++)
         for (int v = 0; v < NV; v++) acc[r][c][v] = I::zero();
     for (int g = 0; g < groups; g++) {
-      V t[2][R][CB][NV];
-      for (int h = 0; h < 2; h++)
+      V t[C][R][CB][NV];
+      for (int h = 0; h < C; h++)
         for (int r = 0; r < R; r++)
           for (int c = 0; c < CB; c++)
             for (int v = 0; v < NV; v++) t[h][r][c][v] = I::zero();
@@ -44,14 +48,20 @@ struct Kernel {
       for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
       for (int d = 0; d < dpg; d++) {
         const float* xk = a.x + (size_t)m0 * a.K + g * a.group + d * per;
+        // Fully unrolled, so the partial sums stay in registers.
+#pragma GCC unroll 8
         for (int c = 0; c < CB; c++)
+#pragma GCC unroll 2
           for (int v = 0; v < NV; v++) {
             Vi wv = I::loadw(base[c] + d * kLanes + v * W);
 #pragma GCC unroll 8
             for (int j = 0; j < per; j++) {
               V q = I::template unpack<BITS>(wv, j);
-              for (int r = 0; r < R; r++)
-                t[d & 1][r][c][v] = I::fma(I::set1(xk[(size_t)r * a.K + j]), q, t[d & 1][r][c][v]);
+#pragma GCC unroll 8
+              for (int r = 0; r < R; r++) {
+                V& tt = t[d % C][r][c][v];
+                tt = I::fma(I::set1(xk[(size_t)r * a.K + j]), q, tt);
+              }
             }
           }
       }
@@ -60,8 +70,10 @@ struct Kernel {
         for (int v = 0; v < NV; v++) {
           V s = I::cvtph(sb + v * W), b = I::cvtph(sb + kLanes + v * W);
           for (int r = 0; r < R; r++) {
+            V sum = t[0][r][c][v];
+            if constexpr (C == 2) sum = I::add(sum, t[1][r][c][v]);
             V& o = acc[r][c][v];
-            o = I::fma(I::add(t[0][r][c][v], t[1][r][c][v]), s, o);
+            o = I::fma(sum, s, o);
             o = I::fma(b, I::set1(a.xsum[(size_t)(m0 + r) * groups + g]), o);
           }
         }
@@ -80,25 +92,28 @@ struct Kernel {
         }
   }
 
-  // Every row of column blocks [cb, cb + CB): pairs of rows, then the odd one.
-  template <int BITS, int CB>
-  static void rows(const Args& a, int cb) {
-    int m = 0;
-    for (; m + 2 <= a.M; m += 2) tile<BITS, 2, CB>(a, cb, m);
-    if (m < a.M) tile<BITS, 1, CB>(a, cb, m);
+  // Rows [m, m + R) of column blocks [cb, cb1): tiles as wide as the
+  // registers allow (I::kOutputs vectors of outputs), then narrower ones.
+  template <int BITS, int R, int CB = I::kOutputs / (R * NV)>
+  static void row_tile(const Args& a, int cb, int cb1, int m) {
+    for (; cb + CB <= cb1; cb += CB) tile<BITS, R, CB>(a, cb, m);
+    if constexpr (CB > 1) row_tile<BITS, R, CB / 2>(a, cb, cb1, m);
   }
 
   template <int BITS>
   static void run_bits(const Args& a, int cb0, int cb1) {
-    int cb = cb0;
-    if (a.M == 1) {
-      // One row leaves each chain latency-bound: more column blocks side by side.
-      for (; cb + I::kSoloBlocks <= cb1; cb += I::kSoloBlocks) tile<BITS, 1, I::kSoloBlocks>(a, cb, 0);
-      for (; cb < cb1; cb++) tile<BITS, 1, 1>(a, cb, 0);
-      return;
+    // A few column blocks at a time, all rows: their weights stay in cache
+    // while every row tile passes over them.
+    constexpr int step = I::kOutputs / NV;
+    for (int c0 = cb0; c0 < cb1; c0 += step) {
+      int c1 = std::min(cb1, c0 + step), m = 0;
+      if constexpr (I::kOutputs / NV >= 8)
+        for (; m + 8 <= a.M; m += 8) row_tile<BITS, 8>(a, c0, c1, m);
+      if constexpr (I::kOutputs / NV >= 4)
+        for (; m + 4 <= a.M; m += 4) row_tile<BITS, 4>(a, c0, c1, m);
+      for (; m + 2 <= a.M; m += 2) row_tile<BITS, 2>(a, c0, c1, m);
+      if (m < a.M) row_tile<BITS, 1>(a, c0, c1, m);
     }
-    for (; cb + I::kPairBlocks <= cb1; cb += I::kPairBlocks) rows<BITS, I::kPairBlocks>(a, cb);
-    for (; cb < cb1; cb++) rows<BITS, 1>(a, cb);
   }
 
   static void run(const Args& a, int cb0, int cb1) {
