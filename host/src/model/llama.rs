@@ -43,38 +43,71 @@ impl WeightMode {
     }
 }
 
-/// MLX affine-quantized weights `[out, in * bits / 32]` with float16
-/// per-group scales and biases.
+/// MLX's layout of affine-quantized weights: `w` `[out, in * bits / 32]`
+/// uint32 with float16 per-group `scales` and `biases` `[out, in / group]`.
 #[derive(Clone)]
-pub struct QuantizedWeight {
+pub struct QuantSource {
     pub w: Array,
     pub scales: Array,
     pub biases: Array,
+}
+
+/// A quantized weight `[out, in]`: MLX's layout, the CPU kernels' packed
+/// layout, or both.
+#[derive(Clone)]
+pub struct QuantizedWeight {
+    /// What MLX's kernels, dequantization and embedding lookups read.
+    /// Dropped once packed where nothing else needs it, so the weights are
+    /// held once.
+    pub source: Option<QuantSource>,
+    /// The same weights in the CPU kernels' layout ([`kernels::qpack`]),
+    /// packed once at load; `None` on GPU, where MLX's kernels take `source`.
+    pub packed: Option<Array>,
+    pub out_features: i32,
+    pub in_features: i32,
     pub group_size: i32,
     pub bits: i32,
-    /// The same weights in the CPU kernels' layout ([`kernels::qpack`]),
-    /// packed once at load; `None` on GPU, where MLX's kernels take `w`.
-    pub packed: Option<Array>,
+}
+
+fn missing(what: &str) -> specd_mlx::Exception {
+    specd_mlx::Exception(format!(
+        "{what}: this weight was packed into a fused layer (its own copy is gone)"
+    ))
 }
 
 impl QuantizedWeight {
+    pub fn new(src: QuantSource, group_size: i32, bits: i32) -> QuantizedWeight {
+        QuantizedWeight {
+            out_features: src.w.dim(0),
+            in_features: src.w.dim(1) * 32 / bits,
+            source: Some(src),
+            packed: None,
+            group_size,
+            bits,
+        }
+    }
     pub fn out_features(&self) -> i32 {
-        self.w.dim(0)
+        self.out_features
     }
     pub fn in_features(&self) -> i32 {
-        self.w.dim(1) * 32 / self.bits
+        self.in_features
     }
-    /// Packs the weights for the CPU kernels.
-    pub fn pack(self) -> Result<QuantizedWeight> {
-        let packed = kernels::qpack(
-            &self.w,
-            &self.scales,
-            &self.biases,
-            self.group_size,
-            self.bits,
-        )?;
+    fn source(&self, what: &str) -> Result<&QuantSource> {
+        self.source.as_ref().ok_or_else(|| missing(what))
+    }
+    /// Packs the weights for the CPU kernels, keeping MLX's layout only
+    /// with `keep_source` (a tied embedding still looks rows up in it).
+    pub fn pack(self, keep_source: bool) -> Result<QuantizedWeight> {
+        let packed = match &self.packed {
+            Some(p) => p.clone(),
+            None => {
+                let src = self.source("packing")?;
+                kernels::qpack(&src.w, &src.scales, &src.biases, self.group_size, self.bits)?
+            }
+        };
         Ok(QuantizedWeight {
             packed: Some(packed),
+            source: if keep_source { self.source } else { None },
             ..self
         })
     }
@@ -87,7 +120,7 @@ impl QuantizedWeight {
                 norm,
                 eps,
                 p,
-                self.out_features(),
+                self.out_features,
                 self.group_size,
                 self.bits,
             ),
@@ -100,7 +133,7 @@ impl QuantizedWeight {
             Some(p) => kernels::qmatmul_packed_add(
                 x,
                 p,
-                self.out_features(),
+                self.out_features,
                 self.group_size,
                 self.bits,
                 residual,
@@ -110,29 +143,40 @@ impl QuantizedWeight {
     }
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match &self.packed {
-            Some(p) => {
-                kernels::qmatmul_packed(x, p, self.out_features(), self.group_size, self.bits)
+            Some(p) => kernels::qmatmul_packed(x, p, self.out_features, self.group_size, self.bits),
+            None => {
+                let src = self.source("forward")?;
+                kernels::qmatmul(
+                    x,
+                    &src.w,
+                    &src.scales,
+                    &src.biases,
+                    self.group_size,
+                    self.bits,
+                )
             }
-            None => kernels::qmatmul(
-                x,
-                &self.w,
-                &self.scales,
-                &self.biases,
-                self.group_size,
-                self.bits,
-            ),
         }
     }
     /// Rows `ids` dequantized to float32 (an embedding lookup).
     pub fn rows(&self, ids: &Array) -> Result<Array> {
+        let src = self.source("embedding lookup")?;
         let f = |a: &Array| -> Result<Array> { ops::take(a, ids, 0)?.as_type(Dtype::Float32) };
         ops::dequantize(
-            &ops::take(&self.w, ids, 0)?,
-            &f(&self.scales)?,
-            &f(&self.biases)?,
+            &ops::take(&src.w, ids, 0)?,
+            &f(&src.scales)?,
+            &f(&src.biases)?,
             self.group_size,
             self.bits,
         )
+    }
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v: Vec<&Array> = self
+            .source
+            .iter()
+            .flat_map(|s| [&s.w, &s.scales, &s.biases])
+            .collect();
+        v.extend(&self.packed);
+        v
     }
 }
 
@@ -160,12 +204,20 @@ impl Linear {
     pub fn is_quantized(&self) -> bool {
         matches!(self, Linear::Quantized(_))
     }
-    /// Quantized weights packed for the CPU kernels; dense ones as they are.
-    pub fn pack(self) -> Result<Linear> {
+    /// Quantized weights packed for the CPU kernels (MLX's layout kept only
+    /// with `keep_source`); dense ones as they are.
+    pub fn pack(self, keep_source: bool) -> Result<Linear> {
         Ok(match self {
-            Linear::Quantized(q) if q.packed.is_none() => Linear::Quantized(q.pack()?),
+            Linear::Quantized(q) => Linear::Quantized(q.pack(keep_source)?),
             other => other,
         })
+    }
+    /// Drops MLX's layout of a quantized weight that a fused layer now
+    /// computes (only its shape is still asked for).
+    fn release(&mut self) {
+        if let Linear::Quantized(q) = self {
+            q.source = None;
+        }
     }
     /// One layer computing `parts` side by side (their outputs concatenated
     /// in order), when all are quantized alike over the same inputs: one
@@ -189,17 +241,23 @@ impl Linear {
         if qs.len() != parts.len() || !qs.iter().all(alike) {
             return Ok(None);
         }
-        let cat = |f: fn(&QuantizedWeight) -> &Array| -> Result<Array> {
-            ops::concatenate(&qs.iter().map(|q| f(q)).collect::<Vec<_>>(), 0)
+        let sources = qs
+            .iter()
+            .map(|q| q.source("fusing"))
+            .collect::<Result<Vec<_>>>()?;
+        let cat = |f: fn(&QuantSource) -> &Array| -> Result<Array> {
+            ops::concatenate(&sources.iter().map(|s| f(s)).collect::<Vec<_>>(), 0)
         };
-        Ok(Some(Linear::Quantized(QuantizedWeight {
-            w: cat(|q| &q.w)?,
-            scales: cat(|q| &q.scales)?,
-            biases: cat(|q| &q.biases)?,
-            group_size: first.group_size,
-            bits: first.bits,
-            packed: None,
-        })))
+        let src = QuantSource {
+            w: cat(|s| &s.w)?,
+            scales: cat(|s| &s.scales)?,
+            biases: cat(|s| &s.biases)?,
+        };
+        Ok(Some(Linear::Quantized(QuantizedWeight::new(
+            src,
+            first.group_size,
+            first.bits,
+        ))))
     }
     /// `[out, in]`.
     pub fn shape(&self) -> [i32; 2] {
@@ -218,11 +276,7 @@ impl Linear {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Linear::Dense(w) => vec![w],
-            Linear::Quantized(q) => {
-                let mut v = vec![&q.w, &q.scales, &q.biases];
-                v.extend(&q.packed);
-                v
-            }
+            Linear::Quantized(q) => q.arrays(),
         }
     }
 }
@@ -242,6 +296,20 @@ pub struct Layer {
     /// CPU kernels by [`Llama::pack_for_cpu`]); the forward prefers them.
     pub qkv: Option<Linear>,
     pub gate_up: Option<Linear>,
+}
+
+/// `parts` as one packed layer, their own copies released; else each
+/// packed on its own.
+fn fuse_packed(parts: &mut [&mut Linear]) -> Result<Option<Linear>> {
+    let fused = Linear::fuse(&parts.iter().map(|p| &**p).collect::<Vec<_>>())?;
+    for p in parts.iter_mut() {
+        if fused.is_some() {
+            p.release();
+        } else {
+            **p = p.clone().pack(false)?;
+        }
+    }
+    fused.map(|f| f.pack(false)).transpose()
 }
 
 /// Called with a part's name and outputs as a forward builds them.
@@ -385,29 +453,16 @@ impl Llama {
     /// and `gate`/`up` into one matmul each where they are quantized alike.
     /// The unfused parts keep MLX's layout (for shapes, and the GPU).
     pub fn pack_for_cpu(&mut self) -> Result<()> {
-        self.embed = self.embed.clone().pack()?;
+        // A tied embedding still looks its rows up in MLX's layout.
+        self.embed = self.embed.clone().pack(true)?;
         if let Some(h) = self.lm_head.take() {
-            self.lm_head = Some(h.pack()?);
+            self.lm_head = Some(h.pack(false)?);
         }
         for l in &mut self.layers {
-            l.qkv = Linear::fuse(&[&l.q, &l.k, &l.v])?
-                .map(Linear::pack)
-                .transpose()?;
-            if l.qkv.is_none() {
-                for p in [&mut l.q, &mut l.k, &mut l.v] {
-                    *p = p.clone().pack()?;
-                }
-            }
-            l.gate_up = Linear::fuse(&[&l.gate, &l.up])?
-                .map(Linear::pack)
-                .transpose()?;
-            if l.gate_up.is_none() {
-                for p in [&mut l.gate, &mut l.up] {
-                    *p = p.clone().pack()?;
-                }
-            }
+            l.qkv = fuse_packed(&mut [&mut l.q, &mut l.k, &mut l.v])?;
+            l.gate_up = fuse_packed(&mut [&mut l.gate, &mut l.up])?;
             for p in [&mut l.o, &mut l.down] {
-                *p = p.clone().pack()?;
+                *p = p.clone().pack(false)?;
             }
         }
         Ok(())

@@ -3,7 +3,7 @@
 //! kernels ([`WeightMode::Quantized`]) or are dequantized to float32
 //! ([`WeightMode::F32`]); a layout the kernels don't take (bits other than
 //! 4 and 8, groups not a multiple of 32) is dequantized either way.
-use super::llama::{Layer, Linear, QuantizedWeight, WeightMode};
+use super::llama::{Layer, Linear, QuantSource, QuantizedWeight, WeightMode};
 use super::{Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, ops, Array, Dtype};
@@ -73,14 +73,12 @@ impl Tensors {
         if packed_cols * 32 != in_features * bits {
             bail!("cannot infer the quantization of {base}: packed width {packed_cols}, {in_features} inputs");
         }
-        Ok(Some(QuantizedWeight {
+        let src = QuantSource {
             w: w.clone(),
             scales: scales.clone(),
             biases: biases.clone(),
-            group_size: group,
-            bits,
-            packed: None,
-        }))
+        };
+        Ok(Some(QuantizedWeight::new(src, group, bits)))
     }
 
     /// The tensor `base.weight` as float32, dequantized if it is quantized.
@@ -89,9 +87,10 @@ impl Tensors {
             return Ok(self.weight(base)?.as_type(Dtype::Float32)?);
         };
         // Scales and biases in f32 so the result is f32 without a second rounding.
-        let s = q.scales.as_type(Dtype::Float32)?;
-        let b = q.biases.as_type(Dtype::Float32)?;
-        Ok(ops::dequantize(&q.w, &s, &b, q.group_size, q.bits)?)
+        let src = q.source.as_ref().expect("a file's weight has its source");
+        let s = src.scales.as_type(Dtype::Float32)?;
+        let b = src.biases.as_type(Dtype::Float32)?;
+        Ok(ops::dequantize(&src.w, &s, &b, q.group_size, q.bits)?)
     }
 
     /// `base` as a linear layer: quantized where the mode and the layout
@@ -102,12 +101,17 @@ impl Tensors {
             Some(q) if self.mode == WeightMode::Quantized && kernel_fit(&q) => {
                 // The kernels read float16 scales (GGUF's own dtype; bf16
                 // ones from MLX checkpoints convert exactly enough).
-                let q = QuantizedWeight {
-                    scales: q.scales.as_type(Dtype::Float16)?,
-                    biases: q.biases.as_type(Dtype::Float16)?,
-                    ..q
+                let src = q.source.expect("a file's weight has its source");
+                let src = QuantSource {
+                    scales: src.scales.as_type(Dtype::Float16)?,
+                    biases: src.biases.as_type(Dtype::Float16)?,
+                    w: src.w,
                 };
-                Ok(Linear::Quantized(q))
+                Ok(Linear::Quantized(QuantizedWeight::new(
+                    src,
+                    q.group_size,
+                    q.bits,
+                )))
             }
             _ => Ok(Linear::Dense(self.dense(base)?)),
         }

@@ -5,5 +5,5 @@ pub mod llama;
 pub mod load;
 
 pub use config::LlamaConfig;
-pub use llama::{no_probe, Linear, Llama, Logits, Probe, QuantizedWeight, WeightMode};
+pub use llama::{no_probe, Linear, Llama, Logits, Probe, QuantSource, QuantizedWeight, WeightMode};
 pub use load::{load_model, load_model_with, ModelFormat};
