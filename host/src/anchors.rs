@@ -252,10 +252,7 @@ fn run_ours(e: &Engine, decode_ids: &[u32], long_ids: &[u32], o: &Options) -> Re
     };
     decode(WARMUP_TOKENS)?;
     let fin = decode(o.max_tokens)?;
-    // `--weights` (global) and SPECD_WEIGHTS pick it; the loader already read it.
-    let weights = crate::model::WeightMode::from_env()
-        .map(|w| w.name().to_string())
-        .unwrap_or_else(|e| e);
+    let weights = e.weights.name().to_string();
     Ok(EngineRun {
         engine: "ours".into(),
         version: Some(env!("CARGO_PKG_VERSION").into()),

@@ -3,7 +3,7 @@
 //! request's names (drafter, schedule, acceptance) into a [`Speculation`]
 //! and runs the pipeline.
 use crate::cache::PrefixCache;
-use crate::model::{load_model, Llama, ModelFormat};
+use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
 use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
 use crate::speculation::{LlamaTarget, ModelDrafter, NgramDrafter, Speculation, Target};
@@ -74,6 +74,8 @@ pub struct Engine {
     pub drafts: HashMap<String, Arc<Llama>>,
     /// KV states of earlier requests, by token prefix.
     pub prefix: Mutex<PrefixCache>,
+    /// How the weights are held (`--weights`).
+    pub weights: WeightMode,
 }
 
 /// Default bound of the prefix cache.
@@ -88,8 +90,14 @@ pub fn load_tokenizer(path: &Path, format: ModelFormat) -> Result<Tokenizer> {
 }
 
 impl Engine {
-    pub fn load(name: &str, path: &Path, policies: Arc<PolicyHost>) -> Result<Engine> {
-        let (model, format) = load_model(path)?;
+    /// Loads `path`, its weights (and any draft model's) held as `weights`.
+    pub fn load(
+        name: &str,
+        path: &Path,
+        policies: Arc<PolicyHost>,
+        weights: WeightMode,
+    ) -> Result<Engine> {
+        let (model, format) = load_model_with(path, weights)?;
         let tokenizer = load_tokenizer(path, format)?;
         if tokenizer.vocab_size() > model.config.vocab_size {
             bail!(
@@ -109,12 +117,14 @@ impl Engine {
             policies,
             drafts: HashMap::new(),
             prefix: Mutex::new(PrefixCache::new(PREFIX_CACHE_BYTES)),
+            weights,
         })
     }
 
     /// Registers a draft model (it must share the tokenizer's vocabulary).
     pub fn add_draft_model(&mut self, name: &str, path: &Path) -> Result<()> {
-        let (m, _) = load_model(path).with_context(|| format!("loading draft model {name}"))?;
+        let (m, _) = load_model_with(path, self.weights)
+            .with_context(|| format!("loading draft model {name}"))?;
         if m.config.vocab_size != self.model.config.vocab_size {
             bail!(
                 "draft model {name} has vocabulary {} but the target has {}",

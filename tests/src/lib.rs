@@ -25,8 +25,13 @@ pub fn engine() -> MutexGuard<'static, Engine> {
     let m = E.get_or_init(|| {
         let policies = specd::cli::policy_host(None).expect("policy host");
         Mutex::new(
-            Engine::load("smollm2:135m", &default_model_path(), policies)
-                .expect("load the default model"),
+            Engine::load(
+                "smollm2:135m",
+                &default_model_path(),
+                policies,
+                specd::model::WeightMode::default(),
+            )
+            .expect("load the default model"),
         )
     });
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -1,6 +1,7 @@
 //! `specd bench`: decode speed, BLAS scaling, speculation.
 use super::generate::{load_engine, SamplingArgs, SpecArgs};
 use super::ModelArg;
+use crate::model::WeightMode;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -99,7 +100,7 @@ pub enum BenchCmd {
     },
 }
 
-pub fn run(cmd: BenchCmd) -> Result<()> {
+pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
     match cmd {
         BenchCmd::Blas { iters } => blas(iters),
         BenchCmd::Anchors {
@@ -144,7 +145,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 mlx_lm_blas,
                 python: crate::anchors::default_python(),
             };
-            let e = load_engine(&model.model, &SpecArgs::default())?;
+            let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
             let report = crate::anchors::run(e, &opts, &mut |m| eprintln!("bench anchors: {m}"))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -165,7 +166,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
             Ok(())
         }
         BenchCmd::Decode { model, max_tokens } => {
-            let e = load_engine(&model.model, &SpecArgs::default())?;
+            let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
             let r = crate::bench::decode(&e, max_tokens)?;
             println!(
                 "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
@@ -192,7 +193,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
                 policy_dir,
                 ..Default::default()
             };
-            let e = load_engine(&model.model, &spec_args)?;
+            let e = load_engine(&model.model, &spec_args, weights)?;
             let params = sampling.params();
             params.validate()?;
             let list = |s: &str| {

@@ -11,6 +11,7 @@ use super::generate::{load_engine, prompt_of, SpecArgs};
 use super::ModelArg;
 use crate::engine::Engine;
 use crate::model::Logits;
+use crate::model::WeightMode;
 use crate::sampling::SamplingParams;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -53,12 +54,12 @@ pub struct GenIdsArgs {
     prompt: String,
 }
 
-fn engine(model: &str) -> Result<Engine> {
+fn engine(model: &str, weights: WeightMode) -> Result<Engine> {
     let spec = SpecArgs {
         drafter: Some("none".into()),
         ..Default::default()
     };
-    load_engine(model, &spec)
+    load_engine(model, &spec, weights)
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
@@ -66,10 +67,10 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-pub fn run(cmd: DebugCmd) -> Result<()> {
+pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
     match cmd {
         DebugCmd::Logits(a) => {
-            let engine = engine(&a.model.model)?;
+            let engine = engine(&a.model.model, weights)?;
             let ids = match (&a.ids, &a.prompt) {
                 (Some(ids), None) => ids.clone(),
                 (None, Some(p)) => engine.encode(&prompt_of(a.chat, None, p))?,
@@ -100,7 +101,7 @@ pub fn run(cmd: DebugCmd) -> Result<()> {
             )
         }
         DebugCmd::Generate(a) => {
-            let engine = engine(&a.model.model)?;
+            let engine = engine(&a.model.model, weights)?;
             let prompt = engine.encode(&prompt_of(a.chat, None, &a.prompt))?;
             let params = SamplingParams {
                 temperature: 0.0,

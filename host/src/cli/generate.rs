@@ -1,6 +1,7 @@
 //! `specd generate`.
 use super::{policy_host, ModelArg};
 use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::model::WeightMode;
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
 use clap::Args;
@@ -125,10 +126,10 @@ pub struct GenerateArgs {
     pub prompt: String,
 }
 
-pub fn load_engine(model: &str, spec: &SpecArgs) -> Result<Engine> {
+pub fn load_engine(model: &str, spec: &SpecArgs, weights: WeightMode) -> Result<Engine> {
     let path = crate::store::Store::default().resolve(model, false)?;
     let policies = policy_host(spec.policy_dir.as_deref())?;
-    let mut engine = Engine::load(model, &path, policies)?;
+    let mut engine = Engine::load(model, &path, policies, weights)?;
     spec.register_draft_model(&mut engine)?;
     Ok(engine)
 }
@@ -146,11 +147,11 @@ pub fn prompt_of(chat: bool, system: Option<&str>, text: &str) -> Prompt {
     }
 }
 
-pub fn run(a: GenerateArgs) -> Result<()> {
+pub fn run(a: GenerateArgs, weights: WeightMode) -> Result<()> {
     let params = a.sampling.params();
     params.validate()?;
     let options = a.spec.options()?;
-    let engine = load_engine(&a.model.model, &a.spec)?;
+    let engine = load_engine(&a.model.model, &a.spec, weights)?;
     let prompt = engine.encode(&prompt_of(a.chat, a.system.as_deref(), &a.prompt))?;
     let spec = engine.speculation(&options, &params)?;
     let mut settings = engine.settings(params, a.max_tokens, a.stop.clone());

@@ -137,13 +137,14 @@ fn parse_args() -> Result<Cli> {
 pub fn main() -> Result<()> {
     init_logging();
     let cli = parse_args()?;
-    if let Some(w) = cli.weights {
-        // Every loader (engine, draft models, server) reads it from here.
-        std::env::set_var("SPECD_WEIGHTS", w.name());
-    }
+    // The flag, else SPECD_WEIGHTS, else the default; every loader gets it.
+    let weights = match cli.weights {
+        Some(w) => w,
+        None => crate::model::WeightMode::from_env().map_err(anyhow::Error::msg)?,
+    };
     match cli.command {
-        Command::Generate(a) => generate::run(a),
-        Command::Serve(a) => crate::server::run(a),
+        Command::Generate(a) => generate::run(a, weights),
+        Command::Serve(a) => crate::server::run(a, weights),
         Command::Pull { name } => {
             let store = crate::store::Store::default();
             let k = crate::store::Store::known(&name).with_context(|| {
@@ -208,19 +209,19 @@ pub fn main() -> Result<()> {
             );
             Ok(())
         }
-        Command::Bench(b) => bench::run(b),
+        Command::Bench(b) => bench::run(b, weights),
         Command::Profile {
             model,
             context,
             steps,
         } => {
             let path = crate::store::Store::default().resolve(&model.model, false)?;
-            let (m, _) = crate::model::load_model(&path)?;
+            let (m, _) = crate::model::load_model_with(&path, weights)?;
             let p = crate::profile::profile(&m, context.max(1), steps.max(1))?;
             print!("{}", crate::profile::report(&p));
             Ok(())
         }
         Command::Replay(a) => replay::run(a),
-        Command::Debug(d) => debug::run(d),
+        Command::Debug(d) => debug::run(d, weights),
     }
 }

@@ -319,13 +319,8 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
         .with_context(|| format!("building the model from {}", dir.display()))
 }
 
-/// A model from a GGUF file or a HF directory, weights as `SPECD_WEIGHTS`
-/// says (default quantized).
-pub fn load_model(path: &Path) -> Result<(Llama, ModelFormat)> {
-    let mode = WeightMode::from_env().map_err(anyhow::Error::msg)?;
-    load_model_with(path, mode)
-}
-
+/// A model from a GGUF file or a HF directory, its weights held as `mode`
+/// says.
 pub fn load_model_with(path: &Path, mode: WeightMode) -> Result<(Llama, ModelFormat)> {
     let format = ModelFormat::detect(path)?;
     let m = match format {

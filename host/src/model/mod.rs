@@ -6,4 +6,4 @@ pub mod load;
 
 pub use config::LlamaConfig;
 pub use llama::{no_probe, Linear, Llama, Logits, Probe, QuantSource, QuantizedWeight, WeightMode};
-pub use load::{load_model, load_model_with, ModelFormat};
+pub use load::{load_model_with, ModelFormat};

@@ -93,6 +93,8 @@ pub struct ServerConfig {
     pub policy_limits: HostConfig,
     /// Trace file every request's rounds are appended to.
     pub record: Option<PathBuf>,
+    /// How the model's weights are held (the global `--weights`).
+    pub weights: crate::model::WeightMode,
 }
 
 fn json_arg(s: &Option<String>, flag: &str) -> Result<Option<serde_json::Value>> {
@@ -171,6 +173,7 @@ impl ServerConfig {
             defaults: flags.or(&file.defaults),
             policy_limits,
             record: a.record.clone(),
+            weights: crate::model::WeightMode::default(),
         })
     }
 }

@@ -87,8 +87,9 @@ pub fn router(state: State) -> Router {
 }
 
 /// Runs the server until SIGINT/SIGTERM.
-pub fn run(args: ServeArgs) -> Result<()> {
-    let cfg = ServerConfig::from_args(&args)?;
+pub fn run(args: ServeArgs, weights: crate::model::WeightMode) -> Result<()> {
+    let mut cfg = ServerConfig::from_args(&args)?;
+    cfg.weights = weights;
     let policies =
         Arc::new(PolicyHost::new(cfg.policy_limits.clone()).context("starting the policy host")?);
     std::fs::create_dir_all(&cfg.policy_dir)

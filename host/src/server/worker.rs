@@ -137,7 +137,7 @@ fn file_size(p: &std::path::Path) -> u64 {
 fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelInfo)> {
     let store = crate::store::Store::default();
     let path = store.resolve(&cfg.model, false)?;
-    let mut engine = Engine::load(&cfg.model, &path, policies)
+    let mut engine = Engine::load(&cfg.model, &path, policies, cfg.weights)
         .with_context(|| format!("loading model {}", cfg.model))?;
     for (name, p) in &cfg.draft_models {
         let dp = store.resolve(p, false)?;
