@@ -149,10 +149,19 @@ fn check_qmatmul(n: usize, k: usize, group: i32, bits: i32, seed: u64) {
 
 #[test]
 fn qmatmul_model_shapes_4bit() {
-    // SmolLM2-135M: q/o 576x576, k/v 192x576, gate/up 1536x576, down 576x1536.
-    for (i, (n, k)) in [(576, 576), (192, 576), (1536, 576), (576, 1536)]
-        .into_iter()
-        .enumerate()
+    // SmolLM2-135M: q/o 576x576, k/v 192x576, gate/up 1536x576, down
+    // 576x1536, and the fused q/k/v (960x576) and gate/up (3072x576) the
+    // loader packs.
+    for (i, (n, k)) in [
+        (576, 576),
+        (192, 576),
+        (1536, 576),
+        (576, 1536),
+        (960, 576),
+        (3072, 576),
+    ]
+    .into_iter()
+    .enumerate()
     {
         check_qmatmul(n, k, 32, 4, 10 + i as u64);
     }
