@@ -85,9 +85,11 @@ impl Stats {
     }
 
     pub fn prompt_tps(&self) -> f64 {
-        let n = (self.prompt_tokens - self.cached_tokens) as f64;
-        if self.prompt_seconds > 0.0 {
-            n / self.prompt_seconds
+        let n = self.prompt_tokens.saturating_sub(self.cached_tokens);
+        // The last prompt token is forwarded by the first decode round: with
+        // nothing before it there was no prefill to time.
+        if self.prompt_seconds > 0.0 && n > 1 {
+            n as f64 / self.prompt_seconds
         } else {
             0.0
         }
