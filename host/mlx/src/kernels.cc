@@ -389,6 +389,45 @@ struct QmmBody {
   }
 };
 
+// Rows `ids` of packed weights, dequantized: an embedding lookup straight
+// from the layout the matmul reads (w = scale * q + bias). The ids are read
+// when the op runs (they may be an argmax computed just before); one past
+// the table gives a zero row rather than a read out of bounds.
+struct QRowsBody {
+  int n, group, bits;
+  int prepare(const std::vector<mx::array>& in, const mx::array&) const {
+    if (!in[0].flags().row_contiguous || !in[1].flags().row_contiguous)
+      throw std::runtime_error("SpecdQRows: inputs must be row-contiguous");
+    return 0;
+  }
+  void run(const std::vector<mx::array>& in, mx::array& out, int) const {
+    const uint32_t* w = in[0].data<uint32_t>();
+    const uint32_t* ids = in[1].data<uint32_t>();
+    float* y = out.data<float>();
+    const int groups = in[0].shape(1), K = groups * group, per = 32 / bits, dpg = group / per;
+    const int gw = qmm::group_words(group, bits);
+    const uint32_t mask = (1u << bits) - 1;
+    for (int64_t t = 0; t < (int64_t)in[1].size(); t++) {
+      float* yr = y + t * K;
+      uint32_t id = ids[t];
+      if (id >= (uint32_t)n) {
+        std::fill(yr, yr + K, 0.f);
+        continue;
+      }
+      int cb = id / qmm::kLanes, l = id % qmm::kLanes;
+      for (int g = 0; g < groups; g++) {
+        const uint32_t* base = w + ((size_t)cb * groups + g) * gw;
+        const uint16_t* sb = reinterpret_cast<const uint16_t*>(base + dpg * qmm::kLanes);
+        float s = h2f(sb[l]), b = h2f(sb[qmm::kLanes + l]);
+        for (int d = 0; d < dpg; d++)
+          for (int j = 0; j < per; j++)
+            yr[g * group + d * per + j] =
+                s * float((base[d * qmm::kLanes + l] >> (j * bits)) & mask) + b;
+      }
+    }
+  }
+};
+
 // ---- attention ----------------------------------------------------------------
 //
 // softmax(scale * q k^T + causal) v per (head, query row), keys in order,
@@ -750,6 +789,20 @@ A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t gro
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
                       int32_t n, int32_t group_size, int32_t bits) {
   return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr);
+}
+
+A qrows_packed(const Array& packed, const Array& ids, int32_t n, int32_t group_size,
+               int32_t bits) {
+  if (on_gpu()) throw std::invalid_argument("qrows_packed: packed weights are for the CPU kernels");
+  const auto& p = packed.a;
+  if ((bits != 4 && bits != 8) || group_size <= 0 || group_size % 32 != 0 || p.ndim() != 3 ||
+      p.dtype() != mx::uint32 || n <= 0 || p.shape(0) != (n + qmm::kLanes - 1) / qmm::kLanes ||
+      p.shape(2) != qmm::group_words(group_size, bits))
+    throw std::invalid_argument("qrows_packed: the packed weights do not fit n, group and bits");
+  if (ids.a.ndim() != 1) throw std::invalid_argument("qrows_packed: ids must be 1-D");
+  return kernel_op("SpecdQRows", QRowsBody{n, group_size, bits},
+                   {ids.a.shape(0), p.shape(1) * group_size},
+                   {rowmajor(p), rowmajor(mx::astype(ids.a, mx::uint32))});
 }
 
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,

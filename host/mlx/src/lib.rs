@@ -129,6 +129,13 @@ mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        fn qrows_packed(
+            packed: &Array,
+            ids: &Array,
+            n: i32,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
         fn qpack(
             w: &Array,
             scales: &Array,
@@ -544,6 +551,18 @@ pub mod kernels {
         bits: i32,
     ) -> Result<Array> {
         wrap(ffi::qpack(&w.0, &scales.0, &biases.0, group_size, bits))
+    }
+    /// Rows `ids` (1-D integers) of `n` packed weight rows, dequantized to
+    /// float32 `[len(ids), in]`: an embedding lookup. An id past `n` gives
+    /// a zero row. CPU only.
+    pub fn qrows_packed(
+        packed: &Array,
+        ids: &Array,
+        n: i32,
+        group_size: i32,
+        bits: i32,
+    ) -> Result<Array> {
+        wrap(ffi::qrows_packed(&packed.0, &ids.0, n, group_size, bits))
     }
     /// [`qmatmul`] over weights packed by [`qpack`]; `n` is the number of
     /// output features. CPU only.

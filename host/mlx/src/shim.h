@@ -109,6 +109,8 @@ A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Ar
 // specd's own CPU kernels (kernels.cc): batch-invariant, MLX's ops on GPU
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
           int32_t group_size, int32_t bits);
+A qrows_packed(const Array& packed, const Array& ids, int32_t n, int32_t group_size,
+               int32_t bits);
 A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_size,
         int32_t bits);
 A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,

@@ -168,6 +168,53 @@ fn qmatmul_model_shapes_4bit() {
 }
 
 #[test]
+fn qrows_packed_are_the_dequantized_rows() {
+    let mut g = Gen(45);
+    for (n, k, group, bits) in [(70usize, 96usize, 32, 4), (37, 128, 64, 8)] {
+        let q = qweight(&mut g, n, k, group, bits);
+        let packed = kernels::qpack(&q.w, &q.s, &q.b, group, bits).unwrap();
+        let dense = ops::dequantize(
+            &q.w,
+            &q.s.as_type(Dtype::Float32).unwrap(),
+            &q.b.as_type(Dtype::Float32).unwrap(),
+            group,
+            bits,
+        )
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+        let ids = [0u32, 5, (n - 1) as u32, 5, n as u32];
+        let got = kernels::qrows_packed(
+            &packed,
+            &Array::from_u32(&ids, &[5]).unwrap(),
+            n as i32,
+            group,
+            bits,
+        )
+        .unwrap();
+        assert_eq!(got.shape(), vec![5, k as i32]);
+        let got = got.to_vec_f32().unwrap();
+        for (r, &id) in ids.iter().enumerate() {
+            let row = &got[r * k..(r + 1) * k];
+            if id as usize >= n {
+                assert!(
+                    row.iter().all(|&v| v == 0.0),
+                    "an id past the table is a zero row"
+                );
+                continue;
+            }
+            let want = &dense[id as usize * k..(id as usize + 1) * k];
+            for (a, b) in row.iter().zip(want) {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+                    "row {id}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn qmatmul_head_shape_8bit() {
     // The Q8_0 embedding used as the tied head, cut to a slice of the vocab
     // (the full 49152 rows cost minutes in the fp32 reference), plus a row

@@ -56,9 +56,8 @@ pub struct QuantSource {
 /// layout, or both.
 #[derive(Clone)]
 pub struct QuantizedWeight {
-    /// What MLX's kernels, dequantization and embedding lookups read.
-    /// Dropped once packed where nothing else needs it, so the weights are
-    /// held once.
+    /// What MLX's kernels, dequantization and (on GPU) embedding lookups
+    /// read. Dropped once packed, so the weights are held once.
     pub source: Option<QuantSource>,
     /// The same weights in the CPU kernels' layout ([`kernels::qpack`]),
     /// packed once at load; `None` on GPU, where MLX's kernels take `source`.
@@ -96,7 +95,7 @@ impl QuantizedWeight {
         self.source.as_ref().ok_or_else(|| missing(what))
     }
     /// Packs the weights for the CPU kernels, keeping MLX's layout only
-    /// with `keep_source` (a tied embedding still looks rows up in it).
+    /// with `keep_source`.
     pub fn pack(self, keep_source: bool) -> Result<QuantizedWeight> {
         let packed = match &self.packed {
             Some(p) => p.clone(),
@@ -159,6 +158,9 @@ impl QuantizedWeight {
     }
     /// Rows `ids` dequantized to float32 (an embedding lookup).
     pub fn rows(&self, ids: &Array) -> Result<Array> {
+        if let Some(p) = &self.packed {
+            return kernels::qrows_packed(p, ids, self.out_features, self.group_size, self.bits);
+        }
         let src = self.source("embedding lookup")?;
         let f = |a: &Array| -> Result<Array> { ops::take(a, ids, 0)?.as_type(Dtype::Float32) };
         ops::dequantize(
@@ -453,8 +455,8 @@ impl Llama {
     /// and `gate`/`up` into one matmul each where they are quantized alike.
     /// The unfused parts keep MLX's layout (for shapes, and the GPU).
     pub fn pack_for_cpu(&mut self) -> Result<()> {
-        // A tied embedding still looks its rows up in MLX's layout.
-        self.embed = self.embed.clone().pack(true)?;
+        // Embedding lookups read the packed layout too.
+        self.embed = self.embed.clone().pack(false)?;
         if let Some(h) = self.lm_head.take() {
             self.lm_head = Some(h.pack(false)?);
         }
