@@ -244,6 +244,52 @@ void rms_norm_row(const float* xr, int64_t col, const float* w, int D, float eps
   for (int i = 0; i < D; i++) yr[i] = (xr[i * col] * inv) * w[i];
 }
 
+// Rotary embedding of head rows at one position, shared by the rope op and
+// the rope folded into the q/k/v matmul so both round identically. The angle
+// is computed per (position, frequency) exactly as MLX's fallback does:
+// theta = (pos * scale) * exp(-i * log(base) / half).
+struct Rope {
+  int dims, half;
+  bool traditional;
+  float base, scale;
+  std::vector<float> cs, sn;
+  Rope(int dims, bool traditional, float base, float scale)
+      : dims(dims), half(dims / 2), traditional(traditional), base(base), scale(scale),
+        cs(half), sn(half) {}
+  // The frequencies depend on (dims, base) only: computed once per thread.
+  const std::vector<float>& freq() const {
+    thread_local std::vector<float> f;
+    thread_local int f_dims = -1;
+    thread_local float f_base = 0.f;
+    if (f_dims != dims || f_base != base) {
+      float step = std::log(base) / half;
+      f.resize(half);
+      for (int i = 0; i < half; i++) f[i] = std::exp(-float(i) * step);
+      f_dims = dims, f_base = base;
+    }
+    return f;
+  }
+  void at(int position) {
+    const auto& f = freq();
+    float pos = float(position) * scale;
+    for (int i = 0; i < half; i++) {
+      float theta = pos * f[i];
+      cs[i] = std::cos(theta);
+      sn[i] = std::sin(theta);
+    }
+  }
+  // y = rope(x) over one head of D values (x's values `col` apart); y may be x.
+  void row(const float* x, int64_t col, float* y, int D) const {
+    for (int i = 0; i < half; i++) {
+      int i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
+      float x1 = x[i1 * col], x2 = x[i2 * col];
+      y[i1] = x1 * cs[i] - x2 * sn[i];
+      y[i2] = x1 * sn[i] + x2 * cs[i];
+    }
+    for (int i = dims; i < D; i++) y[i] = x[i * col];
+  }
+};
+
 // ---- quantized matmul -----------------------------------------------------------
 //
 // y[m, n] = sum_k x[m, k] * (s[n, g] * q[n, k] + b[n, g]),  g = k / group
@@ -370,6 +416,11 @@ struct QmmBody {
   int n, group, bits;
   bool norm, residual;
   float eps;
+  // Rope folded in: heads of head_dim over columns [0, rope_cols) rotated
+  // in place, row t at position rope_offset + t (rows are one sequence).
+  int rope_cols = 0, head_dim = 0, rope_offset = 0;
+  bool rope_traditional = false;
+  float rope_base = 0.f;
   struct Rows {
     std::vector<int64_t> off;
     int64_t col;
@@ -384,8 +435,20 @@ struct QmmBody {
     int K = in[0].shape(-1);
     const float* norm_w = norm ? in[2].data<float>() : nullptr;
     const float* r = residual ? in[norm ? 3 : 2].data<float>() : nullptr;
-    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), norm_w, eps, r,
-            out.data<float>(), in[0].size() / K, n, K, group, bits);
+    int M = in[0].size() / K;
+    float* y = out.data<float>();
+    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), norm_w, eps, r, y, M,
+            n, K, group, bits);
+    if (rope_cols > 0) {
+      Rope rope(head_dim, rope_traditional, rope_base, 1.f);
+      for (int t = 0; t < M; t++) {
+        rope.at(rope_offset + t);
+        for (int c = 0; c < rope_cols; c += head_dim) {
+          float* h = y + (size_t)t * n + c;
+          rope.row(h, 1, h, head_dim);
+        }
+      }
+    }
   }
 };
 
@@ -616,38 +679,13 @@ struct RopeBody {
     auto st = a.strides();
     const float* x = a.data<float>();
     float* y = out.data<float>();
-    int half = dims / 2;
-    // The frequencies depend on (dims, base) only: computed once per thread.
-    thread_local std::vector<float> freq, cs, sn;
-    thread_local int f_dims = -1;
-    thread_local float f_base = 0.f;
-    if (f_dims != dims || f_base != base) {
-      float step = std::log(base) / half;
-      freq.resize(half);
-      for (int i = 0; i < half; i++) freq[i] = std::exp(-float(i) * step);
-      f_dims = dims, f_base = base;
-    }
-    cs.resize(half), sn.resize(half);
+    Rope rope(dims, traditional, base, scale);
     for (int t = 0; t < T; t++) {
-      float pos = float(offset + t) * scale;
-      for (int i = 0; i < half; i++) {
-        float theta = pos * freq[i];
-        cs[i] = std::cos(theta);
-        sn[i] = std::sin(theta);
-      }
+      rope.at(offset + t);
       for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-          const float* xr = x + b * st[0] + t * st[1] + h * st[2];
-          float* yr = y + (((size_t)b * H + h) * T + t) * D;
-          int64_t c = st[3];
-          for (int i = 0; i < half; i++) {
-            int i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
-            float x1 = xr[i1 * c], x2 = xr[i2 * c];
-            yr[i1] = x1 * cs[i] - x2 * sn[i];
-            yr[i2] = x1 * sn[i] + x2 * cs[i];
-          }
-          for (int i = dims; i < D; i++) yr[i] = xr[i * c];
-        }
+        for (int h = 0; h < H; h++)
+          rope.row(x + b * st[0] + t * st[1] + h * st[2], st[3],
+                   y + (((size_t)b * H + h) * T + t) * D, D);
     }
   }
 };
@@ -743,7 +781,8 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
 
 namespace {
 A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                      int32_t bits, const Array* norm_w, float eps, const Array* residual) {
+                      int32_t bits, const Array* norm_w, float eps, const Array* residual,
+                      QmmBody body = {}) {
   if (on_gpu()) throw std::invalid_argument("qmatmul_packed: packed weights are for the CPU kernels");
   if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
   if (group_size <= 0 || group_size % 32 != 0)
@@ -770,9 +809,9 @@ A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t gr
       throw std::invalid_argument("qmatmul: the residual must be shaped like the output");
     in.push_back(rowmajor(f32(residual->a)));
   }
-  return kernel_op("SpecdQMatmul",
-                   QmmBody{n, group_size, bits, norm_w != nullptr, residual != nullptr, eps},
-                   shape, std::move(in));
+  body.n = n, body.group = group_size, body.bits = bits;
+  body.norm = norm_w != nullptr, body.residual = residual != nullptr, body.eps = eps;
+  return kernel_op("SpecdQMatmul", body, shape, std::move(in));
 }
 }  // namespace
 
@@ -789,6 +828,20 @@ A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t gro
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
                       int32_t n, int32_t group_size, int32_t bits) {
   return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr);
+}
+
+A qmatmul_packed_norm_rope(const Array& x, const Array& norm_w, float eps, const Array& packed,
+                           int32_t n, int32_t group_size, int32_t bits, int32_t rope_cols,
+                           int32_t head_dim, bool traditional, float base, int32_t offset) {
+  if (head_dim <= 0 || head_dim % 2 != 0 || rope_cols % head_dim != 0 || rope_cols > n ||
+      rope_cols <= 0)
+    throw std::invalid_argument("qmatmul rope: whole heads of an even size within the output");
+  if (x.a.ndim() != 3 || x.a.shape(0) != 1)
+    throw std::invalid_argument("qmatmul rope: x must be one sequence [1, T, in]");
+  QmmBody body;
+  body.rope_cols = rope_cols, body.head_dim = head_dim, body.rope_offset = offset;
+  body.rope_traditional = traditional, body.rope_base = base;
+  return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr, body);
 }
 
 A qrows_packed(const Array& packed, const Array& ids, int32_t n, int32_t group_size,

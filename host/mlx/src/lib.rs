@@ -167,6 +167,21 @@ mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn qmatmul_packed_norm_rope(
+            x: &Array,
+            norm_w: &Array,
+            eps: f32,
+            packed: &Array,
+            n: i32,
+            group_size: i32,
+            bits: i32,
+            rope_cols: i32,
+            head_dim: i32,
+            traditional: bool,
+            base: f32,
+            offset: i32,
+        ) -> Result<UniquePtr<Array>>;
         fn attention(
             q: &Array,
             k: &Array,
@@ -607,6 +622,46 @@ pub mod kernels {
     ) -> Result<Array> {
         wrap(ffi::qmatmul_packed_norm(
             &x.0, &norm_w.0, eps, &packed.0, n, group_size, bits,
+        ))
+    }
+    /// How [`qmatmul_packed_norm_rope`] rotates its output.
+    #[derive(Debug, Clone, Copy)]
+    pub struct RopeSpec {
+        /// Output columns `[0, cols)` are rotated, in heads of `head_dim`.
+        pub cols: i32,
+        pub head_dim: i32,
+        pub traditional: bool,
+        pub base: f32,
+        /// Position of the first row.
+        pub offset: i32,
+    }
+    /// [`qmatmul_packed_norm`] with [`rope_heads`] applied to the leading
+    /// output columns (q and k of a fused q/k/v), in the same op and
+    /// rounding as `rope_heads` does; `x` is one sequence `[1, T, in]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qmatmul_packed_norm_rope(
+        x: &Array,
+        norm_w: &Array,
+        eps: f32,
+        packed: &Array,
+        n: i32,
+        group_size: i32,
+        bits: i32,
+        rope: RopeSpec,
+    ) -> Result<Array> {
+        wrap(ffi::qmatmul_packed_norm_rope(
+            &x.0,
+            &norm_w.0,
+            eps,
+            &packed.0,
+            n,
+            group_size,
+            bits,
+            rope.cols,
+            rope.head_dim,
+            rope.traditional,
+            rope.base,
+            rope.offset,
         ))
     }
     /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`

@@ -314,6 +314,48 @@ fn qmatmul_batched_leading_axes_and_errors() {
         );
     }
     assert!(kernels::qmatmul_packed_norm(&x3, &x3, 1e-5, &packed, 70, 32, 4).is_err());
+
+    // The rope folded in rotates the leading heads exactly as rope_heads
+    // does (2 heads of 16 over columns 0..32, 3 positions from 7).
+    let x13 = Array::from_f32(&xs[..3 * 96], &[1, 3, 96]).unwrap();
+    let rope = kernels::RopeSpec {
+        cols: 32,
+        head_dim: 16,
+        traditional: false,
+        base: 10000.0,
+        offset: 7,
+    };
+    let fused = kernels::qmatmul_packed_norm_rope(&x13, &nw, 1e-5, &packed, 70, 32, 4, rope)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    let plain = kernels::qmatmul_packed_norm(&x13, &nw, 1e-5, &packed, 70, 32, 4).unwrap();
+    let heads = plain
+        .slice(&[0, 0, 0], &[1, 3, 32])
+        .unwrap()
+        .reshape(&[1, 3, 2, 16])
+        .unwrap();
+    let roped = kernels::rope_heads(&heads, 16, false, 10000.0, 1.0, 7)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap(); // [1, 2, 3, 16]
+    let plain = plain.to_vec_f32().unwrap();
+    for t in 0..3 {
+        for c in 0..70 {
+            let want = if c < 32 {
+                roped[(c / 16 * 3 + t) * 16 + c % 16]
+            } else {
+                plain[t * 70 + c]
+            };
+            assert_eq!(
+                fused[t * 70 + c].to_bits(),
+                want.to_bits(),
+                "row {t} col {c}"
+            );
+        }
+    }
+    let bad = kernels::RopeSpec { cols: 24, ..rope };
+    assert!(kernels::qmatmul_packed_norm_rope(&x13, &nw, 1e-5, &packed, 70, 32, 4, bad).is_err());
     assert!(kernels::qmatmul_packed(&x3, &packed, 81, 32, 4).is_err());
     assert!(kernels::qmatmul_packed(&x3, &packed, 70, 64, 4).is_err());
 }

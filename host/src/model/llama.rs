@@ -126,6 +126,29 @@ impl QuantizedWeight {
             None => self.forward(&kernels::rms_norm(x, norm, eps)?),
         }
     }
+    /// [`QuantizedWeight::forward_normed`] with the leading output columns
+    /// rotated as `rope` says, in the same op. Packed weights only.
+    pub fn forward_normed_rope(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        rope: kernels::RopeSpec,
+    ) -> Result<Array> {
+        let p = self.packed.as_ref().ok_or_else(|| {
+            specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
+        })?;
+        kernels::qmatmul_packed_norm_rope(
+            x,
+            norm,
+            eps,
+            p,
+            self.out_features,
+            self.group_size,
+            self.bits,
+            rope,
+        )
+    }
     /// `residual + forward(x)`, in one op where packed.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match &self.packed {
@@ -543,13 +566,17 @@ impl Llama {
         }
     }
 
-    fn layer(
+    /// q, k, v of a layer as heads `[1, heads, T, head_dim]`, q and k
+    /// rotated for positions `offset..`. With the CPU kernels and a packed
+    /// q/k/v the norm, the matmul and the rope are one op; the heads are
+    /// views of its output.
+    fn qkv_heads(
         &self,
         l: &Layer,
         x: &Array,
-        cache: &mut Box<dyn LayerCache>,
+        offset: i32,
         probe: &mut Probe<'_>,
-    ) -> Result<Array> {
+    ) -> Result<(Array, Array, Array)> {
         let c = &self.config;
         let t = x.dim(1);
         let (nh, nkv, hd) = (
@@ -557,19 +584,32 @@ impl Llama {
             c.num_key_value_heads as i32,
             c.head_dim as i32,
         );
-        let offset = cache.offset() as i32;
-
+        let (nq, nk) = (nh * hd, nkv * hd);
+        // Column slices of one product: views, no copies.
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
+        let heads = |y: &Array, n: i32| y.reshape(&[1, t, n, hd])?.transpose(&[0, 2, 1, 3]);
+        if let Some(Linear::Quantized(f)) = &l.qkv {
+            if self.own_kernels && f.packed.is_some() {
+                let rope = kernels::RopeSpec {
+                    cols: nq + nk,
+                    head_dim: hd,
+                    traditional: c.rope_traditional,
+                    base: c.rope_theta,
+                    offset,
+                };
+                let y = f.forward_normed_rope(x, &l.attn_norm, c.rms_norm_eps, rope)?;
+                probe("norm + q/k/v matmuls + rope", &[&y])?;
+                return Ok((
+                    heads(&cols(&y, 0, nq)?, nh)?,
+                    heads(&cols(&y, nq, nk)?, nkv)?,
+                    heads(&cols(&y, nq + nk, nk)?, nkv)?,
+                ));
+            }
+        }
         let (q, k, v) = match &l.qkv {
             Some(f) => {
-                // Column slices of one product: views, no copies.
                 let y = self.norm_linear(x, &l.attn_norm, f)?;
-                let (nq, nk) = (nh * hd, nkv * hd);
-                let cols = |a: i32, b: i32| y.slice(&[0, 0, a], &[1, t, b]);
-                (
-                    cols(0, nq)?,
-                    cols(nq, nq + nk)?,
-                    cols(nq + nk, nq + 2 * nk)?,
-                )
+                (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
             }
             None => {
                 let h = self.rms_norm(x, &l.attn_norm)?;
@@ -579,9 +619,23 @@ impl Llama {
         probe("norm + q/k/v matmuls", &[&q, &k, &v])?;
         let q = self.rope_heads(&q, nh, offset)?;
         let k = self.rope_heads(&k, nkv, offset)?;
-        let v = v.reshape(&[1, t, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
+        probe("rope", &[&q, &k])?;
+        Ok((q, k, heads(&v, nkv)?))
+    }
+
+    fn layer(
+        &self,
+        l: &Layer,
+        x: &Array,
+        cache: &mut Box<dyn LayerCache>,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        let t = x.dim(1);
+        let offset = cache.offset() as i32;
+
+        let (q, k, v) = self.qkv_heads(l, x, offset, probe)?;
         let (k, v) = cache.update(&k, &v)?;
-        probe("rope + cache", &[&q, &k, &v])?;
+        probe("cache update", &[&k, &v])?;
         let o = self.attention(&q, &k, &v)?;
         probe("attention", &[&o])?;
         let x = l.o.forward_add(&o, x)?;
