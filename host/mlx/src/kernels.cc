@@ -737,12 +737,17 @@ mx::array rowmajor(const mx::array& a) {
 }  // namespace
 
 namespace {
-// The layouts the kernels take: 4 or 8 bits, groups of 32k, float16 scales.
-void check_quant(const mx::array& w, const mx::array& scales, const mx::array& biases,
-                 int32_t group_size, int32_t bits) {
+// The quantizations the kernels take: 4 or 8 bits, groups of 32k.
+void check_bits(int32_t group_size, int32_t bits) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
   if (group_size <= 0 || group_size % 32 != 0)
     throw std::invalid_argument("qmatmul needs group sizes of 32k");
+}
+
+// MLX's layout as the kernels take it: uint32 words, float16 scales.
+void check_quant(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                 int32_t group_size, int32_t bits) {
+  check_bits(group_size, bits);
   if (w.ndim() != 2 || scales.ndim() != 2) throw std::invalid_argument("qmatmul: 2-D weights");
   int N = w.shape(0), K = w.shape(1) * 32 / bits;
   if (scales.shape(1) * group_size != K || biases.shape() != scales.shape() ||
@@ -780,18 +785,24 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
 }
 
 namespace {
-A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                      int32_t bits, const Array* norm_w, float eps, const Array* residual,
-                      QmmBody body = {}) {
-  if (on_gpu()) throw std::invalid_argument("qmatmul_packed: packed weights are for the CPU kernels");
-  if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
-  if (group_size <= 0 || group_size % 32 != 0)
-    throw std::invalid_argument("qmatmul needs group sizes of 32k");
-  const auto& p = packed.a;
+// Packed weights (qpack's output) for n output features, on the CPU.
+void check_packed(const mx::array& p, int32_t n, int32_t group_size, int32_t bits,
+                  const char* what) {
+  if (on_gpu())
+    throw std::invalid_argument(std::string(what) + ": packed weights are for the CPU kernels");
+  check_bits(group_size, bits);
   if (p.ndim() != 3 || p.dtype() != mx::uint32 || n <= 0 ||
       p.shape(0) != (n + qmm::kLanes - 1) / qmm::kLanes ||
       p.shape(2) != qmm::group_words(group_size, bits))
-    throw std::invalid_argument("qmatmul_packed: the packed weights do not fit n, group and bits");
+    throw std::invalid_argument(std::string(what) +
+                                ": the packed weights do not fit n, group and bits");
+}
+
+A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t group_size,
+                      int32_t bits, const Array* norm_w, float eps, const Array* residual,
+                      QmmBody body = {}) {
+  const auto& p = packed.a;
+  check_packed(p, n, group_size, bits, "qmatmul_packed");
   int K = p.shape(1) * group_size;
   if (x.a.shape(-1) != K)
     throw std::invalid_argument("qmatmul: x has " + std::to_string(x.a.shape(-1)) +
@@ -846,12 +857,8 @@ A qmatmul_packed_norm_rope(const Array& x, const Array& norm_w, float eps, const
 
 A qrows_packed(const Array& packed, const Array& ids, int32_t n, int32_t group_size,
                int32_t bits) {
-  if (on_gpu()) throw std::invalid_argument("qrows_packed: packed weights are for the CPU kernels");
   const auto& p = packed.a;
-  if ((bits != 4 && bits != 8) || group_size <= 0 || group_size % 32 != 0 || p.ndim() != 3 ||
-      p.dtype() != mx::uint32 || n <= 0 || p.shape(0) != (n + qmm::kLanes - 1) / qmm::kLanes ||
-      p.shape(2) != qmm::group_words(group_size, bits))
-    throw std::invalid_argument("qrows_packed: the packed weights do not fit n, group and bits");
+  check_packed(p, n, group_size, bits, "qrows_packed");
   if (ids.a.ndim() != 1) throw std::invalid_argument("qrows_packed: ids must be 1-D");
   return kernel_op("SpecdQRows", QRowsBody{n, group_size, bits},
                    {ids.a.shape(0), p.shape(1) * group_size},

@@ -60,6 +60,18 @@ fn qweight(g: &mut Gen, n: usize, k: usize, group: i32, bits: i32) -> QWeight {
     }
 }
 
+/// The weights dequantized to float32 `[n, k]` by MLX (the references).
+fn dequantized(q: &QWeight) -> Array {
+    ops::dequantize(
+        &q.w,
+        &q.s.as_type(Dtype::Float32).unwrap(),
+        &q.b.as_type(Dtype::Float32).unwrap(),
+        q.group,
+        q.bits,
+    )
+    .unwrap()
+}
+
 fn ours(x: &Array, q: &QWeight) -> Vec<f32> {
     kernels::qmatmul(x, &q.w, &q.s, &q.b, q.group, q.bits)
         .unwrap()
@@ -77,14 +89,7 @@ fn rows(x: &[f32], k: usize, r0: usize, r1: usize) -> Array {
 fn check_qmatmul(n: usize, k: usize, group: i32, bits: i32, seed: u64) {
     let mut g = Gen(seed);
     let q = qweight(&mut g, n, k, group, bits);
-    let dense = ops::dequantize(
-        &q.w,
-        &q.s.as_type(Dtype::Float32).unwrap(),
-        &q.b.as_type(Dtype::Float32).unwrap(),
-        group,
-        bits,
-    )
-    .unwrap();
+    let dense = dequantized(&q);
     let xs = g.f32s(16 * k, -2.0, 2.0);
     let abs_dense: Vec<f32> = dense
         .to_vec_f32()
@@ -173,16 +178,7 @@ fn qrows_packed_are_the_dequantized_rows() {
     for (n, k, group, bits) in [(70usize, 96usize, 32, 4), (37, 128, 64, 8)] {
         let q = qweight(&mut g, n, k, group, bits);
         let packed = kernels::qpack(&q.w, &q.s, &q.b, group, bits).unwrap();
-        let dense = ops::dequantize(
-            &q.w,
-            &q.s.as_type(Dtype::Float32).unwrap(),
-            &q.b.as_type(Dtype::Float32).unwrap(),
-            group,
-            bits,
-        )
-        .unwrap()
-        .to_vec_f32()
-        .unwrap();
+        let dense = dequantized(&q).to_vec_f32().unwrap();
         let ids = [0u32, 5, (n - 1) as u32, 5, n as u32];
         let got = kernels::qrows_packed(
             &packed,

@@ -528,10 +528,8 @@ impl Llama {
     /// `lin(rms_norm(x, w))`: one op on the CPU kernels' packed weights.
     pub fn norm_linear(&self, x: &Array, w: &Array, lin: &Linear) -> Result<Array> {
         match lin {
-            Linear::Quantized(q) if self.own_kernels && q.packed.is_some() => {
-                q.forward_normed(x, w, self.config.rms_norm_eps)
-            }
-            _ => lin.forward(&self.rms_norm(x, w)?),
+            Linear::Quantized(q) => q.forward_normed(x, w, self.config.rms_norm_eps),
+            Linear::Dense(_) => lin.forward(&self.rms_norm(x, w)?),
         }
     }
 
@@ -589,7 +587,7 @@ impl Llama {
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
         let heads = |y: &Array, n: i32| y.reshape(&[1, t, n, hd])?.transpose(&[0, 2, 1, 3]);
         if let Some(Linear::Quantized(f)) = &l.qkv {
-            if self.own_kernels && f.packed.is_some() {
+            if f.packed.is_some() {
                 let rope = kernels::RopeSpec {
                     cols: nq + nk,
                     head_dim: hd,
