@@ -19,7 +19,7 @@
 #
 # Outputs: OUT_DIR/<name>.wasm — the built-ins (constant, heuristic,
 # heuristic-transient, throughput, greedy, rejection, typical, heuristic-c)
-# and test fixtures (wasi-demo-c).
+# and test fixtures (wasi-demo-c, chatty-c); OUT_DIR/nested-build-env.txt.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,6 +47,9 @@ mkdir -p "$OUT" "$ROOT/plugins/target"
 exec 9>"$ROOT/plugins/target/.build-plugins.lock"
 flock 9
 OUT=$(cd "$OUT" && pwd)
+# The names (not values) of the variables this build ran with: a test checks
+# that none of the outer build's jobserver or compiler settings got here.
+compgen -e | sort > "$OUT/nested-build-env.txt"
 
 die() { echo "build-plugins: $*" >&2; exit 1; }
 
@@ -93,6 +96,7 @@ c_policy() {
 }
 c_policy heuristic-c schedule-policy heuristic.c
 c_policy wasi-demo-c schedule-policy wasi_demo.c
+c_policy chatty-c schedule-policy chatty.c
 
 echo "build-plugins: components in $OUT:" >&2
 ls -l "$OUT" >&2

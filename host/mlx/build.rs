@@ -27,11 +27,7 @@ fn wheel_package() -> String {
 }
 
 fn cache_root() -> PathBuf {
-    if let Ok(h) = env::var("SPECD_HOME") {
-        return PathBuf::from(h).join("mlx");
-    }
-    let home = env::var("HOME").expect("HOME is not set and SPECD_HOME is not given");
-    PathBuf::from(home).join(".cache/specd/mlx")
+    specd_store::home().join("mlx")
 }
 
 fn fetch_wheel() -> PathBuf {

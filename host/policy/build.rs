@@ -10,7 +10,10 @@
 //! directory named by the compile-time env `SPECD_PLUGINS_OUT`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+
+#[path = "build/nested_env.rs"]
+mod nested_env;
 
 /// (registry name, file name) of the embedded built-ins.
 const BUILTINS: &[&str] = &[
@@ -48,11 +51,17 @@ fn main() {
         "plugins/rust",
         "plugins/c",
         "scripts/build-plugins.sh",
+        "host/policy/build",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
 
-    let plugins = match std::env::var_os("SPECD_PLUGINS_PREBUILT") {
+    let prebuilt = std::env::var_os("SPECD_PLUGINS_PREBUILT");
+    println!(
+        "cargo:rustc-env=SPECD_PLUGINS_BUILT_HERE={}",
+        u8::from(prebuilt.is_none())
+    );
+    let plugins = match prebuilt {
         Some(dir) => PathBuf::from(dir),
         None => {
             let dir = out_dir.join("plugins");
@@ -82,30 +91,15 @@ fn build_plugins(root: &Path, out: &Path) {
     let script = root.join("scripts/build-plugins.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script).arg(out).current_dir(root);
-    // The nested cargo must not inherit this build's settings (target dir,
-    // target, flags, wrappers such as clippy-driver); it keeps the jobserver.
+    // Its own settings and its own jobserver (see build/nested_env.rs); no
+    // standard input (CI has none).
     for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().to_string();
-        let drop = (k.starts_with("CARGO_") && k != "CARGO_HOME" && k != "CARGO_MAKEFLAGS")
-            || matches!(
-                k.as_str(),
-                "RUSTFLAGS"
-                    | "RUSTDOCFLAGS"
-                    | "RUSTC_WRAPPER"
-                    | "RUSTC_WORKSPACE_WRAPPER"
-                    | "TARGET"
-                    | "HOST"
-                    | "OUT_DIR"
-                    | "OPT_LEVEL"
-                    | "PROFILE"
-                    | "DEBUG"
-                    | "NUM_JOBS"
-                    | "RUSTC_LINKER"
-            );
-        if drop {
-            cmd.env_remove(&k);
+        let k = k.to_string_lossy();
+        if nested_env::drop_from_nested_build(&k) {
+            cmd.env_remove(k.as_ref());
         }
     }
+    cmd.stdin(Stdio::null());
     let status = cmd
         .status()
         .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));

@@ -336,7 +336,7 @@ pub fn converted_dir(gguf: &Path, progress: &mut dyn FnMut(&str)) -> Result<Path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let root = crate::store::specd_home().join("converted");
+    let root = crate::store::home().join("converted");
     let dir = root.join(format!("{stem}-{}", &sha[..12]));
     if dir.join("config.json").exists() {
         return Ok(dir);

@@ -16,5 +16,5 @@ pub mod replay;
 pub mod sampling;
 pub mod server;
 pub mod speculation;
-pub mod store;
+pub use specd_store as store;
 pub mod trace;

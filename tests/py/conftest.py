@@ -1,8 +1,7 @@
 """Shared fixtures for the HTTP tests: start `specd serve` subprocesses.
 
-Environment: SPECD_BIN (default: target/release/specd of this checkout, or
-$CARGO_TARGET_DIR/release/specd); SPECD_HOME (the model store) is inherited.
-A missing binary or model fails the tests (never skips).
+Environment: SPECD_BIN and SPECD_HOME, as in specd_paths.py.  A missing
+binary or model fails the tests (never skips).
 """
 from __future__ import annotations
 
@@ -15,17 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "smollm2:135m"
-
-
-def server_bin() -> Path:
-    if os.environ.get("SPECD_BIN"):
-        return Path(os.environ["SPECD_BIN"])
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    if not target.is_absolute():
-        target = ROOT / target
-    return target / "release" / "specd"
+from specd_paths import MODEL, ROOT, model_path, server_bin  # noqa: F401  (re-exported)
 
 
 def free_port() -> int:

@@ -10,9 +10,7 @@
 These tests fail (never skip) when the specd binary, MLX or the model is
 missing: `make test` builds and fetches them first.
 
-Environment: SPECD_BIN (default: target/release/specd of this checkout, or
-$CARGO_TARGET_DIR/release/specd), SPECD_HOME (the model store, default
-~/.cache/specd), SPECD_TEST_GGUF (default: the store's default model file).
+Environment: SPECD_BIN and SPECD_HOME, as in specd_paths.py.
 """
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import reference  # noqa: E402
-from conftest import server_bin  # noqa: E402
+from specd_paths import model_path, server_bin  # noqa: E402
 
 # The logits tolerance: specd computes in float32 (MLX, OpenBLAS), the
 # reference in float64 from the same quantized weights. Measured on the
@@ -44,18 +42,6 @@ EOS = {0, 2}
 
 
 specd_bin = server_bin
-
-
-def specd_home() -> Path:
-    h = os.environ.get("SPECD_HOME")
-    return Path(h) if h else Path.home() / ".cache" / "specd"
-
-
-def default_gguf() -> Path:
-    p = os.environ.get("SPECD_TEST_GGUF")
-    if p:
-        return Path(p)
-    return specd_home() / "models" / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def run_specd(*args, timeout=300, check=False) -> subprocess.CompletedProcess:
@@ -79,10 +65,10 @@ def binary() -> Path:
 
 @pytest.fixture(scope="module")
 def gguf_path() -> Path:
-    p = default_gguf()
-    if not p.is_file():
-        pytest.fail(f"the default model {p} is missing: fetch it with `specd pull` (make test does)")
-    return p
+    try:
+        return model_path()
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"the default model: {e}")
 
 
 @pytest.fixture(scope="module")

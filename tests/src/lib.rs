@@ -5,19 +5,10 @@ use specd::engine::Engine;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-/// The default model file; tests fail (never skip) when it is missing.
+/// The default model file, where `specd pull` puts it (fetched when
+/// missing); tests fail, never skip, when it cannot be had.
 pub fn default_model_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("SPECD_TEST_GGUF") {
-        return p.into();
-    }
-    let k = specd::store::Store::known("default").expect("default model is known");
-    let p = specd::store::Store::default().path_of(k);
-    assert!(
-        p.exists(),
-        "the default model is missing at {} (run `specd pull`)",
-        p.display()
-    );
-    p
+    specd::store::default_model().expect("the default model (specd pull)")
 }
 
 pub fn engine() -> MutexGuard<'static, Engine> {

@@ -435,3 +435,42 @@ fn pipelined_greedy_decoding_matches_round_by_round_and_leaves_the_caches_right(
         );
     }
 }
+
+#[test]
+fn a_policy_printing_1_mib_speculates_losslessly_and_the_stats_count_the_dropped_output() {
+    let chatty = std::path::Path::new(specd_policy::BUILT_COMPONENTS_DIR).join("chatty-c.wasm");
+    let bytes = std::fs::read(&chatty).unwrap_or_else(|e| panic!("{}: {e}", chatty.display()));
+    engine().policies.add("chatty-c", &bytes).unwrap();
+    let prompt = GROUNDED[0];
+    let plain = run(
+        prompt,
+        &SpecOptions {
+            drafter: Some("none".into()),
+            ..Default::default()
+        },
+        32,
+    );
+    let spec = run(
+        prompt,
+        &SpecOptions {
+            schedule_config: Some(serde_json::json!({ "print": 1 << 20 })),
+            ..opts("ngram", "chatty-c")
+        },
+        32,
+    );
+    assert_eq!(spec.stats.policy_failure, None);
+    assert!(spec.stats.drafted > 0, "chatty-c answers k = 3: drafts were verified");
+    if let Err(e) = same_or_near_tie(&plain, &spec) {
+        panic!("chatty-c: {e}");
+    }
+    // 1 MiB from create, a line per round; 16 KiB kept for the log.
+    let dropped = spec.stats.policy_output_dropped;
+    assert!(
+        dropped >= (1 << 20) - (16 << 10) && dropped < (1 << 20) + 4096,
+        "dropped {dropped}"
+    );
+    // The HTTP `speculation` object and --stats-json are this struct, serialized.
+    let json = serde_json::to_value(&spec.stats).unwrap();
+    assert_eq!(json["policy_output_dropped"], serde_json::json!(dropped));
+    assert_eq!(plain.stats.policy_output_dropped, 0);
+}

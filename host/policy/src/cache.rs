@@ -26,13 +26,7 @@ pub(crate) const WASMTIME_VERSION: &str = env!("SPECD_WASMTIME_VERSION");
 
 /// `$SPECD_HOME/policies/cache`, `SPECD_HOME` defaulting to `~/.cache/specd`.
 pub(crate) fn default_cache_dir() -> Option<PathBuf> {
-    let home = match std::env::var_os("SPECD_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h),
-        _ => {
-            PathBuf::from(std::env::var_os("HOME").filter(|h| !h.is_empty())?).join(".cache/specd")
-        }
-    };
-    Some(home.join("policies").join("cache"))
+    Some(specd_store::home().join("policies").join("cache"))
 }
 
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {

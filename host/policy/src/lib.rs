@@ -52,7 +52,9 @@
 //! * Components that import WASI (C with wasi-libc, ...) get a deny-all WASI:
 //!   no files, sockets, environment or arguments, empty stdin, clocks frozen at
 //!   0, a fixed "random" byte stream, stdout/stderr captured (capped at
-//!   [`HostConfig::log_limit_bytes`] per request) and written to the log
+//!   [`HostConfig::log_limit_bytes`] per stream and request; past the cap
+//!   output is dropped and counted, never refused, so a chatty policy keeps
+//!   running: [`Schedule::output_dropped`]) and written to the log
 //!   (`tracing`, target `specd_policy::guest`).  WASI calls are synchronous:
 //!   call policies from a plain thread (or `spawn_blocking`), never from
 //!   inside an async task.  Any non-WASI import is refused at load time, by name.
@@ -85,6 +87,10 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::PathBuf;
 
+/// Where this build put every component it built: the embedded built-ins
+/// and the test fixtures (`wasi-demo-c`, `chatty-c`), as `NAME.wasm`.
+pub const BUILT_COMPONENTS_DIR: &str = env!("SPECD_PLUGINS_OUT");
+
 /// The WIT package version this host implements.
 pub const WIT_PACKAGE: &str = "specd:policy@0.1.0";
 /// Export name of the schedule interface.
@@ -107,7 +113,8 @@ pub struct HostConfig {
     /// Linear memory one instance may use (bytes); growing past it is a
     /// `memory_limit` failure.
     pub memory_limit_bytes: usize,
-    /// Guest stdout + stderr kept per request (bytes); the rest is dropped.
+    /// Guest stdout and stderr kept per request, each (bytes); the rest is
+    /// dropped and counted.
     pub log_limit_bytes: usize,
     /// Largest component accepted by `add` / `check` / `add_dir` (bytes).
     pub max_component_bytes: usize,
@@ -219,6 +226,10 @@ pub trait Schedule: Send {
     /// (schedules that learn across requests).  Dropping without `finish`
     /// carries nothing.
     fn finish(self: Box<Self>);
+    /// Bytes this policy printed past its output cap so far (dropped).
+    fn output_dropped(&self) -> u64 {
+        0
+    }
 }
 
 /// A per-request acceptance policy.
@@ -228,6 +239,10 @@ pub trait Acceptance: Send {
     /// Decides one round: one entry per drafted token, in order.  Validated:
     /// `accepted <= positions.len()`, an explicit token `< vocab_size`.
     fn decide(&mut self, positions: &[Position]) -> Result<Decision, PolicyError>;
+    /// Bytes this policy printed past its output cap so far (dropped).
+    fn output_dropped(&self) -> u64 {
+        0
+    }
 }
 
 /// Why a policy failed (the `kind` of a [`PolicyError`]).

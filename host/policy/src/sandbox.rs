@@ -2,9 +2,13 @@
 //! turning wasmtime errors into [`PolicyError`]s.
 
 use crate::{PolicyError, PolicyErrorKind};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use wasmtime::component::ResourceTable;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{
     HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
 };
@@ -35,10 +39,12 @@ pub(crate) struct HostState {
 struct GuestWasi {
     ctx: WasiCtx,
     table: ResourceTable,
-    stdout: MemoryOutputPipe,
-    stderr: MemoryOutputPipe,
+    stdout: CappedPipe,
+    stderr: CappedPipe,
     logged_out: usize,
     logged_err: usize,
+    warned_out: bool,
+    warned_err: bool,
 }
 
 impl HostState {
@@ -57,31 +63,131 @@ impl HostState {
     /// Writes guest output captured since the last call to the log.
     pub fn flush_guest_output(&mut self) {
         let Some(w) = self.wasi.as_mut() else { return };
-        for (pipe, logged, stream) in [
-            (&w.stdout, &mut w.logged_out, "stdout"),
-            (&w.stderr, &mut w.logged_err, "stderr"),
+        for (pipe, logged, warned, stream) in [
+            (&w.stdout, &mut w.logged_out, &mut w.warned_out, "stdout"),
+            (&w.stderr, &mut w.logged_err, &mut w.warned_err, "stderr"),
         ] {
-            let bytes = pipe.contents();
-            if bytes.len() > *logged {
-                let text = String::from_utf8_lossy(&bytes[*logged..]);
+            let out = pipe.lock();
+            if out.kept.len() > *logged {
+                let text = String::from_utf8_lossy(&out.kept[*logged..]);
                 for line in text.lines() {
                     tracing::info!(target: "specd_policy::guest", policy = %self.policy, stream, "{line}");
                 }
-                *logged = bytes.len();
-                if bytes.len() >= self.log_limit {
-                    tracing::warn!(target: "specd_policy::guest", policy = %self.policy, stream,
-                        "guest output reached the {} byte cap; the rest is dropped", self.log_limit);
-                }
+                *logged = out.kept.len();
+            }
+            if out.dropped > 0 && !*warned {
+                *warned = true;
+                tracing::warn!(target: "specd_policy::guest", policy = %self.policy, stream,
+                    "guest output reached the {} byte cap; the rest is dropped (and counted)", pipe.cap);
             }
         }
+    }
+
+    /// Bytes of guest output dropped past the cap so far (stdout + stderr).
+    pub fn output_dropped(&self) -> u64 {
+        self.wasi
+            .as_ref()
+            .map_or(0, |w| w.stdout.lock().dropped + w.stderr.lock().dropped)
+    }
+}
+
+/// A guest's stdout or stderr: keeps the first `cap` bytes for the log and
+/// counts the rest as dropped.  It never refuses a write: a stream that
+/// fails makes wasi-libc or Rust's `print!` trap, and a policy that prints
+/// too much must keep running, only quieter.
+#[derive(Clone)]
+pub(crate) struct CappedPipe {
+    cap: usize,
+    out: Arc<Mutex<Captured>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Captured {
+    pub kept: Vec<u8>,
+    pub dropped: u64,
+}
+
+impl CappedPipe {
+    pub fn new(cap: usize) -> Self {
+        CappedPipe {
+            cap,
+            out: Arc::default(),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Captured> {
+        // Nothing can be left half-written by a panic here: the data is
+        // plain bytes and a counter.
+        self.out.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut out = self.lock();
+        let room = self.cap.saturating_sub(out.kept.len()).min(bytes.len());
+        out.kept.extend_from_slice(&bytes[..room]);
+        out.dropped += (bytes.len() - room) as u64;
+    }
+}
+
+/// What `check-write` grants per call: any amount works, since every
+/// write is taken.
+const WRITE_PERMIT: usize = 64 << 10;
+
+impl OutputStream for CappedPipe {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(WRITE_PERMIT)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for CappedPipe {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for CappedPipe {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl IsTerminal for CappedPipe {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for CappedPipe {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
     }
 }
 
 /// The deny-all WASI context: nothing to read, nothing to reach, nothing
 /// that varies.
 fn deny_all_wasi(log_limit: usize) -> GuestWasi {
-    let stdout = MemoryOutputPipe::new(log_limit);
-    let stderr = MemoryOutputPipe::new(log_limit);
+    let stdout = CappedPipe::new(log_limit);
+    let stderr = CappedPipe::new(log_limit);
     let ctx = WasiCtxBuilder::new()
         // no preopened directories, no env, no args, no network (the defaults)
         .stdin(wasmtime_wasi::p2::pipe::MemoryInputPipe::new(
@@ -106,6 +212,8 @@ fn deny_all_wasi(log_limit: usize) -> GuestWasi {
         stderr,
         logged_out: 0,
         logged_err: 0,
+        warned_out: false,
+        warned_err: false,
     }
 }
 
@@ -275,4 +383,21 @@ pub(crate) fn chain(err: &wasmtime::Error) -> String {
         }
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capped_pipe_keeps_the_first_bytes_and_counts_the_rest() {
+        let mut pipe = CappedPipe::new(10);
+        for _ in 0..3 {
+            OutputStream::write(&mut pipe, bytes::Bytes::from_static(b"hello")).unwrap();
+            assert_eq!(pipe.clone().check_write().unwrap(), WRITE_PERMIT);
+        }
+        let out = pipe.lock();
+        assert_eq!(out.kept, b"hellohello");
+        assert_eq!(out.dropped, 5);
+    }
 }

@@ -146,6 +146,10 @@ impl Schedule for WasmSchedule {
         Err(result)
     }
 
+    fn output_dropped(&self) -> u64 {
+        self.store.data().output_dropped()
+    }
+
     fn finish(mut self: Box<Self>) {
         if self.failed.is_some() {
             return;
@@ -218,6 +222,10 @@ impl WasmAcceptance {
 impl Acceptance for WasmAcceptance {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn output_dropped(&self) -> u64 {
+        self.store.data().output_dropped()
     }
 
     fn decide(&mut self, positions: &[Position]) -> Result<Decision, PolicyError> {

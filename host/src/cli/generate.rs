@@ -190,6 +190,12 @@ pub fn run(a: GenerateArgs, weights: WeightMode) -> Result<()> {
     if let Some(f) = &s.policy_failure {
         eprintln!("policy failure: {} ({}): {}", f.policy, f.kind, f.message);
     }
+    if s.policy_output_dropped > 0 {
+        eprintln!(
+            "policy output: {} bytes past the log cap were dropped",
+            s.policy_output_dropped
+        );
+    }
     if let Some(p) = &a.record {
         crate::trace::write(p, &engine, &settings, &fin)
             .with_context(|| format!("writing {}", p.display()))?;

@@ -41,6 +41,10 @@ enum Command {
         /// A store name (default: smollm2:135m).
         #[arg(default_value = crate::store::DEFAULT_MODEL)]
         name: String,
+        /// Print the model file's path on stdout (after fetching it if
+        /// needed); progress and messages go to stderr.
+        #[arg(long)]
+        path: bool,
     },
     /// Convert a GGUF model into a Hugging Face directory (float32 safetensors).
     Convert { gguf: String, dir: PathBuf },
@@ -98,9 +102,12 @@ pub fn policy_host(dir: Option<&Path>) -> Result<Arc<PolicyHost>> {
 pub fn init_logging() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("SPECD_LOG").unwrap_or_else(|_| "warn".into());
+    // Colour only on a terminal: a log file or pipe gets plain text.
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
@@ -145,24 +152,21 @@ pub fn main() -> Result<()> {
     match cli.command {
         Command::Generate(a) => generate::run(a, weights),
         Command::Serve(a) => crate::server::run(a, weights),
-        Command::Pull { name } => {
+        Command::Pull { name, path } => {
             let store = crate::store::Store::default();
-            let k = crate::store::Store::known(&name).with_context(|| {
-                format!(
-                    "unknown model {name:?}: known names are {}",
-                    crate::store::KNOWN
-                        .iter()
-                        .map(|k| k.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })?;
+            let k = crate::store::Store::known_or_err(&name)?;
             let p = store.path_of(k);
-            if p.exists() {
-                eprintln!("{} is already in the store ({})", k.name, p.display());
-                return Ok(());
+            let p = if p.exists() {
+                if !path {
+                    eprintln!("{} is already in the store ({})", k.name, p.display());
+                }
+                p
+            } else {
+                store.pull(k, path)?
+            };
+            if path {
+                println!("{}", p.display());
             }
-            store.pull(k, false)?;
             Ok(())
         }
         Command::Convert { gguf, dir } => {

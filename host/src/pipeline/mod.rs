@@ -53,6 +53,8 @@ pub struct Stats {
     pub verify_seconds: f64,
     pub policy_seconds: f64,
     pub policy_failure: Option<crate::speculation::PolicyFailure>,
+    /// Bytes the policies printed past their output cap (dropped, not logged).
+    pub policy_output_dropped: u64,
     /// Committed positions whose top-2 target logit margin was under 0.01.
     pub near_ties: usize,
 }
@@ -80,6 +82,7 @@ impl Stats {
             verify_seconds: c.verify_seconds,
             policy_seconds: c.policy_seconds,
             policy_failure: c.policy_failure,
+            policy_output_dropped: c.policy_output_dropped,
             near_ties: 0,
         }
     }

@@ -167,7 +167,7 @@ impl ServerConfig {
                 .policy_dir
                 .clone()
                 .or(file.policy_dir)
-                .unwrap_or_else(|| crate::store::specd_home().join("policies")),
+                .unwrap_or_else(|| crate::store::home().join("policies")),
             queue: a.queue.or(file.queue).unwrap_or(DEFAULT_QUEUE),
             draft_models,
             defaults: flags.or(&file.defaults),

