@@ -107,7 +107,7 @@ test-rust: build pull
 
 # pytest exits 5 when it collects no tests: that is a broken test setup, not a pass.
 test-py: build venv pull
-	@set +e; cd $(ROOT) && SPECD_BIN=$(SPECD) $(VENV)/bin/python -m pytest -p no:cacheprovider tests/py $(PYTEST_ARGS); rc=$$?; set -e; \
+	@set +e; cd $(ROOT) && SPECD_BIN=$(SPECD) $(VENV)/bin/python -m pytest -p no:cacheprovider --durations=10 tests/py $(PYTEST_ARGS); rc=$$?; set -e; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests under tests/py (exit 5): failing" >&2; exit 1; fi; \
 	exit $$rc
 

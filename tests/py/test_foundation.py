@@ -297,3 +297,23 @@ def test_greedy_chat_answer_names_paris(binary, gguf_path):
     assert "panicked" not in p.stderr
     print(p.stdout)
     assert "Paris" in p.stdout
+
+
+def test_policy_list_is_whole_lines(binary):
+    """`specd policy list` names every built-in, one per line, the last line ended."""
+    p = run_specd("policy", "list", check=True)
+    assert p.stdout.endswith("\n"), repr(p.stdout[-80:])
+    names = [line.split()[0] for line in p.stdout.splitlines()[1:]]
+    for builtin in ("constant", "heuristic", "throughput", "greedy", "rejection", "typical", "heuristic-c"):
+        assert builtin in names, names
+
+
+def test_pull_path_is_the_store_path(binary):
+    """`specd pull --path` (what the Python tests use to find the model) prints
+    only the path, of a file that is there, under $SPECD_HOME/models."""
+    p = run_specd("pull", "--path", check=True)
+    path = Path(p.stdout.strip())
+    assert p.stdout.count("\n") == 1 and path.is_file(), p.stdout
+    home = Path(os.environ.get("SPECD_HOME") or Path.home() / ".cache" / "specd")
+    assert path == home / "models" / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path == model_path()

@@ -28,7 +28,10 @@ const OUTER_ONLY: &[&str] = &[
 #[test]
 fn the_filter_drops_jobserver_and_build_settings_and_keeps_the_rest() {
     for name in OUTER_ONLY {
-        assert!(drop_from_nested_build(name), "{name} must not reach the nested build");
+        assert!(
+            drop_from_nested_build(name),
+            "{name} must not reach the nested build"
+        );
     }
     for name in [
         "PATH",
@@ -41,7 +44,10 @@ fn the_filter_drops_jobserver_and_build_settings_and_keeps_the_rest() {
         "RUSTUP_TOOLCHAIN",
         "SSL_CERT_FILE",
     ] {
-        assert!(!drop_from_nested_build(name), "{name} must reach the nested build");
+        assert!(
+            !drop_from_nested_build(name),
+            "{name} must reach the nested build"
+        );
     }
 }
 
@@ -56,7 +62,10 @@ fn the_plugin_build_of_this_binary_ran_without_the_outer_jobserver() {
     let text = std::fs::read_to_string(&file)
         .unwrap_or_else(|e| panic!("{}: {e} (written by build-plugins.sh)", file.display()));
     let names: Vec<&str> = text.lines().collect();
-    assert!(names.contains(&"PATH"), "{file:?} lists the environment: {names:?}");
+    assert!(
+        names.contains(&"PATH"),
+        "{file:?} lists the environment: {names:?}"
+    );
     for name in OUTER_ONLY {
         assert!(!names.contains(name), "the nested build saw {name}");
     }

@@ -76,7 +76,10 @@ impl Store {
     pub fn known_or_err(name: &str) -> Result<&'static KnownModel> {
         Self::known(name).with_context(|| {
             let names: Vec<&str> = KNOWN.iter().map(|k| k.name).collect();
-            format!("unknown model {name:?}: known names are {}", names.join(", "))
+            format!(
+                "unknown model {name:?}: known names are {}",
+                names.join(", ")
+            )
         })
     }
 
@@ -227,7 +230,10 @@ mod tests {
         let store = Store::new(PathBuf::from("/nonexistent-home"));
         let e = store.resolve("nope", true).unwrap_err().to_string();
         assert!(e.contains("unknown model \"nope\""), "{e}");
-        let e = store.resolve("/no/such.gguf", true).unwrap_err().to_string();
+        let e = store
+            .resolve("/no/such.gguf", true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("does not exist"), "{e}");
     }
 }
