@@ -135,7 +135,7 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed=src/{f}");
     }
-    println!("cargo:rerun-if-changed=src/lib.rs");
+    println!("cargo:rerun-if-changed=src/bridge.rs");
 
     let root = match env::var("MLX_DIR") {
         Ok(d) => PathBuf::from(d),
@@ -150,7 +150,7 @@ fn main() {
     );
 
     let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
-    let mut build = cxx_build::bridge("src/lib.rs");
+    let mut build = cxx_build::bridge("src/bridge.rs");
     build
         .file("src/shim.cc")
         .file("src/kernels.cc")

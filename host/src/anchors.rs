@@ -9,8 +9,9 @@
 //! checkout's `.venv`, else `python3`. A missing anchor package is installed
 //! there with pip on first use (unless `--no-install`); one that still cannot
 //! run is an error in the report, never a silent skip.
-use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::engine::{Engine, Prompt};
 use crate::model::{Logits, ModelFormat};
+use crate::options::{DrafterSpec, SpecOptions};
 use crate::sampling::SamplingParams;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -238,7 +239,7 @@ fn run_ours(e: &Engine, decode_ids: &[u32], long_ids: &[u32], o: &Options) -> Re
     // Decode: the pipeline with no drafter, as `specd generate` runs it.
     let params = SamplingParams::default();
     let none = SpecOptions {
-        drafter: Some("none".into()),
+        drafter: Some(DrafterSpec::None),
         ..Default::default()
     };
     let decode = |n: usize| {

@@ -1,7 +1,8 @@
 //! Benchmarks over the real engine: decode speed and speculation vs plain
 //! decoding, interleaved in one run (these machines are shared and noisy, so
 //! only ratios measured side by side mean much).
-use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::engine::{Engine, Prompt};
+use crate::options::{DrafterSpec, SpecOptions};
 use crate::pipeline::Finished;
 use crate::sampling::SamplingParams;
 use anyhow::Result;
@@ -66,7 +67,7 @@ pub fn decode(e: &Engine, max_tokens: usize) -> Result<DecodeReport> {
     let ids = e.encode(&Prompt::Raw(text))?;
     let params = SamplingParams::default();
     let none = SpecOptions {
-        drafter: Some("none".into()),
+        drafter: Some(DrafterSpec::None),
         ..Default::default()
     };
     // Warm up (first-touch allocations), then measure.
@@ -84,10 +85,20 @@ pub fn decode(e: &Engine, max_tokens: usize) -> Result<DecodeReport> {
     })
 }
 
-/// Sums over the runs of one config: tokens, seconds, per-run speedups,
-/// drafted, accepted, rounds, policy seconds, runs identical to plain.
+/// Sums over the runs of one config.
 #[derive(Debug, Clone, Default)]
-struct Acc(usize, f64, Vec<f64>, u64, u64, u64, f64, usize);
+struct Acc {
+    tokens: usize,
+    seconds: f64,
+    /// Per-run speedup over the plain run of the same prompt.
+    speedups: Vec<f64>,
+    drafted: u64,
+    accepted: u64,
+    rounds: u64,
+    policy_seconds: f64,
+    /// Runs whose tokens equal the plain run's.
+    same: usize,
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Cell {
@@ -147,7 +158,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
         for r in 0..b.repeats {
             for p in prompts {
                 let none = SpecOptions {
-                    drafter: Some("none".into()),
+                    drafter: Some(DrafterSpec::None),
                     ..Default::default()
                 };
                 let plain = run_one(e, p, &none, &b.params, b.max_tokens, None)?;
@@ -161,7 +172,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 plain_seconds += plain.stats.decode_seconds;
                 for (i, (d, s, a)) in configs.iter().enumerate() {
                     let opts = SpecOptions {
-                        drafter: Some(d.clone()),
+                        drafter: Some(d.parse()?),
                         schedule: Some(s.clone()),
                         acceptance: Some(a.clone()),
                         draft_max: b.draft_max,
@@ -176,17 +187,17 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                         f.stats.acceptance_rate
                     ));
                     let c = &mut acc[i];
-                    c.0 += f.stats.generated_tokens;
-                    c.1 += f.stats.decode_seconds;
+                    c.tokens += f.stats.generated_tokens;
+                    c.seconds += f.stats.decode_seconds;
                     if plain.stats.decode_tps() > 0.0 {
-                        c.2.push(f.stats.decode_tps() / plain.stats.decode_tps());
+                        c.speedups
+                            .push(f.stats.decode_tps() / plain.stats.decode_tps());
                     }
-                    c.3 += f.stats.drafted;
-                    c.4 += f.stats.accepted;
-                    c.5 += f.stats.rounds.saturating_sub(0);
-                    c.6 += f.stats.policy_seconds;
-                    c.7 += (f.emitted == plain.emitted) as usize;
-                    let _ = f.stats.mean_draft;
+                    c.drafted += f.stats.drafted;
+                    c.accepted += f.stats.accepted;
+                    c.rounds += f.stats.rounds;
+                    c.policy_seconds += f.stats.policy_seconds;
+                    c.same += (f.emitted == plain.emitted) as usize;
                 }
             }
         }
@@ -216,8 +227,16 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
             runs: prompts.len() * b.repeats,
         });
         for (i, (d, s, a)) in configs.iter().enumerate() {
-            let Acc(tokens, seconds, mut sp, drafted, accepted, rounds, policy, same) =
-                acc[i].clone();
+            let Acc {
+                tokens,
+                seconds,
+                speedups: mut sp,
+                drafted,
+                accepted,
+                rounds,
+                policy_seconds: policy,
+                same,
+            } = acc[i].clone();
             sp.sort_by(|x, y| x.total_cmp(y));
             let tps = if seconds > 0.0 {
                 tokens as f64 / seconds

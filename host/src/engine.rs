@@ -4,55 +4,18 @@
 //! and runs the pipeline.
 use crate::cache::PrefixCache;
 use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
+use crate::options::{
+    DrafterSpec, SpecOptions, DEFAULT_DRAFTER, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
+};
 use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
 use crate::speculation::{LlamaTarget, ModelDrafter, NgramDrafter, Speculation, Target};
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use specd_policy::PolicyHost;
 use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-
-/// DESIGN.md's defaults.
-pub const DEFAULT_DRAFTER: &str = "ngram";
-pub const DEFAULT_SCHEDULE: &str = "throughput";
-pub const DEFAULT_DRAFT_MAX: usize = 16;
-
-/// The speculation knobs of a request (CLI flags, HTTP `options`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SpecOptions {
-    pub drafter: Option<String>,
-    pub schedule: Option<String>,
-    pub acceptance: Option<String>,
-    pub draft_max: Option<usize>,
-    pub schedule_config: Option<serde_json::Value>,
-    pub acceptance_config: Option<serde_json::Value>,
-}
-
-impl SpecOptions {
-    /// Fills what `self` leaves open from `defaults` (server defaults).
-    pub fn or(&self, defaults: &SpecOptions) -> SpecOptions {
-        SpecOptions {
-            drafter: self.drafter.clone().or_else(|| defaults.drafter.clone()),
-            schedule: self.schedule.clone().or_else(|| defaults.schedule.clone()),
-            acceptance: self
-                .acceptance
-                .clone()
-                .or_else(|| defaults.acceptance.clone()),
-            draft_max: self.draft_max.or(defaults.draft_max),
-            schedule_config: self
-                .schedule_config
-                .clone()
-                .or_else(|| defaults.schedule_config.clone()),
-            acceptance_config: self
-                .acceptance_config
-                .clone()
-                .or_else(|| defaults.acceptance_config.clone()),
-        }
-    }
-}
 
 /// A request's input: raw text or chat messages.
 #[derive(Debug, Clone)]
@@ -156,29 +119,31 @@ impl Engine {
         opts: &SpecOptions,
         params: &SamplingParams,
     ) -> Result<Option<Speculation>> {
-        let drafter_name = opts.drafter.as_deref().unwrap_or(DEFAULT_DRAFTER);
+        let spec = opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER);
         let draft_max = opts.draft_max.unwrap_or(DEFAULT_DRAFT_MAX);
-        if draft_max > 64 {
-            bail!("draft_max must be at most 64, got {draft_max}");
+        if draft_max > MAX_DRAFT_MAX {
+            bail!("draft_max must be at most {MAX_DRAFT_MAX}, got {draft_max}");
         }
-        let drafter: Box<dyn crate::speculation::Drafter> = match drafter_name {
-            "none" => return Ok(None),
-            d if d == "ngram" || d.starts_with("ngram:") => Box::new(NgramDrafter::parse(d)?),
-            d if d.starts_with("self:") => {
-                let n: usize = d[5..]
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("bad drafter {d:?}: want self:N"))?;
+        let drafter: Box<dyn crate::speculation::Drafter> = match &spec {
+            DrafterSpec::None => return Ok(None),
+            DrafterSpec::Ngram { min, max } => Box::new(NgramDrafter {
+                min_n: *min,
+                max_n: *max,
+                ..Default::default()
+            }),
+            DrafterSpec::SelfLayers(n) => {
                 let layers = self.model.layers.len();
-                if n == 0 || n > layers {
-                    bail!("bad drafter {d:?}: N must be in 1..={layers} (the target's layers)");
+                if *n > layers {
+                    bail!(
+                        "bad drafter \"{spec}\": N must be in 1..={layers} (the target's layers)"
+                    );
                 }
                 Box::new(ModelDrafter::new(
-                    d,
-                    Box::new(LlamaTarget::first_layers(self.model.clone(), n)),
+                    spec.to_string(),
+                    Box::new(LlamaTarget::first_layers(self.model.clone(), *n)),
                 ))
             }
-            d if d.starts_with("model:") => {
-                let name = &d[6..];
+            DrafterSpec::Model(name) => {
                 let m = self.drafts.get(name).with_context(|| {
                     let mut known: Vec<&str> = self.drafts.keys().map(String::as_str).collect();
                     known.sort();
@@ -191,9 +156,11 @@ impl Engine {
                         }
                     )
                 })?;
-                Box::new(ModelDrafter::new(d, Box::new(LlamaTarget::new(m.clone()))))
+                Box::new(ModelDrafter::new(
+                    spec.to_string(),
+                    Box::new(LlamaTarget::new(m.clone())),
+                ))
             }
-            d => bail!("unknown drafter {d:?} (none, ngram, self:N, model:NAME)"),
         };
         let schedule = opts.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);
         let acceptance = opts.acceptance.as_deref().unwrap_or(if params.greedy() {

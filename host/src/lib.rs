@@ -10,6 +10,7 @@ pub mod cache;
 pub mod cli;
 pub mod engine;
 pub mod model;
+pub mod options;
 pub mod pipeline;
 pub mod profile;
 pub mod replay;

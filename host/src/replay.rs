@@ -33,8 +33,8 @@ use serde::Serialize;
 use specd_policy::{Acceptance, Decision, PolicyHost, Position, Schedule};
 use std::time::Instant;
 
-/// Draft limit when a trace does not show it (DESIGN.md default).
-const DEFAULT_DRAFT_MAX: usize = 16;
+/// Draft limit when a trace does not show it: the default.
+use crate::options::DEFAULT_DRAFT_MAX;
 
 /// Which policies to replay.
 #[derive(Debug, Clone, Default)]

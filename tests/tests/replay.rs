@@ -6,7 +6,8 @@
 //! - an oracle trace (every draft accepted, flat verify cost) gives the
 //!   upper bound computed by hand;
 //! - charts: the SVGs are produced and hold their series.
-use specd::engine::{Prompt, SpecOptions};
+use specd::engine::Prompt;
+use specd::options::{DrafterSpec, SpecOptions};
 use specd::replay::{charts, replay, ReplayPolicies, ReplayReport, TimingModel};
 use specd::sampling::SamplingParams;
 use specd::speculation::RoundTrace;
@@ -64,7 +65,7 @@ fn replay_with_the_recorded_policies_reproduces_every_decision() {
     let greedy = record(
         GROUNDED[0],
         SpecOptions {
-            drafter: Some("ngram".into()),
+            drafter: Some(specd::options::DEFAULT_DRAFTER),
             schedule: Some("throughput".into()),
             acceptance: Some("greedy".into()),
             draft_max: Some(8),
@@ -77,7 +78,7 @@ fn replay_with_the_recorded_policies_reproduces_every_decision() {
     let sampled = record(
         GROUNDED[4],
         SpecOptions {
-            drafter: Some("self:4".into()),
+            drafter: Some(DrafterSpec::SelfLayers(4)),
             schedule: Some("heuristic-transient".into()),
             acceptance: Some("rejection".into()),
             draft_max: Some(6),

@@ -1,7 +1,8 @@
 //! Speculation on the real default model: greedy losslessness for every
 //! drafter and schedule, rotating-cache rollback, the prefix cache.
-use specd::engine::{Prompt, SpecOptions};
+use specd::engine::Prompt;
 use specd::model::Logits;
+use specd::options::{DrafterSpec, SpecOptions};
 use specd::pipeline::Finished;
 use specd::sampling::SamplingParams;
 use specd::speculation::{LlamaTarget, Target};
@@ -25,7 +26,7 @@ fn run(prompt: &str, opts: &SpecOptions, max_tokens: usize) -> Finished {
 
 fn opts(drafter: &str, schedule: &str) -> SpecOptions {
     SpecOptions {
-        drafter: Some(drafter.into()),
+        drafter: Some(drafter.parse().unwrap()),
         schedule: Some(schedule.into()),
         acceptance: Some("greedy".into()),
         draft_max: Some(6),
@@ -130,7 +131,7 @@ fn greedy_speculation_is_lossless_for_every_drafter_and_schedule() {
         let plain = run(
             prompt,
             &SpecOptions {
-                drafter: Some("none".into()),
+                drafter: Some(DrafterSpec::None),
                 ..Default::default()
             },
             64,
@@ -240,7 +241,7 @@ fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
     let params = SamplingParams::default();
     let settings = e.settings(params.clone(), Some(24), vec![]);
     let none = SpecOptions {
-        drafter: Some("none".into()),
+        drafter: Some(DrafterSpec::None),
         ..Default::default()
     };
     e.generate(
@@ -294,7 +295,7 @@ fn greedy_acceptance_with_every_schedule_matches_plain_decoding() {
         let plain = run(
             prompt,
             &SpecOptions {
-                drafter: Some("none".into()),
+                drafter: Some(DrafterSpec::None),
                 ..Default::default()
             },
             48,
@@ -445,7 +446,7 @@ fn a_policy_printing_1_mib_speculates_losslessly_and_the_stats_count_the_dropped
     let plain = run(
         prompt,
         &SpecOptions {
-            drafter: Some("none".into()),
+            drafter: Some(DrafterSpec::None),
             ..Default::default()
         },
         32,

@@ -144,7 +144,12 @@ class Pool {
   std::atomic<bool> stop_{false};
 };
 
+// Set by set_kernel_threads before the pool exists (bench --threads); 0: none.
+std::atomic<int> g_requested_threads{0};
+std::atomic<bool> g_pool_made{false};
+
 int default_threads() {
+  if (int n = g_requested_threads.load(); n > 0) return n;
   if (const char* s = std::getenv("SPECD_THREADS")) {
     int n = std::atoi(s);
     if (n > 0) return n;
@@ -153,7 +158,10 @@ int default_threads() {
 }
 
 Pool& pool() {
-  static Pool p(default_threads());
+  static Pool p = [] {
+    g_pool_made = true;
+    return Pool(default_threads());
+  }();
   return p;
 }
 
@@ -919,6 +927,11 @@ A swiglu(const Array& g, const Array& u) {
 }
 
 int32_t kernel_threads() { return pool().size(); }
+bool set_kernel_threads(int32_t n) {
+  if (n <= 0 || g_pool_made.load()) return false;
+  g_requested_threads = n;
+  return !g_pool_made.load();
+}
 rust::String kernel_isa() {
   switch (isa()) {
     case Isa::Avx512: return rust::String("avx512");

@@ -128,6 +128,7 @@ A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float s
              int32_t offset);
 A swiglu(const Array& g, const Array& u);
 int32_t kernel_threads();
+bool set_kernel_threads(int32_t n);
 rust::String kernel_isa();
 
 // random

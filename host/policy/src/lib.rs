@@ -66,19 +66,25 @@
 //! semantics are documented in `plugins/logic/src/lib.rs`; [`native`] has the
 //! same policies as plain Rust (baselines for benchmarks).
 
-mod bench;
 mod builtin;
 mod cache;
+mod carry;
+mod compile;
 mod host;
 mod metrics;
 /// The policies' semantics as plain Rust (shared by the components, the
 /// native baselines and the host's replay).
 pub use specd_policy_logic as logic;
+/// The contract types, one definition shared with the built-in components.
+pub use specd_policy_logic::{
+    Correction, Decision, Position, RoundRecord, ScheduleInput, RECENT_WINDOW,
+};
 pub mod native;
+mod registry;
 mod sandbox;
+pub mod validate;
 mod wasm;
 
-pub use bench::{bench_policy_calls, BenchReport};
 pub use builtin::builtin_components;
 pub use host::PolicyHost;
 pub use metrics::MetricsSnapshot;
@@ -98,10 +104,6 @@ pub const SCHEDULE_EXPORT: &str = "specd:policy/schedule@0.1.0";
 /// Export name of the acceptance interface.
 pub const ACCEPTANCE_EXPORT: &str = "specd:policy/acceptance@0.1.0";
 
-/// Rounds of `ScheduleInput::recent` a schedule sees: the host passes at
-/// most the last this many (the WIT promises a bounded window).
-pub const RECENT_WINDOW: usize = 32;
-
 /// Limits of the policy host.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostConfig {
@@ -120,7 +122,7 @@ pub struct HostConfig {
     pub max_component_bytes: usize,
     /// Instances alive at once across all requests (pooling allocator slots;
     /// a request needs one per policy).  Past it, making a policy fails with
-    /// an `instantiate` error (the request decodes plainly).
+    /// an `instantiate` error (the server refuses the request).
     pub max_instances: u32,
     /// Largest carried schedule state kept between requests (bytes).
     pub carried_state_limit_bytes: usize,
@@ -145,75 +147,6 @@ impl Default for HostConfig {
             cache_dir: cache::default_cache_dir(),
         }
     }
-}
-
-/// One finished round (WIT `round-record`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RoundRecord {
-    pub drafted: u32,
-    pub accepted: u32,
-    pub draft_seconds: f64,
-    pub verify_seconds: f64,
-}
-
-/// What a schedule sees each round (WIT `schedule-input`; see the WIT for the
-/// exact meaning of each field).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ScheduleInput {
-    /// Index of the round about to run (0 = first round of the request).
-    pub round: u32,
-    /// Tokens generated so far in this request.
-    pub generated: u32,
-    /// Tokens the request may still generate.
-    pub budget_left: u32,
-    /// Largest valid answer this round.
-    pub max_draft: u32,
-    /// Most recent rounds, oldest first; the last one is round `round - 1`.
-    /// Only the last [`RECENT_WINDOW`] reach the policy.
-    pub recent: Vec<RoundRecord>,
-    /// P(draft i accepted | drafts 0..i accepted), estimated so far.
-    pub position_acceptance: Vec<f64>,
-    /// Measured drafter seconds per drafted token (0 = unknown).
-    pub draft_seconds_per_token: f64,
-    /// `[j]` = measured seconds of a target forward of j + 1 new tokens
-    /// (j = 0 ..= max_draft); 0 = not measured yet.
-    pub verify_seconds_by_len: Vec<f64>,
-}
-
-/// One drafted position (WIT `position`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Position {
-    pub token: u32,
-    /// Target probability of `token`.
-    pub p: f32,
-    /// Draft probability of `token` (1 for a point-mass drafter).
-    pub q: f32,
-    pub target_argmax: u32,
-    /// Entropy (nats) of the target distribution here.
-    pub entropy: f32,
-    /// Host-drawn uniform in [0, 1).
-    pub uniform: f32,
-}
-
-/// What follows the accepted drafts when not all were accepted (WIT `correction`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Correction {
-    /// Sample norm(max(0, p - q)) at the first rejected position.
-    Residual,
-    /// Sample the target distribution at the first rejected position.
-    TargetSample,
-    /// Emit exactly this token (validated < vocab_size).
-    Token(u32),
-}
-
-/// An acceptance answer (WIT `decision`).  After a full accept
-/// (`accepted == positions.len()`) the host draws the bonus token itself and
-/// ignores `correction`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Decision {
-    pub accepted: u32,
-    pub correction: Correction,
 }
 
 /// A per-request draft-length schedule.

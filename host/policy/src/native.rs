@@ -5,8 +5,7 @@
 //! (`plugins/logic`).
 
 use crate::{
-    Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, RoundRecord,
-    Schedule, ScheduleInput,
+    validate, Acceptance, Decision, PolicyError, PolicyErrorKind, Position, Schedule, ScheduleInput,
 };
 use specd_policy_logic as logic;
 use specd_policy_logic::{AcceptanceLogic, ScheduleLogic};
@@ -87,36 +86,22 @@ pub fn acceptance(
     }
 }
 
-fn to_logic_input(i: &ScheduleInput) -> logic::ScheduleInput {
-    logic::ScheduleInput {
-        round: i.round,
-        generated: i.generated,
-        budget_left: i.budget_left,
-        max_draft: i.max_draft,
-        recent: i.recent[i.recent.len().saturating_sub(crate::RECENT_WINDOW)..]
-            .iter()
-            .map(|r: &RoundRecord| logic::RoundRecord {
-                drafted: r.drafted,
-                accepted: r.accepted,
-                draft_seconds: r.draft_seconds,
-                verify_seconds: r.verify_seconds,
-            })
-            .collect(),
-        position_acceptance: i.position_acceptance.clone(),
-        draft_seconds_per_token: i.draft_seconds_per_token,
-        verify_seconds_by_len: i.verify_seconds_by_len.clone(),
-    }
-}
-
 impl<L: ScheduleLogic + Send> Schedule for Native<L> {
     fn name(&self) -> &str {
         &self.name
     }
     fn next_draft_length(&mut self, input: &ScheduleInput) -> Result<u32, PolicyError> {
-        Ok(self
-            .logic
-            .next_draft_length(&to_logic_input(input))
-            .min(input.max_draft))
+        // The components see only the last RECENT_WINDOW rounds: so does this.
+        let k = if input.recent.len() > crate::RECENT_WINDOW {
+            let windowed = ScheduleInput {
+                recent: input.recent_window().to_vec(),
+                ..input.clone()
+            };
+            self.logic.next_draft_length(&windowed)
+        } else {
+            self.logic.next_draft_length(input)
+        };
+        validate::draft_length(&self.name, k, input)
     }
     fn finish(self: Box<Self>) {}
 }
@@ -126,28 +111,7 @@ impl<L: AcceptanceLogic + Send> Acceptance for Native<L> {
         &self.name
     }
     fn decide(&mut self, positions: &[Position]) -> Result<Decision, PolicyError> {
-        let ps: Vec<logic::Position> = positions
-            .iter()
-            .map(|p| logic::Position {
-                token: p.token,
-                p: p.p,
-                q: p.q,
-                target_argmax: p.target_argmax,
-                entropy: p.entropy,
-                uniform: p.uniform,
-            })
-            .collect();
-        let d = self.logic.decide(&ps);
-        let correction = match d.correction {
-            logic::Correction::Residual => Correction::Residual,
-            logic::Correction::TargetSample => Correction::TargetSample,
-            logic::Correction::Token(t) => {
-                Correction::Token(t.min(self.vocab_size.saturating_sub(1)))
-            }
-        };
-        Ok(Decision {
-            accepted: d.accepted.min(positions.len() as u32),
-            correction,
-        })
+        let d = self.logic.decide(positions);
+        validate::decision(&self.name, d, positions.len(), self.vocab_size)
     }
 }

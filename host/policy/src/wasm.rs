@@ -1,9 +1,10 @@
 //! Per-request policy objects backed by a component instance in its own Store.
 
-use crate::host::Inner;
+use crate::carry::{Carried, CarryKey};
+use crate::metrics::Metrics;
 use crate::sandbox::{bind_acceptance, bind_schedule, classify, HostState};
 use crate::{
-    Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, Schedule,
+    validate, Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, Schedule,
     ScheduleInput,
 };
 use std::sync::Arc;
@@ -14,7 +15,16 @@ use wasmtime::Store;
 use bind_acceptance::exports::specd::policy::acceptance as wa;
 use bind_schedule::exports::specd::policy::schedule as ws;
 
-fn new_store(inner: &Inner, policy: &str) -> Result<Store<HostState>, PolicyError> {
+/// What a request's instances need of the host: the engine, the limits,
+/// the counters and the carried state.
+pub(crate) struct Runtime {
+    pub engine: wasmtime::Engine,
+    pub cfg: crate::HostConfig,
+    pub metrics: Metrics,
+    pub carried: Carried,
+}
+
+fn new_store(inner: &Runtime, policy: &str) -> Result<Store<HostState>, PolicyError> {
     let mut store = Store::new(
         &inner.engine,
         HostState::new(
@@ -46,23 +56,23 @@ fn instantiate_error(policy: &str, store: &Store<HostState>, e: &wasmtime::Error
 }
 
 pub(crate) struct WasmSchedule {
-    inner: Arc<Inner>,
+    inner: Arc<Runtime>,
     name: String,
     store: Store<HostState>,
     bindings: bind_schedule::SchedulePolicy,
     resource: ResourceAny,
-    carry_key: (String, String, String),
+    carry_key: CarryKey,
     failed: Option<PolicyError>,
 }
 
 impl WasmSchedule {
     pub fn new(
-        inner: Arc<Inner>,
+        inner: Arc<Runtime>,
         name: &str,
         pre: &bind_schedule::SchedulePolicyPre<HostState>,
         config: &str,
         carried: Option<Vec<u8>>,
-        carry_key: (String, String, String),
+        carry_key: CarryKey,
     ) -> Result<Self, PolicyError> {
         let mut store = new_store(&inner, name)?;
         let bindings = pre
@@ -107,7 +117,8 @@ impl Schedule for WasmSchedule {
             generated: input.generated,
             budget_left: input.budget_left,
             max_draft: input.max_draft,
-            recent: input.recent[input.recent.len().saturating_sub(crate::RECENT_WINDOW)..]
+            recent: input
+                .recent_window()
                 .iter()
                 .map(|r| ws::RoundRecord {
                     drafted: r.drafted,
@@ -129,15 +140,10 @@ impl Schedule for WasmSchedule {
         self.store.data_mut().flush_guest_output();
         self.inner.metrics.schedule_call(t.elapsed());
         let result = match out {
-            Ok(k) if k <= input.max_draft => return Ok(k),
-            Ok(k) => PolicyError::new(
-                &self.name,
-                PolicyErrorKind::InvalidAnswer,
-                format!(
-                    "next-draft-length answered {k}, above max-draft {}",
-                    input.max_draft
-                ),
-            ),
+            Ok(k) => match validate::draft_length(&self.name, k, input) {
+                Ok(k) => return Ok(k),
+                Err(e) => e,
+            },
             Err(e) => classify(&self.name, "next-draft-length", self.store.data(), &e),
         };
         self.inner.metrics.failure(result.kind);
@@ -162,7 +168,7 @@ impl Schedule for WasmSchedule {
             .call_carry(&mut self.store, self.resource);
         self.store.data_mut().flush_guest_output();
         match out {
-            Ok(bytes) => self.inner.store_carried(self.carry_key.clone(), bytes),
+            Ok(bytes) => self.inner.carried.store(self.carry_key.clone(), bytes),
             Err(e) => {
                 let err = classify(&self.name, "carry", self.store.data(), &e);
                 self.inner.metrics.failure(err.kind);
@@ -173,7 +179,7 @@ impl Schedule for WasmSchedule {
 }
 
 pub(crate) struct WasmAcceptance {
-    inner: Arc<Inner>,
+    inner: Arc<Runtime>,
     name: String,
     store: Store<HostState>,
     bindings: bind_acceptance::AcceptancePolicy,
@@ -185,7 +191,7 @@ pub(crate) struct WasmAcceptance {
 
 impl WasmAcceptance {
     pub fn new(
-        inner: Arc<Inner>,
+        inner: Arc<Runtime>,
         name: &str,
         pre: &bind_acceptance::AcceptancePolicyPre<HostState>,
         config: &str,
@@ -258,29 +264,17 @@ impl Acceptance for WasmAcceptance {
         self.inner.metrics.acceptance_call(t.elapsed());
         let err = match out {
             Ok(d) => {
-                let correction = match d.correction {
-                    wa::Correction::Residual => Correction::Residual,
-                    wa::Correction::TargetSample => Correction::TargetSample,
-                    wa::Correction::Token(t) => Correction::Token(t),
+                let d = Decision {
+                    accepted: d.accepted,
+                    correction: match d.correction {
+                        wa::Correction::Residual => Correction::Residual,
+                        wa::Correction::TargetSample => Correction::TargetSample,
+                        wa::Correction::Token(t) => Correction::Token(t),
+                    },
                 };
-                let k = positions.len() as u32;
-                if d.accepted > k {
-                    PolicyError::new(
-                        &self.name,
-                        PolicyErrorKind::InvalidAnswer,
-                        format!("decide accepted {} of {k} drafted tokens", d.accepted),
-                    )
-                } else if matches!(correction, Correction::Token(t) if t >= self.vocab_size) {
-                    PolicyError::new(
-                        &self.name,
-                        PolicyErrorKind::InvalidAnswer,
-                        format!("decide corrected with token {correction:?}, outside the vocabulary of {} tokens", self.vocab_size),
-                    )
-                } else {
-                    return Ok(Decision {
-                        accepted: d.accepted,
-                        correction,
-                    });
+                match validate::decision(&self.name, d, positions.len(), self.vocab_size) {
+                    Ok(d) => return Ok(d),
+                    Err(e) => e,
                 }
             }
             Err(e) => classify(&self.name, "decide", self.store.data(), &e),

@@ -372,17 +372,12 @@ fn many_failing_requests_do_not_exhaust_the_host() {
     host_still_serves();
 }
 
-/// Writes one component per misfit kind into `$SPECD_MISFITS_DIR`, to try
-/// `specd policy check` on by hand:
-///     SPECD_MISFITS_DIR=/tmp/misfits cargo test --release -p specd-policy --test hostile -- --ignored write_misfits
+/// One component per misfit kind, each refused by `check` for its own
+/// reason.  With `$SPECD_MISFITS_DIR` set they are also written there, to
+/// try `specd policy check` on by hand:
+///     SPECD_MISFITS_DIR=/tmp/misfits cargo test --release -p specd-policy --test hostile -- misfits
 #[test]
-#[ignore]
-fn write_misfits() {
-    let Some(dir) = std::env::var_os("SPECD_MISFITS_DIR") else {
-        return;
-    };
-    let dir = std::path::PathBuf::from(dir);
-    std::fs::create_dir_all(&dir).unwrap();
+fn misfits_are_refused_each_for_its_own_reason() {
     let mut truncated = ScheduleWat::default().build();
     truncated.truncate(truncated.len() / 2);
     let files: Vec<(&str, Vec<u8>)> = vec![
@@ -437,7 +432,33 @@ fn write_misfits() {
             .build(),
         ),
     ];
-    for (name, bytes) in files {
-        std::fs::write(dir.join(format!("{name}.wasm")), bytes).unwrap();
+    for (name, bytes) in &files {
+        let got = host().check(bytes);
+        let fits = matches!(
+            (*name, &got),
+            ("ok", Ok(_))
+                | ("not-wasm", Err(CheckError::NotWasm))
+                | ("core-module", Err(CheckError::NotAComponent))
+                | ("truncated", Err(CheckError::Invalid(_)))
+                | ("too-large", Err(CheckError::TooLarge { .. }))
+                | ("wrong-version", Err(CheckError::WrongVersion { .. }))
+                | (
+                    "missing-export" | "empty",
+                    Err(CheckError::MissingExport { .. })
+                )
+                | (
+                    "forbidden-import" | "wasi-http",
+                    Err(CheckError::ForbiddenImport { .. })
+                )
+                | ("mismatch", Err(CheckError::Mismatch { .. }))
+        );
+        assert!(fits, "{name}: {got:?}");
+    }
+    if let Some(dir) = std::env::var_os("SPECD_MISFITS_DIR") {
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in files {
+            std::fs::write(dir.join(format!("{name}.wasm")), bytes).unwrap();
+        }
     }
 }

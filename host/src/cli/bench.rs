@@ -119,8 +119,15 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             let threads = threads
                 .unwrap_or_else(crate::anchors::default_threads)
                 .max(1);
-            // Our kernels read SPECD_THREADS when they first run; OpenBLAS is set directly.
-            std::env::set_var("SPECD_THREADS", threads.to_string());
+            // Before the model loads: the kernels make their pool on first use.
+            if !specd_mlx::kernels::set_threads(threads as i32)
+                && specd_mlx::kernels::threads() != threads as i32
+            {
+                anyhow::bail!(
+                    "the kernels already run with {} threads",
+                    specd_mlx::kernels::threads()
+                );
+            }
             specd_mlx::set_blas_threads(threads as i32);
             let mlx_lm_blas = match mlx_lm_blas.as_str() {
                 "wheel" => None,

@@ -55,11 +55,7 @@ pub struct GenIdsArgs {
 }
 
 fn engine(model: &str, weights: WeightMode) -> Result<Engine> {
-    let spec = SpecArgs {
-        drafter: Some("none".into()),
-        ..Default::default()
-    };
-    load_engine(model, &spec, weights)
+    load_engine(model, &SpecArgs::default(), weights)
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {

@@ -1,7 +1,8 @@
 //! `specd generate`.
 use super::{policy_host, ModelArg};
-use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::engine::{Engine, Prompt};
 use crate::model::WeightMode;
+use crate::options::SpecOptions;
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
 use clap::Args;
@@ -40,56 +41,20 @@ impl SamplingArgs {
     }
 }
 
+/// Speculation flags of `generate` and `bench`.
 #[derive(Args, Clone, Debug, Default)]
 pub struct SpecArgs {
-    /// none, ngram, ngram:MIN-MAX, self:N (first N target layers), model:PATH
-    #[arg(long)]
-    pub drafter: Option<String>,
-    /// Draft-length schedule: a policy name or content hash (default throughput).
-    #[arg(long)]
-    pub schedule: Option<String>,
-    /// Acceptance policy (default greedy at temperature 0, rejection above).
-    #[arg(long)]
-    pub acceptance: Option<String>,
-    #[arg(long)]
-    pub draft_max: Option<usize>,
-    /// JSON handed to the schedule's constructor.
-    #[arg(long)]
-    pub schedule_config: Option<String>,
-    /// JSON handed to the acceptance policy's constructor.
-    #[arg(long)]
-    pub acceptance_config: Option<String>,
+    #[command(flatten)]
+    pub options: SpecOptions,
     /// Extra policy components (*.wasm) to load.
     #[arg(long)]
     pub policy_dir: Option<PathBuf>,
 }
 
 impl SpecArgs {
-    pub fn options(&self) -> Result<SpecOptions> {
-        let json = |s: &Option<String>, what: &str| -> Result<Option<serde_json::Value>> {
-            s.as_deref()
-                .map(|t| {
-                    serde_json::from_str(t).with_context(|| format!("--{what} is not valid JSON"))
-                })
-                .transpose()
-        };
-        Ok(SpecOptions {
-            drafter: self.drafter.clone(),
-            schedule: self.schedule.clone(),
-            acceptance: self.acceptance.clone(),
-            draft_max: self.draft_max,
-            schedule_config: json(&self.schedule_config, "schedule-config")?,
-            acceptance_config: json(&self.acceptance_config, "acceptance-config")?,
-        })
-    }
-
     /// `model:PATH` on the command line loads that draft model under its path.
     pub fn register_draft_model(&self, engine: &mut Engine) -> Result<()> {
-        if let Some(path) = self
-            .drafter
-            .as_deref()
-            .and_then(|d| d.strip_prefix("model:"))
-        {
+        if let Some(path) = self.options.draft_model() {
             let p = crate::store::Store::default().resolve(path, false)?;
             engine.add_draft_model(path, &p)?;
         }
@@ -150,7 +115,7 @@ pub fn prompt_of(chat: bool, system: Option<&str>, text: &str) -> Prompt {
 pub fn run(a: GenerateArgs, weights: WeightMode) -> Result<()> {
     let params = a.sampling.params();
     params.validate()?;
-    let options = a.spec.options()?;
+    let options = a.spec.options.clone();
     let engine = load_engine(&a.model.model, &a.spec, weights)?;
     let prompt = engine.encode(&prompt_of(a.chat, a.system.as_deref(), &a.prompt))?;
     let spec = engine.speculation(&options, &params)?;

@@ -147,7 +147,13 @@ pub fn main() -> Result<()> {
     // The flag, else SPECD_WEIGHTS, else the default; every loader gets it.
     let weights = match cli.weights {
         Some(w) => w,
-        None => crate::model::WeightMode::from_env().map_err(anyhow::Error::msg)?,
+        // SPECD_WEIGHTS (for A/B runs) is read here, once; the model reads none.
+        None => match std::env::var("SPECD_WEIGHTS") {
+            Ok(s) if !s.is_empty() => {
+                crate::model::WeightMode::parse(&s).map_err(anyhow::Error::msg)?
+            }
+            _ => crate::model::WeightMode::default(),
+        },
     };
     match cli.command {
         Command::Generate(a) => generate::run(a, weights),

@@ -3,7 +3,8 @@
 //! kernels ([`WeightMode::Quantized`]) or are dequantized to float32
 //! ([`WeightMode::F32`]); a layout the kernels don't take (bits other than
 //! 4 and 8, groups not a multiple of 32) is dequantized either way.
-use super::llama::{Layer, Linear, QuantSource, QuantizedWeight, WeightMode};
+use super::linear::{Linear, QuantSource, QuantizedWeight, WeightMode};
+use super::llama::Layer;
 use super::{Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, ops, Array, Dtype};

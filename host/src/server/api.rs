@@ -2,7 +2,7 @@
 //! endpoints, and turning the worker's messages into responses.
 use super::worker::{GenRequest, Msg, SubmitError};
 use super::State;
-use crate::engine::SpecOptions;
+use crate::options::SpecOptions;
 use crate::pipeline::Stats;
 use crate::sampling::SamplingParams;
 use axum::body::Bytes;
@@ -234,7 +234,10 @@ impl CommonOptions {
             None => None,
         };
         let o = SpecOptions {
-            drafter: nonempty(self.drafter.clone(), "drafter")?,
+            drafter: nonempty(self.drafter.clone(), "drafter")?
+                .map(|d| d.parse())
+                .transpose()
+                .map_err(|e: anyhow::Error| ApiError::bad(format!("drafter: {e}")))?,
             schedule: nonempty(self.schedule.clone(), "schedule")?,
             acceptance: nonempty(self.acceptance.clone(), "acceptance")?,
             draft_max,

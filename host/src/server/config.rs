@@ -1,5 +1,5 @@
 //! `specd serve` flags and the optional JSON config file (flags win).
-use crate::engine::SpecOptions;
+use crate::options::SpecOptions;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Deserialize;
@@ -43,24 +43,9 @@ pub struct ServeArgs {
     /// to this JSONL trace file.
     #[arg(long)]
     pub record: Option<PathBuf>,
-    /// Default drafter: none, ngram, ngram:MIN-MAX, self:N, model:NAME [default: ngram].
-    #[arg(long)]
-    pub drafter: Option<String>,
-    /// Default draft-length schedule (policy name or hash) [default: throughput].
-    #[arg(long)]
-    pub schedule: Option<String>,
-    /// Default acceptance policy [default: greedy at temperature 0, rejection above].
-    #[arg(long)]
-    pub acceptance: Option<String>,
-    /// Default largest draft [default: 16].
-    #[arg(long)]
-    pub draft_max: Option<usize>,
-    /// Default JSON for the schedule's constructor.
-    #[arg(long)]
-    pub schedule_config: Option<String>,
-    /// Default JSON for the acceptance policy's constructor.
-    #[arg(long)]
-    pub acceptance_config: Option<String>,
+    /// Defaults for what a request leaves open.
+    #[command(flatten)]
+    pub defaults: SpecOptions,
 }
 
 /// The config file's shape.
@@ -97,12 +82,6 @@ pub struct ServerConfig {
     pub weights: crate::model::WeightMode,
 }
 
-fn json_arg(s: &Option<String>, flag: &str) -> Result<Option<serde_json::Value>> {
-    s.as_deref()
-        .map(|t| serde_json::from_str(t).with_context(|| format!("--{flag} is not valid JSON")))
-        .transpose()
-}
-
 impl ServerConfig {
     pub fn from_args(a: &ServeArgs) -> Result<ServerConfig> {
         let file: FileConfig = match &a.config {
@@ -124,14 +103,6 @@ impl ServerConfig {
             }
             draft_models.insert(name.to_string(), path.to_string());
         }
-        let flags = SpecOptions {
-            drafter: a.drafter.clone(),
-            schedule: a.schedule.clone(),
-            acceptance: a.acceptance.clone(),
-            draft_max: a.draft_max,
-            schedule_config: json_arg(&a.schedule_config, "schedule-config")?,
-            acceptance_config: json_arg(&a.acceptance_config, "acceptance-config")?,
-        };
         let mut policy_limits = HostConfig::default();
         if let Some(over) = file.policy_limits {
             let mut v = serde_json::to_value(&policy_limits)?;
@@ -170,7 +141,7 @@ impl ServerConfig {
                 .unwrap_or_else(|| crate::store::home().join("policies")),
             queue: a.queue.or(file.queue).unwrap_or(DEFAULT_QUEUE),
             draft_models,
-            defaults: flags.or(&file.defaults),
+            defaults: a.defaults.or(&file.defaults),
             policy_limits,
             record: a.record.clone(),
             weights: crate::model::WeightMode::default(),
@@ -197,7 +168,10 @@ mod tests {
         let a = ServeArgs {
             config: Some(file.clone()),
             port: Some(1234),
-            draft_max: Some(4),
+            defaults: SpecOptions {
+                draft_max: Some(4),
+                ..Default::default()
+            },
             draft_models: vec!["small=/y.gguf".into()],
             ..Default::default()
         };

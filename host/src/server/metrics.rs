@@ -7,7 +7,7 @@ use axum::response::Response;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 #[derive(Default)]
 pub struct ServerMetrics {
@@ -75,7 +75,7 @@ impl ServerMetrics {
             *self
                 .policy_failures
                 .lock()
-                .unwrap()
+                .unwrap_or_else(PoisonError::into_inner)
                 .entry(f.kind.clone())
                 .or_default() += 1;
         }
@@ -85,7 +85,7 @@ impl ServerMetrics {
         *self
             .http
             .lock()
-            .unwrap()
+            .unwrap_or_else(PoisonError::into_inner)
             .entry((route, status))
             .or_default() += 1;
     }
@@ -106,7 +106,12 @@ impl ServerMetrics {
             s,
             "# HELP specd_http_requests_total HTTP requests by route and status.\n# TYPE specd_http_requests_total counter"
         );
-        for ((route, status), v) in self.http.lock().unwrap().iter() {
+        for ((route, status), v) in self
+            .http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
             let _ = writeln!(
                 s,
                 "specd_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {v}"
@@ -210,7 +215,7 @@ impl ServerMetrics {
             let v = self
                 .policy_failures
                 .lock()
-                .unwrap()
+                .unwrap_or_else(PoisonError::into_inner)
                 .get(kind.as_str())
                 .copied()
                 .unwrap_or(0);

@@ -18,7 +18,7 @@ mod worker;
 
 pub use config::{ServeArgs, ServerConfig};
 
-use crate::engine::SpecOptions;
+use crate::options::SpecOptions;
 use anyhow::{Context, Result};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};

@@ -2,7 +2,8 @@
 //! a time from a bounded queue.
 use super::config::ServerConfig;
 use super::metrics::ServerMetrics;
-use crate::engine::{Engine, Prompt, SpecOptions};
+use crate::engine::{Engine, Prompt};
+use crate::options::SpecOptions;
 use crate::pipeline::Stats;
 use crate::sampling::SamplingParams;
 use anyhow::{anyhow, Context, Result};

@@ -76,24 +76,6 @@ impl Default for NgramDrafter {
 }
 
 impl NgramDrafter {
-    /// `ngram` or `ngram:MIN-MAX`.
-    pub fn parse(spec: &str) -> Result<Self> {
-        let mut d = NgramDrafter::default();
-        if let Some(range) = spec.strip_prefix("ngram:") {
-            let (a, b) = range.split_once('-').unwrap_or((range, range));
-            d.min_n = a
-                .parse()
-                .map_err(|_| anyhow::anyhow!("bad n-gram range {range:?} (want MIN-MAX)"))?;
-            d.max_n = b
-                .parse()
-                .map_err(|_| anyhow::anyhow!("bad n-gram range {range:?} (want MIN-MAX)"))?;
-            if d.min_n == 0 || d.min_n > d.max_n {
-                anyhow::bail!("bad n-gram range {range:?}: need 1 <= MIN <= MAX");
-            }
-        }
-        Ok(d)
-    }
-
     pub fn lookup(&self, log: &[u32], k: usize) -> Vec<u32> {
         let k = k.min(self.max_proposal);
         if k == 0 {
@@ -217,13 +199,5 @@ mod tests {
         assert_eq!(d.lookup(&[5, 6], 3), Vec::<u32>::new());
         // proposals stop at the end of the log
         assert_eq!(d.lookup(&[4, 5, 4], 5), vec![5, 4]);
-    }
-
-    #[test]
-    fn ngram_spec_parses() {
-        let d = NgramDrafter::parse("ngram:2-5").unwrap();
-        assert_eq!((d.min_n, d.max_n), (2, 5));
-        assert!(NgramDrafter::parse("ngram:5-2").is_err());
-        assert!(NgramDrafter::parse("ngram:x").is_err());
     }
 }

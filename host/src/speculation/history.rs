@@ -1,10 +1,7 @@
 //! What a schedule is told about past rounds, kept the same way live (the
 //! round) and offline (`specd replay`), so a replay with the recorded
 //! policies sees exactly what they saw.
-use specd_policy::{RoundRecord, ScheduleInput};
-
-/// Rounds the schedule sees in `recent`.
-pub const RECENT_ROUNDS: usize = 32;
+use specd_policy::{RoundRecord, ScheduleInput, RECENT_WINDOW};
 
 fn ema(old: f64, new: f64) -> f64 {
     if old == 0.0 {
@@ -52,7 +49,7 @@ impl ScheduleHistory {
             // Laplace-smoothed: one early rejection must not read as "never".
             .map(|(r, k)| (*k as f64 + 1.0) / (*r as f64 + 2.0))
             .collect();
-        let start = self.recent.len().saturating_sub(RECENT_ROUNDS);
+        let start = self.recent.len().saturating_sub(RECENT_WINDOW);
         ScheduleInput {
             round,
             generated: generated as u32,
@@ -102,8 +99,8 @@ impl ScheduleHistory {
             draft_seconds,
             verify_seconds,
         });
-        if self.recent.len() > 4 * RECENT_ROUNDS {
-            self.recent.drain(..self.recent.len() - RECENT_ROUNDS);
+        if self.recent.len() > 4 * RECENT_WINDOW {
+            self.recent.drain(..self.recent.len() - RECENT_WINDOW);
         }
     }
 }

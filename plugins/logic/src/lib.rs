@@ -18,10 +18,19 @@ extern crate alloc;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-/// One finished round (mirror of the WIT `round-record`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// Rounds of [`ScheduleInput::recent`] a schedule sees: the host passes at
+/// most the last this many (the WIT promises a bounded window).
+pub const RECENT_WINDOW: usize = 32;
+
+// The contract types (WIT `specd:policy@0.1.0`, `wit/policy.wit`, documents
+// every field).  These are the one Rust form of them: the host's policy
+// traits, traces and native baselines use them as they are, and the
+// components convert the wit-bindgen types into them at their boundary.
+
+/// One finished round (WIT `round-record`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RoundRecord {
     pub drafted: u32,
     pub accepted: u32,
@@ -29,41 +38,67 @@ pub struct RoundRecord {
     pub verify_seconds: f64,
 }
 
-/// What a schedule sees (mirror of the WIT `schedule-input`; see the WIT for
-/// the meaning of every field).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What a schedule sees each round (WIT `schedule-input`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScheduleInput {
+    /// Index of the round about to run (0 = first round of the request).
     pub round: u32,
+    /// Tokens generated so far in this request.
     pub generated: u32,
+    /// Tokens the request may still generate.
     pub budget_left: u32,
+    /// Largest valid answer this round.
     pub max_draft: u32,
+    /// Most recent rounds, oldest first; the last one is round `round - 1`.
+    /// Only the last [`RECENT_WINDOW`] reach the policy.
     pub recent: Vec<RoundRecord>,
+    /// P(draft i accepted | drafts 0..i accepted), estimated so far.
     pub position_acceptance: Vec<f64>,
+    /// Measured drafter seconds per drafted token (0 = unknown).
     pub draft_seconds_per_token: f64,
+    /// `[j]` = measured seconds of a target forward of j + 1 new tokens
+    /// (j = 0 ..= max_draft); 0 = not measured yet.
     pub verify_seconds_by_len: Vec<f64>,
 }
 
-/// One drafted position (mirror of the WIT `position`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+impl ScheduleInput {
+    /// The rounds a policy is shown: the last [`RECENT_WINDOW`] of `recent`.
+    pub fn recent_window(&self) -> &[RoundRecord] {
+        &self.recent[self.recent.len().saturating_sub(RECENT_WINDOW)..]
+    }
+}
+
+/// One drafted position (WIT `position`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Position {
     pub token: u32,
+    /// Target probability of `token`.
     pub p: f32,
+    /// Draft probability of `token` (1 for a point-mass drafter).
     pub q: f32,
     pub target_argmax: u32,
+    /// Entropy (nats) of the target distribution here.
     pub entropy: f32,
+    /// Host-drawn uniform in [0, 1).
     pub uniform: f32,
 }
 
-/// Mirror of the WIT `correction`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What follows the accepted drafts when not all were accepted (WIT `correction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Correction {
+    /// Sample norm(max(0, p - q)) at the first rejected position.
     Residual,
+    /// Sample the target distribution at the first rejected position.
     TargetSample,
+    /// Emit exactly this token (validated < vocab_size).
     Token(u32),
 }
 
-/// Mirror of the WIT `decision`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An acceptance answer (WIT `decision`).  After a full accept
+/// (`accepted == positions.len()`) the host draws the bonus token itself and
+/// ignores `correction`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
     pub accepted: u32,
     pub correction: Correction,

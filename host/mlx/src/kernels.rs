@@ -1,0 +1,183 @@
+//! specd's own CPU kernels (MLX primitives in `kernels.cc`). Each output
+//! row is computed by the same float operations whatever the number of rows
+//! in the call, so a k-row verify rounds exactly like k one-row steps. On a
+//! GPU device they fall back to MLX's own ops.
+use crate::array::wrap;
+use crate::bridge::ffi;
+use crate::{Array, Result};
+
+/// `x @ dequantize(w)^T` over MLX affine-quantized weights `w`
+/// (`[out, in * bits / 32]` uint32, 4 or 8 bits), with float16 `scales`
+/// and `biases` (`[out, in / group_size]`); `x` is `[..., in]`, the result
+/// float32 `[..., out]`. On CPU this packs the weights on every call: a
+/// model packs once with [`qpack`] and calls [`qmatmul_packed`].
+pub fn qmatmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    wrap(ffi::qmatmul(
+        &x.0, &w.0, &scales.0, &biases.0, group_size, bits,
+    ))
+}
+/// The CPU kernels' layout of MLX affine-quantized weights (16 output
+/// columns to a vector; see `qmm.h`), computed now: pack once at load.
+pub fn qpack(
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    wrap(ffi::qpack(&w.0, &scales.0, &biases.0, group_size, bits))
+}
+/// Rows `ids` (1-D integers) of `n` packed weight rows, dequantized to
+/// float32 `[len(ids), in]`: an embedding lookup. An id past `n` gives
+/// a zero row. CPU only.
+pub fn qrows_packed(
+    packed: &Array,
+    ids: &Array,
+    n: i32,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    wrap(ffi::qrows_packed(&packed.0, &ids.0, n, group_size, bits))
+}
+/// [`qmatmul`] over weights packed by [`qpack`]; `n` is the number of
+/// output features. CPU only.
+pub fn qmatmul_packed(
+    x: &Array,
+    packed: &Array,
+    n: i32,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    wrap(ffi::qmatmul_packed(&x.0, &packed.0, n, group_size, bits))
+}
+/// `residual + qmatmul_packed(x, ...)` in one op (the sum rounds as
+/// `ops::add` would); `residual` is shaped like the output. CPU only.
+pub fn qmatmul_packed_add(
+    x: &Array,
+    packed: &Array,
+    n: i32,
+    group_size: i32,
+    bits: i32,
+    residual: &Array,
+) -> Result<Array> {
+    wrap(ffi::qmatmul_packed_add(
+        &x.0,
+        &packed.0,
+        n,
+        group_size,
+        bits,
+        &residual.0,
+    ))
+}
+/// `qmatmul_packed(rms_norm(x, norm_w, eps), ...)` in one op (the norm
+/// rounds as [`rms_norm`] does). CPU only.
+pub fn qmatmul_packed_norm(
+    x: &Array,
+    norm_w: &Array,
+    eps: f32,
+    packed: &Array,
+    n: i32,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    wrap(ffi::qmatmul_packed_norm(
+        &x.0, &norm_w.0, eps, &packed.0, n, group_size, bits,
+    ))
+}
+/// How [`qmatmul_packed_norm_rope`] rotates its output.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeSpec {
+    /// Output columns `[0, cols)` are rotated, in heads of `head_dim`.
+    pub cols: i32,
+    pub head_dim: i32,
+    pub traditional: bool,
+    pub base: f32,
+    /// Position of the first row.
+    pub offset: i32,
+}
+/// [`qmatmul_packed_norm`] with [`rope_heads`] applied to the leading
+/// output columns (q and k of a fused q/k/v), in the same op and
+/// rounding as `rope_heads` does; `x` is one sequence `[1, T, in]`.
+#[allow(clippy::too_many_arguments)]
+pub fn qmatmul_packed_norm_rope(
+    x: &Array,
+    norm_w: &Array,
+    eps: f32,
+    packed: &Array,
+    n: i32,
+    group_size: i32,
+    bits: i32,
+    rope: RopeSpec,
+) -> Result<Array> {
+    wrap(ffi::qmatmul_packed_norm_rope(
+        &x.0,
+        &norm_w.0,
+        eps,
+        &packed.0,
+        n,
+        group_size,
+        bits,
+        rope.cols,
+        rope.head_dim,
+        rope.traditional,
+        rope.base,
+        rope.offset,
+    ))
+}
+/// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
+/// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads), returned
+/// heads last, `[1, T, heads, d]` (so `[1, T, heads * d]` is a free
+/// reshape). With `causal`, query row t sees keys `0..=L - T + t`.
+pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Result<Array> {
+    wrap(ffi::attention(&q.0, &k.0, &v.0, scale, causal))
+}
+/// RMS norm over the last axis in one op (MLX's CPU `fast::rms_norm`
+/// is its unfused fallback, several ops).
+pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+    wrap(ffi::rms_norm_rows(&x.0, &weight.0, eps))
+}
+/// Rotary embedding of `x` `[B, T, heads, d]` (rows at positions
+/// `offset..offset + T`), returned as `[B, heads, T, d]`: the reshape
+/// to heads and the rope in one op.
+pub fn rope_heads(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    base: f32,
+    scale: f32,
+    offset: i32,
+) -> Result<Array> {
+    wrap(ffi::rope_heads(
+        &x.0,
+        dims,
+        traditional,
+        base,
+        scale,
+        offset,
+    ))
+}
+/// `silu(g) * u` in one op.
+pub fn swiglu(g: &Array, u: &Array) -> Result<Array> {
+    wrap(ffi::swiglu(&g.0, &u.0))
+}
+/// Threads the kernels use (`SPECD_THREADS`, default: all cores).
+pub fn threads() -> i32 {
+    ffi::kernel_threads()
+}
+/// Sets the kernels' thread count; only before their first use (the pool
+/// is made once). False when it came too late or `n` is not positive.
+pub fn set_threads(n: i32) -> bool {
+    ffi::set_kernel_threads(n)
+}
+/// The SIMD level chosen at run time: `avx512`, `avx2` or `scalar`
+/// (`SPECD_KERNEL_ISA=avx2|scalar` forces a lower one).
+pub fn isa() -> String {
+    ffi::kernel_isa()
+}

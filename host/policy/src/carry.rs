@@ -1,0 +1,66 @@
+//! State a schedule carries across requests (HF's `heuristic` keeps its k),
+//! kept per (policy hash, model key, canonical config) as the bytes the
+//! resource hands back at the end of a request.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// (policy sha256, model key, canonical config).
+pub(crate) type CarryKey = (String, String, String);
+
+pub(crate) struct Carried {
+    map: Mutex<HashMap<CarryKey, Vec<u8>>>,
+    /// Largest state kept (`HostConfig::carried_state_limit_bytes`).
+    limit_bytes: usize,
+}
+
+impl Carried {
+    pub fn new(limit_bytes: usize) -> Self {
+        Carried {
+            map: Mutex::default(),
+            limit_bytes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<CarryKey, Vec<u8>>> {
+        // Every critical section inserts or removes whole entries: a panic
+        // elsewhere cannot leave the map half-updated.
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn get(&self, key: &CarryKey) -> Option<Vec<u8>> {
+        self.lock().get(key).cloned()
+    }
+
+    /// Forgets the state of policies no longer registered.
+    pub fn retain_hashes(&self, live: &[String]) {
+        self.lock().retain(|(h, _, _), _| live.contains(h));
+    }
+
+    /// Stores (or clears) carried state at the end of a request.
+    pub fn store(&self, key: CarryKey, bytes: Option<Vec<u8>>) {
+        let mut map = self.lock();
+        match bytes {
+            Some(b) if b.len() <= self.limit_bytes => {
+                map.insert(key, b);
+            }
+            Some(b) => {
+                tracing::warn!(sha256 = %key.0, len = b.len(), "carried state over the cap; dropped");
+                map.remove(&key);
+            }
+            None => {
+                map.remove(&key);
+            }
+        }
+    }
+}
+
+/// Canonical form of a JSON config (sorted keys, no spaces); `""` means `{}`.
+pub(crate) fn canonical_config(config: &str) -> Result<String, String> {
+    if config.trim().is_empty() {
+        return Ok("{}".into());
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(config).map_err(|e| format!("config is not JSON: {e}"))?;
+    Ok(v.to_string())
+}

@@ -1,0 +1,309 @@
+//! Weights as a forward multiplies them: dense float32, or quantized (MLX's
+//! affine layout as loaded, repacked once for specd's CPU kernels, and
+//! several layers fused into one packed matmul).  The model file only says
+//! which linears it has and which it fuses.
+use specd_mlx::{kernels, ops, Array, Dtype, Result};
+
+/// How a model's weights are held and multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightMode {
+    /// Quantized tensors stay quantized; specd's kernels (batch-invariant:
+    /// greedy speculation equals plain decoding bit for bit).
+    #[default]
+    Quantized,
+    /// Everything dequantized to float32 at load; MLX's matmul and attention.
+    F32,
+}
+
+impl WeightMode {
+    pub fn parse(s: &str) -> std::result::Result<WeightMode, String> {
+        match s {
+            "quantized" | "q" => Ok(WeightMode::Quantized),
+            "f32" | "fp32" | "float32" => Ok(WeightMode::F32),
+            _ => Err(format!("unknown weights mode {s:?} (use quantized or f32)")),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightMode::Quantized => "quantized",
+            WeightMode::F32 => "f32",
+        }
+    }
+}
+
+/// MLX's layout of affine-quantized weights: `w` `[out, in * bits / 32]`
+/// uint32 with float16 per-group `scales` and `biases` `[out, in / group]`.
+#[derive(Clone)]
+pub struct QuantSource {
+    pub w: Array,
+    pub scales: Array,
+    pub biases: Array,
+}
+
+/// A quantized weight `[out, in]`: MLX's layout, the CPU kernels' packed
+/// layout, or both.
+#[derive(Clone)]
+pub struct QuantizedWeight {
+    /// What MLX's kernels, dequantization and (on GPU) embedding lookups
+    /// read. Dropped once packed, so the weights are held once.
+    pub source: Option<QuantSource>,
+    /// The same weights in the CPU kernels' layout ([`kernels::qpack`]),
+    /// packed once at load; `None` on GPU, where MLX's kernels take `source`.
+    pub packed: Option<Array>,
+    pub out_features: i32,
+    pub in_features: i32,
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+fn missing(what: &str) -> specd_mlx::Exception {
+    specd_mlx::Exception(format!(
+        "{what}: this weight was packed into a fused layer (its own copy is gone)"
+    ))
+}
+
+impl QuantizedWeight {
+    pub fn new(src: QuantSource, group_size: i32, bits: i32) -> QuantizedWeight {
+        QuantizedWeight {
+            out_features: src.w.dim(0),
+            in_features: src.w.dim(1) * 32 / bits,
+            source: Some(src),
+            packed: None,
+            group_size,
+            bits,
+        }
+    }
+    pub fn out_features(&self) -> i32 {
+        self.out_features
+    }
+    pub fn in_features(&self) -> i32 {
+        self.in_features
+    }
+    fn source(&self, what: &str) -> Result<&QuantSource> {
+        self.source.as_ref().ok_or_else(|| missing(what))
+    }
+    /// Packs the weights for the CPU kernels, keeping MLX's layout only
+    /// with `keep_source`.
+    pub fn pack(self, keep_source: bool) -> Result<QuantizedWeight> {
+        let packed = match &self.packed {
+            Some(p) => p.clone(),
+            None => {
+                let src = self.source("packing")?;
+                kernels::qpack(&src.w, &src.scales, &src.biases, self.group_size, self.bits)?
+            }
+        };
+        Ok(QuantizedWeight {
+            packed: Some(packed),
+            source: if keep_source { self.source } else { None },
+            ..self
+        })
+    }
+    /// `forward(rms_norm(x, norm, eps))` in one op where packed (the norm as
+    /// `kernels::rms_norm` rounds it).
+    pub fn forward_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
+        match &self.packed {
+            Some(p) => kernels::qmatmul_packed_norm(
+                x,
+                norm,
+                eps,
+                p,
+                self.out_features,
+                self.group_size,
+                self.bits,
+            ),
+            None => self.forward(&kernels::rms_norm(x, norm, eps)?),
+        }
+    }
+    /// [`QuantizedWeight::forward_normed`] with the leading output columns
+    /// rotated as `rope` says, in the same op. Packed weights only.
+    pub fn forward_normed_rope(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        rope: kernels::RopeSpec,
+    ) -> Result<Array> {
+        let p = self.packed.as_ref().ok_or_else(|| {
+            specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
+        })?;
+        kernels::qmatmul_packed_norm_rope(
+            x,
+            norm,
+            eps,
+            p,
+            self.out_features,
+            self.group_size,
+            self.bits,
+            rope,
+        )
+    }
+    /// `residual + forward(x)`, in one op where packed.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match &self.packed {
+            Some(p) => kernels::qmatmul_packed_add(
+                x,
+                p,
+                self.out_features,
+                self.group_size,
+                self.bits,
+                residual,
+            ),
+            None => ops::add(residual, &self.forward(x)?),
+        }
+    }
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match &self.packed {
+            Some(p) => kernels::qmatmul_packed(x, p, self.out_features, self.group_size, self.bits),
+            None => {
+                let src = self.source("forward")?;
+                kernels::qmatmul(
+                    x,
+                    &src.w,
+                    &src.scales,
+                    &src.biases,
+                    self.group_size,
+                    self.bits,
+                )
+            }
+        }
+    }
+    /// Rows `ids` dequantized to float32 (an embedding lookup).
+    pub fn rows(&self, ids: &Array) -> Result<Array> {
+        if let Some(p) = &self.packed {
+            return kernels::qrows_packed(p, ids, self.out_features, self.group_size, self.bits);
+        }
+        let src = self.source("embedding lookup")?;
+        let f = |a: &Array| -> Result<Array> { ops::take(a, ids, 0)?.as_type(Dtype::Float32) };
+        ops::dequantize(
+            &ops::take(&src.w, ids, 0)?,
+            &f(&src.scales)?,
+            &f(&src.biases)?,
+            self.group_size,
+            self.bits,
+        )
+    }
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v: Vec<&Array> = self
+            .source
+            .iter()
+            .flat_map(|s| [&s.w, &s.scales, &s.biases])
+            .collect();
+        v.extend(&self.packed);
+        v
+    }
+}
+
+/// A linear layer, `y = x W^T` with `W` as `[out, in]`.
+#[derive(Clone)]
+pub enum Linear {
+    Dense(Array),
+    Quantized(QuantizedWeight),
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Linear::Dense(w) => ops::matmul(x, &w.t()?),
+            Linear::Quantized(q) => q.forward(x),
+        }
+    }
+    /// `residual + forward(x)` (a residual connection).
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            Linear::Dense(_) => ops::add(residual, &self.forward(x)?),
+            Linear::Quantized(q) => q.forward_add(x, residual),
+        }
+    }
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Linear::Quantized(_))
+    }
+    /// Quantized weights packed for the CPU kernels (MLX's layout kept only
+    /// with `keep_source`); dense ones as they are.
+    pub fn pack(self, keep_source: bool) -> Result<Linear> {
+        Ok(match self {
+            Linear::Quantized(q) => Linear::Quantized(q.pack(keep_source)?),
+            other => other,
+        })
+    }
+    /// Drops MLX's layout of a quantized weight that a fused layer now
+    /// computes (only its shape is still asked for).
+    pub(crate) fn release(&mut self) {
+        if let Linear::Quantized(q) = self {
+            q.source = None;
+        }
+    }
+    /// One layer computing `parts` side by side (their outputs concatenated
+    /// in order), when all are quantized alike over the same inputs: one
+    /// matmul instead of several, with more columns to share out among threads.
+    pub fn fuse(parts: &[&Linear]) -> Result<Option<Linear>> {
+        let qs: Vec<&QuantizedWeight> = parts
+            .iter()
+            .filter_map(|l| match l {
+                Linear::Quantized(q) => Some(q),
+                Linear::Dense(_) => None,
+            })
+            .collect();
+        let Some(first) = qs.first() else {
+            return Ok(None);
+        };
+        let alike = |q: &&QuantizedWeight| {
+            q.bits == first.bits
+                && q.group_size == first.group_size
+                && q.in_features() == first.in_features()
+        };
+        if qs.len() != parts.len() || !qs.iter().all(alike) {
+            return Ok(None);
+        }
+        let sources = qs
+            .iter()
+            .map(|q| q.source("fusing"))
+            .collect::<Result<Vec<_>>>()?;
+        let cat = |f: fn(&QuantSource) -> &Array| -> Result<Array> {
+            ops::concatenate(&sources.iter().map(|s| f(s)).collect::<Vec<_>>(), 0)
+        };
+        let src = QuantSource {
+            w: cat(|s| &s.w)?,
+            scales: cat(|s| &s.scales)?,
+            biases: cat(|s| &s.biases)?,
+        };
+        Ok(Some(Linear::Quantized(QuantizedWeight::new(
+            src,
+            first.group_size,
+            first.bits,
+        ))))
+    }
+    /// `[out, in]`.
+    pub fn shape(&self) -> [i32; 2] {
+        match self {
+            Linear::Dense(w) => [w.dim(0), w.dim(1)],
+            Linear::Quantized(q) => [q.out_features(), q.in_features()],
+        }
+    }
+    /// Rows of the weight as float32 (for a tied embedding).
+    pub fn rows(&self, ids: &Array) -> Result<Array> {
+        match self {
+            Linear::Dense(w) => ops::take(w, ids, 0),
+            Linear::Quantized(q) => q.rows(ids),
+        }
+    }
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Linear::Dense(w) => vec![w],
+            Linear::Quantized(q) => q.arrays(),
+        }
+    }
+}
+
+/// `parts` as one packed layer, their own copies released; else each
+/// packed on its own.
+pub(crate) fn fuse_packed(parts: &mut [&mut Linear]) -> Result<Option<Linear>> {
+    let fused = Linear::fuse(&parts.iter().map(|p| &**p).collect::<Vec<_>>())?;
+    for p in parts.iter_mut() {
+        if fused.is_some() {
+            p.release();
+        } else {
+            **p = p.clone().pack(false)?;
+        }
+    }
+    fused.map(|f| f.pack(false)).transpose()
+}

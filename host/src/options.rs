@@ -1,0 +1,206 @@
+//! What a request asks of speculation: one type for the CLI flags, the
+//! server's defaults (flags and config file) and the HTTP fields, with the
+//! drafter parsed once into a [`DrafterSpec`].
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// DESIGN.md's defaults.
+pub const DEFAULT_DRAFTER: DrafterSpec = DrafterSpec::Ngram { min: 1, max: 4 };
+pub const DEFAULT_SCHEDULE: &str = "throughput";
+pub const DEFAULT_DRAFT_MAX: usize = 16;
+/// The largest `draft_max` a request may ask for.
+pub const MAX_DRAFT_MAX: usize = 64;
+
+/// A drafter by name: `none`, `ngram`, `ngram:MIN-MAX`, `self:N` (the
+/// target's first N layers), `model:NAME` (a draft model configured at
+/// server start; on the command line, a store name or path).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrafterSpec {
+    None,
+    Ngram { min: usize, max: usize },
+    SelfLayers(usize),
+    Model(String),
+}
+
+impl FromStr for DrafterSpec {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let (kind, arg) = match s.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (s, None),
+        };
+        Ok(match (kind, arg) {
+            ("none", None) => DrafterSpec::None,
+            ("ngram", None) => DEFAULT_DRAFTER,
+            ("ngram", Some(range)) => {
+                let bad = || anyhow::anyhow!("bad n-gram range {range:?} (want MIN-MAX)");
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                let (min, max) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if min == 0 || min > max {
+                    bail!("bad n-gram range {range:?}: need 1 <= MIN <= MAX");
+                }
+                DrafterSpec::Ngram { min, max }
+            }
+            ("self", Some(n)) => DrafterSpec::SelfLayers(
+                n.parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("bad drafter {s:?}: want self:N, N >= 1"))?,
+            ),
+            ("model", Some(name)) if !name.is_empty() => DrafterSpec::Model(name.to_string()),
+            _ => bail!("unknown drafter {s:?} (none, ngram, ngram:MIN-MAX, self:N, model:NAME)"),
+        })
+    }
+}
+
+impl fmt::Display for DrafterSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DrafterSpec::None => f.write_str("none"),
+            d if *d == DEFAULT_DRAFTER => f.write_str("ngram"),
+            DrafterSpec::Ngram { min, max } => write!(f, "ngram:{min}-{max}"),
+            DrafterSpec::SelfLayers(n) => write!(f, "self:{n}"),
+            DrafterSpec::Model(name) => write!(f, "model:{name}"),
+        }
+    }
+}
+
+impl Serialize for DrafterSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DrafterSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse()
+            .map_err(|e: anyhow::Error| serde::de::Error::custom(e))
+    }
+}
+
+/// The speculation knobs of a request. On `specd serve` the same flags (and
+/// the config file's `defaults`) set what a request leaves open.
+#[derive(Args, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpecOptions {
+    /// none, ngram, ngram:MIN-MAX, self:N (first N target layers),
+    /// model:NAME [default: ngram].
+    #[arg(long)]
+    pub drafter: Option<DrafterSpec>,
+    /// Draft-length schedule: a policy name or content hash [default: throughput].
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Acceptance policy [default: greedy at temperature 0, rejection above].
+    #[arg(long)]
+    pub acceptance: Option<String>,
+    /// Largest draft, at most 64 [default: 16].
+    #[arg(long)]
+    pub draft_max: Option<usize>,
+    /// JSON object handed to the schedule's constructor.
+    #[arg(long, value_parser = json_object)]
+    pub schedule_config: Option<serde_json::Value>,
+    /// JSON object handed to the acceptance policy's constructor.
+    #[arg(long, value_parser = json_object)]
+    pub acceptance_config: Option<serde_json::Value>,
+}
+
+/// A flag's JSON object (`--schedule-config '{"k": 4}'`).
+fn json_object(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str(s) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(v) => Err(format!("want a JSON object, got {v}")),
+        Err(e) => Err(format!("not valid JSON: {e}")),
+    }
+}
+
+impl SpecOptions {
+    /// Fills what `self` leaves open from `defaults` (server defaults).
+    pub fn or(&self, defaults: &SpecOptions) -> SpecOptions {
+        let pick = |a: &Option<serde_json::Value>, b: &Option<serde_json::Value>| {
+            a.clone().or_else(|| b.clone())
+        };
+        SpecOptions {
+            drafter: self.drafter.clone().or_else(|| defaults.drafter.clone()),
+            schedule: self.schedule.clone().or_else(|| defaults.schedule.clone()),
+            acceptance: self
+                .acceptance
+                .clone()
+                .or_else(|| defaults.acceptance.clone()),
+            draft_max: self.draft_max.or(defaults.draft_max),
+            schedule_config: pick(&self.schedule_config, &defaults.schedule_config),
+            acceptance_config: pick(&self.acceptance_config, &defaults.acceptance_config),
+        }
+    }
+
+    /// The draft model a command line names (`model:PATH`), if any.
+    pub fn draft_model(&self) -> Option<&str> {
+        match &self.drafter {
+            Some(DrafterSpec::Model(m)) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drafter_names_parse_and_print_back() {
+        for (text, spec) in [
+            ("none", DrafterSpec::None),
+            ("ngram", DEFAULT_DRAFTER),
+            ("ngram:2-5", DrafterSpec::Ngram { min: 2, max: 5 }),
+            ("self:4", DrafterSpec::SelfLayers(4)),
+            ("model:tiny", DrafterSpec::Model("tiny".into())),
+        ] {
+            assert_eq!(text.parse::<DrafterSpec>().unwrap(), spec, "{text}");
+            assert_eq!(spec.to_string(), text);
+        }
+        assert_eq!(
+            "ngram:3".parse::<DrafterSpec>().unwrap(),
+            DrafterSpec::Ngram { min: 3, max: 3 }
+        );
+        for bad in [
+            "",
+            "ngram:5-2",
+            "ngram:x",
+            "ngram:0-2",
+            "self:",
+            "self:0",
+            "self:x",
+            "model:",
+            "bogus",
+            "none:1",
+        ] {
+            let e = bad.parse::<DrafterSpec>().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{bad:?}")) || e.contains("range"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_read_from_json_and_fill_from_defaults() {
+        let o: SpecOptions =
+            serde_json::from_value(serde_json::json!({"drafter": "self:4", "draft_max": 4}))
+                .unwrap();
+        assert_eq!(o.drafter, Some(DrafterSpec::SelfLayers(4)));
+        let e = serde_json::from_value::<SpecOptions>(serde_json::json!({"drafter": "self:x"}))
+            .unwrap_err();
+        assert!(e.to_string().contains("self:N"), "{e}");
+        let d = SpecOptions {
+            schedule: Some("heuristic".into()),
+            draft_max: Some(8),
+            ..Default::default()
+        };
+        let filled = o.or(&d);
+        assert_eq!(filled.schedule.as_deref(), Some("heuristic"));
+        assert_eq!(filled.draft_max, Some(4));
+    }
+}
