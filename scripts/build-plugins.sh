@@ -19,7 +19,7 @@
 #
 # Outputs: OUT_DIR/<name>.wasm — the built-ins (constant, heuristic,
 # heuristic-transient, throughput, greedy, rejection, typical, heuristic-c)
-# and test fixtures (wasi-demo-c, chatty-c); OUT_DIR/nested-build-env.txt.
+# and the test fixture wasi-demo-c; OUT_DIR/nested-build-env.txt.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -96,7 +96,6 @@ c_policy() {
 }
 c_policy heuristic-c schedule-policy heuristic.c
 c_policy wasi-demo-c schedule-policy wasi_demo.c
-c_policy chatty-c schedule-policy chatty.c
 
 echo "build-plugins: components in $OUT:" >&2
 ls -l "$OUT" >&2

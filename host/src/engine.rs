@@ -15,7 +15,7 @@ use specd_policy::PolicyHost;
 use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A request's input: raw text or chat messages.
 #[derive(Debug, Clone)]
@@ -202,11 +202,33 @@ impl Engine {
         spec: Option<Speculation>,
         sink: &mut Sink<'_>,
     ) -> Result<Finished> {
-        let hit = self
-            .prefix
-            .lock()
-            .map_err(|_| anyhow::anyhow!("prefix cache poisoned"))?
-            .lookup(prompt);
+        self.run(prompt, settings, spec, sink, true)
+    }
+
+    /// Runs a request without the prefix cache.
+    pub fn generate_uncached(
+        &self,
+        prompt: &[u32],
+        settings: &Settings,
+        spec: Option<Speculation>,
+        sink: &mut Sink<'_>,
+    ) -> Result<Finished> {
+        self.run(prompt, settings, spec, sink, false)
+    }
+
+    fn run(
+        &self,
+        prompt: &[u32],
+        settings: &Settings,
+        spec: Option<Speculation>,
+        sink: &mut Sink<'_>,
+        use_prefix_cache: bool,
+    ) -> Result<Finished> {
+        let hit = if use_prefix_cache {
+            self.prefix_cache().lookup(prompt)
+        } else {
+            None
+        };
         let (mut target, cached) = match hit {
             Some(h) => (
                 LlamaTarget::with_caches(self.model.clone(), h.caches),
@@ -226,33 +248,22 @@ impl Engine {
         // Keep only what was emitted (committed and streamed): nothing past
         // EOS, a stop string or the budget.
         let keep = target.offset().min(prompt.len() + fin.emitted.len());
-        if keep > 0 && target.rewind(keep).is_ok() {
+        if use_prefix_cache && keep > 0 && target.rewind(keep).is_ok() {
             let caches = std::mem::take(&mut target.caches);
-            if let Ok(mut p) = self.prefix.lock() {
-                p.store(&fin.log[..keep], caches);
-            }
+            self.prefix_cache().store(&fin.log[..keep], caches);
         }
         Ok(fin)
     }
 
-    /// Runs a request without the prefix cache.
-    pub fn generate_uncached(
-        &self,
-        prompt: &[u32],
-        settings: &Settings,
-        spec: Option<Speculation>,
-        sink: &mut Sink<'_>,
-    ) -> Result<Finished> {
-        let mut target = LlamaTarget::new(self.model.clone());
-        pipeline::generate(
-            &mut target,
-            &self.tokenizer,
-            prompt,
-            0,
-            settings,
-            spec,
-            sink,
-        )
+    /// The prefix cache. A panic while it was held may have left it half
+    /// updated: it then starts over empty rather than fail every later request.
+    fn prefix_cache(&self) -> MutexGuard<'_, PrefixCache> {
+        self.prefix.lock().unwrap_or_else(|poisoned| {
+            let mut cache = poisoned.into_inner();
+            *cache = PrefixCache::new(cache.limit_bytes());
+            self.prefix.clear_poison();
+            cache
+        })
     }
 
     pub fn settings(

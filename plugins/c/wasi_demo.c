@@ -5,7 +5,9 @@
 //   k = 1 + 2 (a file opened) + 4 (an environment variable seen)
 //         + 8 (the clock moved), clipped to max-draft.
 // So a sandboxed run answers 1.  Round 1 also sleeps for an hour: time is
-// frozen for policies, so the sleep returns at once.
+// frozen for policies, so the sleep returns at once.  A config
+// `{"print": N}` makes `create` print N more bytes: far past the host's
+// output cap, which must drop (and count) the rest, not fail the policy.
 #include "schedule_policy.h"
 
 #include <dirent.h>
@@ -41,12 +43,45 @@ static uint32_t probe(void) {
     return reached;
 }
 
+// N of a `"print": N` in the config, else 0.
+static size_t bytes_asked(const schedule_policy_string_t *config) {
+    const char *key = "\"print\":";
+    size_t n = strlen(key);
+    for (size_t i = 0; i + n <= config->len; i++) {
+        if (memcmp(config->ptr + i, key, n) != 0) continue;
+        size_t v = 0;
+        for (size_t j = i + n; j < config->len; j++) {
+            char c = (char)config->ptr[j];
+            if (c == ' ') continue;
+            if (c < '0' || c > '9') break;
+            v = v * 10 + (size_t)(c - '0');
+        }
+        return v;
+    }
+    return 0;
+}
+
+// Prints n bytes of 64-byte lines, 4 KiB at a time (cheap in fuel).
+static void print_bytes(size_t n) {
+    static char chunk[4096];
+    for (size_t i = 0; i < sizeof chunk; i += 64) {
+        memset(chunk + i, '.', 63);
+        chunk[i + 63] = '\n';
+    }
+    for (size_t done = 0; done < n;) {
+        size_t take = n - done < sizeof chunk ? n - done : sizeof chunk;
+        fwrite(chunk, 1, take, stdout);
+        done += take;
+    }
+}
+
 bool exports_specd_policy_schedule_static_scheduler_create(schedule_policy_string_t *config,
                                                            schedule_policy_list_u8_t *maybe_carried,
                                                            exports_specd_policy_schedule_own_scheduler_t *ret,
                                                            schedule_policy_string_t *err) {
     (void)err;
     printf("wasi-demo: hello from C, config %.*s\n", (int)config->len, (const char *)config->ptr);
+    print_bytes(bytes_asked(config));
     fflush(stdout);
     schedule_policy_string_free(config);
     if (maybe_carried) schedule_policy_list_u8_free(maybe_carried);

@@ -24,6 +24,14 @@ fn run(prompt: &str, opts: &SpecOptions, max_tokens: usize) -> Finished {
         .unwrap()
 }
 
+/// No speculation: plain decoding.
+fn plain_opts() -> SpecOptions {
+    SpecOptions {
+        drafter: Some(DrafterSpec::None),
+        ..Default::default()
+    }
+}
+
 fn opts(drafter: &str, schedule: &str) -> SpecOptions {
     SpecOptions {
         drafter: Some(drafter.parse().unwrap()),
@@ -128,14 +136,7 @@ fn greedy_speculation_is_lossless_for_every_drafter_and_schedule() {
     let mut compared = 0;
     let mut accepted = 0;
     for prompt in GROUNDED.iter().chain(OPEN.iter()) {
-        let plain = run(
-            prompt,
-            &SpecOptions {
-                drafter: Some(DrafterSpec::None),
-                ..Default::default()
-            },
-            64,
-        );
+        let plain = run(prompt, &plain_opts(), 64);
         assert!(plain.emitted.len() > 4, "{prompt}");
         for d in &drafters {
             for s in ["constant", "heuristic"] {
@@ -240,10 +241,7 @@ fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
     assert!(shared > 200, "prompts share a long prefix ({shared})");
     let params = SamplingParams::default();
     let settings = e.settings(params.clone(), Some(24), vec![]);
-    let none = SpecOptions {
-        drafter: Some(DrafterSpec::None),
-        ..Default::default()
-    };
+    let none = plain_opts();
     e.generate(
         &first,
         &settings,
@@ -292,14 +290,7 @@ fn greedy_acceptance_with_every_schedule_matches_plain_decoding() {
     };
     assert!(schedules.len() >= 5, "built-in schedules: {schedules:?}");
     for prompt in GROUNDED.iter().take(3).chain(OPEN.iter().take(2)) {
-        let plain = run(
-            prompt,
-            &SpecOptions {
-                drafter: Some(DrafterSpec::None),
-                ..Default::default()
-            },
-            48,
-        );
+        let plain = run(prompt, &plain_opts(), 48);
         for s in &schedules {
             let spec = run(prompt, &opts("ngram", s), 48);
             if let Err(e) = same_or_near_tie(&plain, &spec) {
@@ -439,18 +430,12 @@ fn pipelined_greedy_decoding_matches_round_by_round_and_leaves_the_caches_right(
 
 #[test]
 fn a_policy_printing_1_mib_speculates_losslessly_and_the_stats_count_the_dropped_output() {
-    let chatty = std::path::Path::new(specd_policy::BUILT_COMPONENTS_DIR).join("chatty-c.wasm");
+    // wasi-demo-c prints `{"print": N}` bytes in `create` and answers k = 1.
+    let chatty = std::path::Path::new(specd_policy::BUILT_COMPONENTS_DIR).join("wasi-demo-c.wasm");
     let bytes = std::fs::read(&chatty).unwrap_or_else(|e| panic!("{}: {e}", chatty.display()));
     engine().policies.add("chatty-c", &bytes).unwrap();
     let prompt = GROUNDED[0];
-    let plain = run(
-        prompt,
-        &SpecOptions {
-            drafter: Some(DrafterSpec::None),
-            ..Default::default()
-        },
-        32,
-    );
+    let plain = run(prompt, &plain_opts(), 32);
     let spec = run(
         prompt,
         &SpecOptions {

@@ -268,6 +268,47 @@ impl PolicyHost {
         err
     }
 
+    /// The registered component a request names, compiled, with its
+    /// canonical config; `schedule` picks which interface it must export.
+    fn resolve(
+        &self,
+        name_or_hash: &str,
+        config_json: &str,
+        schedule: bool,
+    ) -> Result<(Arc<Loaded>, String), PolicyError> {
+        let err = |kind, m: String| self.fail(PolicyError::new(name_or_hash, kind, m));
+        let loaded = self.lookup(name_or_hash).ok_or_else(|| {
+            err(
+                PolicyErrorKind::NotFound,
+                "no policy by that name or hash".into(),
+            )
+        })?;
+        let (exported, compiled) = if schedule {
+            (loaded.exports.schedule, "schedule")
+        } else {
+            (loaded.exports.acceptance, "acceptance")
+        };
+        if !exported {
+            return Err(err(
+                PolicyErrorKind::NotFound,
+                if schedule {
+                    format!("the component exports no schedule ({SCHEDULE_EXPORT}); it is an acceptance policy")
+                } else {
+                    format!("the component exports no acceptance ({ACCEPTANCE_EXPORT}); it is a schedule")
+                },
+            ));
+        }
+        let c = self.compiled(name_or_hash, &loaded)?;
+        if (schedule && c.schedule.is_none()) || (!schedule && c.acceptance.is_none()) {
+            return Err(err(
+                PolicyErrorKind::Instantiate,
+                format!("compiled without {compiled} bindings"),
+            ));
+        }
+        let config = canonical_config(config_json).map_err(|m| err(PolicyErrorKind::Config, m))?;
+        Ok((loaded, config))
+    }
+
     /// A schedule for one request.  `config_json` is the request's config
     /// (`""` = `{}`); `model_key` names the model (carried state is kept per
     /// policy, model and config).
@@ -277,33 +318,16 @@ impl PolicyHost {
         config_json: &str,
         model_key: &str,
     ) -> Result<Box<dyn Schedule>, PolicyError> {
-        let loaded = self.lookup(name_or_hash).ok_or_else(|| {
-            self.fail(PolicyError::new(
-                name_or_hash,
-                PolicyErrorKind::NotFound,
-                "no policy by that name or hash",
-            ))
-        })?;
-        if !loaded.exports.schedule {
-            return Err(self.fail(PolicyError::new(
-                name_or_hash,
-                PolicyErrorKind::NotFound,
-                format!("the component exports no schedule ({SCHEDULE_EXPORT}); it is an acceptance policy"),
-            )));
-        }
-        let Some(pre) = self.compiled(name_or_hash, &loaded)?.schedule.clone() else {
-            return Err(self.fail(PolicyError::new(
-                name_or_hash,
-                PolicyErrorKind::Instantiate,
-                "compiled without schedule bindings",
-            )));
-        };
-        let config = canonical_config(config_json)
-            .map_err(|m| self.fail(PolicyError::new(name_or_hash, PolicyErrorKind::Config, m)))?;
+        let (loaded, config) = self.resolve(name_or_hash, config_json, true)?;
+        let pre = self
+            .compiled(name_or_hash, &loaded)?
+            .schedule
+            .as_ref()
+            .expect("resolved");
         let key = (loaded.sha256.clone(), model_key.to_string(), config.clone());
         let carried = self.rt.carried.get(&key);
         let t = Instant::now();
-        let s = WasmSchedule::new(self.rt.clone(), name_or_hash, &pre, &config, carried, key)
+        let s = WasmSchedule::new(self.rt.clone(), name_or_hash, pre, &config, carried, key)
             .map_err(|e| self.fail(e))?;
         self.rt.metrics.instantiated(t.elapsed());
         Ok(Box::new(s))
@@ -316,33 +340,14 @@ impl PolicyHost {
         config_json: &str,
         vocab_size: u32,
     ) -> Result<Box<dyn Acceptance>, PolicyError> {
-        let loaded = self.lookup(name_or_hash).ok_or_else(|| {
-            self.fail(PolicyError::new(
-                name_or_hash,
-                PolicyErrorKind::NotFound,
-                "no policy by that name or hash",
-            ))
-        })?;
-        if !loaded.exports.acceptance {
-            return Err(self.fail(PolicyError::new(
-                name_or_hash,
-                PolicyErrorKind::NotFound,
-                format!(
-                    "the component exports no acceptance ({ACCEPTANCE_EXPORT}); it is a schedule"
-                ),
-            )));
-        }
-        let Some(pre) = self.compiled(name_or_hash, &loaded)?.acceptance.clone() else {
-            return Err(self.fail(PolicyError::new(
-                name_or_hash,
-                PolicyErrorKind::Instantiate,
-                "compiled without acceptance bindings",
-            )));
-        };
-        let config = canonical_config(config_json)
-            .map_err(|m| self.fail(PolicyError::new(name_or_hash, PolicyErrorKind::Config, m)))?;
+        let (loaded, config) = self.resolve(name_or_hash, config_json, false)?;
+        let pre = self
+            .compiled(name_or_hash, &loaded)?
+            .acceptance
+            .as_ref()
+            .expect("resolved");
         let t = Instant::now();
-        let a = WasmAcceptance::new(self.rt.clone(), name_or_hash, &pre, &config, vocab_size)
+        let a = WasmAcceptance::new(self.rt.clone(), name_or_hash, pre, &config, vocab_size)
             .map_err(|e| self.fail(e))?;
         self.rt.metrics.instantiated(t.elapsed());
         Ok(Box::new(a))

@@ -94,7 +94,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// Where this build put every component it built: the embedded built-ins
-/// and the test fixtures (`wasi-demo-c`, `chatty-c`), as `NAME.wasm`.
+/// and the test fixture `wasi-demo-c`, as `NAME.wasm`.
 pub const BUILT_COMPONENTS_DIR: &str = env!("SPECD_PLUGINS_OUT");
 
 /// The WIT package version this host implements.

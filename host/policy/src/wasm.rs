@@ -55,6 +55,26 @@ fn instantiate_error(policy: &str, store: &Store<HostState>, e: &wasmtime::Error
     err
 }
 
+/// A fresh Store and instance for one request, its resource made by
+/// `create` (the guest's constructor, under the same fuel budget as a call).
+fn instantiate<B>(
+    inner: &Runtime,
+    name: &str,
+    instantiate: impl FnOnce(&mut Store<HostState>) -> wasmtime::Result<B>,
+    create: impl FnOnce(&B, &mut Store<HostState>) -> wasmtime::Result<Result<ResourceAny, String>>,
+) -> Result<(Store<HostState>, B, ResourceAny), PolicyError> {
+    let mut store = new_store(inner, name)?;
+    let bindings = instantiate(&mut store).map_err(|e| instantiate_error(name, &store, &e))?;
+    refuel(&mut store, inner.cfg.fuel_per_call);
+    let created = create(&bindings, &mut store);
+    store.data_mut().flush_guest_output();
+    match created {
+        Ok(Ok(r)) => Ok((store, bindings, r)),
+        Ok(Err(msg)) => Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
+        Err(e) => Err(classify(name, "create", store.data(), &e)),
+    }
+}
+
 pub(crate) struct WasmSchedule {
     inner: Arc<Runtime>,
     name: String,
@@ -74,22 +94,16 @@ impl WasmSchedule {
         carried: Option<Vec<u8>>,
         carry_key: CarryKey,
     ) -> Result<Self, PolicyError> {
-        let mut store = new_store(&inner, name)?;
-        let bindings = pre
-            .instantiate(&mut store)
-            .map_err(|e| instantiate_error(name, &store, &e))?;
-        refuel(&mut store, inner.cfg.fuel_per_call);
-        let created = bindings.specd_policy_schedule().scheduler().call_create(
-            &mut store,
-            config,
-            carried.as_deref(),
-        );
-        store.data_mut().flush_guest_output();
-        let resource = match created {
-            Ok(Ok(r)) => r,
-            Ok(Err(msg)) => return Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
-            Err(e) => return Err(classify(name, "create", store.data(), &e)),
-        };
+        let (store, bindings, resource) = instantiate(
+            &inner,
+            name,
+            |store| pre.instantiate(store),
+            |b: &bind_schedule::SchedulePolicy, store| {
+                b.specd_policy_schedule()
+                    .scheduler()
+                    .call_create(store, config, carried.as_deref())
+            },
+        )?;
         Ok(WasmSchedule {
             inner,
             name: name.to_string(),
@@ -197,21 +211,16 @@ impl WasmAcceptance {
         config: &str,
         vocab_size: u32,
     ) -> Result<Self, PolicyError> {
-        let mut store = new_store(&inner, name)?;
-        let bindings = pre
-            .instantiate(&mut store)
-            .map_err(|e| instantiate_error(name, &store, &e))?;
-        refuel(&mut store, inner.cfg.fuel_per_call);
-        let created = bindings
-            .specd_policy_acceptance()
-            .acceptor()
-            .call_create(&mut store, config, vocab_size);
-        store.data_mut().flush_guest_output();
-        let resource = match created {
-            Ok(Ok(r)) => r,
-            Ok(Err(msg)) => return Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
-            Err(e) => return Err(classify(name, "create", store.data(), &e)),
-        };
+        let (store, bindings, resource) = instantiate(
+            &inner,
+            name,
+            |store| pre.instantiate(store),
+            |b: &bind_acceptance::AcceptancePolicy, store| {
+                b.specd_policy_acceptance()
+                    .acceptor()
+                    .call_create(store, config, vocab_size)
+            },
+        )?;
         Ok(WasmAcceptance {
             inner,
             name: name.to_string(),

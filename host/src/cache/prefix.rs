@@ -55,6 +55,10 @@ impl PrefixCache {
         }
     }
 
+    pub fn limit_bytes(&self) -> usize {
+        self.limit_bytes
+    }
+
     pub fn used_bytes(&self) -> usize {
         self.used_bytes
     }

@@ -100,6 +100,14 @@ pub enum BenchCmd {
     },
 }
 
+/// `a, b,,c` -> `[a, b, c]`.
+fn comma_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(|x| x.trim().to_string())
+        .filter(|x| !x.is_empty())
+        .collect()
+}
+
 pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
     match cmd {
         BenchCmd::Blas { iters } => blas(iters),
@@ -137,11 +145,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
                 other => anyhow::bail!("--mlx-lm-blas {other:?}: use openblas or wheel"),
             };
             let opts = crate::anchors::Options {
-                engines: only
-                    .split(',')
-                    .map(|x| x.trim().to_string())
-                    .filter(|x| !x.is_empty())
-                    .collect(),
+                engines: comma_list(&only),
                 max_tokens,
                 prefill_tokens,
                 threads,
@@ -203,12 +207,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             let e = load_engine(&model.model, &spec_args, weights)?;
             let params = sampling.params();
             params.validate()?;
-            let list = |s: &str| {
-                s.split(',')
-                    .map(|x| x.trim().to_string())
-                    .filter(|x| !x.is_empty())
-                    .collect::<Vec<_>>()
-            };
+            let list = comma_list;
             let acceptances = acceptances.unwrap_or_else(|| {
                 if params.greedy() {
                     "greedy".into()

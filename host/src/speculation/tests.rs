@@ -153,6 +153,19 @@ fn spec(
     }
 }
 
+/// A drafter that is never wrong, k = 8, greedy acceptance.
+fn always_right_k8() -> Speculation {
+    spec(
+        Box::new(ScriptedDrafter {
+            wrong_at: 99,
+            eos_after: None,
+        }),
+        "constant",
+        r#"{"k":8}"#,
+        "greedy",
+    )
+}
+
 fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
     Settings {
         params: SamplingParams::default(),
@@ -280,15 +293,7 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
     // The budget cuts a run short.
     for max in [1, 2, 5, 9] {
         let mut t = FakeTarget::new(cycle_script(None));
-        let s = spec(
-            Box::new(ScriptedDrafter {
-                wrong_at: 99,
-                eos_after: None,
-            }),
-            "constant",
-            r#"{"k":8}"#,
-            "greedy",
-        );
+        let s = always_right_k8();
         let fin = run_scripted(&mut t, s, max, &[], &mut |_| true);
         assert_eq!(fin.emitted.len(), max);
         assert_eq!(fin.stats.done_reason, DoneReason::Length);
@@ -296,15 +301,7 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
 
     // A stop string in the middle of a run: the text ends before it.
     let mut t = FakeTarget::new(cycle_script(None));
-    let s = spec(
-        Box::new(ScriptedDrafter {
-            wrong_at: 99,
-            eos_after: None,
-        }),
-        "constant",
-        r#"{"k":8}"#,
-        "greedy",
-    );
+    let s = always_right_k8();
     let mut text = String::new();
     let fin = run_scripted(&mut t, s, 40, &[" f g"], &mut |s| {
         text.push_str(s);
