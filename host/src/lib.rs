@@ -4,7 +4,7 @@
 //! Data flows one way: `specd_mlx` -> [`model`] -> [`cache`] ->
 //! [`speculation`] (<- `specd_policy`) -> [`pipeline`] -> [`engine`] -> CLI
 //! and server. A module knows only the ones to its left.
-pub mod anchors;
+
 pub mod bench;
 pub mod cache;
 pub mod cli;

@@ -53,45 +53,12 @@ pub enum BenchCmd {
         svg: Option<PathBuf>,
     },
     /// Our plain greedy speed next to mlx-lm and llama.cpp (same tokens, same
-    /// threads, one run), and our verify cost curve.
-    ///
-    /// The anchors run in Python: SPECD_PYTHON, else this checkout's .venv,
-    /// else python3. A missing anchor package is pip-installed there on first
-    /// use (llama-cpp-python compiles llama.cpp: minutes).
+    /// threads, one run), and our verify cost curve. Runs the `specd-anchors`
+    /// binary beside this one with these arguments (`--help` lists them).
+    #[command(disable_help_flag = true)]
     Anchors {
-        #[command(flatten)]
-        model: ModelArg,
-        /// Comma-separated engines: ours, mlx-lm, llama.cpp.
-        #[arg(long, default_value = "ours,mlx-lm,llama.cpp")]
-        only: String,
-        /// Tokens to decode (greedy; fewer if the model ends first).
-        #[arg(long, default_value_t = 128)]
-        max_tokens: usize,
-        /// Length of the prefill prompt in tokens.
-        #[arg(long, default_value_t = 512)]
-        prefill_tokens: usize,
-        /// Threads for every engine (default: SPECD_THREADS, else all cores).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Timed prefill runs per engine, after a warm-up (the median counts).
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
-        /// Tokens in the cache before the verify forwards.
-        #[arg(long, default_value_t = 128)]
-        verify_context: usize,
-        /// Timed forwards per point of the verify curve (the median counts).
-        #[arg(long, default_value_t = 7)]
-        verify_reps: usize,
-        /// Report a missing anchor package as an error instead of installing it.
-        #[arg(long)]
-        no_install: bool,
-        /// mlx-lm's BLAS: `openblas` (the system's, preloaded, as specd links
-        /// it) or `wheel` (the mlx-cpu wheel's reference BLAS).
-        #[arg(long, default_value = "openblas")]
-        mlx_lm_blas: String,
-        /// Print the report as JSON on stdout instead of the table.
-        #[arg(long)]
-        json: bool,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// MLX matmul of 1 row vs 8 rows against a 2048x2048 float32 matrix.
     Blas {
@@ -111,68 +78,24 @@ fn comma_list(s: &str) -> Vec<String> {
 pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
     match cmd {
         BenchCmd::Blas { iters } => blas(iters),
-        BenchCmd::Anchors {
-            model,
-            only,
-            max_tokens,
-            prefill_tokens,
-            threads,
-            reps,
-            verify_context,
-            verify_reps,
-            no_install,
-            mlx_lm_blas,
-            json,
-        } => {
-            let threads = threads
-                .unwrap_or_else(crate::anchors::default_threads)
-                .max(1);
-            // Before the model loads: the kernels make their pool on first use.
-            if !specd_mlx::kernels::set_threads(threads as i32)
-                && specd_mlx::kernels::threads() != threads as i32
-            {
-                anyhow::bail!(
-                    "the kernels already run with {} threads",
-                    specd_mlx::kernels::threads()
-                );
+        BenchCmd::Anchors { mut args } => {
+            // The global --weights reaches it as its own flag.
+            if !args.iter().any(|a| a.starts_with("--weights")) {
+                args.extend(["--weights".to_string(), weights.name().to_string()]);
             }
-            specd_mlx::set_blas_threads(threads as i32);
-            let mlx_lm_blas = match mlx_lm_blas.as_str() {
-                "wheel" => None,
-                "openblas" => Some(crate::anchors::system_openblas().context(
-                    "--mlx-lm-blas openblas: no libopenblas.so.0 found (apt-get install libopenblas0-pthread), or use --mlx-lm-blas wheel",
-                )?),
-                other => anyhow::bail!("--mlx-lm-blas {other:?}: use openblas or wheel"),
-            };
-            let opts = crate::anchors::Options {
-                engines: comma_list(&only),
-                max_tokens,
-                prefill_tokens,
-                threads,
-                reps,
-                verify_context,
-                verify_reps,
-                install: !no_install,
-                mlx_lm_blas,
-                python: crate::anchors::default_python(),
-            };
-            let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
-            let report = crate::anchors::run(e, &opts, &mut |m| eprintln!("bench anchors: {m}"))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", crate::anchors::table(&report));
-            }
-            let failed = report.failed();
-            if !failed.is_empty() {
-                anyhow::bail!(
-                    "{} could not run (see the report)",
-                    failed
-                        .iter()
-                        .map(|e| e.engine.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
+            let exe = std::env::current_exe().context("finding the specd binary")?;
+            let anchors = exe.with_file_name("specd-anchors");
+            let status = std::process::Command::new(&anchors)
+                .args(&args)
+                .status()
+                .with_context(|| {
+                    format!(
+                        "running {} (built with the workspace: cargo build --release --workspace)",
+                        anchors.display()
+                    )
+                })?;
+            if !status.success() {
+                std::process::exit(status.code().unwrap_or(1));
             }
             Ok(())
         }

@@ -59,66 +59,18 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
-/// Days since 1970-01-01 to (year, month 1-12, day 1-31).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// `strftime_now(fmt)` as transformers provides it (UTC; %Y %m %d %b %B %H %M %S %%).
-fn strftime_now(fmt: String) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
-    let t = secs.rem_euclid(86_400);
+/// `strftime_now(fmt)` as transformers provides it (UTC, Python's strftime
+/// directives); an unknown directive is a template error.
+fn strftime_now(fmt: String) -> Result<String, Error> {
+    use std::fmt::Write;
     let mut out = String::new();
-    let mut it = fmt.chars();
-    while let Some(c) = it.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        match it.next() {
-            Some('Y') => out.push_str(&y.to_string()),
-            Some('m') => out.push_str(&format!("{m:02}")),
-            Some('d') => out.push_str(&format!("{d:02}")),
-            Some('b') => out.push_str(&MONTHS[m as usize - 1][..3]),
-            Some('B') => out.push_str(MONTHS[m as usize - 1]),
-            Some('H') => out.push_str(&format!("{:02}", t / 3600)),
-            Some('M') => out.push_str(&format!("{:02}", t / 60 % 60)),
-            Some('S') => out.push_str(&format!("{:02}", t % 60)),
-            Some('%') => out.push('%'),
-            Some(o) => {
-                out.push('%');
-                out.push(o);
-            }
-            None => out.push('%'),
-        }
-    }
-    out
+    write!(out, "{}", chrono::Utc::now().format(&fmt)).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: bad format {fmt:?}"),
+        )
+    })?;
+    Ok(out)
 }
 
 impl ChatTemplate {
@@ -196,7 +148,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chatml_fallback() {
+    fn templateless_models_fall_back_to_chatml() {
         let t = ChatTemplate::chatml();
         let s = t
             .render(&[ChatMessage::system("S"), ChatMessage::user("Hi")], true)
@@ -207,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn hf_features() {
+    fn hf_template_features_render_and_errors_surface() {
         let src = "{{ bos_token }}{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}\n  {{ m.content.strip().upper() | tojson }}{% endfor %}{{ eos_token }}";
         let t = ChatTemplate::new(src, Some("<s>".into()), Some("</s>".into())).unwrap();
         let s = t
@@ -219,13 +171,11 @@ mod tests {
         let t = ChatTemplate::new("{{ strftime_now('%Y-%m-%d %b') }}", None, None).unwrap();
         let s = t.render(&[], false).unwrap();
         assert_eq!(s.len(), 14, "{s}");
+        let t = ChatTemplate::new("{{ strftime_now('%Q') }}", None, None).unwrap();
+        assert!(
+            t.render(&[], false).is_err(),
+            "an unknown directive is an error"
+        );
         assert!(ChatTemplate::new("{% if %}", None, None).is_err());
-    }
-
-    #[test]
-    fn civil() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
-        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
     }
 }

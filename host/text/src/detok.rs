@@ -153,7 +153,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drain_matches_lossy() {
+    fn drained_text_matches_lossy_decode() {
         // Deterministic pseudo-random byte streams, fed in random-sized pieces.
         let mut s = 0x2545F4914F6CDD1Du64;
         let mut next = || {

@@ -124,7 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn across_chunks() {
+    fn a_stop_string_split_across_chunks_is_found() {
         assert_eq!(
             run(&["END"], &["hello E", "N", "D world"]),
             ("hello ".into(), Some(0))

@@ -853,7 +853,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn send_sync() {
+    fn the_tokenizer_is_send_and_sync() {
         fn check<T: Send + Sync>() {}
         check::<Tokenizer>();
         check::<crate::chat::ChatTemplate>();

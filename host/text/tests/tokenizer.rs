@@ -50,7 +50,7 @@ fn samples() -> Vec<String> {
 }
 
 #[test]
-fn gguf_metadata() {
+fn gguf_metadata_reads_the_default_models_fields() {
     let m = meta();
     assert_eq!(m.version, 3);
     assert_eq!(m.architecture().unwrap(), "llama");
@@ -141,7 +141,7 @@ fn gguf_truncated_and_corrupt_files_error_cleanly() {
 }
 
 #[test]
-fn special_tokens() {
+fn special_tokens_encode_as_single_ids() {
     let t = tok();
     let toks = meta().get_str_array("tokenizer.ggml.tokens").unwrap();
     assert_eq!(toks[0], "<|endoftext|>");
@@ -184,7 +184,7 @@ fn special_tokens() {
 }
 
 #[test]
-fn round_trip() {
+fn decode_inverts_encode() {
     let t = tok();
     for s in samples() {
         let ids = t.encode(&s, false).unwrap();
@@ -284,7 +284,7 @@ fn stream_detokenizer_equals_decode() {
 }
 
 #[test]
-fn chat_template_chatml() {
+fn the_chatml_template_renders_like_transformers() {
     let t = tok();
     let ct = ChatTemplate::from_tokenizer(&t).unwrap();
     assert_eq!(
@@ -319,7 +319,7 @@ fn chat_template_chatml() {
 }
 
 #[test]
-fn hf_files_round_trip() {
+fn hf_tokenizer_files_round_trip() {
     let t = tok();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("specd-text-hf");
     let _ = std::fs::remove_dir_all(&dir);

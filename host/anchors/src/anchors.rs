@@ -9,12 +9,12 @@
 //! checkout's `.venv`, else `python3`. A missing anchor package is installed
 //! there with pip on first use (unless `--no-install`); one that still cannot
 //! run is an error in the report, never a silent skip.
-use crate::engine::{Engine, Prompt};
-use crate::model::{Logits, ModelFormat};
-use crate::options::{DrafterSpec, SpecOptions};
-use crate::sampling::SamplingParams;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use specd::engine::{Engine, Prompt};
+use specd::model::{Logits, ModelFormat};
+use specd::options::{DrafterSpec, SpecOptions};
+use specd::sampling::SamplingParams;
 use specd_text::ChatMessage;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// The anchor script, run with `python -c`.
-pub const SCRIPT: &str = include_str!("../../scripts/anchors.py");
+pub const SCRIPT: &str = include_str!("../../../scripts/anchors.py");
 
 /// Engine names, in the order they run.
 pub const ENGINES: [&str; 3] = ["ours", "mlx-lm", "llama.cpp"];
@@ -207,9 +207,9 @@ fn long_prompt(e: &Engine, n: usize) -> Result<Vec<u32>> {
     let mut text = String::new();
     let mut ids = Vec::new();
     while ids.len() < n {
-        for p in crate::bench::GROUNDED
+        for p in specd::bench::GROUNDED
             .iter()
-            .chain(crate::bench::OPEN.iter())
+            .chain(specd::bench::OPEN.iter())
         {
             text.push_str(p);
             text.push_str("\n\n");
@@ -332,12 +332,12 @@ pub fn verify_curve(e: &Engine, ids: &[u32], context: usize, reps: usize) -> Res
 /// `$SPECD_HOME/converted/<stem>-<sha256 prefix>`: `specd convert` of the GGUF,
 /// made once (written next to it, then renamed into place).
 pub fn converted_dir(gguf: &Path, progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
-    let sha = crate::store::sha256_file(gguf)?;
+    let sha = specd::store::sha256_file(gguf)?;
     let stem = gguf
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let root = crate::store::home().join("converted");
+    let root = specd::store::home().join("converted");
     let dir = root.join(format!("{stem}-{}", &sha[..12]));
     if dir.join("config.json").exists() {
         return Ok(dir);
@@ -350,7 +350,7 @@ pub fn converted_dir(gguf: &Path, progress: &mut dyn FnMut(&str)) -> Result<Path
         gguf.display(),
         dir.display()
     ));
-    crate::model::convert::convert_gguf(gguf, &tmp)?;
+    specd::model::convert::convert_gguf(gguf, &tmp)?;
     if let Err(e) = std::fs::rename(&tmp, &dir) {
         let _ = std::fs::remove_dir_all(&tmp);
         if !dir.join("config.json").exists() {

@@ -1,0 +1,122 @@
+//! `specd-anchors`: what `specd bench anchors` runs. Our plain greedy speed
+//! next to mlx-lm and llama.cpp (same tokens, same threads, one run), and
+//! our verify cost curve.
+//!
+//! The anchors run in Python: SPECD_PYTHON, else this checkout's .venv, else
+//! python3. A missing anchor package is pip-installed there on first use
+//! (llama-cpp-python compiles llama.cpp: minutes). This binary, not the
+//! server's, holds those drivers.
+mod anchors;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use specd::model::WeightMode;
+
+#[derive(Parser)]
+#[command(name = "specd bench anchors", bin_name = "specd bench anchors", version)]
+struct Args {
+    /// A store name (smollm2:135m), a GGUF file, or a Hugging Face directory.
+    #[arg(long, short, default_value = specd::store::DEFAULT_MODEL)]
+    model: String,
+    /// How our weights are held: quantized (default) or f32.
+    #[arg(long, value_parser = WeightMode::parse)]
+    weights: Option<WeightMode>,
+    /// Comma-separated engines: ours, mlx-lm, llama.cpp.
+    #[arg(long, default_value = "ours,mlx-lm,llama.cpp")]
+    only: String,
+    /// Tokens to decode (greedy; fewer if the model ends first).
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Length of the prefill prompt in tokens.
+    #[arg(long, default_value_t = 512)]
+    prefill_tokens: usize,
+    /// Threads for every engine (default: SPECD_THREADS, else all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Timed prefill runs per engine, after a warm-up (the median counts).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Tokens in the cache before the verify forwards.
+    #[arg(long, default_value_t = 128)]
+    verify_context: usize,
+    /// Timed forwards per point of the verify curve (the median counts).
+    #[arg(long, default_value_t = 7)]
+    verify_reps: usize,
+    /// Report a missing anchor package as an error instead of installing it.
+    #[arg(long)]
+    no_install: bool,
+    /// mlx-lm's BLAS: `openblas` (the system's, preloaded, as specd links
+    /// it) or `wheel` (the mlx-cpu wheel's reference BLAS).
+    #[arg(long, default_value = "openblas")]
+    mlx_lm_blas: String,
+    /// Print the report as JSON on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    specd::cli::init_logging();
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: Args) -> Result<()> {
+    let threads = a.threads.unwrap_or_else(anchors::default_threads).max(1);
+    // Before the model loads: the kernels make their pool on first use.
+    if !specd_mlx::kernels::set_threads(threads as i32)
+        && specd_mlx::kernels::threads() != threads as i32
+    {
+        anyhow::bail!(
+            "the kernels already run with {} threads",
+            specd_mlx::kernels::threads()
+        );
+    }
+    specd_mlx::set_blas_threads(threads as i32);
+    let mlx_lm_blas = match a.mlx_lm_blas.as_str() {
+        "wheel" => None,
+        "openblas" => Some(anchors::system_openblas().context(
+            "--mlx-lm-blas openblas: no libopenblas.so.0 found (apt-get install libopenblas0-pthread), or use --mlx-lm-blas wheel",
+        )?),
+        other => anyhow::bail!("--mlx-lm-blas {other:?}: use openblas or wheel"),
+    };
+    let opts = anchors::Options {
+        engines: a
+            .only
+            .split(',')
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect(),
+        max_tokens: a.max_tokens,
+        prefill_tokens: a.prefill_tokens,
+        threads,
+        reps: a.reps,
+        verify_context: a.verify_context,
+        verify_reps: a.verify_reps,
+        install: !a.no_install,
+        mlx_lm_blas,
+        python: anchors::default_python(),
+    };
+    let path = specd::store::Store::default().resolve(&a.model, false)?;
+    let policies = specd::cli::policy_host(None)?;
+    let e = specd::engine::Engine::load(&a.model, &path, policies, a.weights.unwrap_or_default())?;
+    let report = anchors::run(e, &opts, &mut |m| eprintln!("bench anchors: {m}"))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", anchors::table(&report));
+    }
+    let failed = report.failed();
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} could not run (see the report)",
+            failed
+                .iter()
+                .map(|e| e.engine.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}
