@@ -13,7 +13,11 @@ use clap::Parser;
 use specd::model::WeightMode;
 
 #[derive(Parser)]
-#[command(name = "specd bench anchors", bin_name = "specd bench anchors", version)]
+#[command(
+    name = "specd bench anchors",
+    bin_name = "specd bench anchors",
+    version
+)]
 struct Args {
     /// A store name (smollm2:135m), a GGUF file, or a Hugging Face directory.
     #[arg(long, short, default_value = specd::store::DEFAULT_MODEL)]

@@ -20,6 +20,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 #[derive(Debug, Clone)]
 pub struct GenRequest {
     pub prompt: Prompt,
+    /// Validated where the request was read (`api::CommonOptions::params`).
     pub params: SamplingParams,
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
@@ -256,9 +257,6 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::pa
             "the prompt is {} tokens, over the model's context length of {ctx} tokens",
             prompt.len()
         ));
-    }
-    if let Err(e) = req.params.validate() {
-        return refuse(format!("{e:#}"));
     }
     let spec = match engine.speculation(&req.spec, &req.params) {
         Ok(s) => s,

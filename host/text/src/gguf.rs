@@ -68,6 +68,28 @@ impl GgufType {
     }
 }
 
+/// The [`GgufType`] of an array's elements or of a value: both enums have
+/// one variant per type, of the same name.
+macro_rules! type_of {
+    ($v:expr) => {
+        match $v {
+            Self::U8(_) => GgufType::U8,
+            Self::I8(_) => GgufType::I8,
+            Self::U16(_) => GgufType::U16,
+            Self::I16(_) => GgufType::I16,
+            Self::U32(_) => GgufType::U32,
+            Self::I32(_) => GgufType::I32,
+            Self::F32(_) => GgufType::F32,
+            Self::Bool(_) => GgufType::Bool,
+            Self::String(_) => GgufType::String,
+            Self::Array(_) => GgufType::Array,
+            Self::U64(_) => GgufType::U64,
+            Self::I64(_) => GgufType::I64,
+            Self::F64(_) => GgufType::F64,
+        }
+    };
+}
+
 /// A typed GGUF array (arrays are homogeneous; nested arrays are allowed).
 #[derive(Clone, Debug, PartialEq)]
 pub enum GgufArray {
@@ -110,21 +132,7 @@ impl GgufArray {
     }
 
     pub fn elem_type(&self) -> GgufType {
-        match self {
-            Self::U8(_) => GgufType::U8,
-            Self::I8(_) => GgufType::I8,
-            Self::U16(_) => GgufType::U16,
-            Self::I16(_) => GgufType::I16,
-            Self::U32(_) => GgufType::U32,
-            Self::I32(_) => GgufType::I32,
-            Self::F32(_) => GgufType::F32,
-            Self::Bool(_) => GgufType::Bool,
-            Self::String(_) => GgufType::String,
-            Self::Array(_) => GgufType::Array,
-            Self::U64(_) => GgufType::U64,
-            Self::I64(_) => GgufType::I64,
-            Self::F64(_) => GgufType::F64,
-        }
+        type_of!(self)
     }
 
     /// Integer elements widened to i128 (None for non-integer arrays).
@@ -164,21 +172,7 @@ pub enum GgufValue {
 
 impl GgufValue {
     pub fn value_type(&self) -> GgufType {
-        match self {
-            Self::U8(_) => GgufType::U8,
-            Self::I8(_) => GgufType::I8,
-            Self::U16(_) => GgufType::U16,
-            Self::I16(_) => GgufType::I16,
-            Self::U32(_) => GgufType::U32,
-            Self::I32(_) => GgufType::I32,
-            Self::F32(_) => GgufType::F32,
-            Self::Bool(_) => GgufType::Bool,
-            Self::String(_) => GgufType::String,
-            Self::Array(_) => GgufType::Array,
-            Self::U64(_) => GgufType::U64,
-            Self::I64(_) => GgufType::I64,
-            Self::F64(_) => GgufType::F64,
-        }
+        type_of!(self)
     }
 
     /// Any integer (or bool) value, widened.
