@@ -1,6 +1,7 @@
 //! Counters the server exports (Prometheus-friendly: monotonic totals).
 
 use crate::PolicyErrorKind;
+use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -33,44 +34,55 @@ pub struct MetricsSnapshot {
 }
 
 impl MetricsSnapshot {
-    /// Prometheus text exposition lines (`specd_policy_*`).
-    pub fn prometheus(&self) -> String {
-        let mut s = String::new();
-        s.push_str("# TYPE specd_policy_calls_total counter\n");
-        s.push_str(&format!(
-            "specd_policy_calls_total{{interface=\"schedule\"}} {}\n",
-            self.schedule_calls
-        ));
-        s.push_str(&format!(
-            "specd_policy_calls_total{{interface=\"acceptance\"}} {}\n",
-            self.acceptance_calls
-        ));
-        s.push_str("# TYPE specd_policy_call_seconds_total counter\n");
-        s.push_str(&format!(
-            "specd_policy_call_seconds_total{{interface=\"schedule\"}} {}\n",
-            self.schedule_seconds
-        ));
-        s.push_str(&format!(
-            "specd_policy_call_seconds_total{{interface=\"acceptance\"}} {}\n",
-            self.acceptance_seconds
-        ));
-        s.push_str("# TYPE specd_policy_instantiations_total counter\n");
-        s.push_str(&format!(
-            "specd_policy_instantiations_total {}\n",
-            self.instantiations
-        ));
-        s.push_str("# TYPE specd_policy_instantiate_seconds_total counter\n");
-        s.push_str(&format!(
-            "specd_policy_instantiate_seconds_total {}\n",
-            self.instantiate_seconds
-        ));
-        s.push_str("# TYPE specd_policy_failures_total counter\n");
-        for (k, v) in &self.failures {
-            s.push_str(&format!(
-                "specd_policy_failures_total{{kind=\"{k}\"}} {v}\n"
-            ));
+    /// Adds these counters (`specd_policy_*`) to a Prometheus registry.
+    pub fn register(&self, r: &Registry) -> prometheus::Result<()> {
+        let calls = IntCounterVec::new(
+            Opts::new("specd_policy_calls_total", "Policy calls by interface."),
+            &["interface"],
+        )?;
+        let seconds = CounterVec::new(
+            Opts::new(
+                "specd_policy_call_seconds_total",
+                "Time in policy calls by interface.",
+            ),
+            &["interface"],
+        )?;
+        for (interface, n, secs) in [
+            ("schedule", self.schedule_calls, self.schedule_seconds),
+            ("acceptance", self.acceptance_calls, self.acceptance_seconds),
+        ] {
+            calls.with_label_values(&[interface]).inc_by(n);
+            seconds.with_label_values(&[interface]).inc_by(secs);
         }
-        s
+        r.register(Box::new(calls))?;
+        r.register(Box::new(seconds))?;
+        let instantiations = IntCounter::new(
+            "specd_policy_instantiations_total",
+            "Per-request policy instances made.",
+        )?;
+        instantiations.inc_by(self.instantiations);
+        r.register(Box::new(instantiations))?;
+        let instantiate_seconds = Counter::new(
+            "specd_policy_instantiate_seconds_total",
+            "Time making per-request policy instances.",
+        )?;
+        instantiate_seconds.inc_by(self.instantiate_seconds);
+        r.register(Box::new(instantiate_seconds))?;
+        let failures = IntCounterVec::new(
+            Opts::new("specd_policy_failures_total", "Policy failures by kind."),
+            &["kind"],
+        )?;
+        for (kind, n) in &self.failures {
+            failures.with_label_values(&[kind]).inc_by(*n);
+        }
+        r.register(Box::new(failures))
+    }
+
+    /// The Prometheus text of these counters alone.
+    pub fn prometheus(&self) -> prometheus::Result<String> {
+        let r = Registry::new();
+        self.register(&r)?;
+        TextEncoder::new().encode_to_string(&r.gather())
     }
 }
 

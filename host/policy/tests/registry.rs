@@ -113,5 +113,6 @@ fn metrics_count_calls_and_instantiations() {
     assert!(after.instantiations > before.instantiations);
     assert!(after
         .prometheus()
+        .unwrap()
         .contains("specd_policy_failures_total{kind=\"timeout\"}"));
 }

@@ -364,9 +364,19 @@ pub async fn health(axum::extract::State(state): axum::extract::State<State>) ->
 }
 
 pub async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Response {
-    let text = state
+    let text = match state
         .metrics
-        .prometheus(&state.policies.metrics(), &state.model.name);
+        .prometheus(&state.policies.metrics(), &state.model.name)
+    {
+        Ok(t) => t,
+        Err(e) => {
+            return ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("encoding the metrics: {e}"),
+            )
+            .into_response()
+        }
+    };
     (
         [(
             header::CONTENT_TYPE,

@@ -4,8 +4,10 @@ use crate::pipeline::{DoneReason, Stats};
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
+use prometheus::{
+    Counter, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 
@@ -90,42 +92,44 @@ impl ServerMetrics {
             .or_default() += 1;
     }
 
-    /// The Prometheus text exposition (server counters + the policy host's).
-    pub fn prometheus(&self, policy: &specd_policy::MetricsSnapshot, model: &str) -> String {
-        let mut s = String::new();
-        let counter = |s: &mut String, name: &str, help: &str, v: String| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        let secs = |a: &AtomicU64| format!("{}", a.load(Relaxed) as f64 / 1e9);
-        let n = |a: &AtomicU64| a.load(Relaxed).to_string();
-        let _ = writeln!(
-            s,
-            "# HELP specd_model_info The served model.\n# TYPE specd_model_info gauge\nspecd_model_info{{model=\"{model}\"}} 1"
-        );
-        let _ = writeln!(
-            s,
-            "# HELP specd_http_requests_total HTTP requests by route and status.\n# TYPE specd_http_requests_total counter"
-        );
+    /// The Prometheus text of `/metrics`: the server's counters and the
+    /// policy host's, read now.
+    pub fn prometheus(
+        &self,
+        policy: &specd_policy::MetricsSnapshot,
+        model: &str,
+    ) -> prometheus::Result<String> {
+        let r = Registry::new();
+        let info = IntGaugeVec::new(
+            Opts::new("specd_model_info", "The served model."),
+            &["model"],
+        )?;
+        info.with_label_values(&[model]).set(1);
+        r.register(Box::new(info))?;
+        let http = IntCounterVec::new(
+            Opts::new(
+                "specd_http_requests_total",
+                "HTTP requests by route and status.",
+            ),
+            &["route", "status"],
+        )?;
         for ((route, status), v) in self
             .http
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
         {
-            let _ = writeln!(
-                s,
-                "specd_http_requests_total{{route=\"{route}\",status=\"{status}\"}} {v}"
-            );
+            http.with_label_values(&[route.as_str(), &status.to_string()])
+                .inc_by(*v);
         }
-        let _ = writeln!(
-            s,
-            "# HELP specd_queue_depth Requests waiting for the worker.\n# TYPE specd_queue_depth gauge\nspecd_queue_depth {}",
-            n(&self.queued)
-        );
-        let _ = writeln!(
-            s,
-            "# HELP specd_generations_total Generation requests by outcome.\n# TYPE specd_generations_total counter"
-        );
+        r.register(Box::new(http))?;
+        let queued = IntGauge::new("specd_queue_depth", "Requests waiting for the worker.")?;
+        queued.set(self.queued.load(Relaxed) as i64);
+        r.register(Box::new(queued))?;
+        let outcomes = IntCounterVec::new(
+            Opts::new("specd_generations_total", "Generation requests by outcome."),
+            &["outcome"],
+        )?;
         for (outcome, a) in [
             ("stop", &self.done_stop),
             ("length", &self.done_length),
@@ -135,97 +139,98 @@ impl ServerMetrics {
             ("failed", &self.failed),
             ("panic", &self.panics),
         ] {
-            let _ = writeln!(
-                s,
-                "specd_generations_total{{outcome=\"{outcome}\"}} {}",
-                n(a)
-            );
+            outcomes
+                .with_label_values(&[outcome])
+                .inc_by(a.load(Relaxed));
         }
-        counter(
-            &mut s,
-            "specd_prompt_tokens_total",
-            "Prompt tokens processed.",
-            n(&self.prompt_tokens),
-        );
-        counter(
-            &mut s,
-            "specd_prompt_cached_tokens_total",
-            "Prompt tokens served from the prefix cache.",
-            n(&self.cached_tokens),
-        );
-        counter(
-            &mut s,
-            "specd_generated_tokens_total",
-            "Tokens generated.",
-            n(&self.generated_tokens),
-        );
-        counter(
-            &mut s,
-            "specd_prompt_seconds_total",
-            "Time spent in prefill.",
-            secs(&self.prompt_nanos),
-        );
-        counter(
-            &mut s,
-            "specd_decode_seconds_total",
-            "Time spent decoding.",
-            secs(&self.decode_nanos),
-        );
-        counter(
-            &mut s,
-            "specd_speculation_rounds_total",
-            "Decode rounds.",
-            n(&self.rounds),
-        );
-        counter(
-            &mut s,
-            "specd_speculation_drafted_tokens_total",
-            "Tokens drafted.",
-            n(&self.drafted),
-        );
-        counter(
-            &mut s,
-            "specd_speculation_accepted_tokens_total",
-            "Drafted tokens accepted.",
-            n(&self.accepted),
-        );
-        counter(
-            &mut s,
-            "specd_speculation_draft_seconds_total",
-            "Time in drafters.",
-            secs(&self.draft_nanos),
-        );
-        counter(
-            &mut s,
-            "specd_speculation_verify_seconds_total",
-            "Time in verify forwards.",
-            secs(&self.verify_nanos),
-        );
-        counter(
-            &mut s,
-            "specd_speculation_policy_seconds_total",
-            "Time in policy calls (per-request view).",
-            secs(&self.policy_nanos),
-        );
-        let _ = writeln!(
-            s,
-            "# HELP specd_request_policy_failures_total Requests whose speculation a policy failure ended, by kind.\n# TYPE specd_request_policy_failures_total counter"
-        );
+        r.register(Box::new(outcomes))?;
+        for (name, help, a) in [
+            (
+                "specd_prompt_tokens_total",
+                "Prompt tokens processed.",
+                &self.prompt_tokens,
+            ),
+            (
+                "specd_prompt_cached_tokens_total",
+                "Prompt tokens served from the prefix cache.",
+                &self.cached_tokens,
+            ),
+            (
+                "specd_generated_tokens_total",
+                "Tokens generated.",
+                &self.generated_tokens,
+            ),
+            (
+                "specd_speculation_rounds_total",
+                "Decode rounds.",
+                &self.rounds,
+            ),
+            (
+                "specd_speculation_drafted_tokens_total",
+                "Tokens drafted.",
+                &self.drafted,
+            ),
+            (
+                "specd_speculation_accepted_tokens_total",
+                "Drafted tokens accepted.",
+                &self.accepted,
+            ),
+        ] {
+            let c = IntCounter::new(name, help)?;
+            c.inc_by(a.load(Relaxed));
+            r.register(Box::new(c))?;
+        }
+        for (name, help, a) in [
+            (
+                "specd_prompt_seconds_total",
+                "Time spent in prefill.",
+                &self.prompt_nanos,
+            ),
+            (
+                "specd_decode_seconds_total",
+                "Time spent decoding.",
+                &self.decode_nanos,
+            ),
+            (
+                "specd_speculation_draft_seconds_total",
+                "Time in drafters.",
+                &self.draft_nanos,
+            ),
+            (
+                "specd_speculation_verify_seconds_total",
+                "Time in verify forwards.",
+                &self.verify_nanos,
+            ),
+            (
+                "specd_speculation_policy_seconds_total",
+                "Time in policy calls (per-request view).",
+                &self.policy_nanos,
+            ),
+        ] {
+            let c = Counter::new(name, help)?;
+            c.inc_by(a.load(Relaxed) as f64 / 1e9);
+            r.register(Box::new(c))?;
+        }
+        let failures = IntCounterVec::new(
+            Opts::new(
+                "specd_request_policy_failures_total",
+                "Requests whose speculation a policy failure ended, by kind.",
+            ),
+            &["kind"],
+        )?;
+        let counted = self
+            .policy_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         for kind in specd_policy::PolicyErrorKind::ALL {
-            let v = self
-                .policy_failures
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(kind.as_str())
-                .copied()
-                .unwrap_or(0);
-            let _ = writeln!(
-                s,
-                "specd_request_policy_failures_total{{kind=\"{kind}\"}} {v}"
-            );
+            failures
+                .with_label_values(&[kind.as_str()])
+                .inc_by(counted.get(kind.as_str()).copied().unwrap_or(0));
         }
-        s.push_str(&policy.prometheus());
-        s
+        r.register(Box::new(failures))?;
+        policy.register(&r)?;
+        TextEncoder::new().encode_to_string(&r.gather())
     }
 }
 
