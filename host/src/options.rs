@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// DESIGN.md's defaults.
+/// The defaults (docs/architecture.md, "Defaults").
 pub const DEFAULT_DRAFTER: DrafterSpec = DrafterSpec::Ngram { min: 1, max: 4 };
 pub const DEFAULT_SCHEDULE: &str = "throughput";
 pub const DEFAULT_DRAFT_MAX: usize = 16;

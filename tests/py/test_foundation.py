@@ -35,7 +35,7 @@ from specd_paths import model_path, server_bin  # noqa: E402
 # reference in float64 from the same quantized weights. Measured on the
 # default model: max |diff| ~5e-5 at logits of magnitude ~20-26.
 LOGITS_ATOL = 1e-3
-# DESIGN.md: a first difference between two greedy runs is acceptable only
+# docs/architecture.md ("Identical output"): a first difference between two greedy runs is acceptable only
 # at a near-tie, where the top-2 logit margin is below this.
 NEAR_TIE = 0.01
 EOS = {0, 2}

@@ -48,7 +48,7 @@ fn fast_path() -> bool {
     engine().model.batch_invariant()
 }
 
-/// DESIGN.md's rule: identical, or (off the batch-invariant fast path) the
+/// The identical-output rule (docs/architecture.md): identical, or (off the batch-invariant fast path) the
 /// first difference sits where the top-2 logit margin is under 0.01 in
 /// either run.
 fn same_or_near_tie(plain: &Finished, spec: &Finished) -> Result<bool, String> {
@@ -334,7 +334,7 @@ fn greedy_tokens(m: &specd::model::Llama, prompt: &[u32], n: usize) -> (Vec<u32>
 fn quantized_kernels_decode_like_the_f32_reference() {
     // The same weights dequantized to float32 and run on MLX's own ops: the
     // quantized path must pick the same greedy tokens (different float
-    // rounding, so DESIGN.md's near-tie rule applies).
+    // rounding, so the near-tie rule of docs/architecture.md applies).
     let reference = specd::model::load_model_with(
         &specd_tests::default_model_path(),
         specd::model::WeightMode::F32,

@@ -30,7 +30,7 @@ impl DoneReason {
     }
 }
 
-/// The final stats of a request (DESIGN.md's keys).
+/// The final stats of a request (the stats keys of docs/architecture.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
     pub prompt_tokens: usize,

@@ -1,4 +1,4 @@
-//! Speculation counters of one request (DESIGN.md's stats keys).
+//! Speculation counters of one request (the stats keys of docs/architecture.md).
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
