@@ -336,39 +336,30 @@ fn greedy_accepts_exact_argmax_matches() {
 
 #[test]
 fn rejection_accepts_with_min_1_p_over_q() {
-    // p/q = 0.625: u = 0.6 accepts, u = 0.65 rejects
-    assert_eq!(
-        decide("rejection", "{}", &[pos(1, 0.5, 0.8, 0, 1.0, 0.6)]).accepted,
-        1
-    );
+    // One position: (token, p, q, target argmax, entropy, uniform) -> accepted.
+    for (case, want) in [
+        // p/q = 0.625: u = 0.6 accepts (0.65 rejects, below)
+        (pos(1, 0.5, 0.8, 0, 1.0, 0.6), 1),
+        // p >= q always accepts; p = 0 never; q = 0 < p always
+        (pos(1, 0.9, 0.3, 0, 1.0, 0.999), 1),
+        (pos(1, 0.0, 0.3, 0, 1.0, 0.0), 0),
+        (pos(1, 0.2, 0.0, 0, 1.0, 0.999), 1),
+        // point-mass draft (n-gram): accept with probability p
+        (pos(1, 0.3, 1.0, 0, 1.0, 0.29), 1),
+        (pos(1, 0.3, 1.0, 0, 1.0, 0.31), 0),
+    ] {
+        assert_eq!(
+            decide("rejection", "{}", &[case]).accepted,
+            want,
+            "{case:?}"
+        );
+    }
     assert_eq!(
         decide("rejection", "{}", &[pos(1, 0.5, 0.8, 0, 1.0, 0.65)]),
         Decision {
             accepted: 0,
             correction: Correction::Residual
         }
-    );
-    // p >= q always accepts; p = 0 never; q = 0 < p always
-    assert_eq!(
-        decide("rejection", "{}", &[pos(1, 0.9, 0.3, 0, 1.0, 0.999)]).accepted,
-        1
-    );
-    assert_eq!(
-        decide("rejection", "{}", &[pos(1, 0.0, 0.3, 0, 1.0, 0.0)]).accepted,
-        0
-    );
-    assert_eq!(
-        decide("rejection", "{}", &[pos(1, 0.2, 0.0, 0, 1.0, 0.999)]).accepted,
-        1
-    );
-    // point-mass draft (n-gram): accept with probability p
-    assert_eq!(
-        decide("rejection", "{}", &[pos(1, 0.3, 1.0, 0, 1.0, 0.29)]).accepted,
-        1
-    );
-    assert_eq!(
-        decide("rejection", "{}", &[pos(1, 0.3, 1.0, 0, 1.0, 0.31)]).accepted,
-        0
     );
     // stops at the first rejection even when later ones would pass
     let ps = [
@@ -398,31 +389,23 @@ fn rejection_accepts_with_min_1_p_over_q() {
 #[test]
 fn typical_uses_the_medusa_threshold() {
     // threshold = min(epsilon, delta * exp(-entropy)), defaults 0.09 / 0.3
-    // entropy 0: threshold 0.09
-    assert_eq!(
-        decide("typical", "{}", &[pos(1, 0.1, 1.0, 2, 0.0, 0.0)]).accepted,
-        1
-    );
+    for (case, want) in [
+        // entropy 0: threshold 0.09
+        (pos(1, 0.1, 1.0, 2, 0.0, 0.0), 1),
+        // entropy 3: threshold 0.3 * e^-3 = 0.01494
+        (pos(1, 0.016, 1.0, 2, 3.0, 0.0), 1),
+        (pos(1, 0.014, 1.0, 2, 3.0, 0.0), 0),
+        // it is lossy: a non-argmax token is accepted when plausible enough
+        (pos(1, 0.3, 0.9, 2, 1.0, 0.99), 1),
+    ] {
+        assert_eq!(decide("typical", "{}", &[case]).accepted, want, "{case:?}");
+    }
     assert_eq!(
         decide("typical", "{}", &[pos(1, 0.08, 1.0, 2, 0.0, 0.0)]),
         Decision {
             accepted: 0,
             correction: Correction::TargetSample
         }
-    );
-    // entropy 3: threshold 0.3 * e^-3 = 0.01494
-    assert_eq!(
-        decide("typical", "{}", &[pos(1, 0.016, 1.0, 2, 3.0, 0.0)]).accepted,
-        1
-    );
-    assert_eq!(
-        decide("typical", "{}", &[pos(1, 0.014, 1.0, 2, 3.0, 0.0)]).accepted,
-        0
-    );
-    // it is lossy: a non-argmax token is accepted when plausible enough
-    assert_eq!(
-        decide("typical", "{}", &[pos(1, 0.3, 0.9, 2, 1.0, 0.99)]).accepted,
-        1
     );
     // config: epsilon 0.5, delta 0.5 -> entropy 0 threshold 0.5
     let ps = [
