@@ -153,7 +153,10 @@ fn quotas_refuse_with_507_and_leave_the_registry_as_it_was() {
     };
     let err = h.add_within("c", &heuristic, &tight).unwrap_err();
     assert_eq!(err.http_status(), 507);
-    assert!(err.to_string().contains(&format!("{} bytes", total - 1)), "{err}");
+    assert!(
+        err.to_string().contains(&format!("{} bytes", total - 1)),
+        "{err}"
+    );
     assert_eq!(users(&h), ["a", "b"]);
     h.remove("b").unwrap();
     h.add_within("c", &heuristic, &tight).unwrap();

@@ -15,6 +15,12 @@ pub struct ServerMetrics {
     http: Mutex<BTreeMap<(String, u16), u64>>,
     /// Requests waiting in the queue (gauge).
     pub queued: AtomicU64,
+    /// Requests generating now (gauge).
+    pub running: AtomicU64,
+    /// Policy uploads being read or compiled now (gauge).
+    pub uploads_in_flight: AtomicU64,
+    /// Uploads refused because `max_concurrent_uploads` were in flight.
+    pub uploads_refused_busy: AtomicU64,
     pub rejected_busy: AtomicU64,
     /// Refused by the worker before generation (bad prompt, unknown policy...).
     pub refused: AtomicU64,
@@ -121,6 +127,22 @@ impl ServerMetrics {
             s,
             "# HELP specd_queue_depth Requests waiting for the worker.\n# TYPE specd_queue_depth gauge\nspecd_queue_depth {}",
             n(&self.queued)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP specd_running Requests generating now.\n# TYPE specd_running gauge\nspecd_running {}",
+            n(&self.running)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP specd_policy_uploads_in_flight Policy uploads being read or compiled.\n# TYPE specd_policy_uploads_in_flight gauge\nspecd_policy_uploads_in_flight {}",
+            n(&self.uploads_in_flight)
+        );
+        counter(
+            &mut s,
+            "specd_policy_uploads_busy_total",
+            "Policy uploads refused (429) because the most allowed at once were in flight.",
+            n(&self.uploads_refused_busy),
         );
         let _ = writeln!(
             s,

@@ -95,6 +95,7 @@ fn request(state: &State, prompt: Prompt, o: &OllamaOptions) -> Result<GenReques
         Some(n) if n < 0 => None,
         Some(n) => Some(n as usize),
     };
+    let max_tokens = api::cap_max_tokens(state, max_tokens, "options.num_predict")?;
     Ok(GenRequest {
         prompt,
         params: o.common.params()?,

@@ -286,7 +286,16 @@ pub async fn chat_completions(
     let req = GenRequest {
         prompt: Prompt::Chat(msgs),
         params: common.params().map_err(oa)?,
-        max_tokens: max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
+        max_tokens: api::cap_max_tokens(
+            &state,
+            max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
+            if b.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            },
+        )
+        .map_err(oa)?,
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,
@@ -332,8 +341,12 @@ pub async fn completions(
     let req = GenRequest {
         prompt: Prompt::Raw(prompt),
         params: common.params().map_err(oa)?,
-        // The OpenAI default for completions is 16 tokens.
-        max_tokens: max_tokens(b.max_tokens).map_err(oa)?.or(Some(16)),
+        // The OpenAI default for completions is 16 tokens (or the
+        // server's limit, if lower).
+        max_tokens: match max_tokens(b.max_tokens).map_err(oa)? {
+            None => Some(state.limits.max_tokens.map_or(16, |m| m.min(16))),
+            asked => api::cap_max_tokens(&state, asked, "max_tokens").map_err(oa)?,
+        },
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,

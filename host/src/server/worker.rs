@@ -209,9 +209,17 @@ pub fn start(
                 m.queued.fetch_sub(1, Relaxed);
                 let reply = job.reply.clone();
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(&engine, job, &m, cfg2.record.as_deref())
+                    run_job(
+                        &engine,
+                        job,
+                        &m,
+                        cfg2.record.as_deref(),
+                        cfg2.limits.max_prompt_tokens,
+                    )
                 }));
                 if r.is_err() {
+                    // One request runs at a time: none is running now.
+                    m.running.store(0, Relaxed);
                     m.panics.fetch_add(1, Relaxed);
                     let _ = reply.send(Msg::Failed("internal error (the worker panicked)".into()));
                 }
@@ -225,7 +233,13 @@ pub fn start(
     Ok((WorkerHandle { tx, metrics }, info))
 }
 
-fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::path::Path>) {
+fn run_job(
+    engine: &Engine,
+    job: Job,
+    m: &ServerMetrics,
+    record: Option<&std::path::Path>,
+    max_prompt_tokens: Option<usize>,
+) {
     let Job {
         req,
         reply,
@@ -254,6 +268,12 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::pa
     if prompt.len() >= ctx {
         return refuse(format!(
             "the prompt is {} tokens, over the model's context length of {ctx} tokens",
+            prompt.len()
+        ));
+    }
+    if let Some(max) = max_prompt_tokens.filter(|&m| prompt.len() > m) {
+        return refuse(format!(
+            "the prompt is {} tokens, over this server's limit of {max} prompt tokens (max_prompt_tokens)",
             prompt.len()
         ));
     }
@@ -290,7 +310,10 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::pa
         }
         reply.send(Msg::Chunk(s.to_string())).is_ok()
     };
-    match engine.generate(&prompt, &settings, spec, &mut sink) {
+    m.running.fetch_add(1, Relaxed);
+    let result = engine.generate(&prompt, &settings, spec, &mut sink);
+    m.running.fetch_sub(1, Relaxed);
+    match result {
         Ok(fin) => {
             m.record(&fin.stats);
             if let Some(p) = record {
