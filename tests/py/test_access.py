@@ -420,6 +420,45 @@ def test_delete_during_a_stream_lets_it_finish(keyed):
     assert "mine" not in policy_names(keyed)
 
 
+# --- tenants ---------------------------------------------------------------------------
+
+
+def test_prefix_cache_is_partitioned_per_key(keyed):
+    """A prompt one key ran is a prefix-cache hit for that key only."""
+    prompt = "Tenant check: " + " ".join(f"word{i}" for i in range(40))
+
+    def cached(key: str) -> int:
+        r = httpx.post(keyed.url + "/api/generate", headers=bearer(key), timeout=120, json={
+            "model": MODEL, "prompt": prompt, "raw": True, "stream": False, "options": {"num_predict": 4}})
+        assert r.status_code == 200, r.text
+        return r.json()["speculation"]["cached_tokens"]
+
+    assert cached(USER_KEYS[0]) == 0
+    assert cached(USER_KEYS[0]) > 10  # the same key: a hit
+    assert cached(USER_KEYS[1]) == 0  # another key: nothing of the first's
+    assert cached(ADMIN_KEY) == 0
+    assert cached(USER_KEYS[1]) > 10
+
+
+def test_carried_policy_state_is_partitioned_per_key(keyed):
+    """`heuristic` carries its k from one request to the next: per key."""
+    config = {"initial": 3}  # a config of its own: no other test's carried state
+
+    def ks(key: str) -> list[int]:
+        body = {"model": MODEL, "prompt": REPETITIVE, "raw": True, "stream": True,
+                "options": {"num_predict": 32, "schedule": "heuristic", "schedule_config": config,
+                            "trace_rounds": True}}
+        with httpx.stream("POST", keyed.url + "/api/generate", json=body, headers=bearer(key),
+                          timeout=120) as r:
+            assert r.status_code == 200
+            return [json.loads(x)["round"]["k"] for x in r.iter_lines() if x and "round" in json.loads(x)]
+
+    first = ks(USER_KEYS[0])
+    again = ks(USER_KEYS[0])
+    assert again[0] != first[0], (first, again)  # the same key starts from its carried k
+    assert ks(USER_KEYS[1])[0] == first[0]  # another key starts afresh
+
+
 # --- a non-loopback bind without an admin key ---------------------------------------------
 
 

@@ -271,6 +271,15 @@ impl CommonOptions {
     }
 }
 
+/// The tenant of a request: its key id, or `""` (shared) without a key.
+pub fn tenant(caller: &Option<axum::Extension<super::access::Caller>>) -> String {
+    caller
+        .as_ref()
+        .and_then(|c| c.0.key_id())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// A request's max tokens under the server's `max_tokens` limit: more is a
 /// 400 naming `field` and the limit; none asked gets the limit.
 pub fn cap_max_tokens(

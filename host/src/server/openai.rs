@@ -1,5 +1,6 @@
 //! OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions,
 //! /v1/models. Speculation fields go at the top level of the body.
+use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
 use super::worker::{GenRequest, Msg};
 use super::State;
@@ -254,6 +255,7 @@ async fn run(
 
 pub async fn chat_completions(
     axum::extract::State(state): axum::extract::State<State>,
+    caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v: Value = parse_body(body).map_err(oa)?;
@@ -299,6 +301,7 @@ pub async fn chat_completions(
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,
+        tenant: api::tenant(&caller),
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -313,6 +316,7 @@ pub async fn chat_completions(
 
 pub async fn completions(
     axum::extract::State(state): axum::extract::State<State>,
+    caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v: Value = parse_body(body).map_err(oa)?;
@@ -350,6 +354,7 @@ pub async fn completions(
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,
+        tenant: api::tenant(&caller),
     };
     let ctx = Ctx {
         kind: Kind::Completion,

@@ -27,6 +27,9 @@ pub struct GenRequest {
     pub spec: SpecOptions,
     /// Send each round's trace (`Msg::Rounds`) as the round ends.
     pub trace_rounds: bool,
+    /// Whose prefix cache and carried policy state the request uses: the
+    /// caller's key id, or `""` (shared) when no key was needed.
+    pub tenant: String,
 }
 
 /// What the worker tells the HTTP side, in order: `Started` or `Error`
@@ -280,7 +283,7 @@ fn run_job(
     if let Err(e) = req.params.validate() {
         return refuse(format!("{e:#}"));
     }
-    let spec = match engine.speculation(&req.spec, &req.params) {
+    let spec = match engine.speculation_in(&req.tenant, &req.spec, &req.params) {
         Ok(s) => s,
         Err(e) => return refuse(format!("{e:#}")),
     };
@@ -311,7 +314,7 @@ fn run_job(
         reply.send(Msg::Chunk(s.to_string())).is_ok()
     };
     m.running.fetch_add(1, Relaxed);
-    let result = engine.generate(&prompt, &settings, spec, &mut sink);
+    let result = engine.generate_in(&req.tenant, &prompt, &settings, spec, &mut sink);
     m.running.fetch_sub(1, Relaxed);
     match result {
         Ok(fin) => {
