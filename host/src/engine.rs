@@ -119,6 +119,17 @@ impl Engine {
         opts: &SpecOptions,
         params: &SamplingParams,
     ) -> Result<Option<Speculation>> {
+        self.speculation_in("", opts, params)
+    }
+
+    /// [`speculation`](Self::speculation) for `tenant`: a schedule's state
+    /// carried across requests is kept per tenant (`""`: shared).
+    pub fn speculation_in(
+        &self,
+        tenant: &str,
+        opts: &SpecOptions,
+        params: &SamplingParams,
+    ) -> Result<Option<Speculation>> {
         let spec = opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER);
         let draft_max = opts.draft_max.unwrap_or(DEFAULT_DRAFT_MAX);
         if draft_max > MAX_DRAFT_MAX {
@@ -173,9 +184,16 @@ impl Engine {
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "{}".into())
         };
+        // Carried state is kept per (policy, model key, config): the tenant
+        // goes into the model key.
+        let model_key = if tenant.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}#tenant={tenant}", self.name)
+        };
         let schedule = self
             .policies
-            .schedule(schedule, &json(&opts.schedule_config), &self.name)
+            .schedule(schedule, &json(&opts.schedule_config), &model_key)
             .map_err(|e| anyhow::anyhow!("schedule {schedule:?}: {e}"))?;
         let acceptance = self
             .policies
@@ -202,7 +220,20 @@ impl Engine {
         spec: Option<Speculation>,
         sink: &mut Sink<'_>,
     ) -> Result<Finished> {
-        self.run(prompt, settings, spec, sink, true)
+        self.run(prompt, settings, spec, sink, Some(""))
+    }
+
+    /// [`generate`](Self::generate) with `tenant`'s part of the prefix
+    /// cache: it reuses only what that tenant's requests left.
+    pub fn generate_in(
+        &self,
+        tenant: &str,
+        prompt: &[u32],
+        settings: &Settings,
+        spec: Option<Speculation>,
+        sink: &mut Sink<'_>,
+    ) -> Result<Finished> {
+        self.run(prompt, settings, spec, sink, Some(tenant))
     }
 
     /// Runs a request without the prefix cache.
@@ -213,7 +244,7 @@ impl Engine {
         spec: Option<Speculation>,
         sink: &mut Sink<'_>,
     ) -> Result<Finished> {
-        self.run(prompt, settings, spec, sink, false)
+        self.run(prompt, settings, spec, sink, None)
     }
 
     fn run(
@@ -222,13 +253,10 @@ impl Engine {
         settings: &Settings,
         spec: Option<Speculation>,
         sink: &mut Sink<'_>,
-        use_prefix_cache: bool,
+        // The prefix cache's tenant; `None`: no prefix cache.
+        tenant: Option<&str>,
     ) -> Result<Finished> {
-        let hit = if use_prefix_cache {
-            self.prefix_cache().lookup(prompt)
-        } else {
-            None
-        };
+        let hit = tenant.and_then(|t| self.prefix_cache().lookup_in(t, prompt));
         let (mut target, cached) = match hit {
             Some(h) => (
                 LlamaTarget::with_caches(self.model.clone(), h.caches),
@@ -248,9 +276,11 @@ impl Engine {
         // Keep only what was emitted (committed and streamed): nothing past
         // EOS, a stop string or the budget.
         let keep = target.offset().min(prompt.len() + fin.emitted.len());
-        if use_prefix_cache && keep > 0 && target.rewind(keep).is_ok() {
-            let caches = std::mem::take(&mut target.caches);
-            self.prefix_cache().store(&fin.log[..keep], caches);
+        if let Some(t) = tenant {
+            if keep > 0 && target.rewind(keep).is_ok() {
+                let caches = std::mem::take(&mut target.caches);
+                self.prefix_cache().store_in(t, &fin.log[..keep], caches);
+            }
         }
         Ok(fin)
     }

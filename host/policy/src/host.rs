@@ -10,7 +10,7 @@ use crate::sandbox::{chain, HostState};
 use crate::wasm::{Runtime, WasmAcceptance, WasmSchedule};
 use crate::{
     Acceptance, CheckError, HostConfig, MetricsSnapshot, PolicyError, PolicyErrorKind, PolicyInfo,
-    PolicySource, RegistryError, Schedule, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
+    PolicySource, RegistryError, RegistryQuota, Schedule, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
 };
 use anyhow::Context as _;
 use std::path::Path;
@@ -62,6 +62,30 @@ fn engine(cfg: &HostConfig) -> anyhow::Result<(Engine, Linker<HostState>)> {
     crate::sandbox::freeze_sleeps(&mut linker)
         .map_err(|e| anyhow::anyhow!("adding deny-all WASI: {}", chain(&e)))?;
     Ok((engine, linker))
+}
+
+/// Whether one more user policy `name` of `size` bytes fits `q` (a policy
+/// already under `name` is replaced, so it does not count).
+fn check_quota(
+    reg: &Registry,
+    name: &str,
+    size: u64,
+    q: &RegistryQuota,
+) -> Result<(), RegistryError> {
+    let (count, bytes) = reg.user_usage(name);
+    if count + 1 > q.max_policies {
+        return Err(RegistryError::Quota(format!(
+            "it holds {count} user policies, the most allowed ({})",
+            q.max_policies
+        )));
+    }
+    if bytes + size > q.max_bytes {
+        return Err(RegistryError::Quota(format!(
+            "user policies take {bytes} bytes and this one ({size} bytes) would pass the limit of {} bytes",
+            q.max_bytes
+        )));
+    }
+    Ok(())
 }
 
 impl PolicyHost {
@@ -144,7 +168,7 @@ impl PolicyHost {
             let bytes =
                 std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
             let info = self
-                .register(&name, &bytes, PolicySource::File(path.clone()))
+                .register(&name, &bytes, PolicySource::File(path.clone()), None)
                 .with_context(|| format!("policy file {}", path.display()))?;
             out.push(info);
         }
@@ -153,7 +177,19 @@ impl PolicyHost {
 
     /// Adds (or replaces) a user policy under `name`.
     pub fn add(&self, name: &str, bytes: &[u8]) -> Result<PolicyInfo, RegistryError> {
-        self.register(name, bytes, PolicySource::Upload)
+        self.register(name, bytes, PolicySource::Upload, None)
+    }
+
+    /// [`add`](Self::add), unless the user policies would then pass `quota`
+    /// ([`RegistryError::Quota`]; the registry is left as it was).  Checked
+    /// before compiling and again, atomically, when the entry goes in.
+    pub fn add_within(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        quota: &RegistryQuota,
+    ) -> Result<PolicyInfo, RegistryError> {
+        self.register(name, bytes, PolicySource::Upload, Some(quota))
     }
 
     fn register(
@@ -161,6 +197,7 @@ impl PolicyHost {
         name: &str,
         bytes: &[u8],
         source: PolicySource,
+        quota: Option<&RegistryQuota>,
     ) -> Result<PolicyInfo, RegistryError> {
         if !valid_name(name) {
             return Err(RegistryError::BadName(name.to_string()));
@@ -168,12 +205,18 @@ impl PolicyHost {
         if self.read().names.get(name).is_some_and(|e| e.builtin) {
             return Err(RegistryError::BuiltinName(name.to_string()));
         }
+        if let Some(q) = quota {
+            check_quota(&self.read(), name, bytes.len() as u64, q)?;
+        }
         let hash = sha256_hex(bytes);
         let known = self.read().by_hash.get(&hash).cloned();
         let loaded = self.compiler.load(bytes, known)?;
         let mut reg = self.write();
         if reg.names.get(name).is_some_and(|e| e.builtin) {
             return Err(RegistryError::BuiltinName(name.to_string()));
+        }
+        if let Some(q) = quota {
+            check_quota(&reg, name, loaded.size as u64, q)?;
         }
         let entry = NameEntry {
             hash: hash.clone(),

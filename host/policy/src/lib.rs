@@ -382,6 +382,19 @@ pub enum RegistryError {
     BadName(String),
     /// The component does not fit (400).
     Invalid(CheckError),
+    /// Adding it would pass a [`RegistryQuota`] (507); says which.
+    Quota(String),
+}
+
+/// Limits on the user policies (every name that is not a built-in) that
+/// [`PolicyHost::add_within`] may reach.  A replaced name counts once, at its
+/// new size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegistryQuota {
+    /// User policies registered at once.
+    pub max_policies: usize,
+    /// Their component bytes together.
+    pub max_bytes: u64,
 }
 
 impl RegistryError {
@@ -390,6 +403,7 @@ impl RegistryError {
             RegistryError::BuiltinName(_) | RegistryError::RemoveBuiltin(_) => 409,
             RegistryError::NotFound(_) => 404,
             RegistryError::BadName(_) | RegistryError::Invalid(_) => 400,
+            RegistryError::Quota(_) => 507,
         }
     }
 }
@@ -405,6 +419,7 @@ impl fmt::Display for RegistryError {
                 "bad policy name {n:?}: use 1-64 characters of a-z, 0-9, '.', '_', '-' (and not a 64-digit hex hash)"
             ),
             RegistryError::Invalid(e) => write!(f, "component refused: {e}"),
+            RegistryError::Quota(m) => write!(f, "the policy registry is full: {m}"),
         }
     }
 }

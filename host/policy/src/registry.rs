@@ -63,6 +63,18 @@ impl Registry {
             .collect()
     }
 
+    /// User policies (not built-in) other than `except`: how many, and
+    /// their component bytes together.
+    pub fn user_usage(&self, except: &str) -> (usize, u64) {
+        self.names
+            .iter()
+            .filter(|(n, e)| !e.builtin && n.as_str() != except)
+            .fold((0, 0), |(count, bytes), (_, e)| {
+                let size = self.by_hash.get(&e.hash).map_or(0, |l| l.size as u64);
+                (count + 1, bytes + size)
+            })
+    }
+
     /// Drops a compiled component no name refers to any more.
     pub fn gc(&mut self, hash: &str) {
         if !self.names.values().any(|e| e.hash == hash) {

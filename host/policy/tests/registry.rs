@@ -116,3 +116,53 @@ fn metrics_count_calls_and_instantiations() {
         .unwrap()
         .contains("specd_policy_failures_total{kind=\"timeout\"}"));
 }
+
+#[test]
+fn quotas_refuse_with_507_and_leave_the_registry_as_it_was() {
+    use specd_policy::{PolicyHost, RegistryQuota};
+    // Its own host: the shared one gets user policies from other tests.
+    let h = PolicyHost::new(test_config()).unwrap();
+    let constant = plugin_file("constant");
+    let heuristic = plugin_file("heuristic");
+    let users = |h: &PolicyHost| -> Vec<String> {
+        h.list()
+            .into_iter()
+            .filter(|p| !p.builtin)
+            .map(|p| p.name)
+            .collect()
+    };
+    let two = RegistryQuota {
+        max_policies: 2,
+        max_bytes: 1 << 30,
+    };
+    h.add_within("a", &constant, &two).unwrap();
+    h.add_within("b", &heuristic, &two).unwrap();
+    let err = h.add_within("c", &constant, &two).unwrap_err();
+    assert_eq!(err.http_status(), 507, "{err}");
+    assert!(err.to_string().contains("2 user policies"), "{err}");
+    assert_eq!(users(&h), ["a", "b"]);
+    // replacing a name is not one more policy
+    let info = h.add_within("a", &heuristic, &two).unwrap();
+    assert_eq!(users(&h), ["a", "b"]);
+    assert_eq!(info.size_bytes, heuristic.len());
+
+    // bytes: "a" and "b" hold 2 heuristics; a third passes the limit by one byte
+    let total = (heuristic.len() * 3) as u64;
+    let tight = RegistryQuota {
+        max_policies: 16,
+        max_bytes: total - 1,
+    };
+    let err = h.add_within("c", &heuristic, &tight).unwrap_err();
+    assert_eq!(err.http_status(), 507);
+    assert!(
+        err.to_string().contains(&format!("{} bytes", total - 1)),
+        "{err}"
+    );
+    assert_eq!(users(&h), ["a", "b"]);
+    h.remove("b").unwrap();
+    h.add_within("c", &heuristic, &tight).unwrap();
+    assert_eq!(users(&h), ["a", "c"]);
+    // plain `add` (start-up directories) is not limited
+    h.add("d", &constant).unwrap();
+    assert_eq!(users(&h), ["a", "c", "d"]);
+}

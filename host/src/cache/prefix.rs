@@ -20,9 +20,16 @@ struct Node {
     entry: Option<Entry>,
     parent: usize,
     token: u32,
+    /// The root of a tenant's trie (never pruned).
+    root: bool,
 }
 
+/// One trie per tenant under one byte bound: a tenant's lookups see only
+/// what that tenant stored (the server's tenants are API keys). The tenant
+/// `""` is node 0, the one every caller without a tenant shares.
 pub struct PrefixCache {
+    /// Tenant roots other than `""` (node 0).
+    tenants: HashMap<String, usize>,
     nodes: Vec<Node>,
     free: Vec<usize>,
     limit_bytes: usize,
@@ -47,7 +54,11 @@ fn bytes_of(caches: &[Box<dyn LayerCache>]) -> usize {
 impl PrefixCache {
     pub fn new(limit_bytes: usize) -> Self {
         PrefixCache {
-            nodes: vec![Node::default()],
+            tenants: HashMap::new(),
+            nodes: vec![Node {
+                root: true,
+                ..Node::default()
+            }],
             free: Vec::new(),
             limit_bytes,
             used_bytes: 0,
@@ -67,15 +78,40 @@ impl PrefixCache {
         self.nodes.iter().filter(|n| n.entry.is_some()).count()
     }
 
-    /// The deepest stored state sharing a prefix with `tokens`, rewound to
-    /// the shared length (never longer than `tokens.len() - 1`, so the last
-    /// prompt token is always forwarded).
+    /// The root node of `tenant`'s trie (made when `create`).
+    fn root(&mut self, tenant: &str, create: bool) -> Option<usize> {
+        if tenant.is_empty() {
+            return Some(0);
+        }
+        if let Some(&r) = self.tenants.get(tenant) {
+            return Some(r);
+        }
+        if !create {
+            return None;
+        }
+        let r = self.alloc(Node {
+            root: true,
+            ..Node::default()
+        });
+        self.tenants.insert(tenant.to_string(), r);
+        Some(r)
+    }
+
+    /// [`lookup_in`](Self::lookup_in) the shared tenant `""`.
     pub fn lookup(&mut self, tokens: &[u32]) -> Option<Hit> {
+        self.lookup_in("", tokens)
+    }
+
+    /// The deepest state `tenant` stored sharing a prefix with `tokens`,
+    /// rewound to the shared length (never longer than `tokens.len() - 1`,
+    /// so the last prompt token is always forwarded).
+    pub fn lookup_in(&mut self, tenant: &str, tokens: &[u32]) -> Option<Hit> {
         self.clock += 1;
+        let root = self.root(tenant, false)?;
         let max = tokens.len().saturating_sub(1);
         // Walk down the trie along `tokens`.
-        let mut path = vec![0usize];
-        let mut node = 0;
+        let mut path = vec![root];
+        let mut node = root;
         for &t in &tokens[..max] {
             match self.nodes[node].children.get(&t) {
                 Some(&c) => {
@@ -119,8 +155,14 @@ impl PrefixCache {
         out
     }
 
-    /// Stores the state after `tokens` (the caches must hold exactly them).
+    /// [`store_in`](Self::store_in) the shared tenant `""`.
     pub fn store(&mut self, tokens: &[u32], caches: Vec<Box<dyn LayerCache>>) {
+        self.store_in("", tokens, caches)
+    }
+
+    /// Stores the state after `tokens` for `tenant` (the caches must hold
+    /// exactly them).
+    pub fn store_in(&mut self, tenant: &str, tokens: &[u32], caches: Vec<Box<dyn LayerCache>>) {
         if tokens.is_empty() || caches.iter().any(|c| c.offset() != tokens.len()) {
             return;
         }
@@ -129,7 +171,9 @@ impl PrefixCache {
         if bytes > self.limit_bytes {
             return;
         }
-        let mut node = 0;
+        let Some(mut node) = self.root(tenant, true) else {
+            return;
+        };
         for &t in tokens {
             node = match self.nodes[node].children.get(&t) {
                 Some(&c) => c,
@@ -192,7 +236,10 @@ impl PrefixCache {
 
     /// Frees nodes that hold nothing and lead nowhere.
     fn prune(&mut self, mut n: usize) {
-        while n != 0 && self.nodes[n].entry.is_none() && self.nodes[n].children.is_empty() {
+        while !self.nodes[n].root
+            && self.nodes[n].entry.is_none()
+            && self.nodes[n].children.is_empty()
+        {
             let (parent, token) = (self.nodes[n].parent, self.nodes[n].token);
             self.nodes[parent].children.remove(&token);
             self.nodes[n] = Node::default();

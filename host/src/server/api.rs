@@ -60,8 +60,15 @@ impl IntoResponse for ApiError {
             Flavor::Ollama => json!({ "error": self.message }),
             Flavor::OpenAi => json!({ "error": {
                 "message": self.message,
-                "type": if self.status.is_server_error() { "server_error" } else { "invalid_request_error" },
+                "type": match self.status.as_u16() {
+                    401 => "authentication_error",
+                    403 => "permission_error",
+                    429 => "rate_limit_error",
+                    _ if self.status.is_server_error() => "server_error",
+                    _ => "invalid_request_error",
+                },
                 "code": match self.status.as_u16() {
+                    401 => json!("invalid_api_key"),
                     404 => json!("model_not_found"),
                     503 => json!("server_busy"),
                     _ => Value::Null,
@@ -70,7 +77,9 @@ impl IntoResponse for ApiError {
             }}),
         };
         let mut r = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.status == StatusCode::TOO_MANY_REQUESTS
+        {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -81,10 +90,17 @@ impl IntoResponse for ApiError {
 /// Parses a JSON body with an error that names the offending field.
 pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let body = body.map_err(|e| {
-        ApiError::new(
-            e.status(),
-            format!("cannot read the body: {}", e.body_text()),
-        )
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                e.status(),
+                "the request body is over this server's limit (--max-body-bytes)",
+            )
+        } else {
+            ApiError::new(
+                e.status(),
+                format!("cannot read the body: {}", e.body_text()),
+            )
+        }
     })?;
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(ApiError::bad(
@@ -255,6 +271,31 @@ impl CommonOptions {
     }
 }
 
+/// The tenant of a request: its key id, or `""` (shared) without a key.
+pub fn tenant(caller: &Option<axum::Extension<super::access::Caller>>) -> String {
+    caller
+        .as_ref()
+        .and_then(|c| c.0.key_id())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A request's max tokens under the server's `max_tokens` limit: more is a
+/// 400 naming `field` and the limit; none asked gets the limit.
+pub fn cap_max_tokens(
+    state: &State,
+    asked: Option<usize>,
+    field: &str,
+) -> Result<Option<usize>, ApiError> {
+    match (state.limits.max_tokens, asked) {
+        (Some(max), Some(n)) if n > max => Err(ApiError::bad(format!(
+            "{field} = {n} is over this server's limit of {max} tokens (max_tokens)"
+        ))),
+        (Some(max), None) => Ok(Some(max)),
+        (_, asked) => Ok(asked),
+    }
+}
+
 /// Queues a request and waits until the worker starts it (or refuses it).
 pub async fn start(
     state: &State,
@@ -360,6 +401,7 @@ pub async fn health(axum::extract::State(state): axum::extract::State<State>) ->
         "status": "ok",
         "model": state.model.name,
         "queued": state.metrics.queued.load(std::sync::atomic::Ordering::Relaxed),
+        "running": state.metrics.running.load(std::sync::atomic::Ordering::Relaxed),
     }))
 }
 

@@ -10,6 +10,15 @@ use std::path::PathBuf;
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 pub const DEFAULT_PORT: u16 = 11435;
 pub const DEFAULT_QUEUE: usize = 16;
+/// Uploaded (user) policies held at once.
+pub const DEFAULT_REGISTRY_MAX_POLICIES: usize = 16;
+/// Their component bytes together.
+pub const DEFAULT_REGISTRY_MAX_BYTES: u64 = 256 << 20;
+/// The body limit of every route but the policy upload (which takes
+/// `policy_limits.max_component_bytes`).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+/// Policy uploads read and compiled at once (compiling takes seconds of CPU).
+pub const DEFAULT_MAX_CONCURRENT_UPLOADS: usize = 2;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct ServeArgs {
@@ -29,8 +38,11 @@ pub struct ServeArgs {
     pub policy_dir: Option<PathBuf>,
     /// A JSON config file: {host, port, model, policy_dir, queue,
     /// draft_models: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
-    /// draft_max, schedule_config, acceptance_config}, policy_limits: {...}}.
-    /// Flags override it.
+    /// draft_max, schedule_config, acceptance_config}, policy_limits: {...},
+    /// api_keys: [KEY...], admin_key, metrics_key_required,
+    /// registry_max_policies, registry_max_bytes, max_body_bytes,
+    /// max_concurrent_uploads, max_prompt_tokens, max_tokens}. Flags (then
+    /// SPECD_API_KEYS / SPECD_ADMIN_KEY) override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// A draft model requests can pick as `drafter: "model:NAME"` (repeatable).
@@ -43,6 +55,42 @@ pub struct ServeArgs {
     /// to this JSONL trace file.
     #[arg(long)]
     pub record: Option<PathBuf>,
+    /// An API key for inference (repeatable; env SPECD_API_KEYS,
+    /// comma-separated). With keys, every /api and /v1 route needs
+    /// `Authorization: Bearer KEY`.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_keys: Vec<String>,
+    /// The key that may upload and delete policies (env SPECD_ADMIN_KEY).
+    /// With any key configured and no admin key, or on a non-loopback
+    /// address without one, the policy registry is read-only.
+    #[arg(long, value_name = "KEY")]
+    pub admin_key: Option<String>,
+    /// /metrics needs a key too (an API key or the admin key).
+    #[arg(long)]
+    pub metrics_key_required: bool,
+    /// Uploaded policies held at once; past it uploads get 507 [default: 16].
+    #[arg(long, value_name = "N")]
+    pub registry_max_policies: Option<usize>,
+    /// Bytes of uploaded policies together; past it uploads get 507
+    /// [default: 268435456 (256 MiB)].
+    #[arg(long, value_name = "BYTES")]
+    pub registry_max_bytes: Option<u64>,
+    /// Largest request body of every route but the policy upload; past it:
+    /// 413 [default: 4194304 (4 MiB)].
+    #[arg(long, value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Policy uploads handled at once; past it: 429 + Retry-After [default: 2].
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_uploads: Option<usize>,
+    /// Most prompt tokens a request may have; past it: 400 [default: the
+    /// model's context length].
+    #[arg(long, value_name = "N")]
+    pub max_prompt_tokens: Option<usize>,
+    /// Most tokens a request may ask to generate (max_tokens, num_predict);
+    /// more: 400; a request that sets none gets this many at most [default:
+    /// until the end of generation or the context limit].
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<usize>,
     /// Defaults for what a request leaves open.
     #[command(flatten)]
     pub defaults: SpecOptions,
@@ -63,6 +111,112 @@ struct FileConfig {
     defaults: SpecOptions,
     /// Overrides of the policy host's limits (HostConfig fields).
     policy_limits: Option<serde_json::Map<String, serde_json::Value>>,
+    api_keys: Option<Vec<String>>,
+    admin_key: Option<String>,
+    metrics_key_required: Option<bool>,
+    registry_max_policies: Option<usize>,
+    registry_max_bytes: Option<u64>,
+    max_body_bytes: Option<usize>,
+    max_concurrent_uploads: Option<usize>,
+    max_prompt_tokens: Option<usize>,
+    max_tokens: Option<usize>,
+}
+
+/// A key: shown as `***` by `Debug`, so configs can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Who may do what, and how much.
+#[derive(Debug, Clone, Default)]
+pub struct AccessConfig {
+    /// Keys for inference (`/api/*`, `/v1/*`); empty: open.
+    pub api_keys: Vec<Secret>,
+    /// The key for policy upload and delete.
+    pub admin_key: Option<Secret>,
+    pub metrics_key_required: bool,
+}
+
+/// Quotas and per-request limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub registry_max_policies: usize,
+    pub registry_max_bytes: u64,
+    pub max_body_bytes: usize,
+    pub max_concurrent_uploads: usize,
+    /// `None`: the context length decides.
+    pub max_prompt_tokens: Option<usize>,
+    /// `None`: until the end of generation or the context limit.
+    pub max_tokens: Option<usize>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            registry_max_policies: DEFAULT_REGISTRY_MAX_POLICIES,
+            registry_max_bytes: DEFAULT_REGISTRY_MAX_BYTES,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_concurrent_uploads: DEFAULT_MAX_CONCURRENT_UPLOADS,
+            max_prompt_tokens: None,
+            max_tokens: None,
+        }
+    }
+}
+
+/// A key must fit an HTTP header as `Bearer KEY`: visible ASCII, no spaces.
+fn check_key(k: &str, what: &str) -> Result<Secret> {
+    if k.is_empty() {
+        bail!("{what}: a key must not be empty");
+    }
+    if !k.bytes().all(|b| b.is_ascii_graphic()) {
+        bail!("{what}: a key must be visible ASCII without spaces (it travels as `Authorization: Bearer KEY`)");
+    }
+    Ok(Secret(k.to_string()))
+}
+
+/// Keys from flags, else the environment, else the config file.
+fn access_config(
+    a: &ServeArgs,
+    file: &FileConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<AccessConfig> {
+    let api: Vec<String> = if !a.api_keys.is_empty() {
+        a.api_keys.clone()
+    } else if let Some(v) = env("SPECD_API_KEYS").filter(|v| !v.trim().is_empty()) {
+        v.split(',')
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect()
+    } else {
+        file.api_keys.clone().unwrap_or_default()
+    };
+    let api_keys = api
+        .iter()
+        .map(|k| check_key(k, "API key"))
+        .collect::<Result<Vec<_>>>()?;
+    let admin = a
+        .admin_key
+        .clone()
+        .or_else(|| env("SPECD_ADMIN_KEY").filter(|v| !v.trim().is_empty()))
+        .or_else(|| file.admin_key.clone());
+    let admin_key = admin
+        .map(|k| check_key(k.trim(), "admin key"))
+        .transpose()?;
+    if let Some(adm) = &admin_key {
+        if api_keys.contains(adm) {
+            bail!("the admin key must differ from every API key");
+        }
+    }
+    Ok(AccessConfig {
+        api_keys,
+        admin_key,
+        metrics_key_required: a.metrics_key_required || file.metrics_key_required.unwrap_or(false),
+    })
 }
 
 /// Everything `serve` needs, resolved.
@@ -80,10 +234,21 @@ pub struct ServerConfig {
     pub record: Option<PathBuf>,
     /// How the model's weights are held (the global `--weights`).
     pub weights: crate::model::WeightMode,
+    pub access: AccessConfig,
+    pub limits: Limits,
 }
 
 impl ServerConfig {
+    /// From the flags, the config file they name and the process environment.
     pub fn from_args(a: &ServeArgs) -> Result<ServerConfig> {
+        Self::from_args_env(a, &|k| std::env::var(k).ok())
+    }
+
+    /// [`from_args`](Self::from_args) with `env` for the environment.
+    pub fn from_args_env(
+        a: &ServeArgs,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ServerConfig> {
         let file: FileConfig = match &a.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
@@ -93,6 +258,38 @@ impl ServerConfig {
             }
             None => FileConfig::default(),
         };
+        let access = access_config(a, &file, env)?;
+        let d = Limits::default();
+        let limits = Limits {
+            registry_max_policies: a
+                .registry_max_policies
+                .or(file.registry_max_policies)
+                .unwrap_or(d.registry_max_policies),
+            registry_max_bytes: a
+                .registry_max_bytes
+                .or(file.registry_max_bytes)
+                .unwrap_or(d.registry_max_bytes),
+            max_body_bytes: a
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(d.max_body_bytes),
+            max_concurrent_uploads: a
+                .max_concurrent_uploads
+                .or(file.max_concurrent_uploads)
+                .unwrap_or(d.max_concurrent_uploads),
+            max_prompt_tokens: a.max_prompt_tokens.or(file.max_prompt_tokens),
+            max_tokens: a.max_tokens.or(file.max_tokens),
+        };
+        for (v, name) in [
+            (limits.max_body_bytes, "max_body_bytes"),
+            (limits.max_concurrent_uploads, "max_concurrent_uploads"),
+            (limits.max_prompt_tokens.unwrap_or(1), "max_prompt_tokens"),
+            (limits.max_tokens.unwrap_or(1), "max_tokens"),
+        ] {
+            if v == 0 {
+                bail!("{name} must be at least 1");
+            }
+        }
         let mut draft_models = file.draft_models;
         for d in &a.draft_models {
             let Some((name, path)) = d.split_once('=') else {
@@ -145,6 +342,8 @@ impl ServerConfig {
             policy_limits,
             record: a.record.clone(),
             weights: crate::model::WeightMode::default(),
+            access,
+            limits,
         })
     }
 }
@@ -195,6 +394,79 @@ mod tests {
             ..Default::default()
         };
         assert!(ServerConfig::from_args(&bad).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn keys_come_from_flags_then_env_then_the_file() {
+        let dir = std::env::temp_dir().join(format!("specd-serve-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("serve.json");
+        std::fs::write(
+            &file,
+            r#"{"api_keys": ["file-a", "file-b"], "admin_key": "file-admin",
+                "metrics_key_required": true, "registry_max_policies": 3,
+                "max_tokens": 100}"#,
+        )
+        .unwrap();
+        let no_env = |_: &str| None;
+        let env = |k: &str| match k {
+            "SPECD_API_KEYS" => Some(" env-a, env-b ,,".to_string()),
+            "SPECD_ADMIN_KEY" => Some("env-admin".to_string()),
+            _ => None,
+        };
+        let a = ServeArgs {
+            config: Some(file.clone()),
+            ..Default::default()
+        };
+        let keys = |c: &ServerConfig| -> Vec<String> {
+            c.access.api_keys.iter().map(|k| k.0.clone()).collect()
+        };
+        let c = ServerConfig::from_args_env(&a, &no_env).unwrap();
+        assert_eq!(keys(&c), ["file-a", "file-b"]);
+        assert_eq!(c.access.admin_key, Some(Secret("file-admin".into())));
+        assert!(c.access.metrics_key_required);
+        assert_eq!(c.limits.registry_max_policies, 3);
+        assert_eq!(c.limits.registry_max_bytes, DEFAULT_REGISTRY_MAX_BYTES);
+        assert_eq!(c.limits.max_tokens, Some(100));
+        assert_eq!(c.limits.max_prompt_tokens, None);
+        let c = ServerConfig::from_args_env(&a, &env).unwrap();
+        assert_eq!(keys(&c), ["env-a", "env-b"]);
+        assert_eq!(c.access.admin_key, Some(Secret("env-admin".into())));
+        let flags = ServeArgs {
+            api_keys: vec!["flag-a".into()],
+            admin_key: Some("flag-admin".into()),
+            max_tokens: Some(7),
+            ..a.clone()
+        };
+        let c = ServerConfig::from_args_env(&flags, &env).unwrap();
+        assert_eq!(keys(&c), ["flag-a"]);
+        assert_eq!(c.access.admin_key, Some(Secret("flag-admin".into())));
+        assert_eq!(c.limits.max_tokens, Some(7));
+        // keys never show in Debug
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("flag-a") && !dbg.contains("flag-admin"),
+            "{dbg}"
+        );
+
+        let bad = |f: ServeArgs| ServerConfig::from_args_env(&f, &no_env).unwrap_err();
+        let e = bad(ServeArgs {
+            api_keys: vec!["has space".into()],
+            ..Default::default()
+        });
+        assert!(format!("{e:#}").contains("visible ASCII"), "{e:#}");
+        let e = bad(ServeArgs {
+            api_keys: vec!["same".into()],
+            admin_key: Some("same".into()),
+            ..Default::default()
+        });
+        assert!(format!("{e:#}").contains("differ"), "{e:#}");
+        let e = bad(ServeArgs {
+            max_tokens: Some(0),
+            ..Default::default()
+        });
+        assert!(format!("{e:#}").contains("max_tokens"), "{e:#}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

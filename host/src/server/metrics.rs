@@ -17,6 +17,12 @@ pub struct ServerMetrics {
     http: Mutex<BTreeMap<(String, u16), u64>>,
     /// Requests waiting in the queue (gauge).
     pub queued: AtomicU64,
+    /// Requests generating now (gauge).
+    pub running: AtomicU64,
+    /// Policy uploads being read or compiled now (gauge).
+    pub uploads_in_flight: AtomicU64,
+    /// Uploads refused because `max_concurrent_uploads` were in flight.
+    pub uploads_refused_busy: AtomicU64,
     pub rejected_busy: AtomicU64,
     /// Refused by the worker before generation (bad prompt, unknown policy...).
     pub refused: AtomicU64,
@@ -123,9 +129,29 @@ impl ServerMetrics {
                 .inc_by(*v);
         }
         r.register(Box::new(http))?;
-        let queued = IntGauge::new("specd_queue_depth", "Requests waiting for the worker.")?;
-        queued.set(self.queued.load(Relaxed) as i64);
-        r.register(Box::new(queued))?;
+        for (name, help, a) in [
+            (
+                "specd_queue_depth",
+                "Requests waiting for the worker.",
+                &self.queued,
+            ),
+            ("specd_running", "Requests generating now.", &self.running),
+            (
+                "specd_policy_uploads_in_flight",
+                "Policy uploads being read or compiled.",
+                &self.uploads_in_flight,
+            ),
+        ] {
+            let g = IntGauge::new(name, help)?;
+            g.set(a.load(Relaxed) as i64);
+            r.register(Box::new(g))?;
+        }
+        let busy = IntCounter::new(
+            "specd_policy_uploads_busy_total",
+            "Policy uploads refused (429) because the most allowed at once were in flight.",
+        )?;
+        busy.inc_by(self.uploads_refused_busy.load(Relaxed));
+        r.register(Box::new(busy))?;
         let outcomes = IntCounterVec::new(
             Opts::new("specd_generations_total", "Generation requests by outcome."),
             &["outcome"],

@@ -7,6 +7,7 @@
 //! queue ([`worker`]). A request's text streams from the worker's sink
 //! through a channel into the HTTP response; a closed channel (the client went
 //! away) makes the sink return false, which ends generation at once.
+mod access;
 mod api;
 mod config;
 mod metrics;
@@ -25,8 +26,9 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use metrics::ServerMetrics;
 use specd_policy::PolicyHost;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use worker::{ModelInfo, WorkerHandle};
 
@@ -40,6 +42,13 @@ pub struct AppState {
     pub defaults: SpecOptions,
     pub metrics: Arc<ServerMetrics>,
     pub started: std::time::SystemTime,
+    /// Keys and who may change the registry.
+    pub access: access::Access,
+    pub limits: config::Limits,
+    /// Who uploaded each user policy, and when (by name).
+    pub uploads: Mutex<BTreeMap<String, policies::UploadRecord>>,
+    /// Uploads read and compiled at once.
+    pub upload_slots: Arc<tokio::sync::Semaphore>,
 }
 
 pub type State = Arc<AppState>;
@@ -55,7 +64,7 @@ impl AppState {
 
 /// The HTTP routes.
 pub fn router(state: State) -> Router {
-    let upload_limit = state.policies.config().max_component_bytes + 1024;
+    let body_limit = state.limits.max_body_bytes;
     Router::new()
         .route("/", get(|| async { "specd is running" }))
         .route("/health", get(api::health))
@@ -71,14 +80,15 @@ pub fn router(state: State) -> Router {
         .route("/v1/models/{model}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
-        .route(
-            "/api/policies",
-            get(policies::list)
-                .post(policies::upload)
-                .layer(DefaultBodyLimit::max(upload_limit)),
-        )
+        // The upload reads its body itself, under its own limit.
+        .route("/api/policies", get(policies::list).post(policies::upload))
         .route("/api/policies/{name}", delete(policies::remove))
         .fallback(api::not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
@@ -110,17 +120,9 @@ pub fn run(args: ServeArgs, weights: crate::model::WeightMode) -> Result<()> {
                 .join(", ")
         );
     }
+    let uploads = policies::load_records(&cfg.policy_dir, &policies.list());
     let metrics = Arc::new(ServerMetrics::default());
     let (worker, model) = worker::start(&cfg, policies.clone(), metrics.clone())?;
-    let state = Arc::new(AppState {
-        model,
-        worker,
-        policies,
-        policy_dir: cfg.policy_dir.clone(),
-        defaults: cfg.defaults.clone(),
-        metrics,
-        started: std::time::SystemTime::now(),
-    });
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -139,6 +141,20 @@ pub fn run(args: ServeArgs, weights: crate::model::WeightMode) -> Result<()> {
             // Streamed chunks are small: don't let Nagle hold them back.
             let _ = tcp.set_nodelay(true);
         });
+        let access = access::Access::new(&cfg.access, local.ip().is_loopback(), &local.to_string());
+        let state = Arc::new(AppState {
+            model,
+            worker,
+            policies,
+            policy_dir: cfg.policy_dir.clone(),
+            defaults: cfg.defaults.clone(),
+            metrics,
+            started: std::time::SystemTime::now(),
+            access,
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(cfg.limits.max_concurrent_uploads)),
+            limits: cfg.limits.clone(),
+            uploads: Mutex::new(uploads),
+        });
         eprintln!(
             "specd {} serving {} on http://{local} (queue {}, policies in {})",
             env!("CARGO_PKG_VERSION"),
@@ -146,6 +162,17 @@ pub fn run(args: ServeArgs, weights: crate::model::WeightMode) -> Result<()> {
             cfg.queue,
             cfg.policy_dir.display()
         );
+        for line in state.access.describe() {
+            eprintln!("  {line}");
+        }
+        if !local.ip().is_loopback() {
+            eprintln!(
+                "  note: {local} is reachable from other machines; keys travel in plain HTTP unless a TLS-terminating proxy is in front (see README, \"On a network\")"
+            );
+        }
+        if let access::RegistryMode::ReadOnly(why) = &state.access.registry {
+            tracing::warn!("the policy registry is read-only: {why}");
+        }
         axum::serve(listener, router(state))
             .with_graceful_shutdown(shutdown_signal())
             .await

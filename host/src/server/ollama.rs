@@ -1,5 +1,6 @@
 //! Ollama-compatible endpoints: /api/generate, /api/chat, /api/tags,
 //! /api/ps, /api/show.
+use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions};
 use super::worker::{GenRequest, Msg};
 use super::State;
@@ -88,13 +89,19 @@ fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError
     }
 }
 
-fn request(state: &State, prompt: Prompt, o: &OllamaOptions) -> Result<GenRequest, ApiError> {
+fn request(
+    state: &State,
+    prompt: Prompt,
+    o: &OllamaOptions,
+    tenant: String,
+) -> Result<GenRequest, ApiError> {
     let max_tokens = match o.num_predict {
         None => None,
         // -1: infinite, -2: fill the context; both are "until the end".
         Some(n) if n < 0 => None,
         Some(n) => Some(n as usize),
     };
+    let max_tokens = api::cap_max_tokens(state, max_tokens, "options.num_predict")?;
     Ok(GenRequest {
         prompt,
         params: o.common.params()?,
@@ -102,6 +109,7 @@ fn request(state: &State, prompt: Prompt, o: &OllamaOptions) -> Result<GenReques
         stop: o.common.stop(),
         spec: o.common.spec(&state.defaults)?,
         trace_rounds: o.trace_rounds,
+        tenant,
     })
 }
 
@@ -243,6 +251,7 @@ fn load_response(kind: Kind, model: &str) -> Response {
 
 pub async fn generate(
     axum::extract::State(state): axum::extract::State<State>,
+    caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
@@ -262,7 +271,12 @@ pub async fn generate(
         m.push(ChatMessage::user(prompt_text));
         Prompt::Chat(m)
     };
-    let req = request(&state, prompt, &OllamaOptions::parse(b.options)?)?;
+    let req = request(
+        &state,
+        prompt,
+        &OllamaOptions::parse(b.options)?,
+        api::tenant(&caller),
+    )?;
     run(
         state,
         Kind::Generate,
@@ -276,6 +290,7 @@ pub async fn generate(
 
 pub async fn chat(
     axum::extract::State(state): axum::extract::State<State>,
+    caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
@@ -300,6 +315,7 @@ pub async fn chat(
         &state,
         Prompt::Chat(msgs),
         &OllamaOptions::parse(b.options)?,
+        api::tenant(&caller),
     )?;
     run(state, Kind::Chat, model, req, b.stream.unwrap_or(true), t0).await
 }

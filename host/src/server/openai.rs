@@ -1,5 +1,6 @@
 //! OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions,
 //! /v1/models. Speculation fields go at the top level of the body.
+use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
 use super::worker::{GenRequest, Msg};
 use super::State;
@@ -254,6 +255,7 @@ async fn run(
 
 pub async fn chat_completions(
     axum::extract::State(state): axum::extract::State<State>,
+    caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v: Value = parse_body(body).map_err(oa)?;
@@ -286,10 +288,20 @@ pub async fn chat_completions(
     let req = GenRequest {
         prompt: Prompt::Chat(msgs),
         params: common.params().map_err(oa)?,
-        max_tokens: max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
+        max_tokens: api::cap_max_tokens(
+            &state,
+            max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
+            if b.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            },
+        )
+        .map_err(oa)?,
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,
+        tenant: api::tenant(&caller),
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -304,6 +316,7 @@ pub async fn chat_completions(
 
 pub async fn completions(
     axum::extract::State(state): axum::extract::State<State>,
+    caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v: Value = parse_body(body).map_err(oa)?;
@@ -332,11 +345,16 @@ pub async fn completions(
     let req = GenRequest {
         prompt: Prompt::Raw(prompt),
         params: common.params().map_err(oa)?,
-        // The OpenAI default for completions is 16 tokens.
-        max_tokens: max_tokens(b.max_tokens).map_err(oa)?.or(Some(16)),
+        // The OpenAI default for completions is 16 tokens (or the
+        // server's limit, if lower).
+        max_tokens: match max_tokens(b.max_tokens).map_err(oa)? {
+            None => Some(state.limits.max_tokens.map_or(16, |m| m.min(16))),
+            asked => api::cap_max_tokens(&state, asked, "max_tokens").map_err(oa)?,
+        },
         stop: common.stop(),
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,
+        tenant: api::tenant(&caller),
     };
     let ctx = Ctx {
         kind: Kind::Completion,

@@ -28,6 +28,9 @@ pub struct GenRequest {
     pub spec: SpecOptions,
     /// Send each round's trace (`Msg::Rounds`) as the round ends.
     pub trace_rounds: bool,
+    /// Whose prefix cache and carried policy state the request uses: the
+    /// caller's key id, or `""` (shared) when no key was needed.
+    pub tenant: String,
 }
 
 /// What the worker tells the HTTP side, in order: `Started` or `Error`
@@ -210,9 +213,17 @@ pub fn start(
                 m.queued.fetch_sub(1, Relaxed);
                 let reply = job.reply.clone();
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(&engine, job, &m, cfg2.record.as_deref())
+                    run_job(
+                        &engine,
+                        job,
+                        &m,
+                        cfg2.record.as_deref(),
+                        cfg2.limits.max_prompt_tokens,
+                    )
                 }));
                 if r.is_err() {
+                    // One request runs at a time: none is running now.
+                    m.running.store(0, Relaxed);
                     m.panics.fetch_add(1, Relaxed);
                     let _ = reply.send(Msg::Failed("internal error (the worker panicked)".into()));
                 }
@@ -226,7 +237,13 @@ pub fn start(
     Ok((WorkerHandle { tx, metrics }, info))
 }
 
-fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::path::Path>) {
+fn run_job(
+    engine: &Engine,
+    job: Job,
+    m: &ServerMetrics,
+    record: Option<&std::path::Path>,
+    max_prompt_tokens: Option<usize>,
+) {
     let Job {
         req,
         reply,
@@ -258,7 +275,13 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::pa
             prompt.len()
         ));
     }
-    let spec = match engine.speculation(&req.spec, &req.params) {
+    if let Some(max) = max_prompt_tokens.filter(|&m| prompt.len() > m) {
+        return refuse(format!(
+            "the prompt is {} tokens, over this server's limit of {max} prompt tokens (max_prompt_tokens)",
+            prompt.len()
+        ));
+    }
+    let spec = match engine.speculation_in(&req.tenant, &req.spec, &req.params) {
         Ok(s) => s,
         Err(e) => return refuse(format!("{e:#}")),
     };
@@ -288,7 +311,10 @@ fn run_job(engine: &Engine, job: Job, m: &ServerMetrics, record: Option<&std::pa
         }
         reply.send(Msg::Chunk(s.to_string())).is_ok()
     };
-    match engine.generate(&prompt, &settings, spec, &mut sink) {
+    m.running.fetch_add(1, Relaxed);
+    let result = engine.generate_in(&req.tenant, &prompt, &settings, spec, &mut sink);
+    m.running.fetch_sub(1, Relaxed);
+    match result {
         Ok(fin) => {
             m.record(&fin.stats);
             if let Some(p) = record {
