@@ -11,7 +11,7 @@ use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
 use crate::speculation::{LlamaTarget, ModelDrafter, NgramDrafter, Speculation, Target};
 use anyhow::{bail, Context, Result};
-use specd_policy::PolicyHost;
+use specd_policy::{PolicyConfig, PolicyHost};
 use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -179,11 +179,11 @@ impl Engine {
         } else {
             "rejection"
         });
-        let json = |v: &Option<serde_json::Value>| {
+        // The request's JSON goes to the policy host as it is (no text round trip).
+        fn config(v: &Option<serde_json::Value>) -> PolicyConfig<'_> {
             v.as_ref()
-                .map(|v| v.to_string())
-                .unwrap_or_else(|| "{}".into())
-        };
+                .map_or(PolicyConfig::Text("{}"), PolicyConfig::Json)
+        }
         // Carried state is kept per (policy, model key, config): the tenant
         // goes into the model key.
         let model_key = if tenant.is_empty() {
@@ -193,13 +193,13 @@ impl Engine {
         };
         let schedule = self
             .policies
-            .schedule(schedule, &json(&opts.schedule_config), &model_key)
+            .schedule(schedule, config(&opts.schedule_config), &model_key)
             .map_err(|e| anyhow::anyhow!("schedule {schedule:?}: {e}"))?;
         let acceptance = self
             .policies
             .acceptance(
                 acceptance,
-                &json(&opts.acceptance_config),
+                config(&opts.acceptance_config),
                 self.model.config.vocab_size as u32,
             )
             .map_err(|e| anyhow::anyhow!("acceptance {acceptance:?}: {e}"))?;

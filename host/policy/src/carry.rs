@@ -55,12 +55,43 @@ impl Carried {
     }
 }
 
-/// Canonical form of a JSON config (sorted keys, no spaces); `""` means `{}`.
-pub(crate) fn canonical_config(config: &str) -> Result<String, String> {
-    if config.trim().is_empty() {
-        return Ok("{}".into());
+/// A request's policy config: JSON text (`""` means `{}`), or JSON a caller
+/// already parsed (the engine's request options), which is not parsed again.
+#[derive(Clone, Copy, Debug)]
+pub enum PolicyConfig<'a> {
+    Text(&'a str),
+    Json(&'a serde_json::Value),
+}
+
+impl<'a> From<&'a str> for PolicyConfig<'a> {
+    fn from(s: &'a str) -> Self {
+        PolicyConfig::Text(s)
     }
-    let v: serde_json::Value =
-        serde_json::from_str(config).map_err(|e| format!("config is not JSON: {e}"))?;
-    Ok(v.to_string())
+}
+
+impl<'a> From<&'a String> for PolicyConfig<'a> {
+    fn from(s: &'a String) -> Self {
+        PolicyConfig::Text(s)
+    }
+}
+
+impl<'a> From<&'a serde_json::Value> for PolicyConfig<'a> {
+    fn from(v: &'a serde_json::Value) -> Self {
+        PolicyConfig::Json(v)
+    }
+}
+
+impl PolicyConfig<'_> {
+    /// The canonical text (sorted keys, no spaces) the policy's constructor
+    /// gets and carried state is keyed by.
+    pub(crate) fn canonical(self) -> Result<String, String> {
+        match self {
+            PolicyConfig::Text(t) if t.trim().is_empty() => Ok("{}".into()),
+            PolicyConfig::Text(t) => serde_json::from_str::<serde_json::Value>(t)
+                .map(|v| v.to_string())
+                .map_err(|e| format!("config is not JSON: {e}")),
+            // serde_json's map keeps keys sorted: its text is canonical.
+            PolicyConfig::Json(v) => Ok(v.to_string()),
+        }
+    }
 }

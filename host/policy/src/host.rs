@@ -2,7 +2,7 @@
 //! per-request objects made from them.
 
 use crate::cache::sha256_hex;
-use crate::carry::{canonical_config, Carried};
+use crate::carry::{Carried, PolicyConfig};
 use crate::compile::{Compiled, Compiler, Loaded};
 use crate::metrics::Metrics;
 use crate::registry::{info_of, valid_name, NameEntry, Registry};
@@ -316,7 +316,7 @@ impl PolicyHost {
     fn resolve(
         &self,
         name_or_hash: &str,
-        config_json: &str,
+        config: PolicyConfig<'_>,
         schedule: bool,
     ) -> Result<(Arc<Loaded>, String), PolicyError> {
         let err = |kind, m: String| self.fail(PolicyError::new(name_or_hash, kind, m));
@@ -348,20 +348,22 @@ impl PolicyHost {
                 format!("compiled without {compiled} bindings"),
             ));
         }
-        let config = canonical_config(config_json).map_err(|m| err(PolicyErrorKind::Config, m))?;
+        let config = config
+            .canonical()
+            .map_err(|m| err(PolicyErrorKind::Config, m))?;
         Ok((loaded, config))
     }
 
-    /// A schedule for one request.  `config_json` is the request's config
-    /// (`""` = `{}`); `model_key` names the model (carried state is kept per
-    /// policy, model and config).
-    pub fn schedule(
+    /// A schedule for one request.  `config` is the request's config (JSON
+    /// text, `""` = `{}`, or a parsed `serde_json::Value`); `model_key` names
+    /// the model (carried state is kept per policy, model and config).
+    pub fn schedule<'c>(
         &self,
         name_or_hash: &str,
-        config_json: &str,
+        config: impl Into<PolicyConfig<'c>>,
         model_key: &str,
     ) -> Result<Box<dyn Schedule>, PolicyError> {
-        let (loaded, config) = self.resolve(name_or_hash, config_json, true)?;
+        let (loaded, config) = self.resolve(name_or_hash, config.into(), true)?;
         let pre = self
             .compiled(name_or_hash, &loaded)?
             .schedule
@@ -377,13 +379,13 @@ impl PolicyHost {
     }
 
     /// An acceptance policy for one request over a vocabulary of `vocab_size` tokens.
-    pub fn acceptance(
+    pub fn acceptance<'c>(
         &self,
         name_or_hash: &str,
-        config_json: &str,
+        config: impl Into<PolicyConfig<'c>>,
         vocab_size: u32,
     ) -> Result<Box<dyn Acceptance>, PolicyError> {
-        let (loaded, config) = self.resolve(name_or_hash, config_json, false)?;
+        let (loaded, config) = self.resolve(name_or_hash, config.into(), false)?;
         let pre = self
             .compiled(name_or_hash, &loaded)?
             .acceptance
@@ -403,14 +405,14 @@ impl PolicyHost {
 
     /// Carried schedule state for (policy, model, config), if any (for tests
     /// and debugging).
-    pub fn carried_state(
+    pub fn carried_state<'c>(
         &self,
         name_or_hash: &str,
         model_key: &str,
-        config_json: &str,
+        config: impl Into<PolicyConfig<'c>>,
     ) -> Option<Vec<u8>> {
         let loaded = self.lookup(name_or_hash)?;
-        let config = canonical_config(config_json).ok()?;
+        let config = config.into().canonical().ok()?;
         self.rt
             .carried
             .get(&(loaded.sha256.clone(), model_key.to_string(), config))

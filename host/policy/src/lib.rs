@@ -86,6 +86,7 @@ pub mod validate;
 mod wasm;
 
 pub use builtin::builtin_components;
+pub use carry::PolicyConfig;
 pub use host::PolicyHost;
 pub use metrics::MetricsSnapshot;
 
