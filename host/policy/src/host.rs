@@ -31,14 +31,21 @@ fn engine(cfg: &HostConfig) -> anyhow::Result<(Engine, Linker<HostState>)> {
     let mut pool = PoolingAllocationConfig::default();
     let slots = cfg.max_instances.max(1);
     let mem = cfg.memory_limit_bytes.max(64 << 10);
+    // Per component: a Rust or C policy is a few core module instances
+    // with one memory; a Python policy from componentize-py 0.25 is 14
+    // core module instances (CPython, libc, the runtime and wit-component's
+    // shims, dynamically linked) sharing one memory (13 MB to start with:
+    // the pre-initialized interpreter) and two tables.  The limits leave
+    // room for bigger language runtimes; the totals let every slot hold a
+    // Python policy.  Unused slots cost address space, not memory.
     pool.total_component_instances(slots)
-        .total_core_instances(slots * 2)
+        .total_core_instances(slots * 16)
         .total_memories(slots * 2)
-        .total_tables(slots * 2)
+        .total_tables(slots * 4)
         .total_stacks(0)
-        .max_memories_per_component(2)
-        .max_tables_per_component(2)
-        .max_core_instances_per_component(8)
+        .max_memories_per_component(4)
+        .max_tables_per_component(8)
+        .max_core_instances_per_component(32)
         .max_memory_size(mem)
         .table_elements(10_000)
         .max_unused_warm_slots(slots.min(16));
