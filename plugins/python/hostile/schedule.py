@@ -37,9 +37,12 @@ class Scheduler(wit.Scheduler):
             while True:
                 n += 1
         if self.do == "grow":
-            hoard = []
+            # Growing fast: filling memory a MiB at a time would run out of
+            # fuel (zeroing is instructions too) before it reached the cap.
+            hoard, n = [], 1 << 20
             while True:
-                hoard.append(bytearray(1 << 20))
+                hoard.append(bytearray(n))
+                n *= 4
         if self.do == "raise":
             raise RuntimeError("a Python exception in next-draft-length")
         if self.do == "too-long":
