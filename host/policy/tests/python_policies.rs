@@ -37,7 +37,10 @@ fn python() -> &'static PolicyHost {
             let info = host()
                 .add(name, &python_file(name))
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert!(info.imports_wasi, "{name}: componentize-py components import WASI");
+            assert!(
+                info.imports_wasi,
+                "{name}: componentize-py components import WASI"
+            );
         }
     });
     host()
@@ -47,7 +50,12 @@ fn python() -> &'static PolicyHost {
 fn python_heuristic_decides_exactly_like_the_rust_heuristic() {
     let host = python();
     let mut rng = Lcg(1717);
-    let configs = ["{}", r#"{"initial": 1}"#, r#"{"initial":7}"#, r#"{"initial": 40}"#];
+    let configs = [
+        "{}",
+        r#"{"initial": 1}"#,
+        r#"{"initial":7}"#,
+        r#"{"initial": 40}"#,
+    ];
     let mut rounds_total = 0;
     for request in 0..24u32 {
         let config = configs[(request % 4) as usize];
@@ -98,7 +106,10 @@ fn python_heuristic_decides_exactly_like_the_rust_heuristic() {
         r#"{"initial": 4294967296}"#,
         r#"{"initial": 99999999999}"#,
     ] {
-        let p = host.schedule("heuristic-py", bad, "m").err().map(|e| e.kind);
+        let p = host
+            .schedule("heuristic-py", bad, "m")
+            .err()
+            .map(|e| e.kind);
         let r = host.schedule("heuristic", bad, "m").err().map(|e| e.kind);
         assert_eq!(p, Some(PolicyErrorKind::Config), "Python accepted {bad}");
         assert_eq!(r, Some(PolicyErrorKind::Config), "Rust accepted {bad}");
@@ -150,8 +161,10 @@ fn python_rejection_decides_exactly_like_the_rust_rejection() {
     for round in 0..300 {
         let k = 1 + rng.below(8);
         let positions: Vec<Position> = (0..k).map(|_| random_position(&mut rng)).collect();
-        let (dp, dr): (Decision, Decision) =
-            (py.decide(&positions).unwrap(), rs.decide(&positions).unwrap());
+        let (dp, dr): (Decision, Decision) = (
+            py.decide(&positions).unwrap(),
+            rs.decide(&positions).unwrap(),
+        );
         assert_eq!(dp, dr, "round {round}: {positions:?}");
         assert_eq!(dr.correction, Correction::Residual);
         if dr.accepted == k {
@@ -164,7 +177,10 @@ fn python_rejection_decides_exactly_like_the_rust_rejection() {
     assert!(full > 20 && partial > 20, "{full} full, {partial} partial");
     // the same config errors
     for bad in [r#"{"x": 1}"#, "[1]", "3"] {
-        let p = host.acceptance("rejection-py", bad, 10).err().map(|e| e.kind);
+        let p = host
+            .acceptance("rejection-py", bad, 10)
+            .err()
+            .map(|e| e.kind);
         let r = host.acceptance("rejection", bad, 10).err().map(|e| e.kind);
         assert_eq!(p, Some(PolicyErrorKind::Config), "Python accepted {bad}");
         assert_eq!(r, Some(PolicyErrorKind::Config), "Rust accepted {bad}");
@@ -278,8 +294,14 @@ fn a_second_host_loads_the_python_policies_from_the_disk_cache() {
     }
     let after = snapshot(&dir);
     for f in &before {
-        assert!(after.contains(f), "{} was rewritten or removed", f.0.display());
+        assert!(
+            after.contains(f),
+            "{} was rewritten or removed",
+            f.0.display()
+        );
     }
-    let mut s = second.schedule("heuristic-py", r#"{"initial": 3}"#, "m").unwrap();
+    let mut s = second
+        .schedule("heuristic-py", r#"{"initial": 3}"#, "m")
+        .unwrap();
     assert_eq!(s.next_draft_length(&input(0, 16, &[])).unwrap(), 3);
 }
