@@ -58,10 +58,12 @@ for dir in "$ROOT"/plugins/python/*/; do
         [[ -z "$stale" ]] && continue
     fi
     t0=$(date +%s%N)
+    # Built from a copy: componentize-py writes __pycache__ beside the sources.
+    src="$ROOT/plugins/target/python-src/$name"
+    rm -rf "$src" && mkdir -p "$src" && cp "$dir"/*.py "$src"/
     # -q: no "Component built successfully"; errors still go to stderr.
-    # PYTHONDONTWRITEBYTECODE: no __pycache__ in the source tree.
-    if ! PYTHONDONTWRITEBYTECODE=1 "$tool" -q -d "$ROOT/wit" -w "$world" componentize \
-        -p "$dir" "$app" -o "$out.tmp" >"$OUT/$name-py.log" 2>&1; then
+    if ! "$tool" -q -d "$ROOT/wit" -w "$world" componentize \
+        -p "$src" "$app" -o "$out.tmp" >"$OUT/$name-py.log" 2>&1; then
         cat "$OUT/$name-py.log" >&2
         rm -f "$out.tmp"
         die "componentize-py failed for $dir"
