@@ -10,6 +10,8 @@
 #   - rustup target wasm32-wasip2 and the wit-bindgen CLI
 #     (scripts/build-plugins.sh --install-tools)
 #   - .venv with tests/py/requirements.txt (mlx, mlx-lm, gguf, numpy, pytest, ...)
+#   - componentize-py (pinned) in plugins/target/componentize-py, for the
+#     Python policies (scripts/build-python-plugins.sh)
 #   - MLX (the pinned mlx-cpu wheel, by the build) and the default model
 #     (`specd pull`), both under $SPECD_HOME (default ~/.cache/specd)
 #
@@ -39,12 +41,12 @@ export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32 chromium
 
-.PHONY: run test setup apt rust tools venv build pull lint test-rust test-py bench-anchors clean-stamps
+.PHONY: run test setup apt rust tools venv build pull python-plugins lint test-rust test-py bench-anchors clean-stamps
 
 run: build
 	$(SPECD) generate --chat "$(PROMPT)"
 
-test: build venv pull lint test-rust test-py
+test: build venv pull python-plugins lint test-rust test-py
 
 setup: tools venv
 
@@ -96,17 +98,23 @@ build: tools | $(VENV)/bin/python
 pull: build
 	$(SPECD) pull
 
+# The Python policies (plugins/python -> plugins/target/python/*.wasm) for the
+# tests: componentize-py (pinned, pip, its own venv) builds them; loaded at
+# run time, not part of `cargo build`.  The script skips what is up to date.
+python-plugins: | apt
+	PYTHON=$(PYTHON) bash scripts/build-python-plugins.sh
+
 # ---- tests ----------------------------------------------------------------------
 # Formatting and clippy are part of the test command (CI checks them).
 lint: build
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test-rust: build pull
+test-rust: build pull python-plugins
 	cargo test --release --workspace
 
 # pytest exits 5 when it collects no tests: that is a broken test setup, not a pass.
-test-py: build venv pull
+test-py: build venv pull python-plugins
 	@set +e; cd $(ROOT) && SPECD_BIN=$(SPECD) $(VENV)/bin/python -m pytest -p no:cacheprovider --durations=10 tests/py $(PYTEST_ARGS); rc=$$?; set -e; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests under tests/py (exit 5): failing" >&2; exit 1; fi; \
 	exit $$rc

@@ -349,7 +349,8 @@ def test_policy_upload_use_list_delete(start_server, tmp_path):
     assert r.status_code == 400 and "name" in r.json()["error"]
     r = httpx.post(srv.url + "/api/policies", params={"name": "Bad Name!"}, content=wasm)
     assert r.status_code == 400
-    r = httpx.post(srv.url + "/api/policies", params={"name": "big"}, content=b"\0" * ((16 << 20) + 10), timeout=60)
+    limit = httpx.get(srv.url + "/api/policies").json()["limits"]["max_component_bytes"]
+    r = httpx.post(srv.url + "/api/policies", params={"name": "big"}, content=b"\0" * (limit + 10), timeout=60)
     assert r.status_code in (400, 413) and "limit" in r.json()["error"]
     assert not (pdir / "junk.wasm").exists() and not (pdir / "core.wasm").exists()
     assert "Paris" in post(srv, "/api/chat", chat_body()).json()["message"]["content"]

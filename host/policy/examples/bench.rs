@@ -1,5 +1,13 @@
 //! Policy call benchmark:
-//!     cargo run --release -p specd-policy --example bench [SCHEDULE ACCEPTANCE]
+//!     cargo run --release -p specd-policy --example bench [--policy-dir DIR] [--requests N] [SCHEDULE ACCEPTANCE]
+//!
+//! `--policy-dir DIR` registers DIR's components first (as `specd serve
+//! --policy-dir` does), printing how long each took: a compile the first
+//! time, a load from the disk cache (`$SPECD_HOME/policies/cache`) after.
+//! With `SPECD_HOME` set to an empty directory, every component compiles.
+//! Python policies (scripts/build-python-plugins.sh):
+//!     cargo run --release -p specd-policy --example bench -- \
+//!         --policy-dir plugins/target/python heuristic-py rejection-py
 use specd_policy::{
     native, Acceptance, HostConfig, PolicyError, PolicyHost, Position, RoundRecord, Schedule,
     ScheduleInput,
@@ -7,7 +15,15 @@ use specd_policy::{
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut flag = |name: &str| -> Option<String> {
+        let i = args.iter().position(|a| a == name)?;
+        let v = args.get(i + 1).cloned();
+        args.drain(i..(i + 2).min(args.len()));
+        v
+    };
+    let policy_dir = flag("--policy-dir");
+    let requests: u32 = flag("--requests").map_or(Ok(200), |v| v.parse())?;
     let pairs: Vec<(String, String)> = if args.len() >= 2 {
         vec![(args[0].clone(), args[1].clone())]
     } else {
@@ -28,8 +44,33 @@ fn main() -> anyhow::Result<()> {
         host.list().len(),
         t.elapsed().as_secs_f64() * 1e3
     );
+    if let Some(dir) = policy_dir {
+        let mut paths: Vec<_> = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "wasm"))
+            .collect();
+        paths.sort();
+        for path in paths {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let bytes = std::fs::read(&path)?;
+            let t = Instant::now();
+            host.add(&name, &bytes)?;
+            println!(
+                "added {name} ({} bytes): {:.1} ms (compiled, or loaded from the disk cache)",
+                bytes.len(),
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
     for (s, a) in pairs {
-        let r = bench_policy_calls(&host, &s, &a, 200, 64)?;
+        let t = Instant::now();
+        drop(host.schedule(&s, "{}", "bench")?);
+        drop(host.acceptance(&a, "{}", 50_000)?);
+        println!(
+            "{s} + {a}: first request's instantiation (both, and any lazy compile): {:.2} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        let r = bench_policy_calls(&host, &s, &a, requests, 64)?;
         println!(
             "{s:>20} + {a:<10} instantiate {:6.1} us + {:6.1} us | call {:6.0} ns + {:6.0} ns (round {:6.0} ns) | native {} + {} ns",
             r.schedule_instantiate_us,

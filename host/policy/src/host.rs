@@ -31,17 +31,35 @@ fn engine(cfg: &HostConfig) -> anyhow::Result<(Engine, Linker<HostState>)> {
     let mut pool = PoolingAllocationConfig::default();
     let slots = cfg.max_instances.max(1);
     let mem = cfg.memory_limit_bytes.max(64 << 10);
+    // Per component: a Rust or C policy is a few core module instances
+    // with one memory; a Python policy from componentize-py 0.25 is 14
+    // core module instances (CPython, libc, the runtime and wit-component's
+    // shims, dynamically linked) sharing one memory (13 MB to start with:
+    // the pre-initialized interpreter) and two tables.  The limits leave
+    // room for bigger language runtimes; the totals let every slot hold a
+    // Python policy.  Unused slots cost address space, not memory.
     pool.total_component_instances(slots)
-        .total_core_instances(slots * 2)
+        .total_core_instances(slots * 16)
         .total_memories(slots * 2)
-        .total_tables(slots * 2)
+        .total_tables(slots * 4)
         .total_stacks(0)
-        .max_memories_per_component(2)
-        .max_tables_per_component(2)
-        .max_core_instances_per_component(8)
+        .max_memories_per_component(4)
+        .max_tables_per_component(8)
+        .max_core_instances_per_component(32)
         .max_memory_size(mem)
         .table_elements(10_000)
         .max_unused_warm_slots(slots.min(16));
+    if pagemap_scan_available() {
+        // Reset a returned slot by restoring only the pages the guest
+        // dirtied (found with the PAGEMAP_SCAN ioctl) instead of madvise:
+        // the next instance takes no page faults on them.  Measured: Rust
+        // policies 38 -> 10 us per instantiation, a Python one 2.5 -> 1.8 ms.
+        // Without the ioctl, keep_resident would memset the whole memory
+        // on every reset (slower than madvise), so it stays off.
+        pool.linear_memory_keep_resident(mem)
+            .table_keep_resident(1 << 20)
+            .pagemap_scan(wasmtime::Enabled::Auto);
+    }
     let mut config = Config::new();
     config
         .wasm_component_model(true)
@@ -62,6 +80,20 @@ fn engine(cfg: &HostConfig) -> anyhow::Result<(Engine, Linker<HostState>)> {
     crate::sandbox::freeze_sleeps(&mut linker)
         .map_err(|e| anyhow::anyhow!("adding deny-all WASI: {}", chain(&e)))?;
     Ok((engine, linker))
+}
+
+/// Linux 6.7 or later (the PAGEMAP_SCAN ioctl).
+fn pagemap_scan_available() -> bool {
+    if !cfg!(target_os = "linux") {
+        return false;
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (6, 7)
 }
 
 /// Whether one more user policy `name` of `size` bytes fits `q` (a policy

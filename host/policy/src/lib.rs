@@ -111,15 +111,23 @@ pub struct HostConfig {
     /// Fuel (roughly: WebAssembly instructions) one call may burn, including
     /// a request's instantiation and `create`.  Running out is a `timeout`.
     /// The default (20 million) is a few milliseconds of CPU; the standard
-    /// policies use well under 10 thousand per call.
+    /// policies use well under 10 thousand per call.  A Python policy
+    /// (componentize-py) needs more: instantiation plus `create` take
+    /// between 0.3 and 1 million (measured: 0.3 million is too little), its
+    /// calls less; the default leaves a wide margin.
     pub fuel_per_call: u64,
     /// Linear memory one instance may use (bytes); growing past it is a
-    /// `memory_limit` failure.
+    /// `memory_limit` failure.  The default (32 MiB) fits a Python policy,
+    /// whose memory starts at 13 MB (the pre-initialized interpreter) and
+    /// runs the standard policies within 14 MiB.
     pub memory_limit_bytes: usize,
     /// Guest stdout and stderr kept per request, each (bytes); the rest is
     /// dropped and counted.
     pub log_limit_bytes: usize,
     /// Largest component accepted by `add` / `check` / `add_dir` (bytes).
+    /// The default (64 MiB) fits components that embed a language runtime:
+    /// a Python policy built with componentize-py is about 18 MB (CPython
+    /// and its standard library).
     pub max_component_bytes: usize,
     /// Instances alive at once across all requests (pooling allocator slots;
     /// a request needs one per policy).  Past it, making a policy fails with
@@ -142,7 +150,7 @@ impl Default for HostConfig {
             fuel_per_call: 20_000_000,
             memory_limit_bytes: 32 << 20,
             log_limit_bytes: 16 << 10,
-            max_component_bytes: 16 << 20,
+            max_component_bytes: 64 << 20,
             max_instances: 256,
             carried_state_limit_bytes: 64 << 10,
             cache_dir: cache::default_cache_dir(),
