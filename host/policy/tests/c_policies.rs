@@ -5,51 +5,13 @@
 
 mod common;
 use common::*;
-use specd_policy::{PolicyErrorKind, ScheduleInput};
+use specd_policy::PolicyErrorKind;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 #[test]
 fn c_heuristic_decides_exactly_like_the_rust_heuristic() {
-    let mut rng = Lcg(2024);
-    let configs = [
-        "{}",
-        r#"{"initial": 1}"#,
-        r#"{"initial":7}"#,
-        r#"{"initial": 40}"#,
-    ];
-    for request in 0..40u32 {
-        let config = configs[(request % 4) as usize];
-        let model = format!("twin-{}", request % 3);
-        let mut c = host().schedule("heuristic-c", config, &model).unwrap();
-        let mut r = host().schedule("heuristic", config, &model).unwrap();
-        let mut recent: Vec<(u32, u32)> = Vec::new();
-        let rounds = 1 + rng.below(60);
-        for round in 0..rounds {
-            let max = rng.below(17); // 0..=16, 0 included
-            let i: ScheduleInput = input(round, max, &recent);
-            let (kc, kr) = (
-                c.next_draft_length(&i).unwrap(),
-                r.next_draft_length(&i).unwrap(),
-            );
-            assert_eq!(kc, kr, "request {request} round {round} config {config}");
-            // outcome: full accept half the time, else a random partial (or a plain step)
-            let accepted = if rng.below(2) == 0 {
-                kr
-            } else {
-                rng.below(kr + 1)
-            };
-            recent.push((kr, accepted));
-        }
-        // both carry their k (separately: keys hold the policy hash)
-        c.finish();
-        r.finish();
-        assert_eq!(
-            host().carried_state("heuristic-c", &model, config),
-            host().carried_state("heuristic", &model, config),
-            "carried state after request {request}"
-        );
-    }
+    assert_heuristic_twin("heuristic-c", 40, 2024, |rng| 1 + rng.below(60));
     // same config errors
     for bad in [
         r#"{"initial": 0}"#,

@@ -8,7 +8,7 @@
 
 mod common;
 use common::*;
-use specd_policy::{Correction, Decision, PolicyErrorKind, PolicyHost, Position, ScheduleInput};
+use specd_policy::{Correction, Decision, PolicyErrorKind, PolicyHost, Position};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::SystemTime;
@@ -49,48 +49,8 @@ fn python() -> &'static PolicyHost {
 #[test]
 fn python_heuristic_decides_exactly_like_the_rust_heuristic() {
     let host = python();
-    let mut rng = Lcg(1717);
-    let configs = [
-        "{}",
-        r#"{"initial": 1}"#,
-        r#"{"initial":7}"#,
-        r#"{"initial": 40}"#,
-    ];
-    let mut rounds_total = 0;
-    for request in 0..24u32 {
-        let config = configs[(request % 4) as usize];
-        let model = format!("py-twin-{}", request % 3);
-        let mut py = host.schedule("heuristic-py", config, &model).unwrap();
-        let mut rs = host.schedule("heuristic", config, &model).unwrap();
-        let mut recent: Vec<(u32, u32)> = Vec::new();
-        for round in 0..(8 + rng.below(20)) {
-            let max = rng.below(17); // 0..=16, 0 included
-            let i: ScheduleInput = input(round, max, &recent);
-            let (kp, kr) = (
-                py.next_draft_length(&i).unwrap(),
-                rs.next_draft_length(&i).unwrap(),
-            );
-            assert_eq!(kp, kr, "request {request} round {round} config {config}");
-            let accepted = if rng.below(2) == 0 {
-                kr
-            } else {
-                rng.below(kr + 1)
-            };
-            recent.push((kr, accepted));
-            rounds_total += 1;
-        }
-        // both carry k (4 little-endian bytes), each under its own hash
-        py.finish();
-        rs.finish();
-        let carried = host.carried_state("heuristic-py", &model, config);
-        assert!(carried.as_ref().is_some_and(|c| c.len() == 4));
-        assert_eq!(
-            carried,
-            host.carried_state("heuristic", &model, config),
-            "carried state after request {request}"
-        );
-    }
-    assert!(rounds_total >= 300, "{rounds_total} rounds");
+    let rounds = assert_heuristic_twin("heuristic-py", 24, 1717, |rng| 8 + rng.below(20));
+    assert!(rounds >= 300, "{rounds} rounds");
     // the same config errors
     for bad in [
         r#"{"initial": 0}"#,

@@ -3,7 +3,9 @@
 
 mod common;
 use common::*;
-use specd_policy::{native, Correction, Decision, PolicyErrorKind, RoundRecord, ScheduleInput};
+use specd_policy::{
+    native, Correction, Decision, PolicyErrorKind, Position, RoundRecord, ScheduleInput,
+};
 
 /// Runs a schedule over rounds whose outcomes are `outcomes[i] = accepted`
 /// (drafted = what the schedule asked); returns the k sequence.
@@ -334,26 +336,34 @@ fn greedy_accepts_exact_argmax_matches() {
     assert_eq!(err.kind, PolicyErrorKind::Config);
 }
 
+/// Decides one position at a time with the default config: `(position, accepted)`.
+fn assert_one_position(policy: &str, cases: &[(Position, u32)]) {
+    for (case, want) in cases {
+        assert_eq!(
+            decide(policy, "{}", &[*case]).accepted,
+            *want,
+            "{policy}: {case:?}"
+        );
+    }
+}
+
 #[test]
 fn rejection_accepts_with_min_1_p_over_q() {
     // One position: (token, p, q, target argmax, entropy, uniform) -> accepted.
-    for (case, want) in [
-        // p/q = 0.625: u = 0.6 accepts (0.65 rejects, below)
-        (pos(1, 0.5, 0.8, 0, 1.0, 0.6), 1),
-        // p >= q always accepts; p = 0 never; q = 0 < p always
-        (pos(1, 0.9, 0.3, 0, 1.0, 0.999), 1),
-        (pos(1, 0.0, 0.3, 0, 1.0, 0.0), 0),
-        (pos(1, 0.2, 0.0, 0, 1.0, 0.999), 1),
-        // point-mass draft (n-gram): accept with probability p
-        (pos(1, 0.3, 1.0, 0, 1.0, 0.29), 1),
-        (pos(1, 0.3, 1.0, 0, 1.0, 0.31), 0),
-    ] {
-        assert_eq!(
-            decide("rejection", "{}", &[case]).accepted,
-            want,
-            "{case:?}"
-        );
-    }
+    assert_one_position(
+        "rejection",
+        &[
+            // p/q = 0.625: u = 0.6 accepts (0.65 rejects, below)
+            (pos(1, 0.5, 0.8, 0, 1.0, 0.6), 1),
+            // p >= q always accepts; p = 0 never; q = 0 < p always
+            (pos(1, 0.9, 0.3, 0, 1.0, 0.999), 1),
+            (pos(1, 0.0, 0.3, 0, 1.0, 0.0), 0),
+            (pos(1, 0.2, 0.0, 0, 1.0, 0.999), 1),
+            // point-mass draft (n-gram): accept with probability p
+            (pos(1, 0.3, 1.0, 0, 1.0, 0.29), 1),
+            (pos(1, 0.3, 1.0, 0, 1.0, 0.31), 0),
+        ],
+    );
     assert_eq!(
         decide("rejection", "{}", &[pos(1, 0.5, 0.8, 0, 1.0, 0.65)]),
         Decision {
@@ -389,17 +399,18 @@ fn rejection_accepts_with_min_1_p_over_q() {
 #[test]
 fn typical_uses_the_medusa_threshold() {
     // threshold = min(epsilon, delta * exp(-entropy)), defaults 0.09 / 0.3
-    for (case, want) in [
-        // entropy 0: threshold 0.09
-        (pos(1, 0.1, 1.0, 2, 0.0, 0.0), 1),
-        // entropy 3: threshold 0.3 * e^-3 = 0.01494
-        (pos(1, 0.016, 1.0, 2, 3.0, 0.0), 1),
-        (pos(1, 0.014, 1.0, 2, 3.0, 0.0), 0),
-        // it is lossy: a non-argmax token is accepted when plausible enough
-        (pos(1, 0.3, 0.9, 2, 1.0, 0.99), 1),
-    ] {
-        assert_eq!(decide("typical", "{}", &[case]).accepted, want, "{case:?}");
-    }
+    assert_one_position(
+        "typical",
+        &[
+            // entropy 0: threshold 0.09
+            (pos(1, 0.1, 1.0, 2, 0.0, 0.0), 1),
+            // entropy 3: threshold 0.3 * e^-3 = 0.01494
+            (pos(1, 0.016, 1.0, 2, 3.0, 0.0), 1),
+            (pos(1, 0.014, 1.0, 2, 3.0, 0.0), 0),
+            // it is lossy: a non-argmax token is accepted when plausible enough
+            (pos(1, 0.3, 0.9, 2, 1.0, 0.99), 1),
+        ],
+    );
     assert_eq!(
         decide("typical", "{}", &[pos(1, 0.08, 1.0, 2, 0.0, 0.0)]),
         Decision {

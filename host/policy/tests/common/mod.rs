@@ -332,3 +332,62 @@ impl AcceptanceWat<'_> {
             .unwrap_or_else(|e| panic!("test component does not assemble: {e}\n{text}"))
     }
 }
+
+/// Runs random requests through a port of `heuristic` and the built-in side
+/// by side (same configs, models and outcomes: a full accept half the time,
+/// else a random partial) and asserts they answer alike every round and carry
+/// the same state after every request.  `rounds` draws each request's round
+/// count.  Returns the rounds compared.
+#[allow(dead_code)] // not every test binary compares a port
+pub fn assert_heuristic_twin(
+    twin: &str,
+    requests: u32,
+    seed: u64,
+    rounds: impl Fn(&mut Lcg) -> u32,
+) -> u32 {
+    let mut rng = Lcg(seed);
+    let configs = [
+        "{}",
+        r#"{"initial": 1}"#,
+        r#"{"initial":7}"#,
+        r#"{"initial": 40}"#,
+    ];
+    let mut total = 0;
+    for request in 0..requests {
+        let config = configs[(request % 4) as usize];
+        let model = format!("{twin}-twin-{}", request % 3);
+        let mut t = host().schedule(twin, config, &model).unwrap();
+        let mut r = host().schedule("heuristic", config, &model).unwrap();
+        let mut recent: Vec<(u32, u32)> = Vec::new();
+        for round in 0..rounds(&mut rng) {
+            let max = rng.below(17); // 0..=16, 0 included
+            let i = input(round, max, &recent);
+            let (kt, kr) = (
+                t.next_draft_length(&i).unwrap(),
+                r.next_draft_length(&i).unwrap(),
+            );
+            assert_eq!(
+                kt, kr,
+                "{twin}: request {request} round {round} config {config}"
+            );
+            let accepted = if rng.below(2) == 0 {
+                kr
+            } else {
+                rng.below(kr + 1)
+            };
+            recent.push((kr, accepted));
+            total += 1;
+        }
+        // both carry k (4 little-endian bytes), each under its own hash
+        t.finish();
+        r.finish();
+        let carried = host().carried_state(twin, &model, config);
+        assert!(carried.as_ref().is_some_and(|c| c.len() == 4), "{twin}");
+        assert_eq!(
+            carried,
+            host().carried_state("heuristic", &model, config),
+            "{twin}: carried state after request {request}"
+        );
+    }
+    total
+}
