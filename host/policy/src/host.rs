@@ -305,6 +305,12 @@ impl PolicyHost {
         self.read().infos()
     }
 
+    /// User (not built-in) policies: how many, and their component bytes
+    /// together, as the registry quotas count them.
+    pub fn user_usage(&self) -> (usize, u64) {
+        self.read().user_usage("")
+    }
+
     /// Validates a component without registering it (`specd policy check`).
     pub fn check(&self, bytes: &[u8]) -> Result<PolicyInfo, CheckError> {
         let hash = sha256_hex(bytes);

@@ -305,7 +305,7 @@ pub fn generate(
     let decode_seconds = t1.elapsed().as_secs_f64();
     let trace = state.trace.take().unwrap_or_default();
     let counters = if done == DoneReason::Cancelled {
-        state.counters.clone()
+        state.counters_now()
     } else {
         state.finish()
     };

@@ -63,15 +63,10 @@ fn records(state: &State) -> std::sync::MutexGuard<'_, BTreeMap<String, UploadRe
 pub async fn list(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
     let mut list = state.policies.list();
     list.sort_by(|a, b| (!a.builtin, &a.name).cmp(&(!b.builtin, &b.name)));
-    let recs = records(&state).clone();
-    let (mut count, mut bytes) = (0usize, 0u64);
+    let recs = records(&state);
     let policies: Vec<Value> = list
         .into_iter()
         .map(|p| {
-            if !p.builtin {
-                count += 1;
-                bytes += p.size_bytes as u64;
-            }
             let rec = recs.get(&p.name).filter(|r| r.sha256 == p.sha256).cloned();
             let builtin = p.builtin;
             let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
@@ -85,6 +80,8 @@ pub async fn list(axum::extract::State(state): axum::extract::State<State>) -> J
             v
         })
         .collect();
+    drop(recs);
+    let (count, bytes) = state.policies.user_usage();
     let l = &state.limits;
     Json(json!({
         "policies": policies,

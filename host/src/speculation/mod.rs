@@ -97,11 +97,12 @@ impl SpecState {
     fn fail(&mut self, e: PolicyError) {
         tracing::warn!(policy = %e.policy, kind = %e.kind, "policy failed, decoding plainly: {}", e.message);
         self.counters.policy_failure = Some(PolicyFailure::from(&e));
+        self.count_policy_output();
         self.spec = None;
     }
 
-    /// Policy output dropped past the log cap so far.  The policies count
-    /// it; once one fails (and both are dropped) the count stays as it was.
+    /// Policy output dropped past the log cap, read from the policies (they
+    /// count it) when they are let go: at a failure, or at the end.
     fn count_policy_output(&mut self) {
         if let Some(s) = &self.spec {
             self.counters.policy_output_dropped =
@@ -123,10 +124,18 @@ impl SpecState {
 
     /// Hands carried state back to the schedule's host (normal end only).
     pub fn finish(mut self) -> SpecCounters {
+        self.count_policy_output();
         if let Some(s) = self.spec.take() {
             s.schedule.finish();
         }
         self.counters
+    }
+
+    /// The counters of a request that ends without `finish` (cancelled):
+    /// nothing is carried.
+    pub fn counters_now(&mut self) -> SpecCounters {
+        self.count_policy_output();
+        self.counters.clone()
     }
 
     /// One round. `log` holds the committed tokens; the target's caches hold
@@ -169,7 +178,6 @@ impl SpecState {
                     .schedule
                     .next_draft_length(&input);
                 self.counters.policy_seconds += t.elapsed().as_secs_f64();
-                self.count_policy_output();
                 // Validated by the policy host (`specd_policy::validate`).
                 match r {
                     Ok(v) => k = v as usize,
@@ -245,7 +253,6 @@ impl SpecState {
                 .acceptance
                 .decide(&positions);
             self.counters.policy_seconds += t.elapsed().as_secs_f64();
-            self.count_policy_output();
             // Validated by the policy host (`specd_policy::validate`).
             match r {
                 Ok(d) => decision = Some(d),
