@@ -27,12 +27,34 @@ pub const OPEN: [&str; 5] = [
     "Tell me a fun fact about octopuses.",
 ];
 
+/// Code editing: rename, add type hints, fix a bug, in 20-60 lines of code.
+pub const CODE_EDIT: [&str; 4] = [
+    "Rename the variable `lst` to `items` everywhere in this code and show the whole result:\n\ndef total(lst):\n    s = 0\n    for x in lst:\n        s += x\n    return s\n\n\ndef mean(lst):\n    if not lst:\n        return 0.0\n    return total(lst) / len(lst)\n\n\ndef largest(lst):\n    best = lst[0]\n    for x in lst:\n        if x > best:\n            best = x\n    return best\n\n\ndef smallest(lst):\n    best = lst[0]\n    for x in lst:\n        if x < best:\n            best = x\n    return best\n\n\ndef spread(lst):\n    return largest(lst) - smallest(lst)\n",
+    "Add Python type hints to every function in this code and show the whole result:\n\ndef greet(name):\n    return \"Hello, \" + name\n\n\ndef repeat(text, times):\n    out = []\n    for _ in range(times):\n        out.append(text)\n    return out\n\n\ndef count_words(text):\n    counts = {}\n    for word in text.split():\n        counts[word] = counts.get(word, 0) + 1\n    return counts\n\n\ndef longest_word(text):\n    words = text.split()\n    if not words:\n        return None\n    return max(words, key=len)\n\n\ndef is_palindrome(word):\n    w = word.lower()\n    return w == w[::-1]\n",
+    "Fix the bug in this code (the loop skips the last element) and show the whole corrected code:\n\ndef sum_even(numbers):\n    total = 0\n    for i in range(len(numbers) - 1):\n        if numbers[i] % 2 == 0:\n            total += numbers[i]\n    return total\n\n\ndef sum_odd(numbers):\n    total = 0\n    for n in numbers:\n        if n % 2 == 1:\n            total += n\n    return total\n\n\ndef main():\n    data = [1, 2, 3, 4, 5, 6, 7, 8]\n    print(\"even:\", sum_even(data))\n    print(\"odd:\", sum_odd(data))\n    print(\"all:\", sum(data))\n\n\nif __name__ == \"__main__\":\n    main()\n",
+    "Rename the function `calc` to `area` and its parameter `w` to `width` everywhere in this code, and show the whole result:\n\nclass Rect:\n    def __init__(self, w, h):\n        self.w = w\n        self.h = h\n\n    def calc(self):\n        return self.w * self.h\n\n\ndef calc(w, h):\n    return w * h\n\n\ndef total(rects):\n    s = 0\n    for r in rects:\n        s += r.calc()\n    return s\n\n\ndef report(rects):\n    for r in rects:\n        print(r.w, r.h, r.calc())\n    print(\"total\", total(rects))\n\n\nreport([Rect(1, 2), Rect(3, 4), Rect(5, 6)])\n",
+];
+
+/// One task type over several requests (records to JSON): what an agent or
+/// a batch job sends. Later requests can draft from earlier outputs.
+pub const REPETITIVE: [&str; 6] = [
+    "Convert this record to JSON with the keys name, age, city, email and role: Alice Martin, 31 years old, lives in Paris, alice.martin@example.com, engineer.",
+    "Convert this record to JSON with the keys name, age, city, email and role: Bob Chen, 45 years old, lives in Toronto, bob.chen@example.com, manager.",
+    "Convert this record to JSON with the keys name, age, city, email and role: Carla Diaz, 27 years old, lives in Madrid, carla.diaz@example.com, designer.",
+    "Convert this record to JSON with the keys name, age, city, email and role: David Okafor, 38 years old, lives in Lagos, david.okafor@example.com, analyst.",
+    "Convert this record to JSON with the keys name, age, city, email and role: Emma Novak, 52 years old, lives in Prague, emma.novak@example.com, director.",
+    "Convert this record to JSON with the keys name, age, city, email and role: Farid Haddad, 29 years old, lives in Beirut, farid.haddad@example.com, developer.",
+];
+
 fn chat(text: &str) -> Prompt {
     Prompt::Chat(vec![ChatMessage::user(text)])
 }
 
+/// Runs one prompt. `tenant` scopes what the suffix drafter learns from
+/// earlier runs, so configs never draft from each other's outputs.
 fn run_one(
     e: &Engine,
+    tenant: &str,
     prompt: &str,
     opts: &SpecOptions,
     params: &SamplingParams,
@@ -40,7 +62,7 @@ fn run_one(
     record: Option<&std::path::Path>,
 ) -> Result<Finished> {
     let ids = e.encode(&chat(prompt))?;
-    let spec = e.speculation(opts, params)?;
+    let spec = e.speculation_in(tenant, opts, params)?;
     let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
     settings.record = record.is_some();
     let fin = e.generate_uncached(&ids, &settings, spec, &mut |_| true)?;
@@ -156,12 +178,15 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
         let mut acc: Vec<Acc> = vec![Acc::default(); configs.len()];
         let (mut plain_tokens, mut plain_seconds) = (0usize, 0.0f64);
         for r in 0..b.repeats {
+            // Each pass over a suite starts with nothing learned, so a repeat
+            // never drafts from its own earlier output.
+            e.clear_caches();
             for p in prompts {
                 let none = SpecOptions {
                     drafter: Some(DrafterSpec::None),
                     ..Default::default()
                 };
-                let plain = run_one(e, p, &none, &b.params, b.max_tokens, None)?;
+                let plain = run_one(e, "plain", p, &none, &b.params, b.max_tokens, None)?;
                 done += 1;
                 progress(&format!(
                     "[{done}/{total}] {suite} repeat {} plain: {:.1} tok/s",
@@ -178,7 +203,15 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                         draft_max: b.draft_max,
                         ..Default::default()
                     };
-                    let f = run_one(e, p, &opts, &b.params, b.max_tokens, b.record.as_deref())?;
+                    let f = run_one(
+                        e,
+                        &format!("config-{i}"),
+                        p,
+                        &opts,
+                        &b.params,
+                        b.max_tokens,
+                        b.record.as_deref(),
+                    )?;
                     done += 1;
                     progress(&format!(
                         "[{done}/{total}] {suite} repeat {} {d}/{s}/{a}: {:.1} tok/s, acceptance {:.2}",

@@ -2,14 +2,16 @@
 //! template, the policy host, draft models configured at start. It turns a
 //! request's names (drafter, schedule, acceptance) into a [`Speculation`]
 //! and runs the pipeline.
-use crate::cache::PrefixCache;
+use crate::cache::{PrefixCache, SuffixCorpus};
 use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
 use crate::options::{
     DrafterSpec, SpecOptions, DEFAULT_DRAFTER, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
 };
 use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
-use crate::speculation::{LlamaTarget, ModelDrafter, NgramDrafter, Speculation, Target};
+use crate::speculation::{
+    LlamaTarget, ModelDrafter, NgramDrafter, Speculation, SuffixDrafter, Target,
+};
 use anyhow::{bail, Context, Result};
 use specd_policy::{PolicyConfig, PolicyHost};
 use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
@@ -37,12 +39,17 @@ pub struct Engine {
     pub drafts: HashMap<String, Arc<Llama>>,
     /// KV states of earlier requests, by token prefix.
     pub prefix: Mutex<PrefixCache>,
+    /// Earlier requests' outputs, for the `suffix` drafter; cleared with
+    /// the prefix cache.
+    pub suffix: Arc<Mutex<SuffixCorpus>>,
     /// How the weights are held (`--weights`).
     pub weights: WeightMode,
 }
 
 /// Default bound of the prefix cache.
 pub const PREFIX_CACHE_BYTES: usize = 1 << 30;
+/// Default bound of the suffix drafter's cross-request corpus.
+pub const SUFFIX_CORPUS_BYTES: usize = 64 << 20;
 
 pub fn load_tokenizer(path: &Path, format: ModelFormat) -> Result<Tokenizer> {
     match format {
@@ -80,6 +87,7 @@ impl Engine {
             policies,
             drafts: HashMap::new(),
             prefix: Mutex::new(PrefixCache::new(PREFIX_CACHE_BYTES)),
+            suffix: Arc::new(Mutex::new(SuffixCorpus::new(SUFFIX_CORPUS_BYTES))),
             weights,
         })
     }
@@ -142,6 +150,7 @@ impl Engine {
                 max_n: *max,
                 ..Default::default()
             }),
+            DrafterSpec::Suffix => Box::new(SuffixDrafter::new(self.suffix.clone(), tenant)),
             DrafterSpec::SelfLayers(n) => {
                 let layers = self.model.layers.len();
                 if *n > layers {
@@ -294,6 +303,17 @@ impl Engine {
             self.prefix.clear_poison();
             cache
         })
+    }
+
+    /// Forgets what earlier requests left: the prefix cache's KV states and
+    /// the suffix drafter's corpus.
+    pub fn clear_caches(&self) {
+        let limit = self.prefix_cache().limit_bytes();
+        *self.prefix_cache() = PrefixCache::new(limit);
+        self.suffix
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     pub fn settings(

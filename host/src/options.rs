@@ -14,15 +14,21 @@ pub const DEFAULT_DRAFT_MAX: usize = 16;
 /// The largest `draft_max` a request may ask for.
 pub const MAX_DRAFT_MAX: usize = 64;
 
-/// A drafter by name: `none`, `ngram`, `ngram:MIN-MAX`, `self:N` (the
+/// A drafter by name: `none`, `ngram`, `ngram:MIN-MAX`, `suffix`, `self:N` (the
 /// target's first N layers), `model:NAME` (a draft model configured at
 /// server start; on the command line, a store name or path).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrafterSpec {
     None,
-    Ngram { min: usize, max: usize },
+    Ngram {
+        min: usize,
+        max: usize,
+    },
     SelfLayers(usize),
     Model(String),
+    /// Suffix decoding over the prompt, the output so far and earlier
+    /// requests' outputs.
+    Suffix,
 }
 
 impl FromStr for DrafterSpec {
@@ -36,6 +42,7 @@ impl FromStr for DrafterSpec {
         Ok(match (kind, arg) {
             ("none", None) => DrafterSpec::None,
             ("ngram", None) => DEFAULT_DRAFTER,
+            ("suffix", None) => DrafterSpec::Suffix,
             ("ngram", Some(range)) => {
                 let bad = || anyhow::anyhow!("bad n-gram range {range:?} (want MIN-MAX)");
                 let (a, b) = range.split_once('-').unwrap_or((range, range));
@@ -52,7 +59,9 @@ impl FromStr for DrafterSpec {
                     .with_context(|| format!("bad drafter {s:?}: want self:N, N >= 1"))?,
             ),
             ("model", Some(name)) if !name.is_empty() => DrafterSpec::Model(name.to_string()),
-            _ => bail!("unknown drafter {s:?} (none, ngram, ngram:MIN-MAX, self:N, model:NAME)"),
+            _ => bail!(
+                "unknown drafter {s:?} (none, ngram, ngram:MIN-MAX, suffix, self:N, model:NAME)"
+            ),
         })
     }
 }
@@ -65,6 +74,7 @@ impl fmt::Display for DrafterSpec {
             DrafterSpec::Ngram { min, max } => write!(f, "ngram:{min}-{max}"),
             DrafterSpec::SelfLayers(n) => write!(f, "self:{n}"),
             DrafterSpec::Model(name) => write!(f, "model:{name}"),
+            DrafterSpec::Suffix => f.write_str("suffix"),
         }
     }
 }
@@ -87,7 +97,7 @@ impl<'de> Deserialize<'de> for DrafterSpec {
 /// the config file's `defaults`) set what a request leaves open.
 #[derive(Args, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SpecOptions {
-    /// none, ngram, ngram:MIN-MAX, self:N (first N target layers),
+    /// none, ngram, ngram:MIN-MAX, suffix, self:N (first N target layers),
     /// model:NAME [default: ngram].
     #[arg(long)]
     pub drafter: Option<DrafterSpec>,

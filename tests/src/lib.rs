@@ -29,5 +29,6 @@ pub fn engine() -> MutexGuard<'static, Engine> {
 }
 
 /// The prompt suites of `specd bench spec`: input-grounded (repeat, edit,
-/// summarize a given text) and open-ended chat.
-pub use specd::bench::{GROUNDED, OPEN};
+/// summarize a given text), open-ended chat, code editing, and one task
+/// type over several requests.
+pub use specd::bench::{CODE_EDIT, GROUNDED, OPEN, REPETITIVE};

@@ -7,10 +7,12 @@
 pub mod kv;
 pub mod prefix;
 pub mod rotating;
+pub mod suffix;
 
 pub use kv::KvCache;
 pub use prefix::PrefixCache;
 pub use rotating::RotatingCache;
+pub use suffix::SuffixCorpus;
 
 use specd_mlx::{Array, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -29,7 +29,8 @@ pub enum BenchCmd {
         /// Comma-separated acceptance policies (default: greedy, or rejection above temperature 0).
         #[arg(long)]
         acceptances: Option<String>,
-        /// grounded, open, or all; or a JSONL file of {"prompt": ..., "suite": ...}.
+        /// Suites, comma-separated: grounded, open, code, repetitive; or all; or a
+        /// JSONL file of {"prompt": ..., "suite": ...}.
         #[arg(long, default_value = "all")]
         prompts: String,
         #[arg(long, default_value_t = 96)]
@@ -217,34 +218,39 @@ fn blas(iters: usize) -> Result<()> {
 
 fn suites(spec: &str) -> Result<Vec<(String, Vec<String>)>> {
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    Ok(match spec {
-        "grounded" => vec![("grounded".into(), own(&crate::bench::GROUNDED))],
-        "open" => vec![("open".into(), own(&crate::bench::OPEN))],
-        "all" => vec![
-            ("grounded".into(), own(&crate::bench::GROUNDED)),
-            ("open".into(), own(&crate::bench::OPEN)),
-        ],
-        path => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading prompt file {path}"))?;
-            let mut by: Vec<(String, Vec<String>)> = Vec::new();
-            for (i, line) in text
-                .lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-            {
-                let v: serde_json::Value = serde_json::from_str(line)
-                    .with_context(|| format!("{path}:{}: not JSON", i + 1))?;
-                let p = v["prompt"]
-                    .as_str()
-                    .with_context(|| format!("{path}:{}: no \"prompt\" string", i + 1))?;
-                let suite = v["suite"].as_str().unwrap_or("user").to_string();
-                match by.iter_mut().find(|(s, _)| *s == suite) {
-                    Some((_, ps)) => ps.push(p.to_string()),
-                    None => by.push((suite, vec![p.to_string()])),
-                }
-            }
-            by
+    let builtin: [(&str, &[&str]); 4] = [
+        ("grounded", &crate::bench::GROUNDED),
+        ("open", &crate::bench::OPEN),
+        ("code", &crate::bench::CODE_EDIT),
+        ("repetitive", &crate::bench::REPETITIVE),
+    ];
+    let named: Vec<&str> = spec.split(',').collect();
+    if spec == "all" || named.iter().all(|n| builtin.iter().any(|(b, _)| b == n)) {
+        return Ok(builtin
+            .iter()
+            .filter(|(b, _)| spec == "all" || named.contains(b))
+            .map(|(b, p)| (b.to_string(), own(p)))
+            .collect());
+    }
+    let path = spec;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading prompt file {path}"))?;
+    let mut by: Vec<(String, Vec<String>)> = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{path}:{}: not JSON", i + 1))?;
+        let p = v["prompt"]
+            .as_str()
+            .with_context(|| format!("{path}:{}: no \"prompt\" string", i + 1))?;
+        let suite = v["suite"].as_str().unwrap_or("user").to_string();
+        match by.iter_mut().find(|(s, _)| *s == suite) {
+            Some((_, ps)) => ps.push(p.to_string()),
+            None => by.push((suite, vec![p.to_string()])),
         }
-    })
+    }
+    Ok(by)
 }

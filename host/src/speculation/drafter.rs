@@ -32,6 +32,10 @@ impl DraftProb {
 pub struct Draft {
     pub tokens: Vec<u32>,
     pub q: Vec<DraftProb>,
+    /// The drafter's own confidence per token, where it has one (the suffix
+    /// drafter's match statistics); empty otherwise. Not a probability
+    /// acceptance uses: that is `q`.
+    pub confidence: Vec<f32>,
 }
 
 pub trait Drafter: Send {
@@ -108,7 +112,11 @@ impl Drafter for NgramDrafter {
     fn propose(&mut self, log: &[u32], k: usize, _: &SamplingParams, _: &mut Rng) -> Result<Draft> {
         let tokens = self.lookup(log, k);
         let q = tokens.iter().map(|_| DraftProb::PointMass).collect();
-        Ok(Draft { tokens, q })
+        Ok(Draft {
+            tokens,
+            q,
+            ..Default::default()
+        })
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())

@@ -6,11 +6,13 @@
 pub mod drafter;
 pub mod history;
 pub mod stats;
+pub mod suffix;
 pub mod target;
 
 pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
 pub use history::ScheduleHistory;
 pub use stats::{PolicyFailure, SpecCounters};
+pub use suffix::SuffixDrafter;
 pub use target::{LlamaTarget, Target};
 
 use crate::sampling::{distribution, sample_index, Distribution, Rng, SamplingParams};
@@ -195,6 +197,7 @@ impl SpecState {
             draft = spec.drafter.propose(log, k, params, rng)?;
             draft.tokens.truncate(k);
             draft.q.truncate(k);
+            draft.confidence.truncate(k);
             dt = t.elapsed().as_secs_f64();
             self.counters.draft_seconds += dt;
         }

@@ -132,7 +132,11 @@ impl Drafter for ScriptedDrafter {
             });
         }
         let q = tokens.iter().map(|_| DraftProb::PointMass).collect();
-        Ok(Draft { tokens, q })
+        Ok(Draft {
+            tokens,
+            q,
+            ..Default::default()
+        })
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())
@@ -364,7 +368,11 @@ impl Drafter for SampledDrafter {
             .iter()
             .map(|_| DraftProb::Dist(self.q.clone()))
             .collect();
-        Ok(Draft { tokens, q })
+        Ok(Draft {
+            tokens,
+            q,
+            ..Default::default()
+        })
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())

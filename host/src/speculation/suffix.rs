@@ -1,0 +1,206 @@
+//! Suffix decoding (`--drafter suffix`): drafts what followed the longest
+//! earlier occurrence of the context, from the request's own prompt and
+//! output and from earlier requests' outputs ([`SuffixCorpus`]).
+//!
+//! Each draft token is the most frequent continuation of the deepest
+//! matching context; drafting stops when the product of those frequencies
+//! (the chance, by the counts, that every draft so far is right) falls
+//! under [`MIN_PATH_P`], or past [`LENGTH_PER_MATCH`] times the first
+//! match's length: a long, frequent match drafts far, a short or contested
+//! one little. That product is the per-token `confidence` of the draft. For
+//! acceptance it is a point-mass drafter (q = 1), as `ngram` is.
+use super::drafter::{Draft, DraftProb, Drafter};
+use crate::cache::suffix::{Active, Next, SuffixCorpus, SuffixTrie};
+use crate::sampling::{Rng, SamplingParams};
+use anyhow::Result;
+use std::sync::{Arc, Mutex};
+
+/// Stop once the draft's estimated chance of being all right is below this.
+pub const MIN_PATH_P: f32 = 0.1;
+/// Draft at most this many tokens per token of matched context.
+pub const LENGTH_PER_MATCH: f32 = 2.0;
+
+pub struct SuffixDrafter {
+    corpus: Arc<Mutex<SuffixCorpus>>,
+    tenant: String,
+    /// The request's prompt and output so far.
+    local: SuffixTrie,
+    local_active: Active,
+    /// Tokens of the log put into `local`.
+    seen: Vec<u32>,
+    /// Log length at the first round: the prompt.
+    prompt_len: Option<usize>,
+}
+
+impl SuffixDrafter {
+    pub fn new(corpus: Arc<Mutex<SuffixCorpus>>, tenant: &str) -> Self {
+        SuffixDrafter {
+            corpus,
+            tenant: tenant.to_string(),
+            local: SuffixTrie::new(),
+            local_active: Active::new(),
+            seen: Vec::new(),
+            prompt_len: None,
+        }
+    }
+
+    fn corpus(&self) -> std::sync::MutexGuard<'_, SuffixCorpus> {
+        // The corpus is only statistics: a panic elsewhere cannot make it
+        // wrong enough to matter, so a poisoned lock is used as it is.
+        self.corpus.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts the log's new tokens into the request's trie.
+    fn ingest(&mut self, log: &[u32]) {
+        if !log.starts_with(&self.seen) {
+            // Not a continuation (never in the round): start over.
+            self.local = SuffixTrie::new();
+            self.local_active.clear();
+            self.seen.clear();
+            self.prompt_len = None;
+        }
+        self.prompt_len.get_or_insert(log.len());
+        for &t in &log[self.seen.len()..] {
+            self.local.extend(&mut self.local_active, t, 0);
+        }
+        self.seen.extend_from_slice(&log[self.seen.len()..]);
+    }
+}
+
+/// The better of two predictions: the deeper match; the request's own on a tie.
+fn better(own: Option<Next>, corpus: Option<Next>) -> Option<(Next, bool)> {
+    match (own, corpus) {
+        (Some(a), Some(b)) if b.depth > a.depth => Some((b, true)),
+        (Some(a), _) => Some((a, false)),
+        (None, Some(b)) => Some((b, true)),
+        (None, None) => None,
+    }
+}
+
+impl Drafter for SuffixDrafter {
+    fn name(&self) -> String {
+        "suffix".into()
+    }
+
+    fn propose(&mut self, log: &[u32], k: usize, _: &SamplingParams, _: &mut Rng) -> Result<Draft> {
+        self.ingest(log);
+        let mut draft = Draft::default();
+        if k == 0 {
+            return Ok(draft);
+        }
+        let corpus = self.corpus.clone();
+        let mut corpus = corpus.lock().unwrap_or_else(|p| p.into_inner());
+        let trie = corpus.trie(&self.tenant);
+        // Where the log's tail is in the corpus: found afresh each round
+        // (DEPTH^2 lookups at most), since other requests change the corpus
+        // and eviction renumbers its nodes.
+        let mut other = trie.map(|t| t.active_for(log)).unwrap_or_default();
+        let mut own = self.local_active.clone();
+        let (mut path_p, mut limit) = (1.0f32, k);
+        let mut used = Vec::new();
+        while draft.tokens.len() < limit {
+            let Some((next, from_corpus)) =
+                better(self.local.next(&own), trie.and_then(|t| t.next(&other)))
+            else {
+                break;
+            };
+            if draft.tokens.is_empty() {
+                limit = limit.min((LENGTH_PER_MATCH * next.depth as f32).ceil() as usize);
+            }
+            path_p *= next.p;
+            if path_p < MIN_PATH_P {
+                break;
+            }
+            if from_corpus {
+                used.push(next.seq);
+            }
+            draft.tokens.push(next.token);
+            draft.q.push(DraftProb::PointMass);
+            draft.confidence.push(path_p);
+            self.local.follow(&mut own, next.token);
+            if let Some(t) = trie {
+                t.follow(&mut other, next.token);
+            }
+        }
+        used.dedup();
+        for seq in used {
+            corpus.touch(seq);
+        }
+        Ok(draft)
+    }
+
+    fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for SuffixDrafter {
+    /// The request's output (what the rounds saw of it) goes into the corpus
+    /// for the tenant's later requests.
+    fn drop(&mut self) {
+        if let Some(p) = self.prompt_len {
+            let output = self.seen[p..].to_vec();
+            let tenant = std::mem::take(&mut self.tenant);
+            self.corpus().add(&tenant, &output);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn propose(d: &mut SuffixDrafter, log: &[u32], k: usize) -> Draft {
+        d.propose(log, k, &SamplingParams::default(), &mut Rng::new(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn drafts_from_its_own_prompt_with_falling_confidence() {
+        let corpus = Arc::new(Mutex::new(SuffixCorpus::new(1 << 20)));
+        let mut d = SuffixDrafter::new(corpus, "");
+        // "1 2 3 4 5" occurred; the context ends in "1 2": draft "3 4 5 ...",
+        // at most 2 per matched token (here 2 matched: 4 tokens).
+        let log = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        let draft = propose(&mut d, &log, 16);
+        assert_eq!(draft.tokens, vec![3, 4, 5, 6]);
+        assert!(draft.q.iter().all(|q| matches!(q, DraftProb::PointMass)));
+        assert_eq!(draft.confidence, vec![1.0; 4]);
+        // k bounds it.
+        assert_eq!(propose(&mut d, &log, 1).tokens, vec![3]);
+        // A contested context: after 7 came 8 once and 1 once: p = 1/2, and
+        // the next step (after "7 8"/"7 1") multiplies in.
+        let log = [7, 8, 2, 7, 1, 3, 7];
+        let mut d = SuffixDrafter::new(Arc::new(Mutex::new(SuffixCorpus::new(1 << 20))), "");
+        let draft = propose(&mut d, &log, 8);
+        assert_eq!(draft.tokens[0], 1, "ties go to the lower token id");
+        assert_eq!(draft.confidence[0], 0.5);
+    }
+
+    #[test]
+    fn a_finished_request_teaches_the_next_one_of_its_tenant_only() {
+        let corpus = Arc::new(Mutex::new(SuffixCorpus::new(1 << 20)));
+        let prompt = [100, 101];
+        let mut first = SuffixDrafter::new(corpus.clone(), "a");
+        assert!(propose(&mut first, &prompt, 8).tokens.is_empty());
+        // The request went on to output 10 11 12 13 14.
+        let log = [100, 101, 10, 11, 12, 13, 14];
+        propose(&mut first, &log, 8);
+        drop(first);
+        assert_eq!(corpus.lock().unwrap().sequences(), 1);
+        // A later request of the same tenant that reaches "10 11" drafts on.
+        let mut same = SuffixDrafter::new(corpus.clone(), "a");
+        assert_eq!(
+            propose(&mut same, &[200, 10, 11], 3).tokens,
+            vec![12, 13, 14]
+        );
+        // ... and on, round after round, as its log grows.
+        assert_eq!(
+            propose(&mut same, &[200, 10, 11, 12], 3).tokens,
+            vec![13, 14]
+        );
+        // Another tenant learned nothing.
+        let mut other = SuffixDrafter::new(corpus.clone(), "b");
+        assert!(propose(&mut other, &[200, 10, 11], 3).tokens.is_empty());
+    }
+}

@@ -1,0 +1,198 @@
+//! The suffix drafter on the real default model: greedy speculation with it
+//! gives plain decoding's tokens across prompts, budgets, stop strings and
+//! cancellation, it learns from earlier requests of the same tenant only,
+//! and its cross-request corpus stays under its bound.
+use specd::cache::SuffixCorpus;
+use specd::engine::{Engine, Prompt};
+use specd::options::{DrafterSpec, SpecOptions};
+use specd::pipeline::{DoneReason, Finished};
+use specd::sampling::SamplingParams;
+use specd_tests::{engine, CODE_EDIT, GROUNDED, OPEN, REPETITIVE};
+use specd_text::ChatMessage;
+
+struct Run<'a> {
+    tenant: &'a str,
+    drafter: DrafterSpec,
+    schedule: &'a str,
+    max_tokens: usize,
+    stop: Vec<String>,
+    /// Cancel after this many streamed pieces.
+    cancel_after: Option<usize>,
+}
+
+impl Run<'_> {
+    fn plain(max_tokens: usize) -> Run<'static> {
+        Run {
+            tenant: "",
+            drafter: DrafterSpec::None,
+            schedule: "constant",
+            max_tokens,
+            stop: vec![],
+            cancel_after: None,
+        }
+    }
+
+    fn suffix<'a>(tenant: &'a str, schedule: &'a str, max_tokens: usize) -> Run<'a> {
+        Run {
+            tenant,
+            drafter: DrafterSpec::Suffix,
+            schedule,
+            ..Run::plain(max_tokens)
+        }
+    }
+
+    fn go(&self, e: &Engine, prompt: &str) -> Finished {
+        let ids = e
+            .encode(&Prompt::Chat(vec![ChatMessage::user(prompt)]))
+            .unwrap();
+        let params = SamplingParams::default();
+        let opts = SpecOptions {
+            drafter: Some(self.drafter.clone()),
+            schedule: Some(self.schedule.into()),
+            acceptance: Some("greedy".into()),
+            ..Default::default()
+        };
+        let spec = e.speculation_in(self.tenant, &opts, &params).unwrap();
+        let settings = e.settings(params, Some(self.max_tokens), self.stop.clone());
+        let mut pieces = 0;
+        let cancel_after = self.cancel_after;
+        let mut sink = |piece: &str| {
+            pieces += !piece.is_empty() as usize;
+            cancel_after.is_none_or(|n| pieces < n)
+        };
+        let fin = e
+            .generate_uncached(&ids, &settings, spec, &mut sink)
+            .unwrap();
+        assert!(fin.stats.policy_failure.is_none());
+        fin
+    }
+}
+
+#[test]
+fn suffix_drafting_is_lossless_and_learns_from_earlier_requests() {
+    let e = engine();
+    e.clear_caches();
+    let prompts: Vec<&str> = GROUNDED
+        .iter()
+        .chain(&OPEN[..2])
+        .chain(&CODE_EDIT[..2])
+        .chain(&REPETITIVE[..3])
+        .copied()
+        .collect();
+    let (mut drafted, mut accepted) = (0, 0);
+    for (i, p) in prompts.iter().enumerate() {
+        let budget = [48, 17, 64][i % 3];
+        let plain = Run::plain(budget).go(&e, p);
+        for schedule in ["constant", "throughput"] {
+            let spec = Run::suffix("t", schedule, budget).go(&e, p);
+            assert_eq!(spec.emitted, plain.emitted, "suffix/{schedule} on {p:?}");
+            assert_eq!(spec.stats.drafter, "suffix");
+            drafted += spec.stats.drafted;
+            accepted += spec.stats.accepted;
+        }
+    }
+    assert!(
+        accepted > 0 && drafted > 0,
+        "suffix drafted {drafted}, accepted {accepted}"
+    );
+
+    // The same request again: the tenant's corpus holds its output, so it
+    // drafts far more and still gives the same tokens. Another tenant has
+    // learned nothing from it.
+    let p = REPETITIVE[3];
+    let plain = Run::plain(48).go(&e, p);
+    let first = Run::suffix("t", "constant", 48).go(&e, p);
+    let again = Run::suffix("t", "constant", 48).go(&e, p);
+    let stranger = Run::suffix("u", "constant", 48).go(&e, p);
+    for f in [&first, &again, &stranger] {
+        assert_eq!(f.emitted, plain.emitted);
+    }
+    assert!(
+        again.stats.accepted > first.stats.accepted && again.stats.rounds < first.stats.rounds,
+        "the corpus did not help: {} accepted in {} rounds, then {} in {}",
+        first.stats.accepted,
+        first.stats.rounds,
+        again.stats.accepted,
+        again.stats.rounds
+    );
+    assert!(
+        stranger.stats.accepted < again.stats.accepted,
+        "another tenant drafted from tenant t's output"
+    );
+    // Cleared with the prefix cache: tenant t starts over like a stranger.
+    e.clear_caches();
+    let cleared = Run::suffix("t", "constant", 48).go(&e, p);
+    assert_eq!(
+        (cleared.stats.drafted, cleared.stats.accepted),
+        (stranger.stats.drafted, stranger.stats.accepted),
+        "clear_caches kept the corpus"
+    );
+    e.clear_caches();
+}
+
+#[test]
+fn suffix_drafting_keeps_stop_strings_and_cancellation() {
+    let e = engine();
+    e.clear_caches();
+    let p = GROUNDED[0];
+    let full = Run::plain(64).go(&e, p);
+    let text = e.tokenizer.decode(&full.emitted);
+    // A stop string from the middle of the plain output.
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let stop = words[words.len() / 2].to_string();
+    for tenant in ["s1", "s1"] {
+        // The second time, the corpus has the output: rounds run long and
+        // the stop string falls inside one.
+        let with_stop = |d: DrafterSpec| {
+            Run {
+                stop: vec![stop.clone()],
+                drafter: d,
+                ..Run::suffix(tenant, "constant", 64)
+            }
+            .go(&e, p)
+        };
+        let plain = with_stop(DrafterSpec::None);
+        let spec = with_stop(DrafterSpec::Suffix);
+        assert_eq!(spec.emitted, plain.emitted, "stop {stop:?}");
+        assert_eq!(spec.stats.done_reason, plain.stats.done_reason);
+        for n in [1, 3, 7] {
+            let cancel = |d: DrafterSpec| {
+                Run {
+                    cancel_after: Some(n),
+                    drafter: d,
+                    ..Run::suffix(tenant, "constant", 64)
+                }
+                .go(&e, p)
+            };
+            let plain = cancel(DrafterSpec::None);
+            let spec = cancel(DrafterSpec::Suffix);
+            assert_eq!(spec.emitted, plain.emitted, "cancelled after {n} pieces");
+            assert_eq!(spec.stats.done_reason, DoneReason::Cancelled);
+        }
+    }
+    e.clear_caches();
+}
+
+#[test]
+fn the_cross_request_corpus_stays_under_its_bound() {
+    let e = engine();
+    let limit = 48 * 1024;
+    let before = std::mem::replace(&mut *e.suffix.lock().unwrap(), SuffixCorpus::new(limit));
+    let mut most = 0;
+    for p in GROUNDED.iter().chain(&REPETITIVE) {
+        Run::suffix("bound", "constant", 48).go(&e, p);
+        let c = e.suffix.lock().unwrap();
+        assert!(
+            c.bytes() <= limit,
+            "{} bytes over the bound {limit}",
+            c.bytes()
+        );
+        most = most.max(c.sequences());
+    }
+    let kept = e.suffix.lock().unwrap().sequences();
+    assert!(
+        most > 0 && kept < GROUNDED.len() + REPETITIVE.len(),
+        "nothing was evicted"
+    );
+    *e.suffix.lock().unwrap() = before;
+}
