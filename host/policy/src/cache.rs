@@ -29,17 +29,7 @@ pub(crate) fn default_cache_dir() -> Option<PathBuf> {
     Some(specd_store::home().join("policies").join("cache"))
 }
 
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
+pub(crate) use specd_store::{hex, sha256_hex};
 
 /// Top-level import and export names of a component.
 pub(crate) struct Inspected {

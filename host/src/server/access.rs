@@ -34,10 +34,7 @@ fn ct_eq(a: &KeyDigest, b: &KeyDigest) -> bool {
 
 /// A key's id: the first 8 hex digits of its sha256 (never the key).
 pub fn key_id(key: &str) -> String {
-    digest(key)[..4]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    specd_store::hex(&digest(key)[..4])
 }
 
 /// Who made a request, as the guard found it (a request extension).
