@@ -6,12 +6,23 @@
 //! ([`forward_batch`]). Everything else stays per request: drafter,
 //! policies (their own WASM stores), sampling, RNG, stops, budget. With the
 //! batch-invariant kernels a request's tokens are those it gets alone.
+//!
+//! Memory: admission reserves a request's prompt plus a share of the KV
+//! budget (not its worst case); caches grow step by step. When a step would
+//! pass the budget, the most recently admitted request is preempted: its KV
+//! is dropped, it goes back to the front of the line, and it is re-prefilled
+//! from its committed log when it resumes (same tokens, later). A request
+//! running alone is never preempted. Drafter caches (`self:N`) are not
+//! counted.
 use crate::engine::Engine;
+use crate::model::LlamaConfig;
 use crate::model::Logits;
+use crate::pipeline::PREFILL_CHUNK;
 use crate::pipeline::{Finished, Sequence, Settings, Sink};
 use crate::speculation::target::{forward_batch, StepRows};
 use crate::speculation::{BatchContext, LlamaTarget, Speculation};
 use anyhow::{anyhow, Result};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 /// Default most requests in one step.
@@ -26,6 +37,26 @@ pub struct BatchLimits {
     /// Rows of prefill one step takes at most besides the decode rows
     /// (`--step-tokens`), so one long prompt never stalls the others.
     pub step_tokens: usize,
+    /// Bytes of KV cache the running requests may hold together
+    /// (`--kv-budget`); `None`: no bound.
+    pub kv_budget: Option<usize>,
+}
+
+/// Bytes of KV cache one token takes: float32 keys and values, every layer.
+pub fn kv_bytes_per_token(c: &LlamaConfig) -> usize {
+    c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4
+}
+
+/// The default KV budget: a quarter of the machine's memory (4 GiB where
+/// it cannot be read).
+pub fn default_kv_budget() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+            .map(|kb| kb * 1024)
+    });
+    total.map_or(4 << 30, |t| t / 4)
 }
 
 impl Default for BatchLimits {
@@ -33,6 +64,7 @@ impl Default for BatchLimits {
         BatchLimits {
             max_sequences: DEFAULT_MAX_SEQUENCES,
             step_tokens: DEFAULT_STEP_TOKENS,
+            kv_budget: None,
         }
     }
 }
@@ -54,6 +86,8 @@ pub struct Admitted<'e> {
 }
 
 struct Active<'e> {
+    /// Admission order.
+    id: u64,
     seq: Sequence<'e>,
     target: LlamaTarget,
     tenant: Option<String>,
@@ -71,6 +105,15 @@ pub struct StepReport {
     pub seconds: f64,
     /// The step ran one request alone, pipelined.
     pub pipelined: bool,
+    /// Requests preempted before it.
+    pub preempted: usize,
+}
+
+/// A request waiting to start or to resume.
+enum Waiting<'e> {
+    Fresh(Admitted<'e>),
+    /// Preempted: its KV was dropped; it resumes by re-prefilling its log.
+    Preempted(Active<'e>),
 }
 
 pub struct Scheduler<'e> {
@@ -78,6 +121,11 @@ pub struct Scheduler<'e> {
     limits: BatchLimits,
     /// In admission order.
     active: Vec<Active<'e>>,
+    /// Admitted but not running (yet, or again), in order.
+    waiting: VecDeque<Waiting<'e>>,
+    next_id: u64,
+    /// KV bytes of one token.
+    per_token: usize,
 }
 
 impl<'e> Scheduler<'e> {
@@ -86,24 +134,123 @@ impl<'e> Scheduler<'e> {
             engine,
             limits,
             active: Vec::new(),
+            waiting: VecDeque::new(),
+            next_id: 0,
+            per_token: kv_bytes_per_token(&engine.model.config),
         }
     }
 
     pub fn is_idle(&self) -> bool {
-        self.active.is_empty()
+        self.active.is_empty() && self.waiting.is_empty()
     }
 
+    /// Whether another request may be admitted (running plus waiting stay
+    /// within `max_sequences`; the rest waits in the caller's queue).
     pub fn has_room(&self) -> bool {
-        self.active.len() < self.limits.max_sequences.max(1)
+        self.active.len() + self.waiting.len() < self.limits.max_sequences.max(1)
+    }
+
+    /// KV bytes the running requests hold or have reserved.
+    pub fn kv_bytes(&self) -> usize {
+        self.active
+            .iter()
+            .map(|a| (a.seq.kv_tokens() + 1) * self.per_token)
+            .sum()
+    }
+
+    /// Tokens of KV a request reserves besides its own: a share of the
+    /// budget, so admission does not fill it with prompts alone.
+    fn share_tokens(&self) -> usize {
+        self.limits.kv_budget.map_or(0, |b| {
+            b / (2 * self.limits.max_sequences.max(1) * self.per_token.max(1))
+        })
+    }
+
+    /// Whether `tokens` more fit in the budget.
+    fn fits(&self, tokens: usize) -> bool {
+        self.limits
+            .kv_budget
+            .is_none_or(|b| self.kv_bytes() + tokens * self.per_token <= b)
+    }
+
+    /// Starts or resumes waiting requests, in order, while they fit: each
+    /// reserves its tokens, a share of the budget and one round's rows. The
+    /// first always starts when nothing runs.
+    fn start_waiting(&mut self) {
+        while self.active.len() < self.limits.max_sequences.max(1) {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let need = match front {
+                Waiting::Fresh(a) => a.prompt.len(),
+                Waiting::Preempted(a) => a.seq.kv_tokens() + a.seq.max_round_rows(),
+            } + self.share_tokens();
+            if !self.active.is_empty() && !self.fits(need) {
+                break;
+            }
+            match self.waiting.pop_front().expect("a front") {
+                Waiting::Fresh(a) => self.start(a),
+                Waiting::Preempted(a) => {
+                    // Back in its admission place: schedules are asked in that order.
+                    let at = self.active.partition_point(|x| x.id < a.id);
+                    self.active.insert(at, a);
+                }
+            }
+        }
+    }
+
+    /// Rows a request's next step forwards at most.
+    fn step_rows(a: &Active<'_>) -> usize {
+        match a.seq.prefill_left() {
+            0 => a.seq.max_round_rows(),
+            n => n.min(PREFILL_CHUNK),
+        }
+    }
+
+    /// Preempts the most recently admitted requests while the next step
+    /// could pass the budget (never the last one running).
+    fn preempt_for_step(&mut self) -> usize {
+        let Some(budget) = self.limits.kv_budget else {
+            return 0;
+        };
+        let mut n = 0;
+        while self.active.len() > 1 {
+            let peak: usize = self
+                .active
+                .iter()
+                .map(|a| (a.seq.kv_tokens() + Self::step_rows(a)) * self.per_token)
+                .sum();
+            if peak <= budget {
+                break;
+            }
+            let newest = (0..self.active.len())
+                .max_by_key(|&i| self.active[i].id)
+                .expect("not empty");
+            let mut a = self.active.remove(newest);
+            a.seq.preempt();
+            // Dropping the target frees its KV.
+            a.target = LlamaTarget::new(self.engine.model.clone());
+            self.waiting.push_front(Waiting::Preempted(a));
+            n += 1;
+        }
+        n
     }
 
     pub fn running(&self) -> usize {
         self.active.len()
     }
 
-    /// Starts a request (from the next step on). One that cannot start gets
-    /// its error through `done` at once.
+    /// Admits a request: it starts at the next step boundary where it fits.
     pub fn admit(&mut self, a: Admitted<'e>) {
+        self.waiting.push_back(Waiting::Fresh(a));
+        self.start_waiting();
+    }
+
+    /// Starts a request. One that cannot start gets its error through
+    /// `done` at once.
+    fn start(&mut self, a: Admitted<'e>) {
+        let id = self.next_id;
+        self.next_id += 1;
         let (mut target, cached) = self.engine.target_for(a.tenant.as_deref(), &a.prompt);
         match Sequence::new(
             &mut target,
@@ -115,6 +262,7 @@ impl<'e> Scheduler<'e> {
             a.sink,
         ) {
             Ok(seq) => self.active.push(Active {
+                id,
                 seq,
                 target,
                 tenant: a.tenant,
@@ -131,6 +279,16 @@ impl<'e> Scheduler<'e> {
         for mut a in self.active.drain(..) {
             if let Some(done) = a.done.take() {
                 done(Err(anyhow!("{why}")));
+            }
+        }
+        for w in self.waiting.drain(..) {
+            match w {
+                Waiting::Fresh(a) => (a.done)(Err(anyhow!("{why}"))),
+                Waiting::Preempted(mut a) => {
+                    if let Some(done) = a.done.take() {
+                        done(Err(anyhow!("{why}")));
+                    }
+                }
             }
         }
     }
@@ -163,11 +321,19 @@ impl<'e> Scheduler<'e> {
     pub fn step(&mut self, quiet: &mut dyn FnMut() -> bool) -> StepReport {
         let t0 = Instant::now();
         self.retire();
-        let mut report = StepReport::default();
+        self.start_waiting();
+        let mut report = StepReport {
+            preempted: self.preempt_for_step(),
+            ..Default::default()
+        };
         if self.active.is_empty() {
             return report;
         }
-        if self.active.len() == 1 && self.active[0].seq.can_pipeline() && quiet() {
+        if self.active.len() == 1
+            && self.waiting.is_empty()
+            && self.active[0].seq.can_pipeline()
+            && quiet()
+        {
             let a = &mut self.active[0];
             match a.seq.run_pipelined(&mut a.target, quiet) {
                 Ok(true) => {

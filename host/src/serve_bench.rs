@@ -10,7 +10,6 @@ use crate::options::{DrafterSpec, SpecOptions};
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
 use serde::Serialize;
-use specd_text::ChatMessage;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
@@ -23,13 +22,19 @@ pub struct ServeRow {
     pub concurrency: usize,
     pub tokens: usize,
     pub seconds: f64,
+    /// Aggregate, from submission to the last token.
     pub tokens_per_second: f64,
+    /// Aggregate while decoding: streamed pieces after each request's
+    /// first, from the first first piece to the last piece.
+    pub decode_tokens_per_second: f64,
     pub ttft_p50: f64,
     pub ttft_p99: f64,
     pub itl_p50: f64,
     pub itl_p99: f64,
     /// Most requests one step held.
     pub max_batch: u64,
+    #[serde(skip)]
+    repeats: usize,
 }
 
 pub struct ServeBench {
@@ -55,6 +60,7 @@ struct Timing {
     first: Option<f64>,
     last: Option<Instant>,
     gaps: Vec<f64>,
+    pieces: usize,
 }
 
 /// One batch of `n` requests, all submitted at once.
@@ -65,6 +71,7 @@ fn one(
     temperature: f32,
     max_tokens: usize,
 ) -> Result<ServeRow> {
+    // Raw text to continue: long answers, rarely an early end of generation.
     let prompts: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
     let mut sched = Scheduler::new(
         e,
@@ -77,9 +84,11 @@ fn one(
     let t0 = Instant::now();
     let timings: Vec<Rc<RefCell<Timing>>> = (0..n).map(|_| Rc::default()).collect();
     for (i, timing) in timings.iter().enumerate() {
-        let prompt = e.encode(&Prompt::Chat(vec![ChatMessage::user(
-            prompts[i % prompts.len()],
-        )]))?;
+        let text = format!(
+            "{}\n\nContinue this story for a long time:\nOnce upon a time",
+            prompts[i % prompts.len()]
+        );
+        let prompt = e.encode(&Prompt::Raw(text))?;
         let params = SamplingParams {
             temperature,
             seed: 1 + i as u64,
@@ -97,6 +106,7 @@ fn one(
                     Some(l) => t.gaps.push((now - l).as_secs_f64()),
                 }
                 t.last = Some(now);
+                t.pieces += 1;
             }
             true
         });
@@ -121,6 +131,25 @@ fn one(
         let f = f.context("a benchmark request failed")?;
         tokens += f.stats.generated_tokens;
     }
+    // Decode throughput: text pieces after each request's first, over the
+    // time from the first request's first piece to the last one's last.
+    let from = timings
+        .iter()
+        .filter_map(|t| t.borrow().first)
+        .fold(f64::INFINITY, f64::min);
+    let to = timings
+        .iter()
+        .filter_map(|t| t.borrow().last.map(|l| (l - t0).as_secs_f64()))
+        .fold(0.0, f64::max);
+    let pieces: usize = timings
+        .iter()
+        .map(|t| t.borrow().pieces.saturating_sub(1))
+        .sum();
+    let decode_tps = if to > from {
+        pieces as f64 / (to - from)
+    } else {
+        0.0
+    };
     let mut ttft: Vec<f64> = timings.iter().filter_map(|t| t.borrow().first).collect();
     let mut itl: Vec<f64> = timings
         .iter()
@@ -141,11 +170,13 @@ fn one(
         tokens,
         seconds,
         tokens_per_second: tokens as f64 / seconds,
+        decode_tokens_per_second: decode_tps,
         ttft_p50: percentile(&mut ttft, 0.5),
         ttft_p99: percentile(&mut ttft, 0.99),
         itl_p50: percentile(&mut itl, 0.5),
         itl_p99: percentile(&mut itl, 0.99),
         max_batch,
+        repeats: 1,
     })
 }
 
@@ -172,11 +203,13 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                 tokens: d.generated_tokens,
                 seconds: d.generated_tokens as f64 / d.decode_tps.max(1e-9),
                 tokens_per_second: d.decode_tps,
+                decode_tokens_per_second: d.decode_tps,
                 ttft_p50: 0.0,
                 ttft_p99: 0.0,
                 itl_p50: 0.0,
                 itl_p99: 0.0,
                 max_batch: 1,
+                repeats: 1,
             },
         );
         for &temp in &b.temperatures {
@@ -207,6 +240,11 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
             x.tokens += r.tokens;
             x.seconds += r.seconds;
             x.tokens_per_second = x.tokens as f64 / x.seconds;
+            // Decode rates of repeats: their mean.
+            x.decode_tokens_per_second = (x.decode_tokens_per_second * x.repeats as f64
+                + r.decode_tokens_per_second)
+                / (x.repeats + 1) as f64;
+            x.repeats += 1;
             x.max_batch = x.max_batch.max(r.max_batch);
             (x.ttft_p50, x.ttft_p99, x.itl_p50, x.itl_p99) =
                 (r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99);
@@ -215,8 +253,8 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
     }
 }
 
-/// The rows as a table, with each row's throughput and p99 inter-token
-/// latency relative to the N = 1 row of its mode and drafter.
+/// The rows as a table, with each row's decode throughput and p99
+/// inter-token latency relative to the N = 1 row of its mode and drafter.
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
         "{:<8} {:<8} {:>3} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}\n",
@@ -239,7 +277,7 @@ pub fn table(rows: &[ServeRow]) -> String {
             .find(|x| x.mode == r.mode && x.drafter == r.drafter && x.concurrency == 1);
         let (x, itl) = base.map_or((1.0, 1.0), |b| {
             (
-                r.tokens_per_second / b.tokens_per_second.max(1e-9),
+                r.decode_tokens_per_second / b.decode_tokens_per_second.max(1e-9),
                 if b.itl_p99 > 0.0 {
                     r.itl_p99 / b.itl_p99
                 } else {
@@ -248,8 +286,8 @@ pub fn table(rows: &[ServeRow]) -> String {
             )
         });
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5}\n",
-            r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, x, r.ttft_p50, r.ttft_p99,
+            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5}\n",
+            r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, r.max_batch
         );
     }

@@ -64,6 +64,8 @@ pub struct Stats {
     pub batch_steps: u64,
     /// Most requests in one of its steps, itself included (1: it ran alone).
     pub batch_max_sequences: u64,
+    /// Times its KV cache was dropped for others' (then re-prefilled).
+    pub preemptions: u64,
 }
 
 impl Stats {
@@ -93,6 +95,7 @@ impl Stats {
             near_ties: 0,
             batch_steps: 0,
             batch_max_sequences: 0,
+            preemptions: 0,
         }
     }
 

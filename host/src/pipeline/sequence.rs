@@ -17,13 +17,19 @@ pub struct BatchCounters {
     pub steps: u64,
     /// Most requests in one of its steps, itself included.
     pub max_sequences: u64,
+    /// Times its KV cache was dropped to free memory for others (it was
+    /// re-prefilled from its committed log when it resumed).
+    pub preemptions: u64,
 }
 
 pub struct Sequence<'a> {
     prompt_len: usize,
     cached: usize,
-    /// Prompt tokens the caches hold.
+    /// Tokens of the log the caches hold (during prefill).
     processed: usize,
+    /// Where prefill ends: all but the last prompt token, or after a
+    /// preemption all but the last committed token.
+    prefill_to: usize,
     settings: Settings,
     max_tokens: usize,
     state: SpecState,
@@ -77,6 +83,7 @@ impl<'a> Sequence<'a> {
             prompt_len: prompt.len(),
             cached,
             processed: cached,
+            prefill_to: prompt.len() - 1,
             settings: settings.clone(),
             max_tokens,
             state,
@@ -105,12 +112,13 @@ impl<'a> Sequence<'a> {
         Ok(seq)
     }
 
-    /// Prompt tokens still to prefill (all but the last go through prefill).
+    /// Tokens still to prefill (all but the last of the prompt, or of the
+    /// committed log after a preemption).
     pub fn prefill_left(&self) -> usize {
         if self.done.is_some() {
             return 0;
         }
-        self.prompt_len - 1 - self.processed
+        self.prefill_to - self.processed
     }
 
     /// The next prefill chunk: at most `max` rows (and [`PREFILL_CHUNK`]).
@@ -132,6 +140,10 @@ impl<'a> Sequence<'a> {
     }
 
     fn start_decode(&mut self) {
+        if self.t1.is_some() {
+            // Resumed after a preemption: decoding goes on where it was.
+            return;
+        }
         self.prompt_seconds = self.t0.elapsed().as_secs_f64();
         self.t1 = Some(Instant::now());
         if self.max_tokens == 0 {
@@ -146,6 +158,28 @@ impl<'a> Sequence<'a> {
     /// Ready for a round (prefill over, not done).
     pub fn decoding(&self) -> bool {
         self.done.is_none() && self.prefill_left() == 0
+    }
+
+    /// Its KV cache was dropped (a preemption): it resumes on a fresh
+    /// target by prefilling its committed log but the last token, which
+    /// leaves the caches as they were (the kernels are batch-invariant), so
+    /// its tokens stay the same.
+    pub fn preempt(&mut self) {
+        debug_assert!(self.plan.is_none(), "preempted between steps only");
+        self.prefill_to = self.log.len() - 1;
+        self.processed = 0;
+        self.batch.preemptions += 1;
+    }
+
+    /// Tokens its caches hold or will hold once prefilled: what it reserves
+    /// of the KV budget.
+    pub fn kv_tokens(&self) -> usize {
+        self.prefill_to.max(self.log.len() - 1)
+    }
+
+    /// Rows its next round may forward at most (1 + draft_max).
+    pub fn max_round_rows(&self) -> usize {
+        1 + self.state.draft_max()
     }
 
     /// Ends the request as cancelled (its client left).
@@ -318,6 +352,7 @@ impl<'a> Sequence<'a> {
         stats.near_ties = self.near_ties;
         stats.batch_steps = self.batch.steps;
         stats.batch_max_sequences = self.batch.max_sequences;
+        stats.preemptions = self.batch.preemptions;
         Finished {
             stats,
             log: self.log,

@@ -1,6 +1,6 @@
 //! The continuous-batching histograms of `/metrics`: requests per step,
 //! step time, queue wait, time to first token and inter-token latency.
-use prometheus::{Histogram, HistogramOpts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
 
 pub struct BatchMetrics {
     pub batch_size: Histogram,
@@ -8,6 +8,7 @@ pub struct BatchMetrics {
     pub queue_wait_seconds: Histogram,
     pub time_to_first_token_seconds: Histogram,
     pub inter_token_seconds: Histogram,
+    pub preemptions: IntCounter,
 }
 
 fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
@@ -48,6 +49,11 @@ impl Default for BatchMetrics {
                 "Time between two streamed pieces of text of one request.",
                 seconds(),
             ),
+            preemptions: IntCounter::new(
+                "specd_preemptions_total",
+                "Requests whose KV cache was dropped to stay within the KV budget (resumed later).",
+            )
+            .expect("a valid counter"),
         }
     }
 }
@@ -63,6 +69,7 @@ impl BatchMetrics {
         ] {
             r.register(Box::new(h.clone()))?;
         }
+        r.register(Box::new(self.preemptions.clone()))?;
         Ok(())
     }
 }

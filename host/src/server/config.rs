@@ -37,7 +37,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub policy_dir: Option<PathBuf>,
     /// A JSON config file: {host, port, model, policy_dir, queue,
-    /// max_sequences, step_tokens,
+    /// max_sequences, step_tokens, kv_budget,
     /// draft_models: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
     /// draft_max, schedule_config, acceptance_config}, policy_limits: {...},
     /// api_keys: [KEY...], admin_key, metrics_key_required,
@@ -60,6 +60,11 @@ pub struct ServeArgs {
     /// long prompt never stalls the other streams [default: 512].
     #[arg(long, value_name = "N")]
     pub step_tokens: Option<usize>,
+    /// Bytes of KV cache the running requests may hold together; past it
+    /// the most recently admitted is preempted (and later resumed) [default:
+    /// a quarter of the machine's memory].
+    #[arg(long, value_name = "BYTES")]
+    pub kv_budget: Option<usize>,
     /// Append every request's rounds (what the policies saw and answered)
     /// to this JSONL trace file.
     #[arg(long)]
@@ -116,6 +121,7 @@ struct FileConfig {
     queue: Option<usize>,
     max_sequences: Option<usize>,
     step_tokens: Option<usize>,
+    kv_budget: Option<usize>,
     #[serde(default)]
     draft_models: BTreeMap<String, String>,
     #[serde(default)]
@@ -302,10 +308,16 @@ impl ServerConfig {
                 .step_tokens
                 .or(file.step_tokens)
                 .unwrap_or(crate::batch::DEFAULT_STEP_TOKENS),
+            kv_budget: Some(
+                a.kv_budget
+                    .or(file.kv_budget)
+                    .unwrap_or_else(crate::batch::default_kv_budget),
+            ),
         };
         for (v, name) in [
             (batch.max_sequences, "max_sequences"),
             (batch.step_tokens, "step_tokens"),
+            (batch.kv_budget.unwrap_or(1), "kv_budget"),
             (limits.max_body_bytes, "max_body_bytes"),
             (limits.max_concurrent_uploads, "max_concurrent_uploads"),
             (limits.max_prompt_tokens.unwrap_or(1), "max_prompt_tokens"),

@@ -246,13 +246,7 @@ fn schedule(engine: &Engine, rx: &Receiver<Job>, m: &Arc<ServerMetrics>, cfg: &S
                 }
             };
             m.queued.fetch_sub(1, Relaxed);
-            if let Some(a) = prepare(
-                engine,
-                job,
-                m,
-                cfg.record.as_deref(),
-                cfg.limits.max_prompt_tokens,
-            ) {
+            if let Some(a) = prepare(engine, job, m, cfg) {
                 sched.admit(a);
             }
         }
@@ -266,6 +260,7 @@ fn schedule(engine: &Engine, rx: &Receiver<Job>, m: &Arc<ServerMetrics>, cfg: &S
             sched.step(&mut || m.queued.load(Relaxed) == 0)
         }));
         if let Ok(step) = &r {
+            m.batch.preemptions.inc_by(step.preempted as u64);
             if step.sequences > 0 {
                 m.batch.batch_size.observe(step.sequences as f64);
                 m.batch.step_seconds.observe(step.seconds);
@@ -284,9 +279,10 @@ fn prepare<'e>(
     engine: &'e Engine,
     job: Job,
     m: &Arc<ServerMetrics>,
-    record: Option<&'e std::path::Path>,
-    max_prompt_tokens: Option<usize>,
+    cfg: &'e ServerConfig,
 ) -> Option<Admitted<'e>> {
+    let record = cfg.record.as_deref();
+    let max_prompt_tokens = cfg.limits.max_prompt_tokens;
     let Job {
         req,
         reply,
@@ -324,6 +320,15 @@ fn prepare<'e>(
             "the prompt is {} tokens, over this server's limit of {max} prompt tokens (max_prompt_tokens)",
             prompt.len()
         ));
+    }
+    if let Some(budget) = cfg.batch.kv_budget {
+        let need = (prompt.len() + 1) * crate::batch::kv_bytes_per_token(&engine.model.config);
+        if need > budget {
+            return refuse(format!(
+                "the prompt is {} tokens, whose KV cache ({need} bytes) is over this server's kv_budget of {budget} bytes",
+                prompt.len()
+            ));
+        }
     }
     if let Err(e) = req.params.validate() {
         return refuse(format!("{e:#}"));

@@ -115,6 +115,11 @@ impl SpecState {
         }
     }
 
+    /// Most drafts a round may verify (0 without speculation).
+    pub fn draft_max(&self) -> usize {
+        self.spec.as_ref().map_or(0, |s| s.draft_max)
+    }
+
     /// No speculation: every round is one plain step.
     pub fn is_plain(&self) -> bool {
         self.spec.is_none()
