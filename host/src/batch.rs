@@ -109,7 +109,9 @@ pub struct StepReport {
     pub preempted: usize,
 }
 
-/// A request waiting to start or to resume.
+/// A request waiting to start or to resume. At most `max_sequences` wait:
+/// their size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Waiting<'e> {
     Fresh(Admitted<'e>),
     /// Preempted: its KV was dropped; it resumes by re-prefilling its log.
