@@ -257,12 +257,13 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 /// inter-token latency relative to the N = 1 row of its mode and drafter.
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}\n",
+        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}\n",
         "mode",
         "drafter",
         "N",
         "tokens",
         "tok/s",
+        "dec tok/s",
         "x N=1",
         "ttft p50",
         "ttft p99",
@@ -289,6 +290,90 @@ pub fn table(rows: &[ServeRow]) -> String {
             "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5}\n",
             r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, r.max_batch
+        );
+    }
+    s
+}
+
+/// The cost of one batched step by its size: `n` requests with one row
+/// each (plain decode steps, caches of `context` tokens), against `n` steps
+/// of one request alone, interleaved `iters` times. Where the batched step
+/// costs much less than `n` lone ones, batching pays.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepCost {
+    pub sequences: usize,
+    /// Milliseconds of one batched step of `sequences` rows.
+    pub batched_ms: f64,
+    /// Milliseconds of `sequences` one-row forwards, one request at a time.
+    pub alone_ms: f64,
+}
+
+pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Result<Vec<StepCost>> {
+    use crate::speculation::target::{forward_batch, StepRows};
+    use crate::speculation::{LlamaTarget, Target};
+    let text = format!("{}\n\n{}", GROUNDED.join("\n"), OPEN.join("\n"));
+    let ids = e.encode(&Prompt::Raw(text))?;
+    let ctx = context.clamp(1, ids.len() - 1);
+    let mut out = Vec::new();
+    for &n in ns {
+        let mut targets: Vec<LlamaTarget> = (0..n)
+            .map(|_| {
+                let mut t = LlamaTarget::new(e.model.clone());
+                t.prefill(&ids[..ctx]).map(|_| t)
+            })
+            .collect::<Result<_>>()?;
+        let (mut batched, mut alone) = (0.0, 0.0);
+        for i in 0..iters + 1 {
+            let tok = [ids[ctx]];
+            let t = Instant::now();
+            {
+                let mut parts: Vec<StepRows<'_>> = targets
+                    .iter_mut()
+                    .map(|target| StepRows {
+                        target,
+                        tokens: &tok,
+                        logits: Some(crate::model::Logits::Last),
+                    })
+                    .collect();
+                forward_batch(&e.model, &mut parts)?;
+            }
+            let b = t.elapsed().as_secs_f64();
+            for t in targets.iter_mut() {
+                t.rewind(ctx)?;
+            }
+            let t = Instant::now();
+            for target in targets.iter_mut() {
+                target.forward(&tok, false)?;
+                target.rewind(ctx)?;
+            }
+            let a = t.elapsed().as_secs_f64();
+            // The first round warms up.
+            if i > 0 {
+                batched += b;
+                alone += a;
+            }
+        }
+        out.push(StepCost {
+            sequences: n,
+            batched_ms: 1e3 * batched / iters as f64,
+            alone_ms: 1e3 * alone / iters as f64,
+        });
+    }
+    Ok(out)
+}
+
+pub fn step_table(costs: &[StepCost]) -> String {
+    let mut s = format!(
+        "{:>4} {:>11} {:>11} {:>8}\n",
+        "N", "batched ms", "alone ms", "gain"
+    );
+    for c in costs {
+        s += &format!(
+            "{:>4} {:>11.2} {:>11.2} {:>8.2}\n",
+            c.sequences,
+            c.batched_ms,
+            c.alone_ms,
+            c.alone_ms / c.batched_ms.max(1e-9)
         );
     }
     s

@@ -83,6 +83,10 @@ pub enum BenchCmd {
         /// Write the rows as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Only the step cost curve: one batched step of N one-row requests
+        /// against N lone forwards, interleaved (no generation).
+        #[arg(long)]
+        steps_only: bool,
     },
     /// MLX matmul of 1 row vs 8 rows against a 2048x2048 float32 matrix.
     Blas {
@@ -131,6 +135,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             max_tokens,
             repeats,
             json,
+            steps_only,
         } => {
             let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
             let parse = |s: &str, what: &str| -> Result<Vec<f64>> {
@@ -155,6 +160,12 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
                 max_tokens,
                 repeats,
             };
+            let costs =
+                crate::serve_bench::step_costs(&e, &b.concurrency, 128, 10 * repeats.max(1))?;
+            print!("{}", crate::serve_bench::step_table(&costs));
+            if steps_only {
+                return Ok(());
+            }
             let rows = crate::serve_bench::run(&e, &b, &mut |m| eprintln!("{m}"))?;
             print!("{}", crate::serve_bench::table(&rows));
             if let Some(p) = json {

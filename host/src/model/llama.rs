@@ -430,9 +430,9 @@ impl Llama {
     }
 
     /// Layer `li` of [`Llama::forward_batch`]: the norm + q/k/v matmul over
-    /// every row (without the rope, which needs each sequence's offset),
-    /// then per sequence the rope, its cache update and its attention, then
-    /// the rest of the layer over every row again.
+    /// every row (with the rope folded in at each row's own position where
+    /// the weights are packed), then per sequence its cache update and its
+    /// attention, then the rest of the layer over every row again.
     fn layer_batch(
         &self,
         l: &Layer,
@@ -449,31 +449,74 @@ impl Llama {
             c.head_dim as i32,
         );
         let (nq, nk) = (nh * hd, nkv * hd);
-        let (q, k, v) = match &l.qkv {
-            Some(f) => {
-                let y = self.norm_linear(x, &l.attn_norm, f)?;
-                let cols = |a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
-                (cols(0, nq)?, cols(nq, nk)?, cols(nq + nk, nk)?)
-            }
-            None => {
-                let h = self.rms_norm(x, &l.attn_norm)?;
-                (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
-            }
-        };
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
+        let heads = |y: &Array, n: i32| y.reshape(&[1, y.dim(1), n, hd])?.transpose(&[0, 2, 1, 3]);
         let mut outs = Vec::with_capacity(seqs.len());
-        for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
-            let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
-            let cache = &mut s.caches[li];
-            let offset = cache.offset() as i32;
-            // The same rope arithmetic as the one folded into the solo
-            // forward's matmul (kernels.cc shares it), so the bits match.
-            let qs = self.rope_heads(&rows(&q)?, nh, offset)?;
-            let ks = self.rope_heads(&rows(&k)?, nkv, offset)?;
-            let vs = rows(&v)?
-                .reshape(&[1, n, nkv, hd])?
-                .transpose(&[0, 2, 1, 3])?;
-            let (kc, vc) = cache.update(&ks, &vs)?;
-            outs.push(self.attention(&qs, &kc, &vc)?);
+        if let Some(Linear::Quantized(f)) = &l.qkv {
+            if let Some(p) = &f.packed {
+                // The rope folded into the matmul, each row at its own
+                // sequence's position: the solo forward's op and rounding.
+                let positions: Vec<i32> = seqs
+                    .iter()
+                    .zip(spans)
+                    .flat_map(|(s, &(_, n))| {
+                        let o = s.caches[li].offset() as i32;
+                        o..o + n
+                    })
+                    .collect();
+                let rope = kernels::RopeSpec {
+                    cols: nq + nk,
+                    head_dim: hd,
+                    traditional: c.rope_traditional,
+                    base: c.rope_theta,
+                    offset: 0,
+                };
+                let y = kernels::qmatmul_packed_norm_rope_rows(
+                    x,
+                    &l.attn_norm,
+                    c.rms_norm_eps,
+                    p,
+                    f.out_features(),
+                    f.group_size,
+                    f.bits,
+                    rope,
+                    &positions,
+                )?;
+                let (q, k, v) = (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?);
+                for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
+                    let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
+                    let (qs, ks, vs) = (
+                        heads(&rows(&q)?, nh)?,
+                        heads(&rows(&k)?, nkv)?,
+                        heads(&rows(&v)?, nkv)?,
+                    );
+                    let (kc, vc) = s.caches[li].update(&ks, &vs)?;
+                    outs.push(self.attention(&qs, &kc, &vc)?);
+                }
+            }
+        }
+        if outs.is_empty() {
+            let (q, k, v) = match &l.qkv {
+                Some(f) => {
+                    let y = self.norm_linear(x, &l.attn_norm, f)?;
+                    (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
+                }
+                None => {
+                    let h = self.rms_norm(x, &l.attn_norm)?;
+                    (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
+                }
+            };
+            for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
+                let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
+                let cache = &mut s.caches[li];
+                let offset = cache.offset() as i32;
+                // Rope per sequence, at its own positions.
+                let qs = self.rope_heads(&rows(&q)?, nh, offset)?;
+                let ks = self.rope_heads(&rows(&k)?, nkv, offset)?;
+                let vs = heads(&rows(&v)?, nkv)?;
+                let (kc, vc) = cache.update(&ks, &vs)?;
+                outs.push(self.attention(&qs, &kc, &vc)?);
+            }
         }
         let o = if outs.len() == 1 {
             outs.pop().expect("one")
