@@ -381,8 +381,8 @@ impl<'e> Scheduler<'e> {
                 continue;
             }
             let ctx = BatchContext {
-                sequences: in_step as u32,
-                rows_planned: rows_planned as u32,
+                batch_sequences: in_step as u32,
+                batch_rows_planned: rows_planned as u32,
             };
             match a.seq.plan(&mut a.target, ctx) {
                 Ok((rows, all)) => {

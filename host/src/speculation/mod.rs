@@ -408,14 +408,15 @@ impl SpecState {
 
 /// Where a request's round sits in a batched step: what its schedule is
 /// told as the batch context (contract 0.2's `batch-sequences` and
-/// `batch-rows-planned`; all 0 for a request running alone).
+/// `batch-rows-planned`; both 0 outside the scheduler, in
+/// `pipeline::generate`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchContext {
-    /// Requests in this step, itself included.
-    pub sequences: u32,
+    /// Requests in this step, itself included (`batch-sequences`).
+    pub batch_sequences: u32,
     /// Rows already planned for this step by the requests asked before it,
-    /// plus every prefill row.
-    pub rows_planned: u32,
+    /// plus every prefill row (`batch-rows-planned`).
+    pub batch_rows_planned: u32,
 }
 
 /// A round planned up to its verify ([`SpecState::plan`]).
