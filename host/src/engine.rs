@@ -265,14 +265,7 @@ impl Engine {
         // The prefix cache's tenant; `None`: no prefix cache.
         tenant: Option<&str>,
     ) -> Result<Finished> {
-        let hit = tenant.and_then(|t| self.prefix_cache().lookup_in(t, prompt));
-        let (mut target, cached) = match hit {
-            Some(h) => (
-                LlamaTarget::with_caches(self.model.clone(), h.caches),
-                h.len,
-            ),
-            None => (LlamaTarget::new(self.model.clone()), 0),
-        };
+        let (mut target, cached) = self.target_for(tenant, prompt);
         let fin = pipeline::generate(
             &mut target,
             &self.tokenizer,
@@ -282,16 +275,36 @@ impl Engine {
             spec,
             sink,
         )?;
-        // Keep only what was emitted (committed and streamed): nothing past
-        // EOS, a stop string or the budget.
-        let keep = target.offset().min(prompt.len() + fin.emitted.len());
+        self.keep_prefix(tenant, target, &fin);
+        Ok(fin)
+    }
+
+    /// A target for `prompt` over the longest prefix `tenant`'s part of the
+    /// prefix cache holds (`None`: no prefix cache), and that prefix's length.
+    pub fn target_for(&self, tenant: Option<&str>, prompt: &[u32]) -> (LlamaTarget, usize) {
+        let hit = tenant.and_then(|t| self.prefix_cache().lookup_in(t, prompt));
+        match hit {
+            Some(h) => (
+                LlamaTarget::with_caches(self.model.clone(), h.caches),
+                h.len,
+            ),
+            None => (LlamaTarget::new(self.model.clone()), 0),
+        }
+    }
+
+    /// Hands a finished request's caches to the prefix cache: only what was
+    /// emitted (committed and streamed), nothing past EOS, a stop string or
+    /// the budget.
+    pub fn keep_prefix(&self, tenant: Option<&str>, mut target: LlamaTarget, fin: &Finished) {
+        let keep = target
+            .offset()
+            .min(fin.stats.prompt_tokens + fin.emitted.len());
         if let Some(t) = tenant {
             if keep > 0 && target.rewind(keep).is_ok() {
                 let caches = std::mem::take(&mut target.caches);
                 self.prefix_cache().store_in(t, &fin.log[..keep], caches);
             }
         }
-        Ok(fin)
     }
 
     /// The prefix cache. A panic while it was held may have left it half

@@ -5,6 +5,7 @@
 //! [`speculation`] (<- `specd_policy`) -> [`pipeline`] -> [`engine`] -> CLI
 //! and server. A module knows only the ones to its left.
 
+pub mod batch;
 pub mod bench;
 pub mod cache;
 pub mod cli;
@@ -15,6 +16,7 @@ pub mod pipeline;
 pub mod profile;
 pub mod replay;
 pub mod sampling;
+pub mod serve_bench;
 pub mod server;
 pub mod speculation;
 pub use specd_store as store;

@@ -275,7 +275,7 @@ def test_eight_concurrent_streams(server):
 
 
 def test_full_queue_gets_503(start_server):
-    small = start_server("--queue", "1")
+    small = start_server("--queue", "1", "--max-sequences", "1")
     statuses: list = [None] * 6
     texts: list = [None] * 6
     barrier = threading.Barrier(6)

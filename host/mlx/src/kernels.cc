@@ -421,12 +421,14 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
 // norm weight [K] applied to x first, then optionally a residual shaped
 // like the output (both row-contiguous).
 struct QmmBody {
-  int n, group, bits;
-  bool norm, residual;
-  float eps;
+  int n = 0, group = 0, bits = 0;
+  bool norm = false, residual = false;
+  float eps = 0.f;
   // Rope folded in: heads of head_dim over columns [0, rope_cols) rotated
-  // in place, row t at position rope_offset + t (rows are one sequence).
+  // in place, row t at position rope_offset + t (rows are one sequence), or
+  // at rope_positions[t] where given (rows of several sequences: a batch).
   int rope_cols = 0, head_dim = 0, rope_offset = 0;
+  std::vector<int32_t> rope_positions;
   bool rope_traditional = false;
   float rope_base = 0.f;
   struct Rows {
@@ -450,7 +452,7 @@ struct QmmBody {
     if (rope_cols > 0) {
       Rope rope(head_dim, rope_traditional, rope_base, 1.f);
       for (int t = 0; t < M; t++) {
-        rope.at(rope_offset + t);
+        rope.at(rope_positions.empty() ? rope_offset + t : rope_positions[t]);
         for (int c = 0; c < rope_cols; c += head_dim) {
           float* h = y + (size_t)t * n + c;
           rope.row(h, 1, h, head_dim);
@@ -859,6 +861,22 @@ A qmatmul_packed_norm_rope(const Array& x, const Array& norm_w, float eps, const
     throw std::invalid_argument("qmatmul rope: x must be one sequence [1, T, in]");
   QmmBody body;
   body.rope_cols = rope_cols, body.head_dim = head_dim, body.rope_offset = offset;
+  body.rope_traditional = traditional, body.rope_base = base;
+  return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr, body);
+}
+
+A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
+                                const Array& packed, int32_t n, int32_t group_size, int32_t bits,
+                                int32_t rope_cols, int32_t head_dim, bool traditional, float base,
+                                rust::Slice<const int32_t> positions) {
+  if (head_dim <= 0 || head_dim % 2 != 0 || rope_cols % head_dim != 0 || rope_cols > n ||
+      rope_cols <= 0)
+    throw std::invalid_argument("qmatmul rope: whole heads of an even size within the output");
+  if (x.a.ndim() != 3 || x.a.shape(0) != 1 || (size_t)x.a.shape(1) != positions.size())
+    throw std::invalid_argument("qmatmul rope rows: x must be [1, T, in] with T positions");
+  QmmBody body;
+  body.rope_cols = rope_cols, body.head_dim = head_dim;
+  body.rope_positions.assign(positions.begin(), positions.end());
   body.rope_traditional = traditional, body.rope_base = base;
   return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr, body);
 }

@@ -131,6 +131,37 @@ pub fn qmatmul_packed_norm_rope(
         rope.offset,
     ))
 }
+/// [`qmatmul_packed_norm_rope`] over the rows of several sequences: row t
+/// is rotated for `positions[t]` (`rope.offset` is not used). The rotation
+/// of a row is the same arithmetic as there, so a sequence's rows come out
+/// as they do alone.
+#[allow(clippy::too_many_arguments)]
+pub fn qmatmul_packed_norm_rope_rows(
+    x: &Array,
+    norm_w: &Array,
+    eps: f32,
+    packed: &Array,
+    n: i32,
+    group_size: i32,
+    bits: i32,
+    rope: RopeSpec,
+    positions: &[i32],
+) -> Result<Array> {
+    wrap(ffi::qmatmul_packed_norm_rope_rows(
+        &x.0,
+        &norm_w.0,
+        eps,
+        &packed.0,
+        n,
+        group_size,
+        bits,
+        rope.cols,
+        rope.head_dim,
+        rope.traditional,
+        rope.base,
+        positions,
+    ))
+}
 /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
 /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads), returned
 /// heads last, `[1, T, heads, d]` (so `[1, T, heads * d]` is a free

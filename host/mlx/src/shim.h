@@ -122,6 +122,10 @@ A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Arra
 A qmatmul_packed_norm_rope(const Array& x, const Array& norm_w, float eps, const Array& packed,
                            int32_t n, int32_t group_size, int32_t bits, int32_t rope_cols,
                            int32_t head_dim, bool traditional, float base, int32_t offset);
+A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
+                                const Array& packed, int32_t n, int32_t group_size, int32_t bits,
+                                int32_t rope_cols, int32_t head_dim, bool traditional, float base,
+                                rust::Slice<const int32_t> positions);
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
 A rms_norm_rows(const Array& x, const Array& w, float eps);
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,

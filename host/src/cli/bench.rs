@@ -61,6 +61,34 @@ pub enum BenchCmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Concurrent requests through the continuous-batching scheduler
+    /// (in-process): aggregate tok/s, p50/p99 time to first token and
+    /// inter-token latency per concurrency, N = 1 and `bench decode` in the
+    /// same run.
+    Serve {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Comma-separated concurrencies.
+        #[arg(long, default_value = "1,2,4,8,16")]
+        concurrency: String,
+        /// Comma-separated drafters (`none` is plain batched decoding).
+        #[arg(long, default_value = "none,ngram")]
+        drafters: String,
+        /// Comma-separated temperatures (0: greedy; above: seeded sampling).
+        #[arg(long, default_value = "0,0.7")]
+        temperatures: String,
+        #[arg(long, default_value_t = 48)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 1)]
+        repeats: usize,
+        /// Write the rows as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Only the step cost curve: one batched step of N one-row requests
+        /// against N lone forwards, interleaved (no generation).
+        #[arg(long)]
+        steps_only: bool,
+    },
     /// MLX matmul of 1 row vs 8 rows against a 2048x2048 float32 matrix.
     Blas {
         #[arg(long, default_value_t = 50)]
@@ -97,6 +125,53 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
                 })?;
             if !status.success() {
                 std::process::exit(status.code().unwrap_or(1));
+            }
+            Ok(())
+        }
+        BenchCmd::Serve {
+            model,
+            concurrency,
+            drafters,
+            temperatures,
+            max_tokens,
+            repeats,
+            json,
+            steps_only,
+        } => {
+            let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
+            let parse = |s: &str, what: &str| -> Result<Vec<f64>> {
+                comma_list(s)
+                    .iter()
+                    .map(|x| {
+                        x.parse::<f64>()
+                            .with_context(|| format!("bad {what} {x:?}"))
+                    })
+                    .collect()
+            };
+            let b = crate::serve_bench::ServeBench {
+                concurrency: parse(&concurrency, "concurrency")?
+                    .into_iter()
+                    .map(|n| (n as usize).max(1))
+                    .collect(),
+                drafters: comma_list(&drafters),
+                temperatures: parse(&temperatures, "temperature")?
+                    .into_iter()
+                    .map(|t| t as f32)
+                    .collect(),
+                max_tokens,
+                repeats,
+            };
+            let costs =
+                crate::serve_bench::step_costs(&e, &b.concurrency, 128, 10 * repeats.max(1))?;
+            print!("{}", crate::serve_bench::step_table(&costs));
+            if steps_only {
+                return Ok(());
+            }
+            let rows = crate::serve_bench::run(&e, &b, &mut |m| eprintln!("{m}"))?;
+            print!("{}", crate::serve_bench::table(&rows));
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&rows)?)
+                    .with_context(|| format!("writing {}", p.display()))?;
             }
             Ok(())
         }

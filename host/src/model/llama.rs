@@ -44,6 +44,16 @@ pub enum Logits {
     All,
 }
 
+/// One sequence's part of [`Llama::forward_batch`].
+pub struct BatchRows<'a> {
+    /// Its new tokens (at least one), after what its caches hold.
+    pub tokens: &'a [u32],
+    /// Its caches, one per layer of the model.
+    pub caches: &'a mut [Box<dyn LayerCache>],
+    /// Which of its rows' logits come back; `None`: none (prefill).
+    pub logits: Option<Logits>,
+}
+
 #[derive(Clone)]
 pub struct Llama {
     pub config: LlamaConfig,
@@ -318,7 +328,6 @@ impl Llama {
         cache: &mut Box<dyn LayerCache>,
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
-        let t = x.dim(1);
         let offset = cache.offset() as i32;
 
         let (q, k, v) = self.qkv_heads(l, x, offset, probe)?;
@@ -326,7 +335,13 @@ impl Llama {
         probe("cache update", &[&k, &v])?;
         let o = self.attention(&q, &k, &v)?;
         probe("attention", &[&o])?;
-        let x = l.o.forward_add(&o, x)?;
+        self.layer_rest(l, &o, x, probe)
+    }
+
+    /// A layer after attention: `o` matmul + residual, then the MLP.
+    fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
+        let t = x.dim(1);
+        let x = l.o.forward_add(o, x)?;
         probe("o matmul + residual", &[&x])?;
 
         let (g, u) = match &l.gate_up {
@@ -349,6 +364,166 @@ impl Llama {
         let x = l.down.forward_add(&gu, &x)?;
         probe("down matmul + residual", &[&x])?;
         Ok(x)
+    }
+
+    /// One forward over the rows of several sequences at once (continuous
+    /// batching): the matmuls run over all rows together, so the weights
+    /// are streamed once per step; rope and attention run per sequence, at
+    /// its own positions over its own caches. With [`Llama::batch_invariant`]
+    /// weights every sequence's logits are bitwise those of a forward of it
+    /// alone. Returns, per sequence, its logits (`None` where it asked for
+    /// none: a prefill chunk).
+    pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<Vec<Option<Array>>> {
+        let n_layers = self.layers.len();
+        let mut tokens = Vec::new();
+        let mut spans = Vec::with_capacity(seqs.len());
+        for s in seqs.iter() {
+            assert!(!s.tokens.is_empty(), "every sequence brings rows");
+            assert!(s.caches.len() >= n_layers, "one cache per layer");
+            spans.push((tokens.len() as i32, s.tokens.len() as i32));
+            tokens.extend_from_slice(s.tokens);
+        }
+        let t = tokens.len() as i32;
+        let d = self.config.hidden_size as i32;
+        let ids = Array::from_u32(&tokens, &[t])?;
+        let mut x = self.embed.rows(&ids)?.reshape(&[1, t, d])?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = self.layer_batch(layer, &x, i, seqs, &spans)?;
+        }
+        // The head over the rows asked for only, in one matmul.
+        let mut picked = Vec::new();
+        let mut out_spans = Vec::with_capacity(seqs.len());
+        let mut rows = 0;
+        for (s, &(a, n)) in seqs.iter().zip(&spans) {
+            let (from, len) = match s.logits {
+                None => {
+                    out_spans.push(None);
+                    continue;
+                }
+                Some(Logits::All) => (a, n),
+                Some(Logits::Last) => (a + n - 1, 1),
+            };
+            picked.push(x.slice(&[0, from, 0], &[1, from + len, d])?);
+            out_spans.push(Some((rows, len)));
+            rows += len;
+        }
+        if picked.is_empty() {
+            return Ok(vec![None; seqs.len()]);
+        }
+        let refs: Vec<&Array> = picked.iter().collect();
+        let h = if refs.len() == 1 {
+            picked[0].clone()
+        } else {
+            ops::concatenate(&refs, 1)?
+        }
+        .reshape(&[rows, d])?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let logits = self.norm_linear(&h, &self.norm, head)?;
+        let v = logits.dim(1);
+        out_spans
+            .into_iter()
+            .map(|s| {
+                s.map(|(a, n)| logits.slice(&[a, 0], &[a + n, v]))
+                    .transpose()
+            })
+            .collect()
+    }
+
+    /// Layer `li` of [`Llama::forward_batch`]: the norm + q/k/v matmul over
+    /// every row (with the rope folded in at each row's own position where
+    /// the weights are packed), then per sequence its cache update and its
+    /// attention, then the rest of the layer over every row again.
+    fn layer_batch(
+        &self,
+        l: &Layer,
+        x: &Array,
+        li: usize,
+        seqs: &mut [BatchRows<'_>],
+        spans: &[(i32, i32)],
+    ) -> Result<Array> {
+        let c = &self.config;
+        let t = x.dim(1);
+        let (nh, nkv, hd) = (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        );
+        let (nq, nk) = (nh * hd, nkv * hd);
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
+        let heads = |y: &Array, n: i32| y.reshape(&[1, y.dim(1), n, hd])?.transpose(&[0, 2, 1, 3]);
+        let mut outs = Vec::with_capacity(seqs.len());
+        if let Some(Linear::Quantized(f)) = &l.qkv {
+            if let Some(p) = &f.packed {
+                // The rope folded into the matmul, each row at its own
+                // sequence's position: the solo forward's op and rounding.
+                let positions: Vec<i32> = seqs
+                    .iter()
+                    .zip(spans)
+                    .flat_map(|(s, &(_, n))| {
+                        let o = s.caches[li].offset() as i32;
+                        o..o + n
+                    })
+                    .collect();
+                let rope = kernels::RopeSpec {
+                    cols: nq + nk,
+                    head_dim: hd,
+                    traditional: c.rope_traditional,
+                    base: c.rope_theta,
+                    offset: 0,
+                };
+                let y = kernels::qmatmul_packed_norm_rope_rows(
+                    x,
+                    &l.attn_norm,
+                    c.rms_norm_eps,
+                    p,
+                    f.out_features(),
+                    f.group_size,
+                    f.bits,
+                    rope,
+                    &positions,
+                )?;
+                let (q, k, v) = (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?);
+                for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
+                    let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
+                    let (qs, ks, vs) = (
+                        heads(&rows(&q)?, nh)?,
+                        heads(&rows(&k)?, nkv)?,
+                        heads(&rows(&v)?, nkv)?,
+                    );
+                    let (kc, vc) = s.caches[li].update(&ks, &vs)?;
+                    outs.push(self.attention(&qs, &kc, &vc)?);
+                }
+            }
+        }
+        if outs.is_empty() {
+            let (q, k, v) = match &l.qkv {
+                Some(f) => {
+                    let y = self.norm_linear(x, &l.attn_norm, f)?;
+                    (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
+                }
+                None => {
+                    let h = self.rms_norm(x, &l.attn_norm)?;
+                    (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
+                }
+            };
+            for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
+                let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
+                let cache = &mut s.caches[li];
+                let offset = cache.offset() as i32;
+                // Rope per sequence, at its own positions.
+                let qs = self.rope_heads(&rows(&q)?, nh, offset)?;
+                let ks = self.rope_heads(&rows(&k)?, nkv, offset)?;
+                let vs = heads(&rows(&v)?, nkv)?;
+                let (kc, vc) = cache.update(&ks, &vs)?;
+                outs.push(self.attention(&qs, &kc, &vc)?);
+            }
+        }
+        let o = if outs.len() == 1 {
+            outs.pop().expect("one")
+        } else {
+            ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
+        };
+        self.layer_rest(l, &o, x, &mut no_probe)
     }
 
     /// Every weight, for evaluation after loading.

@@ -2,12 +2,15 @@
 //! that emits. Each round's committed tokens are recorded to the token log
 //! before any of them streams, so stopping at any point (EOS, stop string,
 //! budget, a cancelled client) leaves the caches consistent with the log.
-use crate::sampling::{Rng, SamplingParams};
-use crate::speculation::{SpecCounters, SpecState, Speculation, Target};
-use anyhow::{bail, Result};
+pub mod sequence;
+
+pub use sequence::{BatchCounters, Sequence};
+
+use crate::sampling::SamplingParams;
+use crate::speculation::{SpecCounters, Speculation, Target};
+use anyhow::Result;
 use serde::Serialize;
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
-use std::time::Instant;
 
 pub const PREFILL_CHUNK: usize = 512;
 
@@ -57,6 +60,12 @@ pub struct Stats {
     pub policy_output_dropped: u64,
     /// Committed positions whose top-2 target logit margin was under 0.01.
     pub near_ties: usize,
+    /// Steps the request ran batched with at least one other request.
+    pub batch_steps: u64,
+    /// Most requests in one of its steps, itself included (1: it ran alone).
+    pub batch_max_sequences: u64,
+    /// Times its KV cache was dropped for others' (then re-prefilled).
+    pub preemptions: u64,
 }
 
 impl Stats {
@@ -84,6 +93,9 @@ impl Stats {
             policy_failure: c.policy_failure,
             policy_output_dropped: c.policy_output_dropped,
             near_ties: 0,
+            batch_steps: 0,
+            batch_max_sequences: 0,
+            preemptions: 0,
         }
     }
 
@@ -150,16 +162,16 @@ pub type Sink<'a> = dyn FnMut(&str) -> bool + 'a;
 
 /// Streams committed tokens as text: EOS, a stop string, the budget or a
 /// cancelled client ends generation.
-struct Emitter<'a, 's> {
+struct Emitter<'a> {
     tokenizer: &'a Tokenizer,
     detok: StreamDetokenizer<&'a Tokenizer>,
     stops: StopMatcher,
-    sink: &'a mut Sink<'s>,
+    sink: Box<Sink<'a>>,
     emitted: Vec<u32>,
     max_tokens: usize,
 }
 
-impl Emitter<'_, '_> {
+impl Emitter<'_> {
     /// Streams one token; the reason generation ends with it, if it does.
     fn push(&mut self, tok: u32) -> Option<DoneReason> {
         if self.tokenizer.is_eos(tok) {
@@ -195,132 +207,28 @@ pub fn generate(
     spec: Option<Speculation>,
     sink: &mut Sink<'_>,
 ) -> Result<Finished> {
-    settings.params.validate()?;
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    if prompt.len() >= settings.context_length {
-        bail!(
-            "the prompt is {} tokens, over the model's context length of {} tokens",
-            prompt.len(),
-            settings.context_length
-        );
-    }
-    let room = settings.context_length - prompt.len();
-    let max_tokens = settings.max_tokens.map_or(room, |m| m.min(room));
-
-    // Prefill all but the last prompt token: the first decode round forwards it.
-    let t0 = Instant::now();
-    let cached = cached.min(prompt.len() - 1);
-    target.rewind(cached)?;
-    let mut done = None;
-    let mut processed = cached;
-    while prompt.len() - processed > 1 {
-        let n = PREFILL_CHUNK.min(prompt.len() - 1 - processed);
-        target.prefill(&prompt[processed..processed + n])?;
-        processed += n;
-        // An empty sink call is the cancellation probe.
-        if !sink("") {
-            done = Some(DoneReason::Cancelled);
-            break;
-        }
-    }
-    let prompt_seconds = t0.elapsed().as_secs_f64();
-
-    let mut state = SpecState::new(spec);
-    if settings.record {
-        state.trace = Some(Vec::new());
-    }
-    let mut rng = Rng::new(settings.params.seed);
-    let mut log = prompt.to_vec();
-    let mut em = Emitter {
+    let mut seq = Sequence::new(
+        target,
         tokenizer,
-        detok: StreamDetokenizer::new(tokenizer),
-        stops: StopMatcher::new(settings.stop.iter().cloned()),
-        sink,
-        emitted: Vec::new(),
-        max_tokens,
-    };
-    let mut near_ties = 0;
-    let mut margins = Vec::new();
-    let t1 = Instant::now();
-    if max_tokens == 0 {
-        done = done.or(Some(DoneReason::Length));
+        prompt,
+        cached,
+        settings,
+        spec,
+        Box::new(|s: &str| sink(s)),
+    )?;
+    while seq.prefill_left() > 0 {
+        let chunk = seq.prefill_chunk(PREFILL_CHUNK).to_vec();
+        target.prefill(&chunk)?;
+        seq.prefilled(chunk.len());
     }
     // Plain greedy decoding runs pipelined where the target can: the next
     // forward is queued before the host sees the token it follows from.
     // Same tokens, same stops; rounds are not traced one by one there.
-    if done.is_none() && state.is_plain() && !settings.record && settings.params.plain_greedy() {
-        let t = Instant::now();
-        let pending = *log.last().expect("the prompt is not empty");
-        let mut each = |tok: u32, margin: f32| -> Result<bool> {
-            log.push(tok);
-            margins.push(margin);
-            near_ties += usize::from(margin < 0.01);
-            done = em.push(tok).or_else(|| em.probe());
-            Ok(done.is_none())
-        };
-        if let Some(r) = target.greedy_pipelined(pending, max_tokens, &mut each) {
-            let n = r?;
-            state.record_plain(n, t.elapsed().as_secs_f64());
-        }
+    if seq.can_pipeline() {
+        seq.run_pipelined(target, &mut || true)?;
     }
-    while done.is_none() {
-        let round = state.round(
-            target,
-            &log,
-            &settings.params,
-            &mut rng,
-            em.emitted.len(),
-            max_tokens - em.emitted.len(),
-        )?;
-        if let (Some(hook), Some(t)) = (
-            &settings.on_round,
-            state.trace.as_ref().and_then(|t| t.last()),
-        ) {
-            (hook.0)(t);
-        }
-        // Record the whole run before streaming any of it.
-        log.extend_from_slice(&round.tokens);
-        near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
-        margins.extend_from_slice(&round.margins);
-        for &tok in &round.tokens {
-            done = em.push(tok);
-            if done.is_some() {
-                break;
-            }
-        }
-        if done.is_none() {
-            done = em.probe();
-        }
+    while !seq.is_done() {
+        seq.step(target)?;
     }
-    let done = done.expect("loop ends with a reason");
-    if done != DoneReason::Cancelled && em.stops.stopped().is_none() {
-        let tail = em.stops.push(&em.detok.flush()).text + &em.stops.flush();
-        if !tail.is_empty() {
-            (em.sink)(&tail);
-        }
-    }
-    let emitted = em.emitted;
-    let decode_seconds = t1.elapsed().as_secs_f64();
-    let trace = state.trace.take().unwrap_or_default();
-    let counters = if done == DoneReason::Cancelled {
-        state.counters_now()
-    } else {
-        state.finish()
-    };
-    let mut stats = Stats::new(prompt.len(), counters);
-    stats.cached_tokens = cached;
-    stats.generated_tokens = emitted.len();
-    stats.prompt_seconds = prompt_seconds;
-    stats.decode_seconds = decode_seconds;
-    stats.done_reason = done;
-    stats.near_ties = near_ties;
-    Ok(Finished {
-        stats,
-        log,
-        emitted,
-        margins,
-        trace,
-    })
+    Ok(seq.finish())
 }

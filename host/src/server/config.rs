@@ -37,6 +37,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub policy_dir: Option<PathBuf>,
     /// A JSON config file: {host, port, model, policy_dir, queue,
+    /// max_sequences, step_tokens, kv_budget,
     /// draft_models: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
     /// draft_max, schedule_config, acceptance_config}, policy_limits: {...},
     /// api_keys: [KEY...], admin_key, metrics_key_required,
@@ -48,9 +49,22 @@ pub struct ServeArgs {
     /// A draft model requests can pick as `drafter: "model:NAME"` (repeatable).
     #[arg(long = "draft-model", value_name = "NAME=PATH")]
     pub draft_models: Vec<String>,
-    /// Requests that may wait behind the running one; past it: 503 [default: 16].
+    /// Requests that may wait to be admitted; past it: 503 [default: 16].
     #[arg(long)]
     pub queue: Option<usize>,
+    /// Requests decoding at once, their rows batched into one forward per
+    /// step; more wait in the queue [default: 16].
+    #[arg(long, value_name = "N")]
+    pub max_sequences: Option<usize>,
+    /// Prefill rows one step takes at most besides the decode rows, so a
+    /// long prompt never stalls the other streams [default: 512].
+    #[arg(long, value_name = "N")]
+    pub step_tokens: Option<usize>,
+    /// Bytes of KV cache the running requests may hold together; past it
+    /// the most recently admitted is preempted (and later resumed) [default:
+    /// a quarter of the machine's memory].
+    #[arg(long, value_name = "BYTES")]
+    pub kv_budget: Option<usize>,
     /// Append every request's rounds (what the policies saw and answered)
     /// to this JSONL trace file.
     #[arg(long)]
@@ -105,6 +119,9 @@ struct FileConfig {
     model: Option<String>,
     policy_dir: Option<PathBuf>,
     queue: Option<usize>,
+    max_sequences: Option<usize>,
+    step_tokens: Option<usize>,
+    kv_budget: Option<usize>,
     #[serde(default)]
     draft_models: BTreeMap<String, String>,
     #[serde(default)]
@@ -236,6 +253,8 @@ pub struct ServerConfig {
     pub weights: crate::model::WeightMode,
     pub access: AccessConfig,
     pub limits: Limits,
+    /// Continuous batching: requests at once, prefill rows per step.
+    pub batch: crate::batch::BatchLimits,
 }
 
 impl ServerConfig {
@@ -280,7 +299,25 @@ impl ServerConfig {
             max_prompt_tokens: a.max_prompt_tokens.or(file.max_prompt_tokens),
             max_tokens: a.max_tokens.or(file.max_tokens),
         };
+        let batch = crate::batch::BatchLimits {
+            max_sequences: a
+                .max_sequences
+                .or(file.max_sequences)
+                .unwrap_or(crate::batch::DEFAULT_MAX_SEQUENCES),
+            step_tokens: a
+                .step_tokens
+                .or(file.step_tokens)
+                .unwrap_or(crate::batch::DEFAULT_STEP_TOKENS),
+            kv_budget: Some(
+                a.kv_budget
+                    .or(file.kv_budget)
+                    .unwrap_or_else(crate::batch::default_kv_budget),
+            ),
+        };
         for (v, name) in [
+            (batch.max_sequences, "max_sequences"),
+            (batch.step_tokens, "step_tokens"),
+            (batch.kv_budget.unwrap_or(1), "kv_budget"),
             (limits.max_body_bytes, "max_body_bytes"),
             (limits.max_concurrent_uploads, "max_concurrent_uploads"),
             (limits.max_prompt_tokens.unwrap_or(1), "max_prompt_tokens"),
@@ -344,6 +381,7 @@ impl ServerConfig {
             weights: crate::model::WeightMode::default(),
             access,
             limits,
+            batch,
         })
     }
 }

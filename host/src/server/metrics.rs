@@ -46,6 +46,8 @@ pub struct ServerMetrics {
     pub policy_nanos: AtomicU64,
     /// Requests whose speculation a policy failure ended, by kind.
     policy_failures: Mutex<BTreeMap<String, u64>>,
+    /// Continuous batching's histograms.
+    pub batch: super::batch_metrics::BatchMetrics,
 }
 
 fn nanos(s: f64) -> u64 {
@@ -255,6 +257,7 @@ impl ServerMetrics {
                 .inc_by(counted.get(kind.as_str()).copied().unwrap_or(0));
         }
         r.register(Box::new(failures))?;
+        self.batch.register(&r)?;
         policy.register(&r)?;
         TextEncoder::new().encode_to_string(&r.gather())
     }

@@ -9,6 +9,7 @@
 //! away) makes the sink return false, which ends generation at once.
 mod access;
 mod api;
+mod batch_metrics;
 mod config;
 mod metrics;
 mod ollama;

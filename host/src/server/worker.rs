@@ -1,9 +1,12 @@
-//! The generation worker: one thread owns the engine and runs requests one at
-//! a time from a bounded queue.
+//! The generation worker: one thread owns the engine and runs the
+//! continuous-batching scheduler ([`crate::batch`]) over requests from a
+//! bounded queue.
 use super::config::ServerConfig;
 use super::metrics::ServerMetrics;
+use crate::batch::{Admitted, Scheduler};
 use crate::engine::{Engine, Prompt};
 use crate::options::SpecOptions;
+use crate::pipeline::Finished;
 use crate::pipeline::Stats;
 use crate::sampling::SamplingParams;
 use anyhow::{anyhow, Context, Result};
@@ -11,7 +14,7 @@ use axum::http::StatusCode;
 use serde::Serialize;
 use specd_policy::PolicyHost;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -209,25 +212,7 @@ pub fn start(
                     return;
                 }
             };
-            while let Ok(job) = rx.recv() {
-                m.queued.fetch_sub(1, Relaxed);
-                let reply = job.reply.clone();
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(
-                        &engine,
-                        job,
-                        &m,
-                        cfg2.record.as_deref(),
-                        cfg2.limits.max_prompt_tokens,
-                    )
-                }));
-                if r.is_err() {
-                    // One request runs at a time: none is running now.
-                    m.running.store(0, Relaxed);
-                    m.panics.fetch_add(1, Relaxed);
-                    let _ = reply.send(Msg::Failed("internal error (the worker panicked)".into()));
-                }
-            }
+            schedule(&engine, &rx, &m, &cfg2);
         })
         .context("starting the worker thread")?;
     let info = ready_rx
@@ -237,13 +222,67 @@ pub fn start(
     Ok((WorkerHandle { tx, metrics }, info))
 }
 
-fn run_job(
-    engine: &Engine,
+/// The scheduler loop: admits queued requests at each step boundary (while
+/// there is room), runs a step over every running one, until the queue's
+/// senders are gone and nothing runs.
+fn schedule(engine: &Engine, rx: &Receiver<Job>, m: &Arc<ServerMetrics>, cfg: &ServerConfig) {
+    let mut sched = Scheduler::new(engine, cfg.batch);
+    let mut open = true;
+    loop {
+        while open && sched.has_room() {
+            let job = if sched.is_idle() {
+                match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            };
+            m.queued.fetch_sub(1, Relaxed);
+            if let Some(a) = prepare(engine, job, m, cfg) {
+                sched.admit(a);
+            }
+        }
+        if sched.is_idle() {
+            if !open {
+                return;
+            }
+            continue;
+        }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sched.step(&mut || m.queued.load(Relaxed) == 0)
+        }));
+        if let Ok(step) = &r {
+            m.batch.preemptions.inc_by(step.preempted as u64);
+            if step.sequences > 0 {
+                m.batch.batch_size.observe(step.sequences as f64);
+                m.batch.step_seconds.observe(step.seconds);
+            }
+        }
+        if r.is_err() {
+            m.panics.fetch_add(1, Relaxed);
+            sched.fail_all("internal error (the worker panicked)");
+        }
+    }
+}
+
+/// Checks a queued request and builds what it runs with; `None` when it was
+/// refused (the client got its 400) or its client left.
+fn prepare<'e>(
+    engine: &'e Engine,
     job: Job,
-    m: &ServerMetrics,
-    record: Option<&std::path::Path>,
-    max_prompt_tokens: Option<usize>,
-) {
+    m: &Arc<ServerMetrics>,
+    cfg: &'e ServerConfig,
+) -> Option<Admitted<'e>> {
+    let record = cfg.record.as_deref();
+    let max_prompt_tokens = cfg.limits.max_prompt_tokens;
     let Job {
         req,
         reply,
@@ -252,7 +291,7 @@ fn run_job(
     if reply.is_closed() {
         // The client left while queued.
         m.cancelled.fetch_add(1, Relaxed);
-        return;
+        return None;
     }
     let refuse = |message: String| {
         m.refused.fetch_add(1, Relaxed);
@@ -260,6 +299,7 @@ fn run_job(
             status: StatusCode::BAD_REQUEST,
             message,
         });
+        None
     };
     let prompt = match engine.encode(&req.prompt) {
         Ok(p) => p,
@@ -280,6 +320,18 @@ fn run_job(
             "the prompt is {} tokens, over this server's limit of {max} prompt tokens (max_prompt_tokens)",
             prompt.len()
         ));
+    }
+    if let Some(budget) = cfg.batch.kv_budget {
+        let need = (prompt.len() + 1) * crate::batch::kv_bytes_per_token(&engine.model.config);
+        if need > budget {
+            return refuse(format!(
+                "the prompt is {} tokens, whose KV cache ({need} bytes) is over this server's kv_budget of {budget} bytes",
+                prompt.len()
+            ));
+        }
+    }
+    if let Err(e) = req.params.validate() {
+        return refuse(format!("{e:#}"));
     }
     let spec = match engine.speculation_in(&req.tenant, &req.spec, &req.params) {
         Ok(s) => s,
@@ -302,35 +354,64 @@ fn run_job(
         .is_err()
     {
         m.cancelled.fetch_add(1, Relaxed);
-        return;
+        return None;
     }
-    let mut sink = |s: &str| {
+    m.batch
+        .queue_wait_seconds
+        .observe(submitted.elapsed().as_secs_f64());
+    let chunks = reply.clone();
+    let timing = m.clone();
+    let mut last: Option<Instant> = None;
+    let sink = Box::new(move |s: &str| {
         if s.is_empty() {
             // The cancellation probe.
-            return !reply.is_closed();
+            return !chunks.is_closed();
         }
-        reply.send(Msg::Chunk(s.to_string())).is_ok()
-    };
+        let now = Instant::now();
+        match last {
+            None => timing
+                .batch
+                .time_to_first_token_seconds
+                .observe((now - submitted).as_secs_f64()),
+            Some(t) => timing
+                .batch
+                .inter_token_seconds
+                .observe((now - t).as_secs_f64()),
+        }
+        last = Some(now);
+        chunks.send(Msg::Chunk(s.to_string())).is_ok()
+    });
     m.running.fetch_add(1, Relaxed);
-    let result = engine.generate_in(&req.tenant, &prompt, &settings, spec, &mut sink);
-    m.running.fetch_sub(1, Relaxed);
-    match result {
-        Ok(fin) => {
-            m.record(&fin.stats);
-            if let Some(p) = record {
-                if let Err(e) = crate::trace::write(p, engine, &settings, &fin) {
-                    tracing::warn!("writing trace {}: {e:#}", p.display());
+    let metrics = m.clone();
+    let traced = settings.clone();
+    let done = Box::new(move |result: Result<Finished>| {
+        metrics.running.fetch_sub(1, Relaxed);
+        match result {
+            Ok(fin) => {
+                metrics.record(&fin.stats);
+                if let Some(p) = record {
+                    if let Err(e) = crate::trace::write(p, engine, &traced, &fin) {
+                        tracing::warn!("writing trace {}: {e:#}", p.display());
+                    }
                 }
+                let _ = reply.send(Msg::Done {
+                    stats: Box::new(fin.stats),
+                    log: fin.log,
+                });
             }
-            let _ = reply.send(Msg::Done {
-                stats: Box::new(fin.stats),
-                log: fin.log,
-            });
+            Err(e) => {
+                metrics.failed.fetch_add(1, Relaxed);
+                tracing::warn!("generation failed: {e:#}");
+                let _ = reply.send(Msg::Failed(format!("{e:#}")));
+            }
         }
-        Err(e) => {
-            m.failed.fetch_add(1, Relaxed);
-            tracing::warn!("generation failed: {e:#}");
-            let _ = reply.send(Msg::Failed(format!("{e:#}")));
-        }
-    }
+    });
+    Some(Admitted {
+        tenant: Some(req.tenant),
+        prompt,
+        settings,
+        spec,
+        sink,
+        done,
+    })
 }

@@ -73,6 +73,10 @@ pub struct SpecState {
     spec: Option<Speculation>,
     pub counters: SpecCounters,
     history: ScheduleHistory,
+    /// The batch context of the last round's step: the host-side numbers
+    /// contract 0.2 hands the schedule (`batch-sequences`,
+    /// `batch-rows-planned`).
+    pub batch: BatchContext,
 }
 
 impl SpecState {
@@ -91,6 +95,7 @@ impl SpecState {
             spec,
             counters,
             history: ScheduleHistory::new(n - 1),
+            batch: BatchContext::default(),
         }
     }
 
@@ -110,6 +115,11 @@ impl SpecState {
             self.counters.policy_output_dropped =
                 s.schedule.output_dropped() + s.acceptance.output_dropped();
         }
+    }
+
+    /// Most drafts a round may verify (0 without speculation).
+    pub fn draft_max(&self) -> usize {
+        self.spec.as_ref().map_or(0, |s| s.draft_max)
     }
 
     /// No speculation: every round is one plain step.
@@ -151,6 +161,37 @@ impl SpecState {
         generated: usize,
         budget_left: usize,
     ) -> Result<RoundOutcome> {
+        let plan = self.plan(
+            target,
+            log,
+            params,
+            rng,
+            generated,
+            budget_left,
+            BatchContext::default(),
+        )?;
+        let t = Instant::now();
+        let rows = target.forward(&plan.rows, plan.drafted() > 0)?;
+        let vt = t.elapsed().as_secs_f64();
+        self.complete(plan, rows, vt, target, log, params, rng)
+    }
+
+    /// The first half of a round, up to its verify: the schedule picks k,
+    /// the drafter drafts, the target is told which offsets to snapshot.
+    /// The verify forward of [`RoundPlan::rows`] (all logits rows when it
+    /// drafted) may then run batched with other requests' rows; its rows go
+    /// to [`SpecState::complete`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan(
+        &mut self,
+        target: &mut dyn Target,
+        log: &[u32],
+        params: &SamplingParams,
+        rng: &mut Rng,
+        generated: usize,
+        budget_left: usize,
+        batch: BatchContext,
+    ) -> Result<RoundPlan> {
         let before = log.len() - 1;
         debug_assert_eq!(
             target.offset(),
@@ -160,6 +201,7 @@ impl SpecState {
         let round_no = self.counters.rounds as u32;
         let policy_before = self.counters.policy_seconds;
         let mut traced_input = None;
+        self.batch = batch;
 
         // 1. k from the schedule (never more than the budget can use).
         let mut k = 0usize;
@@ -203,17 +245,56 @@ impl SpecState {
         }
         let kd = draft.tokens.len();
 
-        // 3. Verify: the pending token and every draft in one forward.
-        let mut input = Vec::with_capacity(kd + 1);
-        input.push(log[before]);
-        input.extend_from_slice(&draft.tokens);
+        // 3. What the verify forwards: the pending token and every draft.
+        let mut rows = Vec::with_capacity(kd + 1);
+        rows.push(log[before]);
+        rows.extend_from_slice(&draft.tokens);
         if kd > 0 {
             let keep: Vec<usize> = (1..=kd + 1).map(|i| before + i).collect();
             target.prepare_snapshots(&keep);
         }
-        let t = Instant::now();
-        let rows = target.forward(&input, kd > 0)?;
-        let vt = t.elapsed().as_secs_f64();
+        Ok(RoundPlan {
+            rows,
+            round_no,
+            policy_before,
+            traced_input,
+            k,
+            draft,
+            draft_seconds: dt,
+        })
+    }
+
+    /// The second half of a round: `rows` are the verify forward's logits
+    /// rows of `plan.rows` (`verify_seconds` its time); the acceptance policy
+    /// decides, the target rolls back to what was kept.
+    #[allow(clippy::too_many_arguments)]
+    pub fn complete(
+        &mut self,
+        plan: RoundPlan,
+        rows: Vec<Vec<f32>>,
+        verify_seconds: f64,
+        target: &mut dyn Target,
+        log: &[u32],
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<RoundOutcome> {
+        let before = log.len() - 1;
+        let RoundPlan {
+            round_no,
+            policy_before,
+            traced_input,
+            k,
+            draft,
+            draft_seconds: dt,
+            ..
+        } = plan;
+        let kd = draft.tokens.len();
+        anyhow::ensure!(
+            rows.len() == if kd > 0 { kd + 1 } else { 1 },
+            "the verify returned {} rows for {kd} drafts",
+            rows.len()
+        );
+        let vt = verify_seconds;
         self.counters.verify_seconds += vt;
         let mut history = log.to_vec();
         let mut dists: Vec<Distribution> = Vec::with_capacity(rows.len());
@@ -249,12 +330,16 @@ impl SpecState {
                 traced_positions = positions.clone();
             }
             let t = Instant::now();
-            let r = self
-                .spec
-                .as_mut()
-                .expect("drafted")
-                .acceptance
-                .decide(&positions);
+            let r = match self.spec.as_mut() {
+                Some(s) => s.acceptance.decide(&positions),
+                // The schedule cannot fail after drafting, but a plan is
+                // only data: never panic on one.
+                None => Err(PolicyError::new(
+                    "acceptance",
+                    specd_policy::PolicyErrorKind::InvalidAnswer,
+                    "no speculation to decide with",
+                )),
+            };
             self.counters.policy_seconds += t.elapsed().as_secs_f64();
             // Validated by the policy host (`specd_policy::validate`).
             match r {
@@ -321,6 +406,38 @@ impl SpecState {
             });
         }
         Ok(out)
+    }
+}
+
+/// Where a request's round sits in a batched step: what its schedule is
+/// told as the batch context (contract 0.2's `batch-sequences` and
+/// `batch-rows-planned`; both 0 outside the scheduler, in
+/// `pipeline::generate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchContext {
+    /// Requests in this step, itself included (`batch-sequences`).
+    pub batch_sequences: u32,
+    /// Rows already planned for this step by the requests asked before it,
+    /// plus every prefill row (`batch-rows-planned`).
+    pub batch_rows_planned: u32,
+}
+
+/// A round planned up to its verify ([`SpecState::plan`]).
+pub struct RoundPlan {
+    /// What the verify forwards: the pending token, then the drafts.
+    pub rows: Vec<u32>,
+    round_no: u32,
+    policy_before: f64,
+    traced_input: Option<ScheduleInput>,
+    k: usize,
+    draft: Draft,
+    draft_seconds: f64,
+}
+
+impl RoundPlan {
+    /// Drafts the verify checks (then every row's logits are needed).
+    pub fn drafted(&self) -> usize {
+        self.draft.tokens.len()
     }
 }
 

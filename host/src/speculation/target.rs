@@ -2,6 +2,7 @@
 //! caches hold, get logits rows back as plain numbers, and roll back.
 //! [`LlamaTarget`] is the real thing; tests script fakes with one-hot logits.
 use crate::cache::{LayerCache, Snapshot};
+use crate::model::llama::BatchRows;
 use crate::model::{no_probe, Llama, Logits};
 use crate::sampling::argmax_margin;
 use anyhow::Result;
@@ -216,4 +217,54 @@ impl Target for LlamaTarget {
             .map(|c| c.snapshot_counts())
             .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
     }
+}
+
+/// One sequence's part of a batched step ([`forward_batch`]).
+pub struct StepRows<'a> {
+    pub target: &'a mut LlamaTarget,
+    /// Its new tokens (at least one) after what its caches hold.
+    pub tokens: &'a [u32],
+    /// Which rows' logits it wants; `None` for a prefill chunk.
+    pub logits: Option<Logits>,
+}
+
+/// One forward over the rows of several targets of `model` (each over all
+/// its layers): the continuous-batching step. Per target, in order, its
+/// logits rows (none for a prefill chunk), as [`Target::forward`] returns
+/// them; snapshots are taken as there, and every cache is evaluated.
+pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Vec<Vec<f32>>>> {
+    for p in parts.iter() {
+        anyhow::ensure!(
+            p.target.n_layers == model.layers.len() && std::ptr::eq(&*p.target.model, model),
+            "a batched step runs full targets of one model"
+        );
+    }
+    let outs = {
+        let mut rows: Vec<BatchRows<'_>> = parts
+            .iter_mut()
+            .map(|p| BatchRows {
+                tokens: p.tokens,
+                caches: &mut p.target.caches,
+                logits: p.logits,
+            })
+            .collect();
+        model.forward_batch(&mut rows)?
+    };
+    let mut wanted: Vec<&Array> = outs.iter().flatten().collect();
+    for (p, o) in parts.iter().zip(&outs) {
+        if o.is_none() {
+            wanted.extend(p.target.caches.iter().flat_map(|c| c.state()));
+        }
+    }
+    specd_mlx::eval(&wanted)?;
+    let vocab = model.config.vocab_size;
+    let mut res = Vec::with_capacity(parts.len());
+    for (p, o) in parts.iter_mut().zip(outs) {
+        p.target.collect_snapshots();
+        res.push(match o {
+            Some(l) => l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect(),
+            None => Vec::new(),
+        });
+    }
+    Ok(res)
 }

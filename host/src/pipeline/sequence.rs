@@ -1,0 +1,364 @@
+//! One request as a state machine a scheduler steps: chunked prefill, then
+//! rounds whose verify forward may run batched with other requests' rows
+//! ([`Sequence::plan`], then [`Sequence::complete`]). [`super::generate`]
+//! steps one alone; the server's scheduler steps many together. Both go
+//! through the same code, so a request's tokens do not depend on which.
+use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
+use crate::sampling::Rng;
+use crate::speculation::{BatchContext, RoundPlan, SpecState, Speculation, Target};
+use anyhow::{bail, Result};
+use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
+use std::time::Instant;
+
+/// How a request shared steps with others (the `batch_*` stats keys).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchCounters {
+    /// Steps it ran together with at least one other request.
+    pub steps: u64,
+    /// Most requests in one of its steps, itself included.
+    pub max_sequences: u64,
+    /// Times its KV cache was dropped to free memory for others (it was
+    /// re-prefilled from its committed log when it resumed).
+    pub preemptions: u64,
+}
+
+pub struct Sequence<'a> {
+    prompt_len: usize,
+    cached: usize,
+    /// Tokens of the log the caches hold (during prefill).
+    processed: usize,
+    /// Where prefill ends: all but the last prompt token, or after a
+    /// preemption all but the last committed token.
+    prefill_to: usize,
+    settings: Settings,
+    max_tokens: usize,
+    state: SpecState,
+    rng: Rng,
+    log: Vec<u32>,
+    em: Emitter<'a>,
+    near_ties: usize,
+    margins: Vec<f32>,
+    t0: Instant,
+    prompt_seconds: f64,
+    t1: Option<Instant>,
+    done: Option<DoneReason>,
+    plan: Option<RoundPlan>,
+    pub batch: BatchCounters,
+}
+
+impl<'a> Sequence<'a> {
+    /// A request on `target`, whose caches hold `prompt[..cached]` (a
+    /// prefix-cache hit; 0 for a fresh start).
+    pub fn new(
+        target: &mut dyn Target,
+        tokenizer: &'a Tokenizer,
+        prompt: &[u32],
+        cached: usize,
+        settings: &Settings,
+        spec: Option<Speculation>,
+        sink: Box<Sink<'a>>,
+    ) -> Result<Sequence<'a>> {
+        settings.params.validate()?;
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        if prompt.len() >= settings.context_length {
+            bail!(
+                "the prompt is {} tokens, over the model's context length of {} tokens",
+                prompt.len(),
+                settings.context_length
+            );
+        }
+        let room = settings.context_length - prompt.len();
+        let max_tokens = settings.max_tokens.map_or(room, |m| m.min(room));
+        let t0 = Instant::now();
+        // Prefill all but the last prompt token: the first round forwards it.
+        let cached = cached.min(prompt.len() - 1);
+        target.rewind(cached)?;
+        let mut state = SpecState::new(spec);
+        if settings.record {
+            state.trace = Some(Vec::new());
+        }
+        let mut seq = Sequence {
+            prompt_len: prompt.len(),
+            cached,
+            processed: cached,
+            prefill_to: prompt.len() - 1,
+            settings: settings.clone(),
+            max_tokens,
+            state,
+            rng: Rng::new(settings.params.seed),
+            log: prompt.to_vec(),
+            em: Emitter {
+                tokenizer,
+                detok: StreamDetokenizer::new(tokenizer),
+                stops: StopMatcher::new(settings.stop.iter().cloned()),
+                sink,
+                emitted: Vec::new(),
+                max_tokens,
+            },
+            near_ties: 0,
+            margins: Vec::new(),
+            t0,
+            prompt_seconds: 0.0,
+            t1: None,
+            done: None,
+            plan: None,
+            batch: BatchCounters::default(),
+        };
+        if seq.prefill_left() == 0 {
+            seq.start_decode();
+        }
+        Ok(seq)
+    }
+
+    /// Tokens still to prefill (all but the last of the prompt, or of the
+    /// committed log after a preemption).
+    pub fn prefill_left(&self) -> usize {
+        if self.done.is_some() {
+            return 0;
+        }
+        self.prefill_to - self.processed
+    }
+
+    /// The next prefill chunk: at most `max` rows (and [`PREFILL_CHUNK`]).
+    pub fn prefill_chunk(&self, max: usize) -> &[u32] {
+        let n = self.prefill_left().min(max).min(PREFILL_CHUNK);
+        &self.log[self.processed..self.processed + n]
+    }
+
+    /// `n` prompt tokens went into the caches.
+    pub fn prefilled(&mut self, n: usize) {
+        self.processed += n;
+        // An empty sink call is the cancellation probe.
+        if let Some(r) = self.em.probe() {
+            self.done = Some(r);
+        }
+        if self.prefill_left() == 0 {
+            self.start_decode();
+        }
+    }
+
+    fn start_decode(&mut self) {
+        if self.t1.is_some() {
+            // Resumed after a preemption: decoding goes on where it was.
+            return;
+        }
+        self.prompt_seconds = self.t0.elapsed().as_secs_f64();
+        self.t1 = Some(Instant::now());
+        if self.max_tokens == 0 {
+            self.done = self.done.or(Some(DoneReason::Length));
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done.is_some()
+    }
+
+    /// Ready for a round (prefill over, not done).
+    pub fn decoding(&self) -> bool {
+        self.done.is_none() && self.prefill_left() == 0
+    }
+
+    /// Its KV cache was dropped (a preemption): it resumes on a fresh
+    /// target by prefilling its committed log but the last token, which
+    /// leaves the caches as they were (the kernels are batch-invariant), so
+    /// its tokens stay the same.
+    pub fn preempt(&mut self) {
+        debug_assert!(self.plan.is_none(), "preempted between steps only");
+        self.prefill_to = self.log.len() - 1;
+        self.processed = 0;
+        self.batch.preemptions += 1;
+    }
+
+    /// Tokens its caches hold or will hold once prefilled: what it reserves
+    /// of the KV budget.
+    pub fn kv_tokens(&self) -> usize {
+        self.prefill_to.max(self.log.len() - 1)
+    }
+
+    /// Rows its next round may forward at most (1 + draft_max).
+    pub fn max_round_rows(&self) -> usize {
+        1 + self.state.draft_max()
+    }
+
+    /// Ends the request as cancelled (its client left).
+    pub fn cancel(&mut self) {
+        self.plan = None;
+        self.done = Some(DoneReason::Cancelled);
+    }
+
+    /// A step this request was part of had `n` requests in all.
+    pub fn joined_step(&mut self, n: usize) {
+        if n > 1 {
+            self.batch.steps += 1;
+        }
+        self.batch.max_sequences = self.batch.max_sequences.max(n as u64);
+    }
+
+    /// Whether plain greedy decoding may run pipelined: no speculation, no
+    /// recording, temperature 0 without penalties.
+    pub fn can_pipeline(&self) -> bool {
+        self.decoding()
+            && self.state.is_plain()
+            && !self.settings.record
+            && self.settings.params.plain_greedy()
+    }
+
+    /// Plain greedy decoding, pipelined where the target can (the next
+    /// forward is queued before the host sees the token it follows from),
+    /// until the request ends or `keep_going` says stop. Same tokens, same
+    /// stops as rounds; returns false where the target cannot.
+    pub fn run_pipelined(
+        &mut self,
+        target: &mut dyn Target,
+        keep_going: &mut dyn FnMut() -> bool,
+    ) -> Result<bool> {
+        self.joined_step(1);
+        let t = Instant::now();
+        let pending = *self.log.last().expect("the prompt is not empty");
+        let budget = self.max_tokens - self.em.emitted.len();
+        let (log, margins, near_ties, done, em) = (
+            &mut self.log,
+            &mut self.margins,
+            &mut self.near_ties,
+            &mut self.done,
+            &mut self.em,
+        );
+        let mut each = |tok: u32, margin: f32| -> Result<bool> {
+            log.push(tok);
+            margins.push(margin);
+            *near_ties += usize::from(margin < 0.01);
+            *done = em.push(tok).or_else(|| em.probe());
+            Ok(done.is_none() && keep_going())
+        };
+        match target.greedy_pipelined(pending, budget, &mut each) {
+            Some(r) => {
+                let n = r?;
+                self.state.record_plain(n, t.elapsed().as_secs_f64());
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Plans a round (the schedule asked with `batch`, drafts made); returns
+    /// the rows its verify forwards, and whether every row's logits are
+    /// needed (else only the last).
+    pub fn plan(&mut self, target: &mut dyn Target, batch: BatchContext) -> Result<(&[u32], bool)> {
+        let generated = self.em.emitted.len();
+        let plan = self.state.plan(
+            target,
+            &self.log,
+            &self.settings.params,
+            &mut self.rng,
+            generated,
+            self.max_tokens - generated,
+            batch,
+        )?;
+        let plan = self.plan.insert(plan);
+        Ok((&plan.rows, plan.drafted() > 0))
+    }
+
+    /// Ends the planned round with its verify's logits `rows` (the forward
+    /// took `verify_seconds`): decide, roll back, stream what was committed.
+    pub fn complete(
+        &mut self,
+        target: &mut dyn Target,
+        rows: Vec<Vec<f32>>,
+        verify_seconds: f64,
+    ) -> Result<()> {
+        let Some(plan) = self.plan.take() else {
+            bail!("a round completed without a plan");
+        };
+        let round = self.state.complete(
+            plan,
+            rows,
+            verify_seconds,
+            target,
+            &self.log,
+            &self.settings.params,
+            &mut self.rng,
+        )?;
+        if let (Some(hook), Some(t)) = (
+            &self.settings.on_round,
+            self.state.trace.as_ref().and_then(|t| t.last()),
+        ) {
+            (hook.0)(t);
+        }
+        // Record the whole round before streaming any of it.
+        self.log.extend_from_slice(&round.tokens);
+        self.near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
+        self.margins.extend_from_slice(&round.margins);
+        for &tok in &round.tokens {
+            self.done = self.em.push(tok);
+            if self.done.is_some() {
+                break;
+            }
+        }
+        if self.done.is_none() {
+            self.done = self.em.probe();
+        }
+        Ok(())
+    }
+
+    /// One round alone: plan, verify on `target`, complete.
+    pub fn step(&mut self, target: &mut dyn Target) -> Result<()> {
+        self.joined_step(1);
+        let (rows, all) = self.plan(target, BatchContext::default())?;
+        let rows = rows.to_vec();
+        let t = Instant::now();
+        let logits = target.forward(&rows, all)?;
+        let vt = t.elapsed().as_secs_f64();
+        self.complete(target, logits, vt)
+    }
+
+    /// Prompt + committed tokens so far.
+    pub fn log(&self) -> &[u32] {
+        &self.log
+    }
+
+    /// Tokens streamed so far.
+    pub fn emitted(&self) -> usize {
+        self.em.emitted.len()
+    }
+
+    /// Flushes what is held back and builds the outcome (the request must be
+    /// done).
+    pub fn finish(mut self) -> Finished {
+        let done = self.done.unwrap_or(DoneReason::Cancelled);
+        if done != DoneReason::Cancelled && self.em.stops.stopped().is_none() {
+            let tail = self.em.stops.push(&self.em.detok.flush()).text + &self.em.stops.flush();
+            if !tail.is_empty() {
+                (self.em.sink)(&tail);
+            }
+        }
+        if self.t1.is_none() {
+            self.prompt_seconds = self.t0.elapsed().as_secs_f64();
+        }
+        let decode_seconds = self.t1.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let trace = self.state.trace.take().unwrap_or_default();
+        let counters = if done == DoneReason::Cancelled {
+            self.state.counters_now()
+        } else {
+            self.state.finish()
+        };
+        let mut stats = Stats::new(self.prompt_len, counters);
+        stats.cached_tokens = self.cached;
+        stats.generated_tokens = self.em.emitted.len();
+        stats.prompt_seconds = self.prompt_seconds;
+        stats.decode_seconds = decode_seconds;
+        stats.done_reason = done;
+        stats.near_ties = self.near_ties;
+        stats.batch_steps = self.batch.steps;
+        stats.batch_max_sequences = self.batch.max_sequences;
+        stats.preemptions = self.batch.preemptions;
+        Finished {
+            stats,
+            log: self.log,
+            emitted: self.em.emitted,
+            margins: self.margins,
+            trace,
+        }
+    }
+}

@@ -1,0 +1,179 @@
+"""Continuous batching over real HTTP (issue 14): requests that share steps
+get exactly the tokens they get alone, whatever their drafter, policies,
+temperature and seed; a cancelled stream and a hostile policy leave the
+others' tokens unchanged; a flood of clients gets answers or clear 503s.
+
+Every request is a short raw `/api/generate`; its final line's `context`
+holds prompt + generated token ids, compared token for token.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import MODEL, Server
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPETITIVE = "red green blue yellow red green blue yellow red green blue yellow red green"
+STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+LIST = "The planets of the solar system, in order from the sun, are"
+CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+
+# (prompt, options): different prompts, lengths, drafters, schedules,
+# acceptance policies, temperatures and seeds. Sampled requests use
+# fixed-k schedules (or no drafter), so their rounds match their solo runs.
+MIX = [
+    (REPETITIVE, {"num_predict": 32, "drafter": "none"}),
+    (STORY, {"num_predict": 40, "drafter": "ngram", "schedule": "throughput"}),
+    (LIST, {"num_predict": 24, "drafter": "self:8", "schedule": "heuristic"}),
+    (CODE, {"num_predict": 28, "temperature": 0.8, "seed": 7, "drafter": "none"}),
+    (REPETITIVE, {"num_predict": 36, "temperature": 0.7, "seed": 11, "drafter": "ngram",
+                  "schedule": "constant", "schedule_config": {"k": 3}, "acceptance": "rejection"}),
+    (STORY, {"num_predict": 20, "temperature": 1.0, "seed": 3, "drafter": "self:6",
+             "schedule": "heuristic-transient", "acceptance": "rejection"}),
+    (LIST, {"num_predict": 30, "temperature": 0.6, "seed": 5, "drafter": "ngram",
+            "schedule": "constant", "acceptance": "typical"}),
+    (CODE, {"num_predict": 44, "drafter": "ngram", "schedule": "heuristic-transient"}),
+]
+
+
+def generate(server: Server, prompt: str, options: dict, timeout: float = 300) -> dict:
+    r = httpx.post(server.url + "/api/generate", timeout=timeout,
+                   json={"model": MODEL, "prompt": prompt, "raw": True, "stream": False,
+                         "options": options})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def together(n: int, fn) -> list:
+    """Runs fn(i) for i < n on n threads released at once; results (or
+    exceptions) in order."""
+    out: list = [None] * n
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            out[i] = fn(i)
+        except Exception as e:  # noqa: BLE001
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=900)
+    return out
+
+
+@pytest.fixture(scope="module")
+def solo(server) -> list[dict]:
+    """Each request of MIX run alone, one after another."""
+    runs = [generate(server, p, o) for p, o in MIX]
+    for r in runs:
+        assert r["speculation"]["batch_max_sequences"] == 1, r["speculation"]
+        assert r["speculation"]["batch_steps"] == 0
+    return runs
+
+
+def test_eight_mixed_requests_share_steps_and_keep_their_solo_tokens(server, solo):
+    runs = together(len(MIX), lambda i: generate(server, *MIX[i]))
+    for i, (alone, batched) in enumerate(zip(solo, runs)):
+        assert not isinstance(batched, Exception), batched
+        assert batched["context"] == alone["context"], f"request {i} ({MIX[i][1]}) changed in a batch"
+        assert batched["response"] == alone["response"]
+        assert batched["speculation"]["drafter"] == alone["speculation"]["drafter"]
+        assert batched["speculation"]["policy_failure"] is None
+    # They really ran together: a one-at-a-time scheduler cannot pass this.
+    shared = [r["speculation"]["batch_steps"] for r in runs]
+    widest = max(r["speculation"]["batch_max_sequences"] for r in runs)
+    assert all(s > 0 for s in shared), shared
+    assert widest >= 4, [r["speculation"]["batch_max_sequences"] for r in runs]
+
+
+def test_a_cancelled_stream_and_a_hostile_policy_leave_the_others_unchanged(server, solo):
+    wasm = (FIXTURES / "trap-schedule.wasm").read_bytes()
+    r = httpx.post(server.url + "/api/policies", params={"name": "batch-trap"}, content=wasm)
+    assert r.status_code == 201, r.text
+    keep = [0, 1, 4, 6]
+
+    def client(i: int):
+        if i < len(keep):
+            return generate(server, *MIX[keep[i]])
+        if i == len(keep):
+            # Leaves mid-stream.
+            body = {"model": MODEL, "prompt": STORY, "raw": True, "stream": True,
+                    "options": {"num_predict": 500, "drafter": "ngram"}}
+            with httpx.stream("POST", server.url + "/api/generate", json=body, timeout=300) as resp:
+                assert resp.status_code == 200
+                for n, line in enumerate(resp.iter_lines()):
+                    if n == 4:
+                        return "left"
+            return "ended"
+        return generate(server, REPETITIVE, {"num_predict": 24, "schedule": "batch-trap"})
+
+    runs = together(len(keep) + 2, client)
+    for j, i in enumerate(keep):
+        assert not isinstance(runs[j], Exception), runs[j]
+        assert runs[j]["context"] == solo[i]["context"], f"request {i} changed beside a cancel and a trap"
+    assert runs[len(keep)] == "left"
+    hostile = runs[-1]
+    assert hostile["speculation"]["policy_failure"]["kind"] == "trap"
+    plain = generate(server, REPETITIVE, {"num_predict": 24, "drafter": "none"})
+    assert hostile["context"] == plain["context"]
+    assert httpx.delete(server.url + "/api/policies/batch-trap").status_code == 200
+
+
+def test_thirty_two_clients_with_small_limits_all_get_an_answer(start_server):
+    small = start_server("--queue", "4", "--max-sequences", "4")
+    expected = generate(small, LIST, {"num_predict": 12})["context"]
+
+    def client(i: int):
+        body = {"model": MODEL, "prompt": LIST, "raw": True, "stream": True,
+                "options": {"num_predict": 12}}
+        with httpx.stream("POST", small.url + "/api/generate", json=body, timeout=600) as r:
+            if r.status_code == 503:
+                assert r.headers["retry-after"]
+                assert "busy" in json.loads(r.read())["error"]
+                return 503
+            assert r.status_code == 200
+            last = [json.loads(x) for x in r.iter_lines() if x][-1]
+            assert last["done"] and last["context"] == expected
+            return 200
+
+    runs = together(32, client)
+    assert all(r in (200, 503) for r in runs), runs
+    ok, busy = runs.count(200), runs.count(503)
+    assert ok + busy == 32
+    assert ok >= 4, runs  # the queue alone holds 4
+    metrics = httpx.get(small.url + "/metrics", timeout=10).text
+
+    def total(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith(name))
+
+    assert total('specd_generations_total{outcome="busy"}') == busy
+    assert total('specd_generations_total{outcome="stop"}') + total(
+        'specd_generations_total{outcome="length"}') == ok + 1
+
+
+def test_kv_budget_refuses_a_prompt_over_it_and_preempts_without_changing_tokens(start_server, solo):
+    # About 86 tokens of the default model's KV cache: three requests that
+    # grow past it take turns (preemption), a prompt past it is refused.
+    tight = start_server("--kv-budget", "4000000")
+    r = httpx.post(tight.url + "/api/generate", timeout=120,
+                   json={"model": MODEL, "prompt": REPETITIVE * 8, "raw": True, "stream": False,
+                         "options": {"num_predict": 4}})
+    assert r.status_code == 400 and "kv_budget" in r.json()["error"], r.text
+    picked = [0, 4, 7]
+    runs = together(len(picked), lambda i: generate(tight, *MIX[picked[i]]))
+    for j, i in enumerate(picked):
+        assert not isinstance(runs[j], Exception), runs[j]
+        assert runs[j]["context"] == solo[i]["context"], f"request {i} changed by preemption"
+    assert sum(r["speculation"]["preemptions"] for r in runs) >= 1, [r["speculation"] for r in runs]
+    metrics = httpx.get(tight.url + "/metrics", timeout=10).text
+    assert "specd_preemptions_total" in metrics and "specd_batch_size_bucket" in metrics
