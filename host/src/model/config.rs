@@ -22,7 +22,20 @@ pub struct LlamaConfig {
     /// Attention window, where the model uses one (rotating caches).
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Biases on the q/k/v projections (Qwen2; `attention_bias` elsewhere).
+    #[serde(default)]
+    pub qkv_bias: bool,
+    /// A bias on the output projection (`attention_bias` in llama/Qwen3).
+    #[serde(default)]
+    pub o_bias: bool,
+    /// RMS norms over each q and k head before rope (Qwen3).
+    #[serde(default)]
+    pub qk_norm: bool,
 }
+
+/// The HF `model_type`s specd runs, all through the llama forward with the
+/// options above.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
 
 impl LlamaConfig {
     /// From GGUF metadata (numbers as decimal text, as specd-mlx returns them).
@@ -67,22 +80,87 @@ impl LlamaConfig {
             max_position_embeddings: num("context_length").map(|v| v as usize).unwrap_or(2048),
             tie_word_embeddings: !has_output,
             sliding_window: None,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
         })
     }
 
-    /// From a Hugging Face config.json.
+    /// From a Hugging Face config.json: `model_type` picks the options
+    /// (following mlx-lm's llama.py, qwen2.py and qwen3.py; mistral is
+    /// llama there). Anything the forward would silently get wrong (rope
+    /// scaling, MLP biases, Qwen's per-layer sliding windows) is an error.
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let v: serde_json::Value = serde_json::from_str(text).context("config.json is not JSON")?;
-        let model_type = v["model_type"].as_str().unwrap_or("llama");
-        if !matches!(model_type, "llama" | "mistral") {
-            bail!("unsupported model_type {model_type:?} (specd runs llama-family models)");
+        let model_type = match &v["model_type"] {
+            serde_json::Value::Null => "llama",
+            t => t
+                .as_str()
+                .context("config.json's model_type is not a string")?,
+        };
+        if !SUPPORTED_MODEL_TYPES.contains(&model_type) {
+            bail!(
+                "unsupported model_type {model_type:?} in config.json (specd runs {})",
+                SUPPORTED_MODEL_TYPES.join(", ")
+            );
         }
+        let qwen = model_type.starts_with("qwen");
         let get = |k: &str| -> Result<u64> {
             v[k].as_u64()
                 .with_context(|| format!("config.json lacks integer {k}"))
         };
+        let flag = |k: &str| -> Result<bool> {
+            match &v[k] {
+                serde_json::Value::Null => Ok(false),
+                b => b
+                    .as_bool()
+                    .with_context(|| format!("config.json's {k} is not a boolean")),
+            }
+        };
+        if let Some(scaling) = v["rope_scaling"].as_object() {
+            let kind = scaling
+                .get("rope_type")
+                .or_else(|| scaling.get("type"))
+                .and_then(|t| t.as_str())
+                .unwrap_or("?");
+            if kind != "default" {
+                bail!("config.json's rope_scaling of type {kind:?} is not supported");
+            }
+        }
+        if flag("mlp_bias")? {
+            bail!("config.json's mlp_bias = true is not supported");
+        }
         let heads = get("num_attention_heads")? as usize;
         let hidden = get("hidden_size")? as usize;
+        let head_dim = match model_type {
+            // Qwen2 has no head_dim of its own (HF and mlx-lm both divide).
+            "qwen2" => hidden / heads.max(1),
+            // Qwen3's may differ from hidden / heads; mlx-lm requires it.
+            "qwen3" => get("head_dim")? as usize,
+            _ => get("head_dim")
+                .map(|x| x as usize)
+                .unwrap_or(hidden / heads.max(1)),
+        };
+        let attention_bias = flag("attention_bias")?;
+        // Qwen configs carry a sliding_window that applies only with
+        // use_sliding_window, and then only above max_window_layers.
+        let sliding_window = if qwen {
+            if flag("use_sliding_window")? {
+                bail!("config.json's use_sliding_window = true is not supported for {model_type}");
+            }
+            None
+        } else {
+            v["sliding_window"].as_u64().map(|w| w as usize)
+        };
+        let rope_theta = v["rope_theta"]
+            .as_f64()
+            .or_else(|| v["rope_parameters"]["rope_theta"].as_f64());
+        let rope_theta = match (rope_theta, model_type) {
+            (Some(t), _) => t,
+            (None, "qwen2") => 1_000_000.0,
+            (None, "qwen3") => bail!("config.json lacks rope_theta"),
+            (None, _) => 10000.0,
+        };
         Ok(LlamaConfig {
             hidden_size: hidden,
             num_hidden_layers: get("num_hidden_layers")? as usize,
@@ -90,19 +168,21 @@ impl LlamaConfig {
             num_key_value_heads: get("num_key_value_heads")
                 .map(|x| x as usize)
                 .unwrap_or(heads),
-            head_dim: get("head_dim")
-                .map(|x| x as usize)
-                .unwrap_or(hidden / heads.max(1)),
+            head_dim,
             intermediate_size: get("intermediate_size")? as usize,
             vocab_size: get("vocab_size")? as usize,
             rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-5) as f32,
-            rope_theta: v["rope_theta"].as_f64().unwrap_or(10000.0) as f32,
-            rope_traditional: false,
+            rope_theta: rope_theta as f32,
+            rope_traditional: flag("rope_traditional")?,
             max_position_embeddings: get("max_position_embeddings")
                 .map(|x| x as usize)
-                .unwrap_or(2048),
-            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
-            sliding_window: v["sliding_window"].as_u64().map(|w| w as usize),
+                .unwrap_or(if qwen { 32768 } else { 2048 }),
+            // Unsaid, the file decides: without lm_head the head is tied.
+            tie_word_embeddings: flag("tie_word_embeddings")?,
+            sliding_window,
+            qkv_bias: model_type == "qwen2" || attention_bias,
+            o_bias: model_type != "qwen2" && attention_bias,
+            qk_norm: model_type == "qwen3",
         })
     }
 
