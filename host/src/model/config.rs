@@ -211,3 +211,56 @@ impl LlamaConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf(extra: serde_json::Value) -> Result<LlamaConfig> {
+        let mut v = serde_json::json!({
+            "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 512,
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        LlamaConfig::from_hf_json(&v.to_string())
+    }
+
+    #[test]
+    fn model_type_picks_the_options() {
+        let c = hf(serde_json::json!({"model_type": "qwen2", "head_dim": 64, "sliding_window": 4096, "use_sliding_window": false})).unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.qk_norm), (true, false, false));
+        assert_eq!(c.head_dim, 32, "Qwen2 divides, whatever head_dim says");
+        assert_eq!(c.sliding_window, None, "Qwen's window is off unless used");
+        assert_eq!(c.rope_theta, 1e6);
+        let c = hf(serde_json::json!({"model_type": "qwen3", "head_dim": 64, "rope_theta": 5e5}))
+            .unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.qk_norm), (false, false, true));
+        assert_eq!((c.head_dim, c.rope_theta), (64, 5e5));
+        let c = hf(serde_json::json!({"model_type": "mistral", "sliding_window": 4096})).unwrap();
+        assert_eq!((c.qkv_bias, c.qk_norm, c.head_dim), (false, false, 32));
+        assert_eq!(c.sliding_window, Some(4096));
+        let c = hf(serde_json::json!({"model_type": "llama", "attention_bias": true, "sliding_window": null})).unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.sliding_window), (true, true, None));
+    }
+
+    #[test]
+    fn what_the_forward_would_get_wrong_is_an_error() {
+        let err = |extra| format!("{:#}", hf(extra).unwrap_err());
+        let e = err(serde_json::json!({"model_type": "gemma2"}));
+        assert!(
+            e.contains("\"gemma2\"") && e.contains("llama, mistral, qwen2, qwen3"),
+            "{e}"
+        );
+        let e = err(serde_json::json!({"model_type": "qwen3"}));
+        assert!(e.contains("head_dim"), "{e}");
+        let e = err(serde_json::json!({"model_type": "qwen2", "use_sliding_window": true}));
+        assert!(e.contains("use_sliding_window"), "{e}");
+        let e = err(serde_json::json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}));
+        assert!(e.contains("llama3"), "{e}");
+        let e = err(serde_json::json!({"mlp_bias": true}));
+        assert!(e.contains("mlp_bias"), "{e}");
+        assert!(hf(serde_json::json!({"rope_scaling": null})).is_ok());
+    }
+}

@@ -381,13 +381,12 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
         let tf = io::load_safetensors(f).with_context(|| format!("loading {}", f.display()))?;
         map.extend(tf.tensors);
     }
-    let (group_size, bits, overrides) =
-        quantization(&raw).with_context(|| format!("in {}", cfg_path.display()))?;
+    let q = quantization(&raw).with_context(|| format!("in {}", cfg_path.display()))?;
     let t = Tensors {
         map,
-        group_size: Some(group_size),
-        bits,
-        overrides,
+        group_size: Some(q.group_size),
+        bits: q.bits,
+        overrides: q.overrides,
         mode,
         used: RefCell::default(),
     };
@@ -418,12 +417,19 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
     Ok(model)
 }
 
+/// An MLX checkpoint's quantization settings.
+struct Quantization {
+    group_size: i32,
+    /// `None`: inferred per tensor from its packed width.
+    bits: Option<i32>,
+    /// `(group_size, bits)` of layers quantized otherwise.
+    overrides: HashMap<String, (i32, i32)>,
+}
+
 /// An MLX checkpoint's `quantization` (or `quantization_config`): the
 /// default group size and bits, and the layers quantized otherwise (mlx-lm
 /// writes those as entries named by layer). Only MLX's affine mode is read.
-fn quantization(
-    config: &serde_json::Value,
-) -> Result<(i32, Option<i32>, HashMap<String, (i32, i32)>)> {
+fn quantization(config: &serde_json::Value) -> Result<Quantization> {
     let q = match &config["quantization"] {
         serde_json::Value::Null => &config["quantization_config"],
         q => q,
@@ -454,7 +460,11 @@ fn quantization(
             overrides.insert(layer.clone(), (g, b as i32));
         }
     }
-    Ok((group_size, bits, overrides))
+    Ok(Quantization {
+        group_size,
+        bits,
+        overrides,
+    })
 }
 
 /// A model from a GGUF file or a HF directory, its weights held as `mode`
@@ -466,4 +476,30 @@ pub fn load_model_with(path: &Path, mode: WeightMode) -> Result<(Llama, ModelFor
         ModelFormat::HfDir => load_hf_model(path, mode)?,
     };
     Ok((m, format))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantization;
+
+    #[test]
+    fn mlx_quantization_with_per_layer_entries() {
+        let cfg = serde_json::json!({"quantization": {
+            "group_size": 64, "bits": 4, "mode": "affine",
+            "model.embed_tokens": {"group_size": 32, "bits": 8},
+            "model.layers.0.mlp.gate": false,
+        }});
+        let q = quantization(&cfg).unwrap();
+        assert_eq!((q.group_size, q.bits, q.overrides.len()), (64, Some(4), 1));
+        assert_eq!(q.overrides["model.embed_tokens"], (32, 8));
+        // transformers' name for it, and none at all.
+        let q = quantization(
+            &serde_json::json!({"quantization_config": {"group_size": 32, "bits": 8}}),
+        )
+        .unwrap();
+        assert_eq!((q.group_size, q.bits), (32, Some(8)));
+        assert_eq!(quantization(&serde_json::json!({})).unwrap().bits, None);
+        let e = quantization(&serde_json::json!({"quantization": {"bits": 4, "mode": "mxfp4"}}));
+        assert!(format!("{:#}", e.err().unwrap()).contains("mxfp4"));
+    }
 }
