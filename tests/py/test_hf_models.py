@@ -281,3 +281,25 @@ def test_chat_without_template_is_http_400(checkpoints, start_server):
     r = httpx.post(srv.url + "/v1/completions", timeout=60,
                    json={"model": "default", "prompt": "hello", "max_tokens": 4})
     assert r.status_code == 200, r.text
+
+
+def test_server_prefix_cache_and_speculation(checkpoints, start_server):
+    """Over HTTP on the quantized Qwen2: the chat template applies, a repeated
+    conversation reuses the prefix cache, and speculation gives plain's text."""
+    srv = start_server("--model", str(checkpoints["qwen2-4bit"]))
+
+    def chat(drafter):
+        r = httpx.post(srv.url + "/api/chat", timeout=120, json={
+            "model": "default", "stream": False,
+            "messages": [{"role": "user", "content": "Write a story about the quick brown fox."}],
+            "options": {"num_predict": 32, "drafter": drafter},
+        })
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first, again, spec = chat("none"), chat("none"), chat("self:1")
+    assert first["eval_count"] == 32, first
+    assert again["speculation"]["cached_tokens"] > 0, again["speculation"]
+    assert again["message"]["content"] == first["message"]["content"]
+    assert spec["speculation"]["accepted"] > 0, spec["speculation"]
+    assert spec["message"]["content"] == first["message"]["content"]
