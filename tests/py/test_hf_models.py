@@ -169,6 +169,36 @@ def test_greedy_tokens_match_mlx_lm(checkpoints, mlx_models, tmp_path, name):
     assert mine == want, f"\nspecd:  {mine}\nmlx-lm: {want}"
 
 
+TOKENIZER_STRINGS = [
+    "Hello world",
+    "  leading spaces and  double  spaces",
+    "trailing spaces   ",
+    "line one\nline two\r\n\n\nthree",
+    "tabs\tand\t\tmore",
+    "I'M sure you'LL see it's fine, they'd've said",
+    "numbers 1234567890 and 3.14159 and -42",
+    "x=foo(bar[1], {'k': 2});  // done",
+    "na\u00efve caf\u00e9 r\u00e9sum\u00e9 \u00fcber",
+    "\u65e5\u672c\u8a9e\u306e\u6587\u7ae0\u3002\u4e2d\u6587",
+    "emoji \U0001F600\U0001F680 and \u2014 dashes",
+    "<|im_start|>user\nhi<|im_end|>",
+    "decomposed e\u0301 (NFC makes it \u00e9)",
+]
+
+
+@pytest.mark.parametrize("name", ["qwen2", "mistral"])
+def test_token_ids_match_tokenizers_package(checkpoints, tmp_path, name):
+    """specd's tokenizer on the byte-level BPE with Qwen2's (or GPT-2's)
+    split regex gives the `tokenizers` package's ids, special tokens as one
+    id each."""
+    d = checkpoints[name]
+    for i, text in enumerate(TOKENIZER_STRINGS):
+        out = tmp_path / f"{i}.json"
+        run_specd("debug", "logits", "--model", d, "--json", out, text, check=True)
+        got = json.loads(out.read_text())["prompt_ids"]
+        assert got == tokenize(d, text), f"{text!r}"
+
+
 # ---------------------------------------------------------------------------
 # speculation on a quantized Qwen2
 
