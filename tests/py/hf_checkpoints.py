@@ -153,6 +153,26 @@ ARCHS = {
         split=GPT2_SPLIT,
         chat=None,
     ),
+    # llama with attention_bias: biases on q, k, v and o.
+    "llama-bias": dict(
+        module="llama",
+        config=dict(
+            model_type="llama",
+            hidden_size=128,
+            num_hidden_layers=3,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            rms_norm_eps=1e-5,
+            vocab_size=VOCAB,
+            max_position_embeddings=4096,
+            rope_theta=500000.0,
+            tie_word_embeddings=True,
+            attention_bias=True,
+        ),
+        split=GPT2_SPLIT,
+        chat=CHATML,
+    ),
 }
 
 
@@ -189,7 +209,7 @@ def write_checkpoint(d: Path, arch: str, quantize: dict | None = None, seed: int
         for n in ("q_norm", "k_norm"):
             if hasattr(att, n):
                 getattr(att, n).weight = 1.0 + 0.3 * mx.random.normal(getattr(att, n).weight.shape)
-        for n in ("q_proj", "k_proj", "v_proj"):
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
             lin = getattr(att, n)
             if "bias" in lin:
                 lin.bias = 0.5 * mx.random.normal(lin.bias.shape)

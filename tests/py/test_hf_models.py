@@ -1,8 +1,8 @@
-"""Qwen2, Qwen3 and Mistral from Hugging Face directories, against mlx-lm.
+"""Qwen2, Qwen3, Mistral (and llama with biases) from Hugging Face directories, against mlx-lm.
 
 No checkpoint of these families can be downloaded here, so each test model
 is a tiny one with random weights that `hf_checkpoints.py` writes with
-mlx-lm's own model classes (3 layers, a 512-token byte-level BPE made with
+mlx-lm's own model classes (and a llama with `attention_bias`) (3 layers, a 512-token byte-level BPE made with
 the `tokenizers` package), plus one MLX 4-bit quantized Qwen2 (mlx-lm's
 `quantize_model`, bfloat16 scales like mlx-community's) and one Qwen3 with
 per-layer quantization (8-bit embedding and head, 4-bit elsewhere).
@@ -45,6 +45,7 @@ MODELS = {
     "qwen2": ("qwen2", None),
     "qwen3": ("qwen3", None),
     "mistral": ("mistral", None),
+    "llama-bias": ("llama-bias", None),
     "qwen2-4bit": ("qwen2", dict(group_size=64, bits=4)),
     "qwen3-mixed": ("qwen3", "mixed"),
 }
