@@ -27,8 +27,13 @@ pub const OPEN: [&str; 5] = [
     "Tell me a fun fact about octopuses.",
 ];
 
-fn chat(text: &str) -> Prompt {
-    Prompt::Chat(vec![ChatMessage::user(text)])
+/// A benchmark prompt as a user turn in the model's chat template, or as
+/// raw text for a model without one (a base model has no chat mode).
+pub fn user_turn(e: &Engine, text: &str) -> Prompt {
+    match e.template.is_present() {
+        true => Prompt::Chat(vec![ChatMessage::user(text)]),
+        false => Prompt::Raw(text.to_string()),
+    }
 }
 
 fn run_one(
@@ -39,7 +44,7 @@ fn run_one(
     max_tokens: usize,
     record: Option<&std::path::Path>,
 ) -> Result<Finished> {
-    let ids = e.encode(&chat(prompt))?;
+    let ids = e.encode(&user_turn(e, prompt))?;
     let spec = e.speculation(opts, params)?;
     let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
     settings.record = record.is_some();

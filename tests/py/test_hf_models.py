@@ -334,3 +334,14 @@ def test_server_prefix_cache_and_speculation(checkpoints, start_server):
     assert again["message"]["content"] == first["message"]["content"]
     assert spec["speculation"]["accepted"] > 0, spec["speculation"]
     assert spec["message"]["content"] == first["message"]["content"]
+
+
+def test_bench_spec_on_a_model_without_template(checkpoints):
+    """`specd bench spec` gives a base model its prompts raw (no chat mode)
+    and speculation keeps plain's tokens there too (sliding-window cache)."""
+    p = run_specd("bench", "spec", "--model", checkpoints["mistral"], "--drafters", "ngram,self:1",
+                  "--schedules", "throughput", "--prompts", "grounded", "--max-tokens", "24", check=True)
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith("grounded")]
+    assert len(rows) == 3, p.stdout
+    for r in rows:
+        assert r[-1] == "5/5", f"speculation changed the tokens: {r}"

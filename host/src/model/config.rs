@@ -117,14 +117,30 @@ impl LlamaConfig {
                     .with_context(|| format!("config.json's {k} is not a boolean")),
             }
         };
-        if let Some(scaling) = v["rope_scaling"].as_object() {
-            let kind = scaling
-                .get("rope_type")
-                .or_else(|| scaling.get("type"))
-                .and_then(|t| t.as_str())
-                .unwrap_or("?");
-            if kind != "default" {
-                bail!("config.json's rope_scaling of type {kind:?} is not supported");
+        // transformers >= 5 nests the scaling under rope_parameters.
+        for key in ["rope_scaling", "rope_parameters"] {
+            if let Some(scaling) = v[key].as_object() {
+                let kind = scaling
+                    .get("rope_type")
+                    .or_else(|| scaling.get("type"))
+                    .and_then(|t| t.as_str())
+                    .unwrap_or("default");
+                if kind != "default" {
+                    bail!("config.json's {key} of type {kind:?} is not supported");
+                }
+            }
+        }
+        // One kind of attention in every layer; interleaved local and
+        // global layers are another architecture.
+        if let Some(kinds) = v["layer_types"].as_array() {
+            let known = |k: &serde_json::Value| {
+                matches!(k.as_str(), Some("full_attention" | "sliding_attention"))
+            };
+            if let Some(k) = kinds
+                .iter()
+                .find(|&k| !known(k) || Some(k) != kinds.first())
+            {
+                bail!("config.json's layer_types entry {k} is not supported (specd runs the same attention in every layer)");
             }
         }
         if flag("mlp_bias")? {
@@ -259,8 +275,20 @@ mod tests {
         assert!(e.contains("use_sliding_window"), "{e}");
         let e = err(serde_json::json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}));
         assert!(e.contains("llama3"), "{e}");
+        let e =
+            err(serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}));
+        assert!(e.contains("yarn"), "{e}");
+        let e = err(serde_json::json!({"layer_types": ["full_attention", "sliding_attention"]}));
+        assert!(e.contains("sliding_attention"), "{e}");
         let e = err(serde_json::json!({"mlp_bias": true}));
         assert!(e.contains("mlp_bias"), "{e}");
-        assert!(hf(serde_json::json!({"rope_scaling": null})).is_ok());
+        assert!(
+            hf(serde_json::json!({"rope_scaling": null, "layer_types": ["full_attention"]}))
+                .is_ok()
+        );
+        let c = hf(
+            serde_json::json!({"model_type": "qwen3", "head_dim": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 2e6}}),
+        );
+        assert_eq!(c.unwrap().rope_theta, 2e6);
     }
 }
