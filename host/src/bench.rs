@@ -46,8 +46,13 @@ pub const REPETITIVE: [&str; 6] = [
     "Convert this record to JSON with the keys name, age, city, email and role: Farid Haddad, 29 years old, lives in Beirut, farid.haddad@example.com, developer.",
 ];
 
-fn chat(text: &str) -> Prompt {
-    Prompt::Chat(vec![ChatMessage::user(text)])
+/// A benchmark prompt as a user turn in the model's chat template, or as
+/// raw text for a model without one (a base model has no chat mode).
+pub fn user_turn(e: &Engine, text: &str) -> Prompt {
+    match e.template.is_present() {
+        true => Prompt::Chat(vec![ChatMessage::user(text)]),
+        false => Prompt::Raw(text.to_string()),
+    }
 }
 
 /// Runs one prompt. `tenant` scopes what the suffix drafter learns from
@@ -61,7 +66,7 @@ fn run_one(
     max_tokens: usize,
     record: Option<&std::path::Path>,
 ) -> Result<Finished> {
-    let ids = e.encode(&chat(prompt))?;
+    let ids = e.encode(&user_turn(e, prompt))?;
     let spec = e.speculation_in(tenant, opts, params)?;
     let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
     settings.record = record.is_some();

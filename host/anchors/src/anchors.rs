@@ -15,7 +15,6 @@ use specd::engine::{Engine, Prompt};
 use specd::model::{Logits, ModelFormat};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
-use specd_text::ChatMessage;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,7 +30,8 @@ pub const ENGINES: [&str; 3] = ["ours", "mlx-lm", "llama.cpp"];
 /// New tokens per forward on the verify cost curve.
 pub const VERIFY_TOKENS: [usize; 5] = [1, 2, 4, 8, 16];
 
-/// The decode prompt (a chat turn; ~40 tokens with the default model's
+/// The decode prompt (a chat turn where the model has a template, else raw
+/// text; ~40 tokens with the default model's
 /// template). It asks for a long answer, so greedy decoding runs the whole
 /// token budget.
 pub const DECODE_PROMPT: &str =
@@ -546,7 +546,7 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
     let want = |n: &str| o.engines.iter().any(|x| x == n);
     let cpu_busy_at_start = cpu_busy(std::time::Duration::from_millis(500));
     let probe = CpuProbe::now();
-    let decode_ids = e.encode(&Prompt::Chat(vec![ChatMessage::user(DECODE_PROMPT)]))?;
+    let decode_ids = e.encode(&specd::bench::user_turn(&e, DECODE_PROMPT))?;
     let kmax = *VERIFY_TOKENS.iter().max().expect("non-empty");
     let long_ids = long_prompt(&e, o.prefill_tokens.max(o.verify_context + kmax))?;
     let prefill_ids = long_ids[..o.prefill_tokens].to_vec();

@@ -3,7 +3,8 @@
 //!
 //! - `specd debug logits [--model M] [--chat] [--ids 1,2,3] --json OUT [PROMPT]`
 //!   writes `{"prompt_ids": [...], "logits": [...]}`: the float32 logits of
-//!   the last prompt position, i.e. the first generated position.
+//!   the last prompt position, i.e. the first generated position; with
+//!   `--all`, `[[...], ...]`: every prompt position's, from one forward.
 //! - `specd debug generate [--model M] [--chat] [--max-tokens N] --json OUT PROMPT`
 //!   greedy decoding without speculation; writes the prompt ids, the
 //!   generated ids (end of generation included when reached) and the text.
@@ -35,6 +36,9 @@ pub struct LogitsArgs {
     /// Comma-separated prompt token ids instead of PROMPT.
     #[arg(long, value_delimiter = ',')]
     ids: Option<Vec<u32>>,
+    /// Every position's logits (one row per prompt token), not the last only.
+    #[arg(long)]
+    all: bool,
     /// Where to write the JSON.
     #[arg(long)]
     json: PathBuf,
@@ -87,13 +91,18 @@ pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
                 bail!("token id {bad} is outside the vocabulary ({vocab})");
             }
             let mut caches = engine.model.new_caches();
-            let logits = engine.model.forward(&ids, &mut caches, Logits::Last)?;
+            let which = if a.all { Logits::All } else { Logits::Last };
+            let logits = engine.model.forward(&ids, &mut caches, which)?;
             let logits = logits.as_type(specd_mlx::Dtype::Float32)?;
             logits.eval()?;
             let v = logits.to_vec_f32()?;
+            let logits = match a.all {
+                true => serde_json::json!(v.chunks(vocab as usize).collect::<Vec<_>>()),
+                false => serde_json::json!(v),
+            };
             write_json(
                 &a.json,
-                &serde_json::json!({ "prompt_ids": ids, "logits": v }),
+                &serde_json::json!({ "prompt_ids": ids, "logits": logits }),
             )
         }
         DebugCmd::Generate(a) => {

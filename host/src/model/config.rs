@@ -22,7 +22,20 @@ pub struct LlamaConfig {
     /// Attention window, where the model uses one (rotating caches).
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Biases on the q/k/v projections (Qwen2; `attention_bias` elsewhere).
+    #[serde(default)]
+    pub qkv_bias: bool,
+    /// A bias on the output projection (`attention_bias` in llama/Qwen3).
+    #[serde(default)]
+    pub o_bias: bool,
+    /// RMS norms over each q and k head before rope (Qwen3).
+    #[serde(default)]
+    pub qk_norm: bool,
 }
+
+/// The HF `model_type`s specd runs, all through the llama forward with the
+/// options above.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
 
 impl LlamaConfig {
     /// From GGUF metadata (numbers as decimal text, as specd-mlx returns them).
@@ -67,22 +80,103 @@ impl LlamaConfig {
             max_position_embeddings: num("context_length").map(|v| v as usize).unwrap_or(2048),
             tie_word_embeddings: !has_output,
             sliding_window: None,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
         })
     }
 
-    /// From a Hugging Face config.json.
+    /// From a Hugging Face config.json: `model_type` picks the options
+    /// (following mlx-lm's llama.py, qwen2.py and qwen3.py; mistral is
+    /// llama there). Anything the forward would silently get wrong (rope
+    /// scaling, MLP biases, Qwen's per-layer sliding windows) is an error.
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let v: serde_json::Value = serde_json::from_str(text).context("config.json is not JSON")?;
-        let model_type = v["model_type"].as_str().unwrap_or("llama");
-        if !matches!(model_type, "llama" | "mistral") {
-            bail!("unsupported model_type {model_type:?} (specd runs llama-family models)");
+        let model_type = match &v["model_type"] {
+            serde_json::Value::Null => "llama",
+            t => t
+                .as_str()
+                .context("config.json's model_type is not a string")?,
+        };
+        if !SUPPORTED_MODEL_TYPES.contains(&model_type) {
+            bail!(
+                "unsupported model_type {model_type:?} in config.json (specd runs {})",
+                SUPPORTED_MODEL_TYPES.join(", ")
+            );
         }
+        let qwen = model_type.starts_with("qwen");
         let get = |k: &str| -> Result<u64> {
             v[k].as_u64()
                 .with_context(|| format!("config.json lacks integer {k}"))
         };
+        let flag = |k: &str| -> Result<bool> {
+            match &v[k] {
+                serde_json::Value::Null => Ok(false),
+                b => b
+                    .as_bool()
+                    .with_context(|| format!("config.json's {k} is not a boolean")),
+            }
+        };
+        // transformers >= 5 nests the scaling under rope_parameters.
+        for key in ["rope_scaling", "rope_parameters"] {
+            if let Some(scaling) = v[key].as_object() {
+                let kind = scaling
+                    .get("rope_type")
+                    .or_else(|| scaling.get("type"))
+                    .and_then(|t| t.as_str())
+                    .unwrap_or("default");
+                if kind != "default" {
+                    bail!("config.json's {key} of type {kind:?} is not supported");
+                }
+            }
+        }
+        // One kind of attention in every layer; interleaved local and
+        // global layers are another architecture.
+        if let Some(kinds) = v["layer_types"].as_array() {
+            let known = |k: &serde_json::Value| {
+                matches!(k.as_str(), Some("full_attention" | "sliding_attention"))
+            };
+            if let Some(k) = kinds
+                .iter()
+                .find(|&k| !known(k) || Some(k) != kinds.first())
+            {
+                bail!("config.json's layer_types entry {k} is not supported (specd runs the same attention in every layer)");
+            }
+        }
+        if flag("mlp_bias")? {
+            bail!("config.json's mlp_bias = true is not supported");
+        }
         let heads = get("num_attention_heads")? as usize;
         let hidden = get("hidden_size")? as usize;
+        let head_dim = match model_type {
+            // Qwen2 has no head_dim of its own (HF and mlx-lm both divide).
+            "qwen2" => hidden / heads.max(1),
+            // Qwen3's may differ from hidden / heads; mlx-lm requires it.
+            "qwen3" => get("head_dim")? as usize,
+            _ => get("head_dim")
+                .map(|x| x as usize)
+                .unwrap_or(hidden / heads.max(1)),
+        };
+        let attention_bias = flag("attention_bias")?;
+        // Qwen configs carry a sliding_window that applies only with
+        // use_sliding_window, and then only above max_window_layers.
+        let sliding_window = if qwen {
+            if flag("use_sliding_window")? {
+                bail!("config.json's use_sliding_window = true is not supported for {model_type}");
+            }
+            None
+        } else {
+            v["sliding_window"].as_u64().map(|w| w as usize)
+        };
+        let rope_theta = v["rope_theta"]
+            .as_f64()
+            .or_else(|| v["rope_parameters"]["rope_theta"].as_f64());
+        let rope_theta = match (rope_theta, model_type) {
+            (Some(t), _) => t,
+            (None, "qwen2") => 1_000_000.0,
+            (None, "qwen3") => bail!("config.json lacks rope_theta"),
+            (None, _) => 10000.0,
+        };
         Ok(LlamaConfig {
             hidden_size: hidden,
             num_hidden_layers: get("num_hidden_layers")? as usize,
@@ -90,19 +184,21 @@ impl LlamaConfig {
             num_key_value_heads: get("num_key_value_heads")
                 .map(|x| x as usize)
                 .unwrap_or(heads),
-            head_dim: get("head_dim")
-                .map(|x| x as usize)
-                .unwrap_or(hidden / heads.max(1)),
+            head_dim,
             intermediate_size: get("intermediate_size")? as usize,
             vocab_size: get("vocab_size")? as usize,
             rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-5) as f32,
-            rope_theta: v["rope_theta"].as_f64().unwrap_or(10000.0) as f32,
-            rope_traditional: false,
+            rope_theta: rope_theta as f32,
+            rope_traditional: flag("rope_traditional")?,
             max_position_embeddings: get("max_position_embeddings")
                 .map(|x| x as usize)
-                .unwrap_or(2048),
-            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
-            sliding_window: v["sliding_window"].as_u64().map(|w| w as usize),
+                .unwrap_or(if qwen { 32768 } else { 2048 }),
+            // Unsaid, the file decides: without lm_head the head is tied.
+            tie_word_embeddings: flag("tie_word_embeddings")?,
+            sliding_window,
+            qkv_bias: model_type == "qwen2" || attention_bias,
+            o_bias: model_type != "qwen2" && attention_bias,
+            qk_norm: model_type == "qwen3",
         })
     }
 
@@ -129,5 +225,70 @@ impl LlamaConfig {
             "bos_token_id": bos,
             "eos_token_id": if eos.len() == 1 { serde_json::json!(eos[0]) } else { serde_json::json!(eos) },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf(extra: serde_json::Value) -> Result<LlamaConfig> {
+        let mut v = serde_json::json!({
+            "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 512,
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        LlamaConfig::from_hf_json(&v.to_string())
+    }
+
+    #[test]
+    fn model_type_picks_the_options() {
+        let c = hf(serde_json::json!({"model_type": "qwen2", "head_dim": 64, "sliding_window": 4096, "use_sliding_window": false})).unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.qk_norm), (true, false, false));
+        assert_eq!(c.head_dim, 32, "Qwen2 divides, whatever head_dim says");
+        assert_eq!(c.sliding_window, None, "Qwen's window is off unless used");
+        assert_eq!(c.rope_theta, 1e6);
+        let c = hf(serde_json::json!({"model_type": "qwen3", "head_dim": 64, "rope_theta": 5e5}))
+            .unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.qk_norm), (false, false, true));
+        assert_eq!((c.head_dim, c.rope_theta), (64, 5e5));
+        let c = hf(serde_json::json!({"model_type": "mistral", "sliding_window": 4096})).unwrap();
+        assert_eq!((c.qkv_bias, c.qk_norm, c.head_dim), (false, false, 32));
+        assert_eq!(c.sliding_window, Some(4096));
+        let c = hf(serde_json::json!({"model_type": "llama", "attention_bias": true, "sliding_window": null})).unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.sliding_window), (true, true, None));
+    }
+
+    #[test]
+    fn what_the_forward_would_get_wrong_is_an_error() {
+        let err = |extra| format!("{:#}", hf(extra).unwrap_err());
+        let e = err(serde_json::json!({"model_type": "gemma2"}));
+        assert!(
+            e.contains("\"gemma2\"") && e.contains("llama, mistral, qwen2, qwen3"),
+            "{e}"
+        );
+        let e = err(serde_json::json!({"model_type": "qwen3"}));
+        assert!(e.contains("head_dim"), "{e}");
+        let e = err(serde_json::json!({"model_type": "qwen2", "use_sliding_window": true}));
+        assert!(e.contains("use_sliding_window"), "{e}");
+        let e = err(serde_json::json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}));
+        assert!(e.contains("llama3"), "{e}");
+        let e =
+            err(serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}));
+        assert!(e.contains("yarn"), "{e}");
+        let e = err(serde_json::json!({"layer_types": ["full_attention", "sliding_attention"]}));
+        assert!(e.contains("sliding_attention"), "{e}");
+        let e = err(serde_json::json!({"mlp_bias": true}));
+        assert!(e.contains("mlp_bias"), "{e}");
+        assert!(
+            hf(serde_json::json!({"rope_scaling": null, "layer_types": ["full_attention"]}))
+                .is_ok()
+        );
+        let c = hf(
+            serde_json::json!({"model_type": "qwen3", "head_dim": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 2e6}}),
+        );
+        assert_eq!(c.unwrap().rope_theta, 2e6);
     }
 }

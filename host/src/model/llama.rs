@@ -25,6 +25,15 @@ pub struct Layer {
     /// CPU kernels by [`Llama::pack_for_cpu`]); the forward prefers them.
     pub qkv: Option<Linear>,
     pub gate_up: Option<Linear>,
+    /// The q, k and v biases concatenated `[q_out + 2 * kv_out]` (Qwen2,
+    /// `attention_bias`), added before rope.
+    pub qkv_bias: Option<Array>,
+    /// The output projection's bias (llama/Qwen3 `attention_bias`).
+    pub o_bias: Option<Array>,
+    /// Per-head RMS norm weights `[head_dim]` of q and k, applied before
+    /// rope (Qwen3).
+    pub q_norm: Option<Array>,
+    pub k_norm: Option<Array>,
 }
 
 /// Called with a part's name and outputs as a forward builds them.
@@ -286,7 +295,10 @@ impl Llama {
         // Column slices of one product: views, no copies.
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
         let heads = |y: &Array, n: i32| y.reshape(&[1, t, n, hd])?.transpose(&[0, 2, 1, 3]);
-        if let Some(Linear::Quantized(f)) = &l.qkv {
+        // A bias or a q/k norm comes between the matmul and the rope, so
+        // those models skip the op that folds the rope into the matmul.
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        if let (true, Some(Linear::Quantized(f))) = (plain, &l.qkv) {
             if f.packed.is_some() {
                 let rope = kernels::RopeSpec {
                     cols: nq + nk,
@@ -304,6 +316,30 @@ impl Llama {
                 ));
             }
         }
+        let (q, k, v) = self.qkv_rows(l, x, probe)?;
+        let q = self.rope_heads(&q, nh, offset)?;
+        let k = self.rope_heads(&k, nkv, offset)?;
+        probe("rope", &[&q, &k])?;
+        Ok((q, k, heads(&v, nkv)?))
+    }
+
+    /// q, k, v rows `[1, T, n * head_dim]` before the rope: the norm and
+    /// the q/k/v matmul, then the model's bias and q/k norms if any.
+    fn qkv_rows(
+        &self,
+        l: &Layer,
+        x: &Array,
+        probe: &mut Probe<'_>,
+    ) -> Result<(Array, Array, Array)> {
+        let c = &self.config;
+        let t = x.dim(1);
+        let (nh, nkv, hd) = (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        );
+        let (nq, nk) = (nh * hd, nkv * hd);
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
         let (q, k, v) = match &l.qkv {
             Some(f) => {
                 let y = self.norm_linear(x, &l.attn_norm, f)?;
@@ -314,11 +350,30 @@ impl Llama {
                 (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
             }
         };
+        let (q, k, v) = match &l.qkv_bias {
+            Some(b) => {
+                let part = |a: i32, n: i32| b.slice(&[a], &[a + n]);
+                (
+                    ops::add(&q, &part(0, nq)?)?,
+                    ops::add(&k, &part(nq, nk)?)?,
+                    ops::add(&v, &part(nq + nk, nk)?)?,
+                )
+            }
+            None => (q, k, v),
+        };
         probe("norm + q/k/v matmuls", &[&q, &k, &v])?;
-        let q = self.rope_heads(&q, nh, offset)?;
-        let k = self.rope_heads(&k, nkv, offset)?;
-        probe("rope", &[&q, &k])?;
-        Ok((q, k, heads(&v, nkv)?))
+        let (q, k) = match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) => (self.head_norm(&q, qn, nh)?, self.head_norm(&k, kn, nkv)?),
+            _ => (q, k),
+        };
+        Ok((q, k, v))
+    }
+
+    /// RMS norm of each of the `n` heads of `y` `[1, T, n * head_dim]`.
+    fn head_norm(&self, y: &Array, w: &Array, n: i32) -> Result<Array> {
+        let (t, hd) = (y.dim(1), self.config.head_dim as i32);
+        self.rms_norm(&y.reshape(&[1, t, n, hd])?, w)?
+            .reshape(&[1, t, n * hd])
     }
 
     fn layer(
@@ -342,6 +397,10 @@ impl Llama {
     fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
         let t = x.dim(1);
         let x = l.o.forward_add(o, x)?;
+        let x = match &l.o_bias {
+            Some(b) => ops::add(&x, b)?,
+            None => x,
+        };
         probe("o matmul + residual", &[&x])?;
 
         let (g, u) = match &l.gate_up {
@@ -452,7 +511,9 @@ impl Llama {
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
         let heads = |y: &Array, n: i32| y.reshape(&[1, y.dim(1), n, hd])?.transpose(&[0, 2, 1, 3]);
         let mut outs = Vec::with_capacity(seqs.len());
-        if let Some(Linear::Quantized(f)) = &l.qkv {
+        // As in `qkv_heads`: a bias or q/k norm sits between matmul and rope.
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        if let (true, Some(Linear::Quantized(f))) = (plain, &l.qkv) {
             if let Some(p) = &f.packed {
                 // The rope folded into the matmul, each row at its own
                 // sequence's position: the solo forward's op and rounding.
@@ -496,16 +557,7 @@ impl Llama {
             }
         }
         if outs.is_empty() {
-            let (q, k, v) = match &l.qkv {
-                Some(f) => {
-                    let y = self.norm_linear(x, &l.attn_norm, f)?;
-                    (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
-                }
-                None => {
-                    let h = self.rms_norm(x, &l.attn_norm)?;
-                    (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
-                }
-            };
+            let (q, k, v) = self.qkv_rows(l, x, &mut no_probe)?;
             for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
                 let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
                 let cache = &mut s.caches[li];
@@ -535,6 +587,11 @@ impl Llama {
         }
         for l in &self.layers {
             w.extend([&l.attn_norm, &l.ffn_norm]);
+            w.extend(
+                [&l.qkv_bias, &l.o_bias, &l.q_norm, &l.k_norm]
+                    .into_iter()
+                    .flatten(),
+            );
             for lin in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
                 w.extend(lin.arrays());
             }

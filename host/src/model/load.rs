@@ -8,7 +8,8 @@ use super::llama::Layer;
 use super::{Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, ops, Array, Dtype};
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +43,12 @@ pub struct Tensors {
     group_size: Option<i32>,
     /// Bits, where the source says (HF quantization config); else inferred.
     bits: Option<i32>,
+    /// Per-layer `(group_size, bits)` where an MLX checkpoint quantizes some
+    /// layers differently (`quantization` entries named by layer).
+    overrides: HashMap<String, (i32, i32)>,
     mode: WeightMode,
+    /// Names read so far: what is left after building was not used.
+    used: RefCell<HashSet<String>>,
 }
 
 impl Tensors {
@@ -50,27 +56,58 @@ impl Tensors {
         self.map.contains_key(&format!("{base}.weight"))
     }
 
+    /// The tensor `name`, marked used.
+    fn get(&self, name: &str) -> Option<&Array> {
+        let a = self.map.get(name)?;
+        self.used.borrow_mut().insert(name.to_string());
+        Some(a)
+    }
+
     fn weight(&self, base: &str) -> Result<&Array> {
-        self.map
-            .get(&format!("{base}.weight"))
-            .with_context(|| format!("model has no tensor {base}.weight"))
+        let name = format!("{base}.weight");
+        self.get(&name)
+            .with_context(|| format!("model has no tensor {name}"))
+    }
+
+    /// The tensor `name` (a bias or a norm weight) as float32.
+    pub fn vector(&self, name: &str) -> Result<Array> {
+        let a = self
+            .get(name)
+            .with_context(|| format!("model has no tensor {name}"))?;
+        Ok(a.as_type(Dtype::Float32)?)
+    }
+
+    /// The tensors no part of the model read, sorted (a file for another
+    /// architecture than its config names).
+    fn unused(&self) -> Vec<&str> {
+        let used = self.used.borrow();
+        let mut v: Vec<&str> = self
+            .map
+            .keys()
+            .filter(|k| !used.contains(*k))
+            .map(String::as_str)
+            .collect();
+        v.sort();
+        v
     }
 
     /// `base` as MLX quantized arrays (scales/biases in their stored dtype),
     /// or `None` when it is stored dense.
     fn quantized(&self, base: &str) -> Result<Option<QuantizedWeight>> {
         let w = self.weight(base)?;
-        let Some(scales) = self.map.get(&format!("{base}.scales")) else {
+        let Some(scales) = self.get(&format!("{base}.scales")) else {
             return Ok(None);
         };
         let biases = self
-            .map
             .get(&format!("{base}.biases"))
             .with_context(|| format!("quantized {base} has scales but no biases"))?;
-        let group = self.group_size.unwrap_or(32);
+        let (group, bits) = match self.overrides.get(base) {
+            Some(&(g, b)) => (g, Some(b)),
+            None => (self.group_size.unwrap_or(32), self.bits),
+        };
         let packed_cols = w.dim(-1);
         let in_features = scales.dim(-1) * group;
-        let bits = self.bits.unwrap_or(packed_cols * 32 / in_features.max(1));
+        let bits = bits.unwrap_or(packed_cols * 32 / in_features.max(1));
         if packed_cols * 32 != in_features * bits {
             bail!("cannot infer the quantization of {base}: packed width {packed_cols}, {in_features} inputs");
         }
@@ -139,7 +176,9 @@ pub fn read_gguf(path: &Path, mode: WeightMode) -> Result<(Tensors, HashMap<Stri
             map,
             group_size: Some(32),
             bits: None,
+            overrides: HashMap::new(),
             mode,
+            used: RefCell::default(),
         },
         meta,
     ))
@@ -155,6 +194,15 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let n = |suffix: &str| format!("{}{i}.{suffix}", names.layer_prefix);
+        let bias = |part: &str| t.vector(&format!("{}.bias", n(part)));
+        let qkv_bias = match config.qkv_bias {
+            true => Some(ops::concatenate(
+                &[&bias(names.q)?, &bias(names.k)?, &bias(names.v)?],
+                0,
+            )?),
+            false => None,
+        };
+        let qk_norm = |part: &str| config.qk_norm.then(|| t.dense(&n(part))).transpose();
         layers.push(Layer {
             attn_norm: t.dense(&n(names.attn_norm))?,
             q: t.linear(&n(names.q))?,
@@ -167,6 +215,10 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
             down: t.linear(&n(names.down))?,
             qkv: None,
             gate_up: None,
+            qkv_bias,
+            o_bias: config.o_bias.then(|| bias(names.o)).transpose()?,
+            q_norm: qk_norm(names.q_norm)?,
+            k_norm: qk_norm(names.k_norm)?,
         });
     }
     let lm_head = if t.has(names.head) && !config.tie_word_embeddings {
@@ -202,32 +254,46 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
 fn check_shapes(m: &Llama) -> Result<()> {
     let c = &m.config;
     let (d, hd) = (c.hidden_size as i32, c.head_dim as i32);
+    let (nq, nk) = (
+        c.num_attention_heads as i32 * hd,
+        c.num_key_value_heads as i32 * hd,
+    );
+    let ff = c.intermediate_size as i32;
+    let fail = |name: &str, got: &[i32], want: &[i32]| -> Result<()> {
+        bail!("tensor {name} has shape {got:?}, config.json implies {want:?}")
+    };
     let want = |name: &str, a: &Linear, shape: &[i32]| -> Result<()> {
-        if a.shape() != shape {
-            bail!(
-                "tensor {name} has shape {:?}, the config implies {shape:?}",
-                a.shape()
-            );
+        match a.shape() == shape {
+            true => Ok(()),
+            false => fail(name, &a.shape(), shape),
         }
-        Ok(())
+    };
+    let want_vec = |name: &str, a: &Option<Array>, n: i32| -> Result<()> {
+        match a {
+            Some(a) if a.shape() != [n] => fail(name, &a.shape(), &[n]),
+            _ => Ok(()),
+        }
     };
     want("embedding", &m.embed, &[c.vocab_size as i32, d])?;
+    if let Some(h) = &m.lm_head {
+        want("lm_head", h, &[c.vocab_size as i32, d])?;
+    }
+    want_vec("norm", &Some(m.norm.clone()), d)?;
     for (i, l) in m.layers.iter().enumerate() {
-        want(
-            &format!("layer {i} q"),
-            &l.q,
-            &[c.num_attention_heads as i32 * hd, d],
-        )?;
-        want(
-            &format!("layer {i} k"),
-            &l.k,
-            &[c.num_key_value_heads as i32 * hd, d],
-        )?;
-        want(
-            &format!("layer {i} down"),
-            &l.down,
-            &[d, c.intermediate_size as i32],
-        )?;
+        let name = |part: &str| format!("layer {i} {part}");
+        want(&name("q"), &l.q, &[nq, d])?;
+        want(&name("k"), &l.k, &[nk, d])?;
+        want(&name("v"), &l.v, &[nk, d])?;
+        want(&name("o"), &l.o, &[d, nq])?;
+        want(&name("gate"), &l.gate, &[ff, d])?;
+        want(&name("up"), &l.up, &[ff, d])?;
+        want(&name("down"), &l.down, &[d, ff])?;
+        want_vec(&name("attention norm"), &Some(l.attn_norm.clone()), d)?;
+        want_vec(&name("mlp norm"), &Some(l.ffn_norm.clone()), d)?;
+        want_vec(&name("q/k/v bias"), &l.qkv_bias, nq + 2 * nk)?;
+        want_vec(&name("o bias"), &l.o_bias, d)?;
+        want_vec(&name("q norm"), &l.q_norm, hd)?;
+        want_vec(&name("k norm"), &l.k_norm, hd)?;
     }
     Ok(())
 }
@@ -245,6 +311,8 @@ struct Names {
     gate: &'static str,
     up: &'static str,
     down: &'static str,
+    q_norm: &'static str,
+    k_norm: &'static str,
     norm: &'static str,
     head: &'static str,
 }
@@ -261,6 +329,8 @@ const GGUF_NAMES: Names = Names {
     gate: "ffn_gate",
     up: "ffn_up",
     down: "ffn_down",
+    q_norm: "attn_q_norm",
+    k_norm: "attn_k_norm",
     norm: "output_norm",
     head: "output",
 };
@@ -277,6 +347,8 @@ const HF_NAMES: Names = Names {
     gate: "mlp.gate_proj",
     up: "mlp.up_proj",
     down: "mlp.down_proj",
+    q_norm: "self_attn.q_norm",
+    k_norm: "self_attn.k_norm",
     norm: "model.norm",
     head: "lm_head",
 };
@@ -295,7 +367,6 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
     let config =
         LlamaConfig::from_hf_json(&text).with_context(|| format!("in {}", cfg_path.display()))?;
     let raw: serde_json::Value = serde_json::from_str(&text)?;
-    let quant = &raw["quantization"];
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -310,14 +381,90 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
         let tf = io::load_safetensors(f).with_context(|| format!("loading {}", f.display()))?;
         map.extend(tf.tensors);
     }
+    let q = quantization(&raw).with_context(|| format!("in {}", cfg_path.display()))?;
     let t = Tensors {
         map,
-        group_size: quant["group_size"].as_i64().map(|g| g as i32).or(Some(64)),
-        bits: quant["bits"].as_i64().map(|b| b as i32),
+        group_size: Some(q.group_size),
+        bits: q.bits,
+        overrides: q.overrides,
         mode,
+        used: RefCell::default(),
     };
-    build(config, &t, &HF_NAMES)
-        .with_context(|| format!("building the model from {}", dir.display()))
+    let model = build(config, &t, &HF_NAMES).with_context(|| {
+        format!(
+            "the weights in {} do not match its config.json",
+            dir.display()
+        )
+    })?;
+    // A tensor nothing read means the config names another architecture
+    // (e.g. q/k norms under model_type llama): refuse rather than run a
+    // different model. Rope tables some exports carry are recomputed; a
+    // tied model may still carry its head.
+    let tied_head = |k: &str| model.lm_head.is_none() && k.starts_with("lm_head.");
+    let unused: Vec<&str> = t
+        .unused()
+        .into_iter()
+        .filter(|k| !k.ends_with("rotary_emb.inv_freq") && !tied_head(k))
+        .collect();
+    if let Some(first) = unused.first() {
+        bail!(
+            "the weights in {} do not match its config.json: {} tensor(s) unused by model_type {}, first {first}",
+            dir.display(),
+            unused.len(),
+            raw["model_type"].as_str().unwrap_or("llama"),
+        );
+    }
+    Ok(model)
+}
+
+/// An MLX checkpoint's quantization settings.
+struct Quantization {
+    group_size: i32,
+    /// `None`: inferred per tensor from its packed width.
+    bits: Option<i32>,
+    /// `(group_size, bits)` of layers quantized otherwise.
+    overrides: HashMap<String, (i32, i32)>,
+}
+
+/// An MLX checkpoint's `quantization` (or `quantization_config`): the
+/// default group size and bits, and the layers quantized otherwise (mlx-lm
+/// writes those as entries named by layer). Only MLX's affine mode is read.
+fn quantization(config: &serde_json::Value) -> Result<Quantization> {
+    let q = match &config["quantization"] {
+        serde_json::Value::Null => &config["quantization_config"],
+        q => q,
+    };
+    let mode_of = |o: &serde_json::Value| -> Result<()> {
+        match o["mode"].as_str() {
+            None | Some("affine") => Ok(()),
+            Some(m) => {
+                bail!("quantization mode {m:?} is not supported (specd reads MLX's affine mode)")
+            }
+        }
+    };
+    mode_of(q)?;
+    let group_size = q["group_size"].as_i64().unwrap_or(64) as i32;
+    let bits = q["bits"].as_i64().map(|b| b as i32);
+    let mut overrides = HashMap::new();
+    if let Some(o) = q.as_object() {
+        for (layer, v) in o {
+            if !v.is_object() {
+                continue; // the defaults above, or `false` (kept dense)
+            }
+            mode_of(v)?;
+            let g = v["group_size"].as_i64().unwrap_or(group_size as i64) as i32;
+            let b = v["bits"]
+                .as_i64()
+                .or(bits.map(i64::from))
+                .with_context(|| format!("quantization of {layer} gives no bits"))?;
+            overrides.insert(layer.clone(), (g, b as i32));
+        }
+    }
+    Ok(Quantization {
+        group_size,
+        bits,
+        overrides,
+    })
 }
 
 /// A model from a GGUF file or a HF directory, its weights held as `mode`
@@ -329,4 +476,30 @@ pub fn load_model_with(path: &Path, mode: WeightMode) -> Result<(Llama, ModelFor
         ModelFormat::HfDir => load_hf_model(path, mode)?,
     };
     Ok((m, format))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantization;
+
+    #[test]
+    fn mlx_quantization_with_per_layer_entries() {
+        let cfg = serde_json::json!({"quantization": {
+            "group_size": 64, "bits": 4, "mode": "affine",
+            "model.embed_tokens": {"group_size": 32, "bits": 8},
+            "model.layers.0.mlp.gate": false,
+        }});
+        let q = quantization(&cfg).unwrap();
+        assert_eq!((q.group_size, q.bits, q.overrides.len()), (64, Some(4), 1));
+        assert_eq!(q.overrides["model.embed_tokens"], (32, 8));
+        // transformers' name for it, and none at all.
+        let q = quantization(
+            &serde_json::json!({"quantization_config": {"group_size": 32, "bits": 8}}),
+        )
+        .unwrap();
+        assert_eq!((q.group_size, q.bits), (32, Some(8)));
+        assert_eq!(quantization(&serde_json::json!({})).unwrap().bits, None);
+        let e = quantization(&serde_json::json!({"quantization": {"bits": 4, "mode": "mxfp4"}}));
+        assert!(format!("{:#}", e.err().unwrap()).contains("mxfp4"));
+    }
 }

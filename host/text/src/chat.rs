@@ -1,15 +1,17 @@
 //! Chat templates: the model's own Jinja template rendered with minijinja the
 //! way transformers renders it (`trim_blocks`, `lstrip_blocks`, `messages`,
 //! `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`,
-//! `tojson`, `strftime_now`, Python string methods via pycompat). ChatML when
-//! the model has no template.
+//! `tojson`, `strftime_now`, Python string methods via pycompat). A model
+//! without a template (a base model) takes raw prompts only: rendering chat
+//! for it is [`NoChatTemplate`], never a guessed format.
 
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, Context, Result};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
-/// ChatML, used when a model carries no template.
+/// ChatML (what Qwen-style instruct models use), for callers that want it
+/// explicitly; never applied to a model that has no template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /// One chat message.
@@ -37,9 +39,28 @@ impl ChatMessage {
     }
 }
 
-/// A compiled chat template.
+/// Chat messages sent to a model that has no chat template. Callers turn it
+/// into a refusal (CLI error, HTTP 400): completion mode is the only mode
+/// such a model has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoChatTemplate;
+
+impl std::fmt::Display for NoChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "the model has no chat template, so it takes raw prompts only \
+             (completion mode: no --chat; \"raw\": true on /api/generate; /v1/completions)",
+        )
+    }
+}
+
+impl std::error::Error for NoChatTemplate {}
+
+/// A compiled chat template, or the lack of one.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// `false` for a model without a template: rendering is an error.
+    present: bool,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -87,6 +108,7 @@ impl ChatTemplate {
             .map_err(|e| anyhow!("invalid chat template: {e:#}"))?;
         Ok(ChatTemplate {
             env,
+            present: true,
             source: source.to_string(),
             bos_token: bos_token.unwrap_or_default(),
             eos_token: eos_token.unwrap_or_default(),
@@ -94,10 +116,29 @@ impl ChatTemplate {
     }
 
     /// The model's template (GGUF `tokenizer.chat_template` or
-    /// tokenizer_config.json's `chat_template`), or ChatML if it has none.
+    /// tokenizer_config.json's `chat_template`); without one, a template
+    /// whose rendering is [`NoChatTemplate`].
     pub fn from_tokenizer(tok: &Tokenizer) -> Result<Self> {
-        let src = tok.chat_template().unwrap_or(CHATML_TEMPLATE);
-        Self::new(src, tok.bos_token(), tok.eos_token())
+        match tok.chat_template() {
+            Some(src) => Self::new(src, tok.bos_token(), tok.eos_token()),
+            None => Ok(Self::none()),
+        }
+    }
+
+    /// The template of a model that has none.
+    pub fn none() -> Self {
+        ChatTemplate {
+            env: Environment::new(),
+            present: false,
+            source: String::new(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+        }
+    }
+
+    /// Whether the model has a template (chat is possible).
+    pub fn is_present(&self) -> bool {
+        self.present
     }
 
     /// ChatML.
@@ -105,6 +146,7 @@ impl ChatTemplate {
         Self::new(CHATML_TEMPLATE, None, None).expect("ChatML template compiles")
     }
 
+    /// The template's text; empty when the model has none.
     pub fn source(&self) -> &str {
         &self.source
     }
@@ -124,6 +166,9 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Value,
     ) -> Result<String> {
+        if !self.present {
+            return Err(NoChatTemplate.into());
+        }
         let mut ctx = serde_json::Map::new();
         if let serde_json::Value::Object(o) = extra {
             for (k, v) in o {
@@ -148,7 +193,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn templateless_models_fall_back_to_chatml() {
+    fn templateless_models_refuse_chat() {
+        let t = ChatTemplate::none();
+        assert!(!t.is_present());
+        assert_eq!(t.source(), "");
+        let e = t.render(&[ChatMessage::user("Hi")], true).unwrap_err();
+        assert!(e.downcast_ref::<NoChatTemplate>().is_some(), "{e:#}");
+        assert!(format!("{e:#}").contains("no chat template"), "{e:#}");
+    }
+
+    #[test]
+    fn chatml_renders() {
         let t = ChatTemplate::chatml();
         let s = t
             .render(&[ChatMessage::system("S"), ChatMessage::user("Hi")], true)

@@ -3,7 +3,7 @@
 //! - [`gguf`]: GGUF header, metadata and tensor-info reader;
 //! - [`tokenizer`]: the tokenizer (tokenizer.json or GGUF metadata);
 //! - [`detok`]: streaming detokenizer (complete UTF-8 only);
-//! - [`chat`]: chat templates (Jinja via minijinja, ChatML fallback);
+//! - [`chat`]: chat templates (Jinja via minijinja; none is an error for chat);
 //! - [`stop`]: stop strings across streamed chunks.
 
 pub mod chat;
@@ -12,7 +12,7 @@ pub mod gguf;
 pub mod stop;
 pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+pub use chat::{ChatMessage, ChatTemplate, NoChatTemplate, CHATML_TEMPLATE};
 pub use detok::StreamDetokenizer;
 pub use gguf::{GgufArray, GgufFile, GgufMeta, GgufType, GgufValue, TensorInfo};
 pub use stop::{StopMatcher, StopOutput};

@@ -1,0 +1,235 @@
+"""Tiny Hugging Face checkpoints with random weights, written with mlx-lm's
+own model classes (tests/py/test_hf_models.py runs specd on them and checks
+it against mlx-lm).
+
+Each directory has what a real one has: config.json (model_type and the
+architecture's fields), model.safetensors (mlx-lm's `save_model`),
+tokenizer.json (a byte-level BPE trained here with the `tokenizers` package,
+with Qwen2's or GPT-2's split regex) and tokenizer_config.json (special
+tokens, and a chat template for the Qwen ones; the Mistral one has none, like
+a base model).
+
+The random weights are shaped so greedy decoding is well defined: the final
+norm is scaled up so the logits spread over tens of units (top-2 margins of
+whole units, not near-ties), and the special tokens' rows are shrunk so they
+are never the argmax (a generation runs its full length).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Qwen2's split regex (its tokenizer.json), and GPT-2's.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+VOCAB = 512
+
+CORPUS_SEED = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Speculative decoding drafts several tokens and verifies them in one forward pass.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "In 1492, the ships sailed west; 3 of them reached the islands after 70 days.",
+    "Qwen, Mistral and Llama are families of language models with rotary embeddings.",
+    "Don't stop: it's what we'll do, they've said, and I'm sure you'd agree.",
+    "for (int i = 0; i < 10; ++i) { total += values[i] * 2; }",
+    "Caf\u00e9 cr\u00e8me, na\u00efve r\u00e9sum\u00e9 \u2014 \u00fcber stra\u00dfe, \u65e5\u672c\u8a9e\u306e\u6587\u7ae0\u3002",
+]
+
+
+def corpus() -> list[str]:
+    """A small, varied corpus (a few thousand words) for the BPE trainer."""
+    words = " ".join(CORPUS_SEED).split()
+    out = list(CORPUS_SEED)
+    for i in range(400):
+        out.append(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12)))
+    return out
+
+
+def write_tokenizer(d: Path, split: str, chat_template: str | None) -> None:
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=SPECIALS,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    tok.save(str(d / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>" if chat_template else "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 4096,
+    }
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+
+
+# The architectures under test: mlx-lm module, config.json, tokenizer.
+ARCHS = {
+    "qwen2": dict(
+        module="qwen2",
+        config=dict(
+            model_type="qwen2",
+            hidden_size=128,
+            num_hidden_layers=3,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            vocab_size=VOCAB,
+            max_position_embeddings=4096,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+            # As Qwen2.5's configs carry them: a window that is off.
+            sliding_window=4096,
+            use_sliding_window=False,
+        ),
+        split=QWEN2_SPLIT,
+        chat=CHATML,
+    ),
+    "qwen3": dict(
+        module="qwen3",
+        config=dict(
+            model_type="qwen3",
+            hidden_size=128,
+            num_hidden_layers=3,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            # Not hidden / heads (32): Qwen3's own head size.
+            head_dim=64,
+            rms_norm_eps=1e-6,
+            vocab_size=VOCAB,
+            max_position_embeddings=4096,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            attention_bias=False,
+        ),
+        split=QWEN2_SPLIT,
+        chat=CHATML,
+    ),
+    "mistral": dict(
+        module="llama",
+        config=dict(
+            model_type="mistral",
+            hidden_size=128,
+            num_hidden_layers=3,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            rms_norm_eps=1e-5,
+            vocab_size=VOCAB,
+            max_position_embeddings=4096,
+            rope_theta=10000.0,
+            tie_word_embeddings=False,
+            # specd attends through a rotating cache of this size; the test
+            # sequences stay inside it, where it equals full attention.
+            sliding_window=4096,
+        ),
+        split=GPT2_SPLIT,
+        chat=None,
+    ),
+    # llama with attention_bias: biases on q, k, v and o.
+    "llama-bias": dict(
+        module="llama",
+        config=dict(
+            model_type="llama",
+            hidden_size=128,
+            num_hidden_layers=3,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            rms_norm_eps=1e-5,
+            vocab_size=VOCAB,
+            max_position_embeddings=4096,
+            rope_theta=500000.0,
+            tie_word_embeddings=True,
+            attention_bias=True,
+        ),
+        split=GPT2_SPLIT,
+        chat=CHATML,
+    ),
+}
+
+
+def write_checkpoint(d: Path, arch: str, quantize: dict | None = None, seed: int = 0) -> Path:
+    """Writes the tiny `arch` checkpoint into `d`; `quantize` (mlx-lm's
+    `quantize_model` arguments) makes it an MLX quantized one, saved in
+    bfloat16 like mlx-community's."""
+    import importlib
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    spec = ARCHS[arch]
+    mod = importlib.import_module(f"mlx_lm.models.{spec['module']}")
+    config = dict(spec["config"])
+    mx.random.seed(seed)
+    model = mod.Model(mod.ModelArgs.from_dict(config))
+    # Margins: logits of magnitude ~10s; the special tokens never win.
+    inner = model.model
+    inner.norm.weight = inner.norm.weight * 12.0
+    heads = [inner.embed_tokens] + ([model.lm_head] if hasattr(model, "lm_head") else [])
+    for h in heads:
+        scale = np.ones((VOCAB, 1), dtype=np.float32)
+        scale[: len(SPECIALS)] = 0.05
+        h.weight = h.weight * mx.array(scale)
+    # Norm weights away from 1 and biases away from 0, so a missed norm or
+    # bias shows in the logits.
+    for layer in inner.layers:
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            ln = getattr(layer, n)
+            ln.weight = 1.0 + 0.3 * mx.random.normal(ln.weight.shape)
+        att = layer.self_attn
+        for n in ("q_norm", "k_norm"):
+            if hasattr(att, n):
+                getattr(att, n).weight = 1.0 + 0.3 * mx.random.normal(getattr(att, n).weight.shape)
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            lin = getattr(att, n)
+            if "bias" in lin:
+                lin.bias = 0.5 * mx.random.normal(lin.bias.shape)
+    if quantize:
+        model.set_dtype(mx.bfloat16)
+        model, config = quantize_model(model, config, **quantize)
+    mx.eval(model.parameters())
+    d.mkdir(parents=True, exist_ok=True)
+    save_model(d, model)
+    save_config(config, d / "config.json")
+    write_tokenizer(d, spec["split"], spec["chat"])
+    return d
+
+
+def load_mlx(d: Path):
+    """mlx-lm's model of checkpoint `d`, computing in float32."""
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    mx.set_default_device(mx.cpu)
+    model, _ = load_model(Path(d))
+    model.set_dtype(mx.float32)
+    return model
