@@ -1,10 +1,23 @@
-//! Llama-family hyper-parameters, read from GGUF metadata or HF config.json.
+//! Model hyper-parameters (llama family, and Gemma 3's extras), read from
+//! GGUF metadata or HF config.json.
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
+/// The forward a model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Arch {
+    #[default]
+    Llama,
+    /// Gemma 3 ([`super::gemma3`]): q/k norms, GeGLU, post-norms, scaled
+    /// embedding, local (sliding-window) and global layers.
+    Gemma3,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlamaConfig {
+    #[serde(default)]
+    pub arch: Arch,
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
@@ -22,6 +35,14 @@ pub struct LlamaConfig {
     /// Attention window, where the model uses one (rotating caches).
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Gemma 3: every `n`-th layer is global, the others local (windowed);
+    /// `None`: every layer uses `sliding_window` as it is.
+    #[serde(default)]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: the rope base of the local layers (`rope_theta` is the
+    /// global layers').
+    #[serde(default)]
+    pub rope_local_theta: Option<f32>,
 }
 
 impl LlamaConfig {
@@ -31,8 +52,8 @@ impl LlamaConfig {
             .get("general.architecture")
             .map(String::as_str)
             .unwrap_or("llama");
-        if arch != "llama" {
-            bail!("unsupported GGUF architecture {arch:?} (specd runs llama-family models)");
+        if !matches!(arch, "llama" | "gemma3") {
+            bail!("unsupported GGUF architecture {arch:?} (specd runs llama and gemma3)");
         }
         let num = |k: &str| -> Result<f64> {
             let key = format!("{arch}.{k}");
@@ -51,7 +72,17 @@ impl LlamaConfig {
         let head_dim = num("rope.dimension_count")
             .map(|v| v as usize)
             .unwrap_or(hidden / heads.max(1));
+        let gemma = arch == "gemma3";
+        // Gemma 3 (llama.cpp's reading of its GGUF): head dim from
+        // attention.key_length, a global layer every 6th, local rope base
+        // 10000, NEOX (rotate-half) rope on unpermuted q/k.
+        let head_dim = if gemma {
+            num("attention.key_length")? as usize
+        } else {
+            head_dim
+        };
         Ok(LlamaConfig {
+            arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
             hidden_size: hidden,
             num_hidden_layers: num("block_count")? as usize,
             num_attention_heads: heads,
@@ -63,10 +94,16 @@ impl LlamaConfig {
             vocab_size: vocab,
             rms_norm_eps: num("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f32,
             rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
-            rope_traditional: true,
+            rope_traditional: !gemma,
             max_position_embeddings: num("context_length").map(|v| v as usize).unwrap_or(2048),
             tie_word_embeddings: !has_output,
-            sliding_window: None,
+            sliding_window: if gemma {
+                Some(num("attention.sliding_window")? as usize)
+            } else {
+                None
+            },
+            sliding_window_pattern: gemma.then_some(6),
+            rope_local_theta: gemma.then_some(10000.0),
         })
     }
 
@@ -84,6 +121,7 @@ impl LlamaConfig {
         let heads = get("num_attention_heads")? as usize;
         let hidden = get("hidden_size")? as usize;
         Ok(LlamaConfig {
+            arch: Arch::Llama,
             hidden_size: hidden,
             num_hidden_layers: get("num_hidden_layers")? as usize,
             num_attention_heads: heads,
@@ -103,7 +141,26 @@ impl LlamaConfig {
                 .unwrap_or(2048),
             tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
             sliding_window: v["sliding_window"].as_u64().map(|w| w as usize),
+            sliding_window_pattern: None,
+            rope_local_theta: None,
         })
+    }
+
+    /// Whether layer `i` attends through the sliding window (rotating cache).
+    pub fn is_local(&self, i: usize) -> bool {
+        match (self.sliding_window, self.sliding_window_pattern) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(_), Some(p)) => (i + 1) % p.max(1) != 0,
+        }
+    }
+
+    /// The rope base of layer `i`.
+    pub fn rope_base(&self, i: usize) -> f32 {
+        match self.rope_local_theta {
+            Some(b) if self.is_local(i) => b,
+            _ => self.rope_theta,
+        }
     }
 
     /// The config.json a converted HF directory carries.

@@ -5,6 +5,7 @@
 //! multiplied by specd's batch-invariant kernels, attention by specd's
 //! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
 //! attention). See [`WeightMode`].
+use super::config::Arch;
 use super::linear::{fuse_packed, Linear};
 use super::LlamaConfig;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
@@ -25,6 +26,20 @@ pub struct Layer {
     /// CPU kernels by [`Llama::pack_for_cpu`]); the forward prefers them.
     pub qkv: Option<Linear>,
     pub gate_up: Option<Linear>,
+    /// Gemma 3's extra norms ([`super::gemma3`]); `None` for llama.
+    pub gemma: Option<GemmaNorms>,
+}
+
+/// Gemma 3's per-layer norms beyond llama's two (GGUF weights: Gemma's
+/// `1 + w` already folded in by the converter).
+#[derive(Clone)]
+pub struct GemmaNorms {
+    /// Over each head of q and of k, before the rope.
+    pub q_norm: Array,
+    pub k_norm: Array,
+    /// On the attention output and on the MLP output, before the residual.
+    pub post_attn: Array,
+    pub post_ffn: Array,
 }
 
 /// Called with a part's name and outputs as a forward builds them.
@@ -69,9 +84,11 @@ impl Llama {
     /// through a sliding window.
     pub fn new_caches_n(&self, n: usize) -> Vec<Box<dyn LayerCache>> {
         (0..n)
-            .map(|_| match self.config.sliding_window {
-                Some(w) => Box::new(RotatingCache::new(w)) as Box<dyn LayerCache>,
-                None => Box::new(KvCache::new()) as Box<dyn LayerCache>,
+            .map(|i| match self.config.sliding_window {
+                Some(w) if self.config.is_local(i) => {
+                    Box::new(RotatingCache::new(w)) as Box<dyn LayerCache>
+                }
+                _ => Box::new(KvCache::new()) as Box<dyn LayerCache>,
             })
             .collect()
     }
@@ -140,8 +157,21 @@ impl Llama {
             .rows(ids)?
             .reshape(&[1, t, self.config.hidden_size as i32])?;
         probe("embedding", &[&x])?;
-        for (layer, cache) in self.layers[..n_layers].iter().zip(caches.iter_mut()) {
-            x = self.layer(layer, &x, cache, probe)?;
+        if self.config.arch == Arch::Gemma3 {
+            x = ops::multiply(
+                &x,
+                &Array::scalar(super::gemma3::embed_scale(&self.config))?,
+            )?;
+        }
+        for (i, (layer, cache)) in self.layers[..n_layers]
+            .iter()
+            .zip(caches.iter_mut())
+            .enumerate()
+        {
+            x = match &layer.gemma {
+                Some(g) => self.gemma3_layer(i, layer, g, &x, cache, probe)?,
+                None => self.layer(layer, &x, cache, probe)?,
+            };
         }
         Ok(x)
     }
@@ -365,6 +395,9 @@ impl Llama {
             }
             for lin in l.qkv.iter().chain(&l.gate_up) {
                 w.extend(lin.arrays());
+            }
+            if let Some(g) = &l.gemma {
+                w.extend([&g.q_norm, &g.k_norm, &g.post_attn, &g.post_ffn]);
             }
         }
         w
