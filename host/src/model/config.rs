@@ -151,7 +151,7 @@ impl LlamaConfig {
         match (self.sliding_window, self.sliding_window_pattern) {
             (None, _) => false,
             (Some(_), None) => true,
-            (Some(_), Some(p)) => (i + 1) % p.max(1) != 0,
+            (Some(_), Some(p)) => !(i + 1).is_multiple_of(p.max(1)),
         }
     }
 

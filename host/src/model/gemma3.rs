@@ -83,7 +83,7 @@ impl Llama {
 
     /// `gelu_tanh(g) * u`, with 0.5 x (1 + tanh z) written as x sigmoid(2z).
     fn geglu(&self, g: &Array, u: &Array) -> Result<Array> {
-        const C: f32 = 1.595_769_1; // 2 sqrt(2 / pi)
+        const C: f32 = 1.595_769; // 2 sqrt(2 / pi)
         let g3 = ops::multiply(&ops::multiply(g, g)?, g)?;
         let inner = ops::add(g, &ops::multiply(&g3, &Array::scalar(0.044715)?)?)?;
         let s = ops::sigmoid(&ops::multiply(&inner, &Array::scalar(C)?)?)?;

@@ -156,7 +156,7 @@ pub fn decode(
         });
     };
     let (be, bb) = (be as usize, bb as usize);
-    if cols % be != 0 {
+    if !cols.is_multiple_of(be) {
         return Err(GgmlError::RaggedRows {
             name: name.into(),
             ty_name,
@@ -193,7 +193,9 @@ pub fn decode(
     })
 }
 
-/// The quantized types' blocks in affine form (the layouts of ggml-quants.c).
+/// The quantized types' blocks in affine form (the layouts of ggml-quants.c,
+/// indexed as ggml's reference dequantizers are, to be checked against them).
+#[allow(clippy::needless_range_loop)]
 fn affine<'a>(id: u32, blocks: impl Iterator<Item = &'a [u8]>, n: usize) -> Affine {
     let (bits, group, half) = match id {
         ty::Q4_0 | ty::Q4_1 => (4, 32, true),
@@ -228,11 +230,11 @@ fn affine<'a>(id: u32, blocks: impl Iterator<Item = &'a [u8]>, n: usize) -> Affi
                 let d = f16_at(b, 0);
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
                 let qs = &b[6..22];
-                for j in 0..16 {
-                    a.q.push((qs[j] & 0xf) | (((qh >> j) << 4) & 0x10) as u8);
+                for (j, v) in qs.iter().enumerate() {
+                    a.q.push((v & 0xf) | (((qh >> j) << 4) & 0x10) as u8);
                 }
-                for j in 0..16 {
-                    a.q.push((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10) as u8);
+                for (j, v) in qs.iter().enumerate() {
+                    a.q.push((v >> 4) | ((qh >> (j + 12)) & 0x10) as u8);
                 }
                 a.scales.push(d);
                 a.biases.push(-16.0 * d);

@@ -306,8 +306,7 @@ fn spm_tokenizer(
     let decoder = DecoderSequence::new(vec![
         tokenizers::decoders::DecoderWrapper::Replace(
             tokenizers::normalizers::Replace::new("\u{2581}", " ")
-                .map_err(|e| anyhow!("decoder: {e}"))?
-                .into(),
+                .map_err(|e| anyhow!("decoder: {e}"))?,
         ),
         ByteFallback::new().into(),
         Fuse::new().into(),
