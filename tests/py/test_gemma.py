@@ -181,3 +181,73 @@ def test_gemma_first_position_logits_match_numpy_reference(gemma_path, tmp_path)
     assert diff.max() < LOGITS_ATOL, f"max |logit diff| {diff.max():.3g}"
     if top2[1] - top2[0] >= NEAR_TIE:
         assert got.argmax() == want.argmax()
+
+
+# ---------------------------------------------------------------------------
+# mlx-lm (its gemma3_text) on `specd convert` output vs specd on the GGUF
+
+GREEDY_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The history of the printing press",
+    "Once upon a time, in a small village by the sea,",
+]
+GREEDY_TOKENS = 24
+GEMMA_EOS = {1, 106}  # <eos>, <end_of_turn>
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_gemma(gemma_path, tmp_path_factory):
+    d = tmp_path_factory.mktemp("gemma-converted")
+    p = specd("convert", gemma_path, d)
+    assert p.returncode == 0, p.stderr
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["model_type"] == "gemma3_text", cfg
+    import mlx.core as mx
+    from mlx_lm import load
+
+    mx.set_default_device(mx.cpu)
+    return load(str(d))
+
+
+def mlx_lm_greedy(model, prompt_ids, n):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    ids, margins = [], []
+    x = mx.array(prompt_ids)[None]
+    for _ in range(n):
+        logits = model(x, cache=cache)[0, -1].astype(mx.float32)
+        top = mx.topk(logits, 2)
+        mx.eval(logits, top)
+        t = int(mx.argmax(logits).item())
+        vals = sorted(np.array(top).tolist())
+        ids.append(t)
+        margins.append(vals[1] - vals[0])
+        if t in GEMMA_EOS:
+            break
+        x = mx.array([[t]])
+    return ids, margins
+
+
+@pytest.mark.parametrize("text", GREEDY_PROMPTS, ids=[f"p{i}" for i in range(len(GREEDY_PROMPTS))])
+def test_mlx_lm_on_converted_gemma_matches_specd_greedy(gemma_path, mlx_lm_gemma, tmp_path, text):
+    model, tokenizer = mlx_lm_gemma
+    out = tmp_path / "gen.json"
+    p = specd("debug", "generate", "--model", gemma_path, "--max-tokens", GREEDY_TOKENS, "--json", out, text)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    prompt_ids, specd_ids = d["prompt_ids"], d["generated_ids"]
+    assert list(tokenizer.encode(text)) == prompt_ids, "the converted tokenizer encodes the prompt differently"
+    mlx_ids, margins = mlx_lm_greedy(model, prompt_ids, GREEDY_TOKENS)
+    n = min(len(mlx_ids), len(specd_ids))
+    first = next((i for i in range(n) if mlx_ids[i] != specd_ids[i]), None)
+    if first is None:
+        assert len(mlx_ids) == len(specd_ids), (mlx_ids, specd_ids)
+        print(f"identical: {len(specd_ids)} tokens, min margin {min(margins):.4f}")
+    else:
+        assert margins[first] < NEAR_TIE, (
+            f"greedy tokens differ at step {first} (mlx-lm {mlx_ids[first]}, specd {specd_ids[first]}) "
+            f"where the top-2 margin is {margins[first]:.4f}\nmlx-lm: {mlx_ids}\nspecd:  {specd_ids}"
+        )
