@@ -39,7 +39,14 @@ fn run_one(
     max_tokens: usize,
     record: Option<&std::path::Path>,
 ) -> Result<Finished> {
-    let ids = e.encode(&chat(prompt))?;
+    // A model without a chat template (a base model such as Gemma 3 270M)
+    // gets the prompt as plain text: completion mode.
+    let prompt = if e.tokenizer.chat_template().is_some() {
+        chat(prompt)
+    } else {
+        Prompt::Raw(prompt.into())
+    };
+    let ids = e.encode(&prompt)?;
     let spec = e.speculation(opts, params)?;
     let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
     settings.record = record.is_some();
