@@ -97,6 +97,7 @@ build: tools | $(VENV)/bin/python
 
 pull: build
 	$(SPECD) pull
+	$(SPECD) pull gemma3:270m
 
 # The Python policies (plugins/python -> plugins/target/python/*.wasm) for the
 # tests: componentize-py (pinned, pip, its own venv) builds them; loaded at

@@ -28,6 +28,27 @@ pub fn engine() -> MutexGuard<'static, Engine> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Gemma 3 270M (the second model family: K-quants, sliding-window layers),
+/// fetched like the default model; loaded once per test process.
+pub fn gemma_engine() -> MutexGuard<'static, Engine> {
+    static E: OnceLock<Mutex<Engine>> = OnceLock::new();
+    let m = E.get_or_init(|| {
+        let path =
+            specd::store::known_model(specd::store::GEMMA_MODEL).expect("gemma3:270m (specd pull)");
+        let policies = specd::cli::policy_host(None).expect("policy host");
+        Mutex::new(
+            Engine::load(
+                specd::store::GEMMA_MODEL,
+                &path,
+                policies,
+                specd::model::WeightMode::default(),
+            )
+            .expect("load gemma3:270m"),
+        )
+    });
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The prompt suites of `specd bench spec`: input-grounded (repeat, edit,
 /// summarize a given text), open-ended chat, code editing, and one task
 /// type over several requests.

@@ -359,10 +359,23 @@ const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int6
 }
 
 // The packed layout's formula (qmm_simd.h), one lane at a time.
+// The float32 (or float16) scale and bias of lane l in a packed group whose
+// scales start at `sb`.
+inline std::pair<float, float> lane_scale(const uint32_t* sb, int l, bool f32) {
+  if (f32) {
+    const float* f = reinterpret_cast<const float*>(sb);
+    return {f[l], f[qmm::kLanes + l]};
+  }
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(sb);
+  return {h2f(h[l]), h2f(h[qmm::kLanes + l])};
+}
+
 void qmm_scalar(const QArgs& a, int cb0, int cb1) {
-  const int groups = a.K / a.group, per = 32 / a.bits, dpg = a.group / per;
+  const int vb = qmm::value_bits(a.bits);
+  const bool f32 = qmm::scale_f32(a.bits);
+  const int groups = a.K / a.group, per = 32 / vb, dpg = a.group / per;
   const int gw = qmm::group_words(a.group, a.bits);
-  const uint32_t mask = (1u << a.bits) - 1;
+  const uint32_t mask = (1u << vb) - 1;
   for (int cb = cb0; cb < cb1; cb++)
     for (int l = 0; l < qmm::kLanes && cb * qmm::kLanes + l < a.N; l++)
       for (int m = 0; m < a.M; m++) {
@@ -373,12 +386,12 @@ void qmm_scalar(const QArgs& a, int cb0, int cb1) {
           float t[2] = {0.f, 0.f};
           for (int d = 0; d < dpg; d++)
             for (int j = 0; j < per; j++) {
-              float q = float((base[d * qmm::kLanes + l] >> (j * a.bits)) & mask);
+              float q = float((base[d * qmm::kLanes + l] >> (j * vb)) & mask);
               t[d & 1] = std::fma(xr[g * a.group + d * per + j], q, t[d & 1]);
             }
-          const uint16_t* sb = reinterpret_cast<const uint16_t*>(base + dpg * qmm::kLanes);
-          acc = std::fma(t[0] + t[1], h2f(sb[l]), acc);
-          acc = std::fma(h2f(sb[qmm::kLanes + l]), a.xsum[(size_t)m * groups + g], acc);
+          auto [s, b] = lane_scale(base + dpg * qmm::kLanes, l, f32);
+          acc = std::fma(t[0] + t[1], s, acc);
+          acc = std::fma(b, a.xsum[(size_t)m * groups + g], acc);
         }
         size_t at = (size_t)m * a.N + cb * qmm::kLanes + l;
         a.y[at] = a.r ? acc + a.r[at] : acc;
@@ -408,7 +421,7 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
   const float* xd = prepare_x(x, row_off, col, M, K, group, norm_w, eps, dense, xs.data());
   QArgs a{xd, xs.data(), w, r, y, M, N, K, group, bits};
   int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
-  size_t bytes = (size_t)N * K * bits / 8;
+  size_t bytes = (size_t)N * K * qmm::value_bits(bits) / 8;
   // Chunks of 4 blocks keep the widest one-row tile whole.
   int chunks = bytes < kParallelBytes ? 1 : std::min(4 * pool().size(), (blocks + 3) / 4);
   pool().run(chunks, [&](int i) {
@@ -477,9 +490,11 @@ struct QRowsBody {
     const uint32_t* w = in[0].data<uint32_t>();
     const uint32_t* ids = in[1].data<uint32_t>();
     float* y = out.data<float>();
-    const int groups = in[0].shape(1), K = groups * group, per = 32 / bits, dpg = group / per;
+    const int vb = qmm::value_bits(bits);
+    const bool f32 = qmm::scale_f32(bits);
+    const int groups = in[0].shape(1), K = groups * group, per = 32 / vb, dpg = group / per;
     const int gw = qmm::group_words(group, bits);
-    const uint32_t mask = (1u << bits) - 1;
+    const uint32_t mask = (1u << vb) - 1;
     for (int64_t t = 0; t < (int64_t)in[1].size(); t++) {
       float* yr = y + t * K;
       uint32_t id = ids[t];
@@ -490,12 +505,11 @@ struct QRowsBody {
       int cb = id / qmm::kLanes, l = id % qmm::kLanes;
       for (int g = 0; g < groups; g++) {
         const uint32_t* base = w + ((size_t)cb * groups + g) * gw;
-        const uint16_t* sb = reinterpret_cast<const uint16_t*>(base + dpg * qmm::kLanes);
-        float s = h2f(sb[l]), b = h2f(sb[qmm::kLanes + l]);
+        auto [s, b] = lane_scale(base + dpg * qmm::kLanes, l, f32);
         for (int d = 0; d < dpg; d++)
           for (int j = 0; j < per; j++)
             yr[g * group + d * per + j] =
-                s * float((base[d * qmm::kLanes + l] >> (j * bits)) & mask) + b;
+                s * float((base[d * qmm::kLanes + l] >> (j * vb)) & mask) + b;
       }
     }
   }
@@ -747,24 +761,31 @@ mx::array rowmajor(const mx::array& a) {
 }  // namespace
 
 namespace {
-// The quantizations the kernels take: 4 or 8 bits, groups of 32k.
+// The quantizations the kernels take: 4 or 8 bits (| kScaleF32), groups of
+// 16k.
 void check_bits(int32_t group_size, int32_t bits) {
-  if (bits != 4 && bits != 8) throw std::invalid_argument("qmatmul supports 4 and 8 bits");
-  if (group_size <= 0 || group_size % 32 != 0)
-    throw std::invalid_argument("qmatmul needs group sizes of 32k");
+  int vb = qmm::value_bits(bits);
+  if ((vb != 4 && vb != 8) || (bits & ~(0xff | qmm::kScaleF32)) != 0)
+    throw std::invalid_argument("qmatmul supports 4 and 8 bits");
+  if (group_size <= 0 || group_size % 16 != 0)
+    throw std::invalid_argument("qmatmul needs group sizes of 16k");
 }
 
-// MLX's layout as the kernels take it: uint32 words, float16 scales.
+// MLX's layout as the kernels take it: uint32 words, float16 scales and
+// biases (or float32 ones: packed with kScaleF32). `bits` is the value width.
 void check_quant(const mx::array& w, const mx::array& scales, const mx::array& biases,
                  int32_t group_size, int32_t bits) {
   check_bits(group_size, bits);
+  if (qmm::scale_f32(bits)) throw std::invalid_argument("qmatmul: the scale dtype says f32");
   if (w.ndim() != 2 || scales.ndim() != 2) throw std::invalid_argument("qmatmul: 2-D weights");
   int N = w.shape(0), K = w.shape(1) * 32 / bits;
   if (scales.shape(1) * group_size != K || biases.shape() != scales.shape() ||
       scales.shape(0) != N)
     throw std::invalid_argument("qmatmul: scales/biases do not match the weight");
-  if (scales.dtype() != mx::float16 || biases.dtype() != mx::float16)
-    throw std::invalid_argument("qmatmul: scales and biases must be float16");
+  bool f16 = scales.dtype() == mx::float16 && biases.dtype() == mx::float16;
+  bool f32 = scales.dtype() == mx::float32 && biases.dtype() == mx::float32;
+  if (!f16 && !f32)
+    throw std::invalid_argument("qmatmul: scales and biases must be float16 or float32");
   if (w.dtype() != mx::uint32) throw std::invalid_argument("qmatmul: weights must be uint32");
 }
 }  // namespace
@@ -775,20 +796,27 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
   auto wc = mx::contiguous(w.a), sc = mx::contiguous(scales.a), bc = mx::contiguous(biases.a);
   mx::eval({wc, sc, bc});
   const int N = wc.shape(0), wpc = wc.shape(1), groups = sc.shape(1);
-  const int dpg = group_size * bits / 32, gw = qmm::group_words(group_size, bits);
+  const bool f32 = sc.dtype() == mx::float32;
+  const int dpg = group_size * bits / 32,
+            gw = qmm::group_words(group_size, bits | (f32 ? qmm::kScaleF32 : 0));
   const int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
   std::vector<uint32_t> out((size_t)blocks * groups * gw, 0);
   const uint32_t* W = wc.data<uint32_t>();
-  const uint16_t* S = reinterpret_cast<const uint16_t*>(sc.data<mx::float16_t>());
-  const uint16_t* B = reinterpret_cast<const uint16_t*>(bc.data<mx::float16_t>());
   for (int n = 0; n < N; n++) {
     int cb = n / qmm::kLanes, l = n % qmm::kLanes;
     for (int g = 0; g < groups; g++) {
       uint32_t* base = out.data() + ((size_t)cb * groups + g) * gw;
       for (int d = 0; d < dpg; d++) base[d * qmm::kLanes + l] = W[(size_t)n * wpc + g * dpg + d];
-      uint16_t* sb = reinterpret_cast<uint16_t*>(base + dpg * qmm::kLanes);
-      sb[l] = S[(size_t)n * groups + g];
-      sb[qmm::kLanes + l] = B[(size_t)n * groups + g];
+      size_t at = (size_t)n * groups + g;
+      if (f32) {
+        float* sb = reinterpret_cast<float*>(base + dpg * qmm::kLanes);
+        sb[l] = sc.data<float>()[at];
+        sb[qmm::kLanes + l] = bc.data<float>()[at];
+      } else {
+        uint16_t* sb = reinterpret_cast<uint16_t*>(base + dpg * qmm::kLanes);
+        sb[l] = reinterpret_cast<const uint16_t*>(sc.data<mx::float16_t>())[at];
+        sb[qmm::kLanes + l] = reinterpret_cast<const uint16_t*>(bc.data<mx::float16_t>())[at];
+      }
     }
   }
   return wrap_array(mx::array(out.begin(), {blocks, groups, gw}, mx::uint32));
@@ -896,8 +924,9 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
   check_quant(w.a, scales.a, biases.a, group_size, bits);
   if (on_gpu())
     return wrap_array(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, true, group_size, bits));
+  int flag = scales.a.dtype() == mx::float32 ? qmm::kScaleF32 : 0;
   return qmatmul_packed(x, *qpack(w, scales, biases, group_size, bits), w.a.shape(0), group_size,
-                        bits);
+                        bits | flag);
 }
 
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {

@@ -25,6 +25,8 @@ pub fn qmatmul(
 }
 /// The CPU kernels' layout of MLX affine-quantized weights (16 output
 /// columns to a vector; see `qmm.h`), computed now: pack once at load.
+/// Float32 `scales` and `biases` give the float32-scale layout: the packed
+/// calls then take `bits | 256` (`qmm.h` `kScaleF32`). Groups are 16k.
 pub fn qpack(
     w: &Array,
     scales: &Array,

@@ -21,8 +21,19 @@ namespace specd_mlx::qmm {
 // are zero. A word holds 32 / bits values, value j of the word at bits
 // j * bits (MLX's order), so word d of group g holds inputs g * group +
 // d * 32 / bits + j.
+//
+// A variant for scales that float16 cannot hold exactly (a K-quant's d * sc
+// has up to 18 significant bits): `bits | kScaleF32` says the scales and
+// biases are float32, 16 words each, in the same place. Groups may be 16
+// values (Q6_K's sub-blocks) as well as multiples of 32.
 constexpr int kLanes = 16;
-inline int group_words(int group, int bits) { return group * bits / 32 * kLanes + kLanes; }
+constexpr int kScaleF32 = 256;
+// The value width of a `bits` argument (without the scale flag).
+inline int value_bits(int bits) { return bits & 0xff; }
+inline bool scale_f32(int bits) { return (bits & kScaleF32) != 0; }
+inline int group_words(int group, int bits) {
+  return group * value_bits(bits) / 32 * kLanes + (scale_f32(bits) ? 2 * kLanes : kLanes);
+}
 
 struct Args {
   const float* x;     // activations [M, K], dense rows
@@ -30,7 +41,7 @@ struct Args {
   const uint32_t* w;  // packed weights [ceil(N / 16), K / group, group_words]
   const float* r;     // added to y when not null: [M, N], dense rows
   float* y;           // [M, N]
-  int M, N, K, group, bits;
+  int M, N, K, group, bits;  // bits: value width, | kScaleF32 for float32 scales
 };
 
 // Column blocks [cb0, cb1) of y, every row.

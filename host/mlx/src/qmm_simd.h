@@ -30,10 +30,11 @@ struct Kernel {
 
   static constexpr int C = I::kChains;
 
-  template <int BITS, int R, int CB>
+  template <int BITS, bool F32S, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {
     constexpr int per = 32 / BITS;
-    const int groups = a.K / a.group, dpg = a.group / per, gw = group_words(a.group, BITS);
+    const int groups = a.K / a.group, dpg = a.group / per,
+              gw = group_words(a.group, BITS | (F32S ? kScaleF32 : 0));
     V acc[R][CB][NV];
     for (int r = 0; r < R; r++)
       for (int c = 0; c < CB; c++)
@@ -67,8 +68,14 @@ struct Kernel {
       }
       for (int c = 0; c < CB; c++) {
         const uint16_t* sb = reinterpret_cast<const uint16_t*>(base[c] + dpg * kLanes);
+        const float* sf = reinterpret_cast<const float*>(base[c] + dpg * kLanes);
         for (int v = 0; v < NV; v++) {
-          V s = I::cvtph(sb + v * W), b = I::cvtph(sb + kLanes + v * W);
+          V s, b;
+          if constexpr (F32S) {
+            s = I::load_n(sf + v * W, W), b = I::load_n(sf + kLanes + v * W, W);
+          } else {
+            s = I::cvtph(sb + v * W), b = I::cvtph(sb + kLanes + v * W);
+          }
           for (int r = 0; r < R; r++) {
             V sum = t[0][r][c][v];
             if constexpr (C == 2) sum = I::add(sum, t[1][r][c][v]);
@@ -94,13 +101,13 @@ struct Kernel {
 
   // Rows [m, m + R) of column blocks [cb, cb1): tiles as wide as the
   // registers allow (I::kOutputs vectors of outputs), then narrower ones.
-  template <int BITS, int R, int CB = I::kOutputs / (R * NV)>
+  template <int BITS, bool F32S, int R, int CB = I::kOutputs / (R * NV)>
   static void row_tile(const Args& a, int cb, int cb1, int m) {
-    for (; cb + CB <= cb1; cb += CB) tile<BITS, R, CB>(a, cb, m);
-    if constexpr (CB > 1) row_tile<BITS, R, CB / 2>(a, cb, cb1, m);
+    for (; cb + CB <= cb1; cb += CB) tile<BITS, F32S, R, CB>(a, cb, m);
+    if constexpr (CB > 1) row_tile<BITS, F32S, R, CB / 2>(a, cb, cb1, m);
   }
 
-  template <int BITS>
+  template <int BITS, bool F32S>
   static void run_bits(const Args& a, int cb0, int cb1) {
     // A few column blocks at a time, all rows: their weights stay in cache
     // while every row tile passes over them.
@@ -108,19 +115,21 @@ struct Kernel {
     for (int c0 = cb0; c0 < cb1; c0 += step) {
       int c1 = std::min(cb1, c0 + step), m = 0;
       if constexpr (I::kOutputs / NV >= 8)
-        for (; m + 8 <= a.M; m += 8) row_tile<BITS, 8>(a, c0, c1, m);
+        for (; m + 8 <= a.M; m += 8) row_tile<BITS, F32S, 8>(a, c0, c1, m);
       if constexpr (I::kOutputs / NV >= 4)
-        for (; m + 4 <= a.M; m += 4) row_tile<BITS, 4>(a, c0, c1, m);
-      for (; m + 2 <= a.M; m += 2) row_tile<BITS, 2>(a, c0, c1, m);
-      if (m < a.M) row_tile<BITS, 1>(a, c0, c1, m);
+        for (; m + 4 <= a.M; m += 4) row_tile<BITS, F32S, 4>(a, c0, c1, m);
+      for (; m + 2 <= a.M; m += 2) row_tile<BITS, F32S, 2>(a, c0, c1, m);
+      if (m < a.M) row_tile<BITS, F32S, 1>(a, c0, c1, m);
     }
   }
 
   static void run(const Args& a, int cb0, int cb1) {
-    if (a.bits == 4)
-      run_bits<4>(a, cb0, cb1);
-    else
-      run_bits<8>(a, cb0, cb1);
+    switch (a.bits) {
+      case 4: run_bits<4, false>(a, cb0, cb1); break;
+      case 8: run_bits<8, false>(a, cb0, cb1); break;
+      case 4 | kScaleF32: run_bits<4, true>(a, cb0, cb1); break;
+      default: run_bits<8, true>(a, cb0, cb1); break;
+    }
   }
 };
 

@@ -599,3 +599,100 @@ fn kernel_config_is_reported() {
     assert!(kernels::threads() >= 1);
     assert!(["avx512", "avx2", "scalar"].contains(&kernels::isa().as_str()));
 }
+
+/// The float32-scale layout (GGUF K-quants: `bits | 256`) and groups of 16
+/// (Q6_K): against an fp32 product of the weights dequantized here, rows
+/// bitwise equal to the row alone, and embedding rows equal to `s * q + b`.
+#[test]
+fn qmatmul_float32_scales_and_groups_of_16() {
+    for (i, (n, k, group, bits)) in [
+        (40, 256, 16, 8),
+        (33, 96, 16, 4),
+        (21, 128, 32, 4),
+        (17, 64, 32, 8),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut g = Gen(70 + i as u64);
+        let words = k * bits as usize / 32;
+        let groups = k / group as usize;
+        let wv = g.u32s(n * words);
+        // Scales with more significant bits than float16 holds (d * sc).
+        let sv: Vec<f32> = g
+            .f32s(n * groups, 0.0002, 0.01)
+            .iter()
+            .map(|s| s * 1.000_123)
+            .collect();
+        let bv = g.f32s(n * groups, -0.1, 0.1);
+        let w = Array::from_u32(&wv, &[n as i32, words as i32]).unwrap();
+        let s = Array::from_f32(&sv, &[n as i32, groups as i32]).unwrap();
+        let b = Array::from_f32(&bv, &[n as i32, groups as i32]).unwrap();
+        let per = 32 / bits as usize;
+        let mask = (1u32 << bits) - 1;
+        let dense: Vec<f32> = (0..n * k)
+            .map(|e| {
+                let (r, c) = (e / k, e % k);
+                let q = (wv[r * words + c / per] >> ((c % per) as u32 * bits as u32)) & mask;
+                let gi = r * groups + c / group as usize;
+                sv[gi] * q as f32 + bv[gi]
+            })
+            .collect();
+        let packed = kernels::qpack(&w, &s, &b, group, bits).unwrap();
+        let flag = bits | 256;
+        let ids = Array::from_u32(&(0..n as u32).collect::<Vec<_>>(), &[n as i32]).unwrap();
+        let back = kernels::qrows_packed(&packed, &ids, n as i32, group, flag)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        assert_eq!(back, dense, "{n}x{k} g{group} {bits}-bit: packed rows");
+        let dense_a = Array::from_f32(&dense, &[n as i32, k as i32]).unwrap();
+        let xs = g.f32s(8 * k, -2.0, 2.0);
+        let single: Vec<Vec<f32>> = (0..8)
+            .map(|r| {
+                kernels::qmatmul_packed(&rows(&xs, k, r, r + 1), &packed, n as i32, group, flag)
+                    .unwrap()
+                    .to_vec_f32()
+                    .unwrap()
+            })
+            .collect();
+        let x = rows(&xs, k, 0, 8);
+        let got = kernels::qmatmul_packed(&x, &packed, n as i32, group, flag)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        // The unpacked entry point packs with the same layout.
+        assert_eq!(
+            ours(
+                &x,
+                &QWeight {
+                    w: w.clone(),
+                    s: s.clone(),
+                    b: b.clone(),
+                    group,
+                    bits
+                }
+            ),
+            got
+        );
+        let fp32 = ops::matmul(&x, &dense_a.t().unwrap())
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        for (j, (a, e)) in got.iter().zip(&fp32).enumerate() {
+            assert!(
+                (a - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                "{n}x{k} g{group}: [{j}] {a} vs {e}"
+            );
+        }
+        for r in 0..8 {
+            assert_eq!(
+                got[r * n..(r + 1) * n],
+                single[r][..],
+                "row {r} differs from the row alone"
+            );
+        }
+        // The wrong flag is a clear error, not a misread.
+        assert!(kernels::qmatmul_packed(&x, &packed, n as i32, group, bits).is_err());
+    }
+}

@@ -4,8 +4,19 @@
 //! restores one.
 use super::{live_count, LayerCache, Snapshot};
 use specd_mlx::{ops, Array, Result};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Snapshot restores of rotating caches in this process. A rotating cache
+/// is restored only when it cannot rewind in place, i.e. after its window
+/// wrapped: tests read this to know a long speculative run took that path.
+static RESTORES: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a rotating cache was restored from a snapshot (after a
+/// wrap), process-wide.
+pub fn restores() -> u64 {
+    RESTORES.load(Ordering::Relaxed)
+}
 
 pub struct RotatingCache {
     window: usize,
@@ -116,6 +127,7 @@ impl LayerCache for RotatingCache {
     }
 
     fn restore(&mut self, snap: &Snapshot) {
+        RESTORES.fetch_add(1, Ordering::Relaxed);
         self.keys = Some(snap.keys.clone());
         self.values = Some(snap.values.clone());
         self.offset = snap.offset;

@@ -8,6 +8,10 @@
 //! - `specd debug generate [--model M] [--chat] [--max-tokens N] --json OUT PROMPT`
 //!   greedy decoding without speculation; writes the prompt ids, the
 //!   generated ids (end of generation included when reached) and the text.
+//! - `specd debug weights --gguf FILE --tensor NAME --out OUT [--rows N]`
+//!   loads one tensor the way the model loader does (decoded, packed for
+//!   the kernels) and writes the weights the kernels run on, read back from
+//!   the packed layout, as little-endian float32 `[rows, cols]`.
 use super::generate::{load_engine, prompt_of, SpecArgs};
 use super::ModelArg;
 use crate::engine::Engine;
@@ -24,6 +28,24 @@ pub enum DebugCmd {
     Logits(LogitsArgs),
     /// Greedy token ids (no speculation), as JSON.
     Generate(GenIdsArgs),
+    /// One GGUF tensor as the kernels hold it, read back as float32.
+    Weights(WeightsArgs),
+}
+
+#[derive(Args)]
+pub struct WeightsArgs {
+    /// The GGUF file.
+    #[arg(long)]
+    gguf: PathBuf,
+    /// The tensor's name, e.g. `blk.0.ffn_down.weight`.
+    #[arg(long)]
+    tensor: String,
+    /// Only the first N rows.
+    #[arg(long)]
+    rows: Option<usize>,
+    /// Where to write the float32 values.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -104,6 +126,30 @@ pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
                 &a.json,
                 &serde_json::json!({ "prompt_ids": ids, "logits": logits }),
             )
+        }
+        DebugCmd::Weights(a) => {
+            let (t, _) = crate::model::load::read_gguf(&a.gguf, weights)?;
+            let base = a.tensor.strip_suffix(".weight").unwrap_or(&a.tensor);
+            let lin = t.linear(base)?.pack(false)?;
+            let [n, k] = lin.shape();
+            let rows = a.rows.unwrap_or(n as usize).min(n as usize) as i32;
+            let ids: Vec<u32> = (0..rows as u32).collect();
+            let w = lin.rows(&specd_mlx::Array::from_u32(&ids, &[rows])?)?;
+            let v = w.as_type(specd_mlx::Dtype::Float32)?.to_vec_f32()?;
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(&a.out, bytes)
+                .with_context(|| format!("writing {}", a.out.display()))?;
+            let kind = match &lin {
+                crate::model::Linear::Quantized(q) => format!(
+                    "{}-bit, groups of {}, {} scales",
+                    q.bits,
+                    q.group_size,
+                    if q.f32_scales { "float32" } else { "float16" }
+                ),
+                crate::model::Linear::Dense(_) => "float32".into(),
+            };
+            eprintln!("{}: {rows} of {n} rows of {k}, {kind}", a.tensor);
+            Ok(())
         }
         DebugCmd::Generate(a) => {
             let engine = engine(&a.model.model, weights)?;

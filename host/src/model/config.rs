@@ -1,10 +1,23 @@
-//! Llama-family hyper-parameters, read from GGUF metadata or HF config.json.
+//! Model hyper-parameters (llama family, and Gemma 3's extras), read from
+//! GGUF metadata or HF config.json.
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
+/// The forward a model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Arch {
+    #[default]
+    Llama,
+    /// Gemma 3 ([`super::gemma3`]): q/k norms, GeGLU, post-norms, scaled
+    /// embedding, local (sliding-window) and global layers.
+    Gemma3,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlamaConfig {
+    #[serde(default)]
+    pub arch: Arch,
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
@@ -31,6 +44,14 @@ pub struct LlamaConfig {
     /// RMS norms over each q and k head before rope (Qwen3).
     #[serde(default)]
     pub qk_norm: bool,
+    /// Gemma 3: every `n`-th layer is global, the others local (windowed);
+    /// `None`: every layer uses `sliding_window` as it is.
+    #[serde(default)]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: the rope base of the local layers (`rope_theta` is the
+    /// global layers').
+    #[serde(default)]
+    pub rope_local_theta: Option<f32>,
 }
 
 /// The HF `model_type`s specd runs, all through the llama forward with the
@@ -44,8 +65,8 @@ impl LlamaConfig {
             .get("general.architecture")
             .map(String::as_str)
             .unwrap_or("llama");
-        if arch != "llama" {
-            bail!("unsupported GGUF architecture {arch:?} (specd runs llama-family models)");
+        if !matches!(arch, "llama" | "gemma3") {
+            bail!("unsupported GGUF architecture {arch:?} (specd runs llama and gemma3)");
         }
         let num = |k: &str| -> Result<f64> {
             let key = format!("{arch}.{k}");
@@ -64,7 +85,17 @@ impl LlamaConfig {
         let head_dim = num("rope.dimension_count")
             .map(|v| v as usize)
             .unwrap_or(hidden / heads.max(1));
+        let gemma = arch == "gemma3";
+        // Gemma 3 (llama.cpp's reading of its GGUF): head dim from
+        // attention.key_length, a global layer every 6th, local rope base
+        // 10000, NEOX (rotate-half) rope on unpermuted q/k.
+        let head_dim = if gemma {
+            num("attention.key_length")? as usize
+        } else {
+            head_dim
+        };
         Ok(LlamaConfig {
+            arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
             hidden_size: hidden,
             num_hidden_layers: num("block_count")? as usize,
             num_attention_heads: heads,
@@ -76,10 +107,16 @@ impl LlamaConfig {
             vocab_size: vocab,
             rms_norm_eps: num("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f32,
             rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
-            rope_traditional: true,
+            rope_traditional: !gemma,
             max_position_embeddings: num("context_length").map(|v| v as usize).unwrap_or(2048),
             tie_word_embeddings: !has_output,
-            sliding_window: None,
+            sliding_window: if gemma {
+                Some(num("attention.sliding_window")? as usize)
+            } else {
+                None
+            },
+            sliding_window_pattern: gemma.then_some(6),
+            rope_local_theta: gemma.then_some(10000.0),
             qkv_bias: false,
             o_bias: false,
             qk_norm: false,
@@ -178,6 +215,7 @@ impl LlamaConfig {
             (None, _) => 10000.0,
         };
         Ok(LlamaConfig {
+            arch: Arch::Llama,
             hidden_size: hidden,
             num_hidden_layers: get("num_hidden_layers")? as usize,
             num_attention_heads: heads,
@@ -199,11 +237,62 @@ impl LlamaConfig {
             qkv_bias: model_type == "qwen2" || attention_bias,
             o_bias: model_type != "qwen2" && attention_bias,
             qk_norm: model_type == "qwen3",
+            sliding_window_pattern: None,
+            rope_local_theta: None,
         })
+    }
+
+    /// Whether layer `i` attends through the sliding window (rotating cache).
+    pub fn is_local(&self, i: usize) -> bool {
+        match (self.sliding_window, self.sliding_window_pattern) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(_), Some(p)) => !(i + 1).is_multiple_of(p.max(1)),
+        }
+    }
+
+    /// The rope base of layer `i`.
+    pub fn rope_base(&self, i: usize) -> f32 {
+        match self.rope_local_theta {
+            Some(b) if self.is_local(i) => b,
+            _ => self.rope_theta,
+        }
     }
 
     /// The config.json a converted HF directory carries.
     pub fn to_hf_json(&self, eos: &[u32], bos: Option<u32>) -> serde_json::Value {
+        let eos_json = if eos.len() == 1 {
+            serde_json::json!(eos[0])
+        } else {
+            serde_json::json!(eos)
+        };
+        if self.arch == Arch::Gemma3 {
+            // mlx-lm's gemma3_text ModelArgs (and transformers' Gemma3TextConfig).
+            return serde_json::json!({
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "hidden_size": self.hidden_size,
+                "num_hidden_layers": self.num_hidden_layers,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "intermediate_size": self.intermediate_size,
+                "vocab_size": self.vocab_size,
+                "rms_norm_eps": self.rms_norm_eps,
+                "rope_theta": self.rope_theta,
+                "rope_local_base_freq": self.rope_local_theta.unwrap_or(10000.0),
+                "query_pre_attn_scalar": self.head_dim,
+                "sliding_window": self.sliding_window,
+                "sliding_window_pattern": self.sliding_window_pattern,
+                "max_position_embeddings": self.max_position_embeddings,
+                "rope_scaling": null,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "tie_word_embeddings": true,
+                "torch_dtype": "float32",
+                "bos_token_id": bos,
+                "eos_token_id": eos_json,
+            });
+        }
         serde_json::json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -223,7 +312,7 @@ impl LlamaConfig {
             "mlp_bias": false,
             "torch_dtype": "float32",
             "bos_token_id": bos,
-            "eos_token_id": if eos.len() == 1 { serde_json::json!(eos[0]) } else { serde_json::json!(eos) },
+            "eos_token_id": eos_json,
         })
     }
 }

@@ -1,8 +1,11 @@
 //! `specd convert GGUF DIR`: the Hugging Face directory form that mlx-lm and
 //! transformers load — float32 safetensors under HF names with q/k back in
 //! HF's rotate-half layout, config.json, tokenizer files with the template.
+//! Gemma 3 becomes mlx-lm's `gemma3_text`: its names, q/k as they are (its
+//! GGUF is not permuted), and norms back to Gemma's `w` (the GGUF holds
+//! `1 + w`; `x - 1` is exact for the weights near 1 these are).
 use super::load::read_gguf;
-use super::LlamaConfig;
+use super::{Arch, LlamaConfig};
 use anyhow::{Context, Result};
 use specd_mlx::{io, Array};
 use specd_text::Tokenizer;
@@ -31,6 +34,27 @@ const LAYER_NAMES: [(&str, &str); 9] = [
     ("ffn_down", "mlp.down_proj"),
 ];
 
+const GEMMA3_LAYER_NAMES: [(&str, &str); 13] = [
+    ("attn_norm", "input_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+/// A Gemma norm weight as HF holds it: the GGUF's `1 + w` less one.
+fn gemma_norm(w: Array) -> Result<Array> {
+    Ok(specd_mlx::ops::subtract(&w, &Array::scalar(1.0)?)?)
+}
+
 pub fn convert_gguf(gguf: &Path, out: &Path) -> Result<()> {
     let (t, meta) = read_gguf(gguf, super::WeightMode::F32)?;
     let mut config = LlamaConfig::from_gguf(&meta, t.has("output"))?;
@@ -41,7 +65,19 @@ pub fn convert_gguf(gguf: &Path, out: &Path) -> Result<()> {
         config.vocab_size = embed.dim(0) as usize;
     }
     tensors.push(("model.embed_tokens.weight".into(), embed));
-    for i in 0..config.num_hidden_layers {
+    let gemma = config.arch == Arch::Gemma3;
+    if gemma {
+        for i in 0..config.num_hidden_layers {
+            for (g, h) in GEMMA3_LAYER_NAMES {
+                let mut w = t.dense(&format!("blk.{i}.{g}"))?;
+                if g.ends_with("norm") {
+                    w = gemma_norm(w)?;
+                }
+                tensors.push((format!("model.layers.{i}.{h}.weight"), w));
+            }
+        }
+    }
+    for i in (0..config.num_hidden_layers).filter(|_| !gemma) {
         for (g, h) in LAYER_NAMES {
             let mut w = t.dense(&format!("blk.{i}.{g}"))?;
             if g == "attn_q" {
@@ -52,7 +88,9 @@ pub fn convert_gguf(gguf: &Path, out: &Path) -> Result<()> {
             tensors.push((format!("model.layers.{i}.{h}.weight"), w));
         }
     }
-    tensors.push(("model.norm.weight".into(), t.dense("output_norm")?));
+    let norm = t.dense("output_norm")?;
+    let norm = if gemma { gemma_norm(norm)? } else { norm };
+    tensors.push(("model.norm.weight".into(), norm));
     if !config.tie_word_embeddings {
         tensors.push(("lm_head.weight".into(), t.dense("output")?));
     }

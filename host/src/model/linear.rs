@@ -32,7 +32,9 @@ impl WeightMode {
 }
 
 /// MLX's layout of affine-quantized weights: `w` `[out, in * bits / 32]`
-/// uint32 with float16 per-group `scales` and `biases` `[out, in / group]`.
+/// uint32 with per-group `scales` and `biases` `[out, in / group]`: float16,
+/// or float32 where float16 cannot hold them exactly (a GGUF K-quant's
+/// `d * sc`; see [`super::ggml`]).
 #[derive(Clone)]
 pub struct QuantSource {
     pub w: Array,
@@ -53,8 +55,15 @@ pub struct QuantizedWeight {
     pub out_features: i32,
     pub in_features: i32,
     pub group_size: i32,
+    /// The value width (4 or 8).
     pub bits: i32,
+    /// Scales and biases are float32 (the packed layout's `kScaleF32`).
+    pub f32_scales: bool,
 }
+
+/// The packed layout's flag for float32 scales (`qmm.h` `kScaleF32`),
+/// or-ed into the kernels' `bits` argument.
+const SCALE_F32: i32 = 256;
 
 fn missing(what: &str) -> specd_mlx::Exception {
     specd_mlx::Exception(format!(
@@ -67,11 +76,17 @@ impl QuantizedWeight {
         QuantizedWeight {
             out_features: src.w.dim(0),
             in_features: src.w.dim(1) * 32 / bits,
+            f32_scales: src.scales.dtype() == Dtype::Float32,
             source: Some(src),
             packed: None,
             group_size,
             bits,
         }
+    }
+    /// The kernels' `bits` argument for the packed layout: the value width,
+    /// with the float32-scales flag.
+    fn kbits(&self) -> i32 {
+        self.bits | if self.f32_scales { SCALE_F32 } else { 0 }
     }
     pub fn out_features(&self) -> i32 {
         self.out_features
@@ -109,7 +124,7 @@ impl QuantizedWeight {
                 p,
                 self.out_features,
                 self.group_size,
-                self.bits,
+                self.kbits(),
             ),
             None => self.forward(&kernels::rms_norm(x, norm, eps)?),
         }
@@ -133,7 +148,7 @@ impl QuantizedWeight {
             p,
             self.out_features,
             self.group_size,
-            self.bits,
+            self.kbits(),
             rope,
         )
     }
@@ -145,7 +160,7 @@ impl QuantizedWeight {
                 p,
                 self.out_features,
                 self.group_size,
-                self.bits,
+                self.kbits(),
                 residual,
             ),
             None => ops::add(residual, &self.forward(x)?),
@@ -153,7 +168,9 @@ impl QuantizedWeight {
     }
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match &self.packed {
-            Some(p) => kernels::qmatmul_packed(x, p, self.out_features, self.group_size, self.bits),
+            Some(p) => {
+                kernels::qmatmul_packed(x, p, self.out_features, self.group_size, self.kbits())
+            }
             None => {
                 let src = self.source("forward")?;
                 kernels::qmatmul(
@@ -170,7 +187,7 @@ impl QuantizedWeight {
     /// Rows `ids` dequantized to float32 (an embedding lookup).
     pub fn rows(&self, ids: &Array) -> Result<Array> {
         if let Some(p) = &self.packed {
-            return kernels::qrows_packed(p, ids, self.out_features, self.group_size, self.bits);
+            return kernels::qrows_packed(p, ids, self.out_features, self.group_size, self.kbits());
         }
         let src = self.source("embedding lookup")?;
         let f = |a: &Array| -> Result<Array> { ops::take(a, ids, 0)?.as_type(Dtype::Float32) };
@@ -248,6 +265,7 @@ impl Linear {
         };
         let alike = |q: &&QuantizedWeight| {
             q.bits == first.bits
+                && q.f32_scales == first.f32_scales
                 && q.group_size == first.group_size
                 && q.in_features() == first.in_features()
         };

@@ -5,6 +5,7 @@
 //! multiplied by specd's batch-invariant kernels, attention by specd's
 //! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
 //! attention). See [`WeightMode`].
+use super::config::Arch;
 use super::linear::{fuse_packed, Linear};
 use super::LlamaConfig;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
@@ -34,6 +35,20 @@ pub struct Layer {
     /// rope (Qwen3).
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
+    /// Gemma 3's extra norms ([`super::gemma3`]); `None` for llama.
+    pub gemma: Option<GemmaNorms>,
+}
+
+/// Gemma 3's per-layer norms beyond llama's two (GGUF weights: Gemma's
+/// `1 + w` already folded in by the converter).
+#[derive(Clone)]
+pub struct GemmaNorms {
+    /// Over each head of q and of k, before the rope.
+    pub q_norm: Array,
+    pub k_norm: Array,
+    /// On the attention output and on the MLP output, before the residual.
+    pub post_attn: Array,
+    pub post_ffn: Array,
 }
 
 /// Called with a part's name and outputs as a forward builds them.
@@ -88,9 +103,11 @@ impl Llama {
     /// through a sliding window.
     pub fn new_caches_n(&self, n: usize) -> Vec<Box<dyn LayerCache>> {
         (0..n)
-            .map(|_| match self.config.sliding_window {
-                Some(w) => Box::new(RotatingCache::new(w)) as Box<dyn LayerCache>,
-                None => Box::new(KvCache::new()) as Box<dyn LayerCache>,
+            .map(|i| match self.config.sliding_window {
+                Some(w) if self.config.is_local(i) => {
+                    Box::new(RotatingCache::new(w)) as Box<dyn LayerCache>
+                }
+                _ => Box::new(KvCache::new()) as Box<dyn LayerCache>,
             })
             .collect()
     }
@@ -159,8 +176,21 @@ impl Llama {
             .rows(ids)?
             .reshape(&[1, t, self.config.hidden_size as i32])?;
         probe("embedding", &[&x])?;
-        for (layer, cache) in self.layers[..n_layers].iter().zip(caches.iter_mut()) {
-            x = self.layer(layer, &x, cache, probe)?;
+        if self.config.arch == Arch::Gemma3 {
+            x = ops::multiply(
+                &x,
+                &Array::scalar(super::gemma3::embed_scale(&self.config))?,
+            )?;
+        }
+        for (i, (layer, cache)) in self.layers[..n_layers]
+            .iter()
+            .zip(caches.iter_mut())
+            .enumerate()
+        {
+            x = match &layer.gemma {
+                Some(g) => self.gemma3_layer(i, layer, g, &x, cache, probe)?,
+                None => self.layer(layer, &x, cache, probe)?,
+            };
         }
         Ok(x)
     }
@@ -433,6 +463,17 @@ impl Llama {
     /// alone. Returns, per sequence, its logits (`None` where it asked for
     /// none: a prefill chunk).
     pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<Vec<Option<Array>>> {
+        if self.config.arch != super::Arch::Llama {
+            // Gemma 3's layers have no batched path yet: each sequence runs
+            // its own forward (the same tokens as alone, without the gain).
+            return seqs
+                .iter_mut()
+                .map(|s| {
+                    let l = self.forward(s.tokens, s.caches, s.logits.unwrap_or(Logits::Last))?;
+                    Ok(s.logits.map(|_| l))
+                })
+                .collect();
+        }
         let n_layers = self.layers.len();
         let mut tokens = Vec::new();
         let mut spans = Vec::with_capacity(seqs.len());
@@ -597,6 +638,9 @@ impl Llama {
             }
             for lin in l.qkv.iter().chain(&l.gate_up) {
                 w.extend(lin.arrays());
+            }
+            if let Some(g) = &l.gemma {
+                w.extend([&g.q_norm, &g.k_norm, &g.post_attn, &g.post_ffn]);
             }
         }
         w

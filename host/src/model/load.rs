@@ -3,9 +3,10 @@
 //! kernels ([`WeightMode::Quantized`]) or are dequantized to float32
 //! ([`WeightMode::F32`]); a layout the kernels don't take (bits other than
 //! 4 and 8, groups not a multiple of 32) is dequantized either way.
+use super::ggml;
 use super::linear::{Linear, QuantSource, QuantizedWeight, WeightMode};
-use super::llama::Layer;
-use super::{Llama, LlamaConfig};
+use super::llama::{GemmaNorms, Layer};
+use super::{Arch, Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, ops, Array, Dtype};
 use std::cell::RefCell;
@@ -41,6 +42,8 @@ pub struct Tensors {
     map: HashMap<String, Array>,
     /// Group size of affine-quantized tensors (MLX's `X.scales`/`X.biases`).
     group_size: Option<i32>,
+    /// Per-tensor group sizes where they differ (GGUF K-quants), by base name.
+    groups: HashMap<String, i32>,
     /// Bits, where the source says (HF quantization config); else inferred.
     bits: Option<i32>,
     /// Per-layer `(group_size, bits)` where an MLX checkpoint quantizes some
@@ -101,9 +104,10 @@ impl Tensors {
         let biases = self
             .get(&format!("{base}.biases"))
             .with_context(|| format!("quantized {base} has scales but no biases"))?;
+        let group = self.groups.get(base).copied();
         let (group, bits) = match self.overrides.get(base) {
             Some(&(g, b)) => (g, Some(b)),
-            None => (self.group_size.unwrap_or(32), self.bits),
+            None => (group.or(self.group_size).unwrap_or(32), self.bits),
         };
         let packed_cols = w.dim(-1);
         let in_features = scales.dim(-1) * group;
@@ -134,15 +138,21 @@ impl Tensors {
     /// `base` as a linear layer: quantized where the mode and the layout
     /// allow it, else float32.
     pub fn linear(&self, base: &str) -> Result<Linear> {
-        let kernel_fit = |q: &QuantizedWeight| matches!(q.bits, 4 | 8) && q.group_size % 32 == 0;
+        let kernel_fit = |q: &QuantizedWeight| matches!(q.bits, 4 | 8) && q.group_size % 16 == 0;
         match self.quantized(base)? {
             Some(q) if self.mode == WeightMode::Quantized && kernel_fit(&q) => {
                 // The kernels read float16 scales (GGUF's own dtype; bf16
-                // ones from MLX checkpoints convert exactly enough).
+                // ones from MLX checkpoints convert exactly enough), or
+                // float32 ones (GGUF K-quants, which float16 cannot hold).
                 let src = q.source.expect("a file's weight has its source");
+                let dt = if src.scales.dtype() == Dtype::Float32 {
+                    Dtype::Float32
+                } else {
+                    Dtype::Float16
+                };
                 let src = QuantSource {
-                    scales: src.scales.as_type(Dtype::Float16)?,
-                    biases: src.biases.as_type(Dtype::Float16)?,
+                    scales: src.scales.as_type(dt)?,
+                    biases: src.biases.as_type(dt)?,
                     w: src.w,
                 };
                 Ok(Linear::Quantized(QuantizedWeight::new(
@@ -166,8 +176,19 @@ impl Tensors {
 pub fn read_gguf(path: &Path, mode: WeightMode) -> Result<(Tensors, HashMap<String, String>)> {
     // Parse the header ourselves first: a truncated or foreign file gets a
     // clear error instead of whatever the C++ reader does with it.
-    specd_text::gguf::GgufFile::open(path)
+    let header = specd_text::gguf::GgufFile::open(path)
         .with_context(|| format!("{} is not a readable GGUF model file", path.display()))?;
+    // MLX's reader decodes these; anything else (K-quants, Q5_0) we do.
+    let mlx_reads = header.tensors.iter().all(|t| {
+        use specd_text::gguf::ggml_type as ty;
+        matches!(
+            t.ggml_type,
+            ty::F32 | ty::F16 | ty::Q4_0 | ty::Q4_1 | ty::Q8_0
+        )
+    });
+    if !mlx_reads {
+        return read_gguf_blocks(path, &header, mode);
+    }
     let f = io::load_gguf(path).with_context(|| format!("loading GGUF {}", path.display()))?;
     let meta = f.metadata.into_iter().collect();
     let map = f.tensors.into_iter().collect();
@@ -175,6 +196,84 @@ pub fn read_gguf(path: &Path, mode: WeightMode) -> Result<(Tensors, HashMap<Stri
         Tensors {
             map,
             group_size: Some(32),
+            groups: HashMap::new(),
+            bits: None,
+            overrides: HashMap::new(),
+            mode,
+            used: RefCell::default(),
+        },
+        meta,
+    ))
+}
+
+/// Reads a GGUF's tensors with specd's own block decoders ([`ggml`]):
+/// quantized ones as MLX's affine layout (`X.weight` words, `X.scales`,
+/// `X.biases`, float32 scales where float16 cannot hold them), the rest as
+/// float32. Metadata as MLX's reader gives it: numbers and strings as text.
+fn read_gguf_blocks(
+    path: &Path,
+    header: &specd_text::gguf::GgufMeta,
+    mode: WeightMode,
+) -> Result<(Tensors, HashMap<String, String>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut map = HashMap::new();
+    let mut groups = HashMap::new();
+    for t in &header.tensors {
+        let start = (header.data_offset + t.offset) as usize;
+        let data = bytes.get(start..).unwrap_or(&[]);
+        let cols = *t.shape.first().unwrap_or(&1) as usize;
+        let rows = t.shape.iter().skip(1).product::<u64>() as usize;
+        // MLX's order: the slowest dimension first.
+        let dims: Vec<i32> = t.shape.iter().rev().map(|&d| d as i32).collect();
+        let base = t
+            .name
+            .strip_suffix(".weight")
+            .unwrap_or(&t.name)
+            .to_string();
+        match ggml::decode(&t.name, t.ggml_type, data, rows, cols)? {
+            ggml::Decoded::Dense(v) => {
+                map.insert(t.name.clone(), Array::from_f32(&v, &dims)?);
+            }
+            ggml::Decoded::Quantized(a) => {
+                let words = a.words();
+                let per_row = (cols * a.bits as usize / 32) as i32;
+                let g = [rows as i32, (cols / a.group) as i32];
+                let dt = |v: &[f32]| -> Result<Array> {
+                    let x = Array::from_f32(v, &g)?;
+                    Ok(if a.half {
+                        x.as_type(Dtype::Float16)?
+                    } else {
+                        x
+                    })
+                };
+                map.insert(
+                    t.name.clone(),
+                    Array::from_u32(&words, &[rows as i32, per_row])?,
+                );
+                map.insert(format!("{base}.scales"), dt(&a.scales)?);
+                map.insert(format!("{base}.biases"), dt(&a.biases)?);
+                groups.insert(base, a.group as i32);
+            }
+        }
+    }
+    let meta = header
+        .keys()
+        .filter_map(|k| {
+            let v = header.get(k)?;
+            let text = match (v.as_str(), v.as_i128(), v.as_f64()) {
+                (Some(s), _, _) => s.to_string(),
+                (None, Some(i), _) => i.to_string(),
+                (None, None, Some(f)) => f.to_string(),
+                _ => return None,
+            };
+            Some((k.to_string(), text))
+        })
+        .collect();
+    Ok((
+        Tensors {
+            map,
+            group_size: Some(32),
+            groups,
             bits: None,
             overrides: HashMap::new(),
             mode,
@@ -219,6 +318,15 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
             o_bias: config.o_bias.then(|| bias(names.o)).transpose()?,
             q_norm: qk_norm(names.q_norm)?,
             k_norm: qk_norm(names.k_norm)?,
+            gemma: match config.arch {
+                Arch::Gemma3 => Some(GemmaNorms {
+                    q_norm: t.dense(&n("attn_q_norm"))?,
+                    k_norm: t.dense(&n("attn_k_norm"))?,
+                    post_attn: t.dense(&n("post_attention_norm"))?,
+                    post_ffn: t.dense(&n("post_ffw_norm"))?,
+                }),
+                Arch::Llama => None,
+            },
         });
     }
     let lm_head = if t.has(names.head) && !config.tie_word_embeddings {
@@ -387,6 +495,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
         group_size: Some(q.group_size),
         bits: q.bits,
         overrides: q.overrides,
+        groups: HashMap::new(),
         mode,
         used: RefCell::default(),
     };

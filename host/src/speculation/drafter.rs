@@ -157,6 +157,10 @@ impl Drafter for ModelDrafter {
         }
         let have = self.model.offset().min(log.len().saturating_sub(1));
         self.model.rewind(have)?;
+        // Every offset `commit` may keep: a sliding-window cache that wrapped
+        // can only go back there from a snapshot (elsewhere none is taken).
+        let keepable: Vec<usize> = (log.len()..log.len() + k).collect();
+        self.model.prepare_snapshots(&keepable);
         let mut rows = self.model.forward(&log[have..], false)?;
         let mut history = log.to_vec();
         for i in 0..k {
@@ -171,6 +175,7 @@ impl Drafter for ModelDrafter {
             draft.q.push(DraftProb::Dist(d));
             history.push(tok);
             if i + 1 < k {
+                self.model.prepare_snapshots(&keepable);
                 rows = self.model.forward(&[tok], false)?;
             }
         }

@@ -50,7 +50,7 @@ pub struct LlamaTarget {
     pub model: Arc<Llama>,
     pub caches: Vec<Box<dyn LayerCache>>,
     pub n_layers: usize,
-    /// Per layer, what the last forward snapshotted.
+    /// Per layer, what the forwards since the last rewind snapshotted.
     snapshots: Vec<Vec<Snapshot>>,
 }
 
@@ -81,8 +81,18 @@ impl LlamaTarget {
         }
     }
 
+    /// Adds what the last forward snapshotted: a model drafter forwards one
+    /// token at a time and may roll back past several of them.
     fn collect_snapshots(&mut self) {
-        self.snapshots = self.caches.iter_mut().map(|c| c.take_snapshots()).collect();
+        let taken: Vec<Vec<Snapshot>> =
+            self.caches.iter_mut().map(|c| c.take_snapshots()).collect();
+        if self.snapshots.len() != taken.len() {
+            self.snapshots = taken;
+            return;
+        }
+        for (kept, new) in self.snapshots.iter_mut().zip(taken) {
+            kept.extend(new);
+        }
     }
 
     /// Queues one forward of `ids` and the argmax of its logits on the

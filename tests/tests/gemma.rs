@@ -1,0 +1,78 @@
+//! Gemma 3 270M end to end: speculation past the sliding window stays
+//! token-identical to plain decoding, through snapshot restores of the
+//! rotating caches after they wrapped. (Its own test binary: the restore
+//! counter is process-wide.)
+use specd::cache::rotating;
+use specd::engine::Prompt;
+use specd::options::{DrafterSpec, SpecOptions};
+use specd::pipeline::Finished;
+use specd::sampling::SamplingParams;
+use specd_tests::{gemma_engine, GROUNDED};
+
+/// Prompt tokens: with the output, past the 512-token window by far.
+const PROMPT_TOKENS: usize = 560;
+const MAX_TOKENS: usize = 64;
+
+fn run(e: &specd::engine::Engine, ids: &[u32], spec: SpecOptions) -> Finished {
+    let params = SamplingParams::default();
+    let spec = e.speculation(&spec, &params).unwrap();
+    let settings = e.settings(params, Some(MAX_TOKENS), vec![]);
+    e.generate_uncached(ids, &settings, spec, &mut |_| true)
+        .unwrap()
+}
+
+#[test]
+fn speculation_past_the_sliding_window_equals_plain_decoding() {
+    let e = gemma_engine();
+    assert_eq!(e.model.config.sliding_window, Some(512));
+    assert!(
+        e.model.batch_invariant(),
+        "gemma3 runs on the batch-invariant kernels"
+    );
+    // Completion mode (the base model has no chat template): text that
+    // repeats, so n-gram drafts are long and partly rejected.
+    let text = GROUNDED.join("\n\n").repeat(8);
+    let mut ids = e.encode(&Prompt::Raw(text)).unwrap();
+    assert!(ids.len() > PROMPT_TOKENS, "{} prompt tokens", ids.len());
+    ids.truncate(PROMPT_TOKENS);
+
+    let plain = run(
+        &e,
+        &ids,
+        SpecOptions {
+            drafter: Some(DrafterSpec::None),
+            ..Default::default()
+        },
+    );
+    assert!(
+        plain.log.len() > 600,
+        "prompt + output is {} tokens",
+        plain.log.len()
+    );
+    for drafter in ["ngram", "self:9"] {
+        let before = rotating::restores();
+        let spec = run(
+            &e,
+            &ids,
+            SpecOptions {
+                drafter: Some(drafter.parse().unwrap()),
+                schedule: Some("constant".into()),
+                schedule_config: Some(serde_json::json!({"k": 4})),
+                acceptance: Some("greedy".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(spec.emitted, plain.emitted, "{drafter}: tokens differ");
+        let s = &spec.stats;
+        assert!(s.policy_failure.is_none(), "{drafter}: {s:?}");
+        let restores = rotating::restores() - before;
+        println!(
+            "{drafter}: {} rounds, {} drafted, {} accepted, {restores} rotating-cache restores",
+            s.rounds, s.drafted, s.accepted
+        );
+        assert!(
+            restores > 0,
+            "{drafter}: no rollback went through a snapshot after the window wrapped"
+        );
+    }
+}
