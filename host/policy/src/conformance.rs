@@ -25,6 +25,10 @@
 use crate::{Acceptance, Correction, PolicyError, Position};
 use serde::{Deserialize, Serialize};
 
+/// Bumped whenever the harness's rounds or tests change: verdicts kept on
+/// disk by another version are not used (the policy is tested again).
+pub const HARNESS_VERSION: u32 = 1;
+
 /// What an acceptance policy claims about the distribution it keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -313,7 +313,8 @@ impl PolicyHost {
 
     /// Where verdicts of the conformance harness are kept across
     /// processes: beside the compiled-component cache,
-    /// `$SPECD_HOME/policies/conformance/SHA256.json`.
+    /// `$SPECD_HOME/policies/conformance/SHA256.vN.json` (N: the harness
+    /// version).
     fn verdict_path(&self, hash: &str) -> Option<PathBuf> {
         let dir = self
             .rt
@@ -321,7 +322,8 @@ impl PolicyHost {
             .cache_dir
             .as_ref()?
             .with_file_name("conformance");
-        Some(dir.join(format!("{hash}.json")))
+        let version = crate::conformance::HARNESS_VERSION;
+        Some(dir.join(format!("{hash}.v{version}.json")))
     }
 
     /// The verdict slot of a component, read from disk on first use.
