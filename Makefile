@@ -12,6 +12,9 @@
 #   - .venv with tests/py/requirements.txt (mlx, mlx-lm, gguf, numpy, pytest, ...)
 #   - componentize-py (pinned) in plugins/target/componentize-py, for the
 #     Python policies (scripts/build-python-plugins.sh)
+#   - componentize-js (pinned by plugins/js/package-lock.json, npm ci) in
+#     plugins/target/componentize-js, for the JavaScript policies
+#     (scripts/build-js-plugins.sh); Debian nodejs npm when node is missing
 #   - MLX (the pinned mlx-cpu wheel, by the build) and the default model
 #     (`specd pull`), both under $SPECD_HOME (default ~/.cache/specd)
 #
@@ -41,12 +44,12 @@ export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32 chromium
 
-.PHONY: run test setup apt rust tools venv build pull python-plugins lint test-rust test-py bench-anchors clean-stamps
+.PHONY: run test setup apt rust tools venv build pull python-plugins js-plugins lint test-rust test-py bench-anchors clean-stamps
 
 run: build
 	$(SPECD) generate --chat "$(PROMPT)"
 
-test: build venv pull python-plugins lint test-rust test-py
+test: build venv pull python-plugins js-plugins lint test-rust test-py
 
 setup: tools venv
 
@@ -59,6 +62,7 @@ apt:
 	if ! $(PYTHON) -m venv --help >/dev/null 2>&1 || ! $(PYTHON) -c 'import ensurepip' >/dev/null 2>&1; then \
 	    missing="$$missing python3-venv"; \
 	fi; \
+	command -v node >/dev/null && command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	    echo "make: installing Debian packages:$$missing"; \
 	    export DEBIAN_FRONTEND=noninteractive; \
@@ -105,17 +109,22 @@ pull: build
 python-plugins: | apt
 	PYTHON=$(PYTHON) bash scripts/build-python-plugins.sh
 
+# The JavaScript policies (plugins/js -> plugins/target/js/*.wasm), the same
+# way: componentize-js (pinned by plugins/js/package-lock.json, npm ci).
+js-plugins: | apt
+	bash scripts/build-js-plugins.sh
+
 # ---- tests ----------------------------------------------------------------------
 # Formatting and clippy are part of the test command (CI checks them).
 lint: build
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-test-rust: build pull python-plugins
+test-rust: build pull python-plugins js-plugins
 	cargo test --release --workspace
 
 # pytest exits 5 when it collects no tests: that is a broken test setup, not a pass.
-test-py: build venv pull python-plugins
+test-py: build venv pull python-plugins js-plugins
 	@set +e; cd $(ROOT) && SPECD_BIN=$(SPECD) $(VENV)/bin/python -m pytest -p no:cacheprovider --durations=10 tests/py $(PYTEST_ARGS); rc=$$?; set -e; \
 	if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests under tests/py (exit 5): failing" >&2; exit 1; fi; \
 	exit $$rc

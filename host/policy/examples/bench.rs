@@ -1,13 +1,17 @@
 //! Policy call benchmark:
-//!     cargo run --release -p specd-policy --example bench [--policy-dir DIR] [--requests N] [SCHEDULE ACCEPTANCE]
+//!     cargo run --release -p specd-policy --example bench [--policy-dir DIR]... [--requests N] [SCHEDULE ACCEPTANCE]...
 //!
-//! `--policy-dir DIR` registers DIR's components first (as `specd serve
-//! --policy-dir` does), printing how long each took: a compile the first
-//! time, a load from the disk cache (`$SPECD_HOME/policies/cache`) after.
-//! With `SPECD_HOME` set to an empty directory, every component compiles.
-//! Python policies (scripts/build-python-plugins.sh):
+//! `--policy-dir DIR` (repeatable) registers DIR's components first (as
+//! `specd serve --policy-dir` does), printing how long each took: a compile
+//! the first time, a load from the disk cache (`$SPECD_HOME/policies/cache`)
+//! after.  With `SPECD_HOME` set to an empty directory, every component
+//! compiles.  Several pairs are measured one after the other in one process
+//! (compare them within one run).  The Rust, Python
+//! (scripts/build-python-plugins.sh) and JavaScript
+//! (scripts/build-js-plugins.sh) ports side by side:
 //!     cargo run --release -p specd-policy --example bench -- \
-//!         --policy-dir plugins/target/python heuristic-py rejection-py
+//!         --policy-dir plugins/target/python --policy-dir plugins/target/js \
+//!         heuristic rejection heuristic-py rejection-py heuristic-js rejection-js
 use specd_policy::{
     native, Acceptance, HostConfig, PolicyError, PolicyHost, Position, RoundRecord, Schedule,
     ScheduleInput,
@@ -22,10 +26,15 @@ fn main() -> anyhow::Result<()> {
         args.drain(i..(i + 2).min(args.len()));
         v
     };
-    let policy_dir = flag("--policy-dir");
+    let mut policy_dirs = Vec::new();
+    while let Some(dir) = flag("--policy-dir") {
+        policy_dirs.push(dir);
+    }
     let requests: u32 = flag("--requests").map_or(Ok(200), |v| v.parse())?;
     let pairs: Vec<(String, String)> = if args.len() >= 2 {
-        vec![(args[0].clone(), args[1].clone())]
+        args.chunks_exact(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect()
     } else {
         [
             ("constant", "greedy"),
@@ -44,7 +53,7 @@ fn main() -> anyhow::Result<()> {
         host.list().len(),
         t.elapsed().as_secs_f64() * 1e3
     );
-    if let Some(dir) = policy_dir {
+    for dir in policy_dirs {
         let mut paths: Vec<_> = std::fs::read_dir(&dir)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|e| e == "wasm"))

@@ -5,7 +5,7 @@
 use crate::cache::{inspect, sha256_hex, DiskCache};
 use crate::sandbox::{bind_acceptance, bind_schedule, chain, HostState};
 use crate::{CheckError, Exports, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use wasmtime::component::{Component, Linker};
 use wasmtime::Engine;
@@ -30,6 +30,9 @@ pub(crate) struct Loaded {
     /// The bytes of a component compiled lazily (the embedded built-ins).
     lazy_bytes: Option<&'static [u8]>,
     compiled: OnceLock<Result<Compiled, CheckError>>,
+    /// The conformance harness's verdict on this hash (read from disk on
+    /// first use; `None` inside: not run yet).
+    pub verdict: OnceLock<Mutex<Option<crate::Verdict>>>,
 }
 
 /// Pre-instantiated bindings of a compiled component.
@@ -105,6 +108,7 @@ impl Compiler {
             size: bytes.len(),
             lazy_bytes: Some(bytes),
             compiled: OnceLock::new(),
+            verdict: OnceLock::new(),
         }))
     }
 
@@ -130,6 +134,7 @@ impl Compiler {
             size: bytes.len(),
             lazy_bytes: None,
             compiled: OnceLock::from(Ok(compiled)),
+            verdict: OnceLock::new(),
         }))
     }
 

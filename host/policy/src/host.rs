@@ -9,12 +9,13 @@ use crate::registry::{info_of, valid_name, NameEntry, Registry};
 use crate::sandbox::{chain, HostState};
 use crate::wasm::{Runtime, WasmAcceptance, WasmSchedule};
 use crate::{
-    Acceptance, CheckError, HostConfig, MetricsSnapshot, PolicyError, PolicyErrorKind, PolicyInfo,
-    PolicySource, RegistryError, RegistryQuota, Schedule, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
+    Acceptance, CheckError, ConformanceConfig, ConformanceReport, HostConfig, LosslessClaim,
+    MetricsSnapshot, PolicyError, PolicyErrorKind, PolicyInfo, PolicySource, RegistryError,
+    RegistryQuota, Schedule, Verdict, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
 };
 use anyhow::Context as _;
-use std::path::Path;
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
@@ -300,9 +301,127 @@ impl PolicyHost {
         Ok(())
     }
 
-    /// Every registered policy, by name.
+    /// Every registered policy, by name (with conformance verdicts kept
+    /// on disk from earlier runs).
     pub fn list(&self) -> Vec<PolicyInfo> {
+        let loaded: Vec<Arc<Loaded>> = self.read().by_hash.values().cloned().collect();
+        for l in loaded.iter().filter(|l| l.exports.acceptance) {
+            self.verdict_cell(l);
+        }
         self.read().infos()
+    }
+
+    /// Where verdicts of the conformance harness are kept across
+    /// processes: beside the compiled-component cache,
+    /// `$SPECD_HOME/policies/conformance/SHA256.vN.json` (N: the harness
+    /// version).
+    fn verdict_path(&self, hash: &str) -> Option<PathBuf> {
+        let dir = self
+            .rt
+            .cfg
+            .cache_dir
+            .as_ref()?
+            .with_file_name("conformance");
+        let version = crate::conformance::HARNESS_VERSION;
+        Some(dir.join(format!("{hash}.v{version}.json")))
+    }
+
+    /// The verdict slot of a component, read from disk on first use.
+    fn verdict_cell<'a>(&self, l: &'a Loaded) -> &'a Mutex<Option<Verdict>> {
+        l.verdict.get_or_init(|| {
+            let v = self
+                .verdict_path(&l.sha256)
+                .and_then(|p| std::fs::read(p).ok())
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            Mutex::new(v)
+        })
+    }
+
+    /// Runs the conformance harness on an acceptance policy (a fresh
+    /// instance per case, config `{}`) and keeps its verdict for the
+    /// component's hash (in memory and on disk).  `claim`: a claim to test
+    /// instead of the policy's own (the verdict is then reported, not
+    /// kept); its own is a built-in's, and "lossless" for a user component
+    /// (contract 0.1 has no way to declare one).
+    pub fn conformance(
+        &self,
+        name_or_hash: &str,
+        claim: Option<LosslessClaim>,
+        cfg: &ConformanceConfig,
+    ) -> Result<ConformanceReport, PolicyError> {
+        let (loaded, _) = self.resolve(name_or_hash, PolicyConfig::Text("{}"), false)?;
+        let builtin = self
+            .read()
+            .names
+            .get(name_or_hash)
+            .is_some_and(|e| e.builtin);
+        let (claim, source) = match claim {
+            Some(c) => (c, "stated"),
+            None => match LosslessClaim::of_builtin(name_or_hash).filter(|_| builtin) {
+                Some(c) => (c, "built-in"),
+                None => (LosslessClaim::Lossless, "assumed"),
+            },
+        };
+        let report = crate::conformance::run(
+            &mut |vocab| self.acceptance(name_or_hash, "{}", vocab),
+            claim,
+            cfg,
+        )?;
+        // Only a verdict on the policy's own claim is kept: testing another
+        // one (`--claim`) must not change what the server admits.
+        if source == "stated" {
+            return Ok(report);
+        }
+        let verdict = Verdict::of(&report, source);
+        if let Some(path) = self.verdict_path(&loaded.sha256) {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            let written = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| {
+                    std::fs::write(&tmp, serde_json::to_vec(&verdict).unwrap_or_default())
+                })
+                .and_then(|_| std::fs::rename(&tmp, &path));
+            if let Err(e) = written {
+                tracing::warn!(path = %path.display(), "keeping the conformance verdict: {e}");
+            }
+        }
+        *self
+            .verdict_cell(&loaded)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(verdict);
+        Ok(report)
+    }
+
+    /// Whether an acceptance policy may serve a request under
+    /// `--require-lossless`: only once the conformance harness passed on
+    /// its exact hash (it is run now, once, when it never was).  `Err`
+    /// says why not, for the client.
+    pub fn require_lossless(&self, name_or_hash: &str, greedy_request: bool) -> Result<(), String> {
+        let loaded = self
+            .lookup(name_or_hash)
+            .ok_or_else(|| format!("no policy {name_or_hash:?}"))?;
+        let known = self
+            .verdict_cell(&loaded)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let verdict = match known {
+            Some(v) => v,
+            None => {
+                let seed = crate::conformance::random_seed();
+                self.conformance(name_or_hash, None, &ConformanceConfig::new(seed))
+                    .map_err(|e| format!("the conformance harness could not run it: {e}"))?;
+                self.verdict_cell(&loaded)
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone()
+                    .ok_or("the conformance harness left no verdict")?
+            }
+        };
+        verdict.admits(greedy_request).map_err(|why| {
+            format!("acceptance policy {name_or_hash:?} is not verified lossless: {why}")
+        })
     }
 
     /// User (not built-in) policies: how many, and their component bytes
@@ -324,6 +443,7 @@ impl PolicyHost {
             source: PolicySource::Checked,
             imports_wasi: loaded.imports_wasi,
             size_bytes: loaded.size,
+            conformance: None,
         })
     }
 

@@ -70,6 +70,7 @@ mod builtin;
 mod cache;
 mod carry;
 mod compile;
+pub mod conformance;
 mod host;
 mod metrics;
 /// The policies' semantics as plain Rust (shared by the components, the
@@ -87,6 +88,7 @@ mod wasm;
 
 pub use builtin::builtin_components;
 pub use carry::PolicyConfig;
+pub use conformance::{ConformanceConfig, ConformanceReport, LosslessClaim, Verdict};
 pub use host::PolicyHost;
 pub use metrics::MetricsSnapshot;
 
@@ -320,6 +322,11 @@ pub struct PolicyInfo {
     /// The component imports WASI (runs under the deny-all WASI).
     pub imports_wasi: bool,
     pub size_bytes: usize,
+    /// The conformance harness's verdict on this exact component (sha256),
+    /// when it was run (`specd policy check --conformance`, or the server
+    /// under `--require-lossless`); acceptance policies only.
+    #[serde(default)]
+    pub conformance: Option<Verdict>,
 }
 
 /// Why a component does not fit (`specd policy check`, uploads).

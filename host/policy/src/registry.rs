@@ -92,5 +92,10 @@ pub(crate) fn info_of(name: &str, e: &NameEntry, l: &Loaded) -> PolicyInfo {
         source: e.source.clone(),
         imports_wasi: l.imports_wasi,
         size_bytes: l.size,
+        conformance: l.verdict.get().and_then(|v| {
+            v.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        }),
     }
 }

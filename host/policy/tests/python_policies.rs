@@ -86,31 +86,6 @@ fn python_heuristic_decides_exactly_like_the_rust_heuristic() {
     }
 }
 
-/// Random positions, with the edge cases of `uniform * q >= p` in f32: p = 0,
-/// q = 0, p exactly the f32 product and its neighbours.
-fn random_position(rng: &mut Lcg) -> Position {
-    let unit = |rng: &mut Lcg| rng.below(1 << 24) as f32 / (1u32 << 24) as f32;
-    let uniform = unit(rng);
-    let q = match rng.below(8) {
-        0 => 0.0,
-        1 => 1.0,
-        _ => unit(rng),
-    };
-    let product = uniform * q;
-    let p = match rng.below(10) {
-        0 => 0.0,
-        1 => product,
-        2 => product.next_up(),
-        3 => product.next_down().max(0.0),
-        // just above and below the exact (f64) product
-        4 => ((uniform as f64 * q as f64) * (1.0 + 1e-9)) as f32,
-        5 => ((uniform as f64 * q as f64) * (1.0 - 1e-9)) as f32,
-        _ => unit(rng),
-    };
-    let token = rng.below(50_000);
-    pos(token, p, q, token, 1.0, uniform)
-}
-
 #[test]
 fn python_rejection_decides_exactly_like_the_rust_rejection() {
     let host = python();

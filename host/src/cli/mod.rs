@@ -78,8 +78,30 @@ enum PolicyCmd {
         #[arg(long)]
         policy_dir: Option<PathBuf>,
     },
-    /// Validate a component against the specd:policy world.
-    Check { file: PathBuf },
+    /// Validate a component against the specd:policy world; with
+    /// --conformance, run the conformance harness on an acceptance policy
+    /// (a file, or a built-in or --policy-dir policy by name).
+    Check {
+        /// FILE.wasm (or, with --conformance, a policy name).
+        file: PathBuf,
+        /// Run the conformance harness: greedy exactness and a chi-square
+        /// test of the output against the target distribution over rounds
+        /// drawn at random (the seed is printed), or the drift of a lossy
+        /// policy.  Exit status 1 when the claim fails.
+        #[arg(long)]
+        conformance: bool,
+        /// The claim to test: lossless, greedy (exact at temperature 0) or
+        /// lossy (report only).  Default: a built-in's own; lossless for
+        /// other components (contract 0.1 cannot declare one).  Only a run
+        /// on the default claim is kept as the policy's verdict.
+        #[arg(long, requires = "conformance")]
+        claim: Option<String>,
+        /// Replays the rounds of an earlier run.
+        #[arg(long, requires = "conformance")]
+        seed: Option<u64>,
+        #[arg(long, requires = "conformance")]
+        policy_dir: Option<PathBuf>,
+    },
 }
 
 /// The model flag shared by commands that load one.
@@ -184,22 +206,75 @@ pub fn main() -> Result<()> {
         Command::Policy(PolicyCmd::List { policy_dir }) => {
             let host = policy_host(policy_dir.as_deref())?;
             println!(
-                "{:<22} {:<10} {:<20} {:<8} SHA256",
-                "NAME", "SOURCE", "EXPORTS", "WASI"
+                "{:<22} {:<10} {:<20} {:<8} {:<20} SHA256",
+                "NAME", "SOURCE", "EXPORTS", "WASI", "CONFORMANCE"
             );
             for p in host.list() {
+                // the harness's verdict on this exact hash, when it was run
+                let conformance = match &p.conformance {
+                    Some(v) if v.passed => format!("{} passed", v.claim),
+                    Some(v) => format!("{} FAILED", v.claim),
+                    None if p.exports.acceptance => "not run".into(),
+                    None => "-".into(),
+                };
                 println!(
-                    "{:<22} {:<10} {:<20} {:<8} {}",
+                    "{:<22} {:<10} {:<20} {:<8} {:<20} {}",
                     p.name,
                     if p.builtin { "built-in" } else { "user" },
                     p.exports.to_string(),
                     if p.imports_wasi { "yes" } else { "no" },
+                    conformance,
                     p.sha256
                 );
             }
             Ok(())
         }
-        Command::Policy(PolicyCmd::Check { file }) => {
+        Command::Policy(PolicyCmd::Check {
+            file,
+            conformance: true,
+            claim,
+            seed,
+            policy_dir,
+        }) => {
+            let claim = claim
+                .map(|c| {
+                    specd_policy::LosslessClaim::parse(&c).ok_or_else(|| {
+                        anyhow::anyhow!("--claim {c:?}: expected lossless, greedy or lossy")
+                    })
+                })
+                .transpose()?;
+            let host = policy_host(policy_dir.as_deref())?;
+            // A file is registered under its stem; anything else is a name.
+            let name = if file.is_file() {
+                let bytes =
+                    std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+                let stem = file
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or("policy")
+                    .to_string();
+                host.add(&stem, &bytes)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+                stem
+            } else {
+                file.display().to_string()
+            };
+            let seed = seed.unwrap_or_else(specd_policy::conformance::random_seed);
+            let cfg = specd_policy::ConformanceConfig::new(seed);
+            println!(
+                "conformance of {name}: seed {seed} (repeat with --seed {seed}), {} greedy rounds, {} cases x {} sampled rounds, vocabulary {}, significance {}",
+                cfg.greedy_rounds, cfg.cases, cfg.rounds_per_case, cfg.vocab, cfg.alpha
+            );
+            let r = host
+                .conformance(&name, claim, &cfg)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{name}: {}", r.summary);
+            if !r.passed {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Policy(PolicyCmd::Check { file, .. }) => {
             let bytes =
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let host = policy_host(None)?;

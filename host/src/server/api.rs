@@ -301,6 +301,9 @@ pub async fn start(
     state: &State,
     req: GenRequest,
 ) -> Result<(UnboundedReceiver<Msg>, usize, Duration), ApiError> {
+    if state.limits.require_lossless {
+        require_lossless(state, &req).await?;
+    }
     let mut rx = state.worker.submit(req).map_err(|e| match e {
         SubmitError::Busy => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -327,6 +330,36 @@ pub async fn start(
             "the generation worker dropped the request",
         )),
     }
+}
+
+/// `--require-lossless`: the request's acceptance policy (named, or the
+/// engine's default: `greedy` for greedy requests, else `rejection`) must
+/// have passed the conformance harness on its exact hash; the harness runs
+/// now, once per hash, when it never did (38,000 `decide` calls: a fraction
+/// of a second for a built-in, seconds for a Python or JavaScript policy), on
+/// a blocking thread: policy calls are synchronous.
+async fn require_lossless(state: &State, req: &GenRequest) -> Result<(), ApiError> {
+    let greedy = req.params.greedy();
+    let name = req
+        .spec
+        .acceptance
+        .clone()
+        .unwrap_or_else(|| if greedy { "greedy" } else { "rejection" }.to_string());
+    let policies = state.policies.clone();
+    let verdict = tokio::task::spawn_blocking(move || policies.require_lossless(&name, greedy))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the conformance check failed: {e}"),
+            )
+        })?;
+    verdict.map_err(|why| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("`acceptance`: {why} (the server runs with --require-lossless)"),
+        )
+    })
 }
 
 /// The whole output of a started request.

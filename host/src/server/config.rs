@@ -42,7 +42,8 @@ pub struct ServeArgs {
     /// draft_max, schedule_config, acceptance_config}, policy_limits: {...},
     /// api_keys: [KEY...], admin_key, metrics_key_required,
     /// registry_max_policies, registry_max_bytes, max_body_bytes,
-    /// max_concurrent_uploads, max_prompt_tokens, max_tokens}. Flags (then
+    /// max_concurrent_uploads, max_prompt_tokens, max_tokens,
+    /// require_lossless}. Flags (then
     /// SPECD_API_KEYS / SPECD_ADMIN_KEY) override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -105,6 +106,12 @@ pub struct ServeArgs {
     /// until the end of generation or the context limit].
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<usize>,
+    /// Serve only acceptance policies verified lossless: a request naming
+    /// one that has not passed the conformance harness on its exact hash
+    /// (run once, at its first use, when it never was) gets a 400 that says
+    /// why; `greedy` only for greedy (temperature 0) requests.
+    #[arg(long)]
+    pub require_lossless: bool,
     /// Defaults for what a request leaves open.
     #[command(flatten)]
     pub defaults: SpecOptions,
@@ -137,6 +144,7 @@ struct FileConfig {
     max_concurrent_uploads: Option<usize>,
     max_prompt_tokens: Option<usize>,
     max_tokens: Option<usize>,
+    require_lossless: Option<bool>,
 }
 
 /// A key: shown as `***` by `Debug`, so configs can be logged.
@@ -170,6 +178,8 @@ pub struct Limits {
     pub max_prompt_tokens: Option<usize>,
     /// `None`: until the end of generation or the context limit.
     pub max_tokens: Option<usize>,
+    /// Only acceptance policies the conformance harness verified lossless.
+    pub require_lossless: bool,
 }
 
 impl Default for Limits {
@@ -181,6 +191,7 @@ impl Default for Limits {
             max_concurrent_uploads: DEFAULT_MAX_CONCURRENT_UPLOADS,
             max_prompt_tokens: None,
             max_tokens: None,
+            require_lossless: false,
         }
     }
 }
@@ -298,6 +309,7 @@ impl ServerConfig {
                 .unwrap_or(d.max_concurrent_uploads),
             max_prompt_tokens: a.max_prompt_tokens.or(file.max_prompt_tokens),
             max_tokens: a.max_tokens.or(file.max_tokens),
+            require_lossless: a.require_lossless || file.require_lossless.unwrap_or(false),
         };
         let batch = crate::batch::BatchLimits {
             max_sequences: a
