@@ -309,6 +309,7 @@ impl Engine {
             context_length: self.context_length(),
             record: false,
             on_round: None,
+            logprobs: None,
         }
     }
 }

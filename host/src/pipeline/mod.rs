@@ -2,7 +2,7 @@
 //! that emits. Each round's committed tokens are recorded to the token log
 //! before any of them streams, so stopping at any point (EOS, stop string,
 //! budget, a cancelled client) leaves the caches consistent with the log.
-use crate::sampling::{Rng, SamplingParams};
+use crate::sampling::{token_logprob, LogprobRequest, Rng, SamplingParams, TokenLogprob};
 use crate::speculation::{SpecCounters, SpecState, Speculation, Target};
 use anyhow::{bail, Result};
 use serde::Serialize;
@@ -118,6 +118,16 @@ impl std::fmt::Debug for RoundHook {
 }
 
 /// What a request asks of the decode loop.
+/// Called with each emitted token's logprobs, before its text is sunk.
+#[derive(Clone)]
+pub struct LogprobHook(pub std::sync::Arc<dyn Fn(&TokenLogprob) + Send + Sync>);
+
+impl std::fmt::Debug for LogprobHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogprobHook")
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub params: SamplingParams,
@@ -129,6 +139,9 @@ pub struct Settings {
     pub record: bool,
     /// Told about every round as it ends (needs `record`).
     pub on_round: Option<RoundHook>,
+    /// Logprobs of the emitted tokens, to `on_logprob` (requests with
+    /// `logprobs` take rounds, never the pipelined argmax-only path).
+    pub logprobs: Option<(LogprobRequest, LogprobHook)>,
 }
 
 /// The outcome besides the streamed text.
@@ -250,7 +263,12 @@ pub fn generate(
     // Plain greedy decoding runs pipelined where the target can: the next
     // forward is queued before the host sees the token it follows from.
     // Same tokens, same stops; rounds are not traced one by one there.
-    if done.is_none() && state.is_plain() && !settings.record && settings.params.plain_greedy() {
+    if done.is_none()
+        && state.is_plain()
+        && !settings.record
+        && settings.logprobs.is_none()
+        && settings.params.plain_greedy()
+    {
         let t = Instant::now();
         let pending = *log.last().expect("the prompt is not empty");
         let mut each = |tok: u32, margin: f32| -> Result<bool> {
@@ -284,7 +302,12 @@ pub fn generate(
         log.extend_from_slice(&round.tokens);
         near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
         margins.extend_from_slice(&round.margins);
-        for &tok in &round.tokens {
+        for (i, &tok) in round.tokens.iter().enumerate() {
+            if let Some((req, hook)) = &settings.logprobs {
+                if !em.tokenizer.is_eos(tok) {
+                    (hook.0)(&token_logprob(&round.rows[i], &round.dists[i], tok, req));
+                }
+            }
             done = em.push(tok);
             if done.is_some() {
                 break;

@@ -91,6 +91,17 @@ pub struct ServeArgs {
     /// until the end of generation or the context limit].
     #[arg(long, value_name = "N")]
     pub max_tokens: Option<usize>,
+    /// A request that sets no temperature decodes greedily (no penalties,
+    /// seed 0) instead of getting its API's documented sampling defaults
+    /// (OpenAI: temperature 1; Ollama: temperature 0.8, top_k 40, top_p 0.9,
+    /// repeat_penalty 1.1) with a fresh seed.
+    #[arg(long)]
+    pub greedy_default: bool,
+    /// Which distribution `logprobs` describe: `raw` (the log-softmax of the
+    /// logits, before penalties and temperature; the default) or `processed`
+    /// (the final sampling distribution).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub logprobs_mode: Option<crate::sampling::LogprobMode>,
     /// Defaults for what a request leaves open.
     #[command(flatten)]
     pub defaults: SpecOptions,
@@ -120,6 +131,8 @@ struct FileConfig {
     max_concurrent_uploads: Option<usize>,
     max_prompt_tokens: Option<usize>,
     max_tokens: Option<usize>,
+    greedy_default: Option<bool>,
+    logprobs_mode: Option<crate::sampling::LogprobMode>,
 }
 
 /// A key: shown as `***` by `Debug`, so configs can be logged.
@@ -236,6 +249,10 @@ pub struct ServerConfig {
     pub weights: crate::model::WeightMode,
     pub access: AccessConfig,
     pub limits: Limits,
+    /// `--greedy-default`: greedy sampling defaults for every API.
+    pub greedy_default: bool,
+    /// `--logprobs-mode`.
+    pub logprobs_mode: crate::sampling::LogprobMode,
 }
 
 impl ServerConfig {
@@ -344,6 +361,8 @@ impl ServerConfig {
             weights: crate::model::WeightMode::default(),
             access,
             limits,
+            greedy_default: a.greedy_default || file.greedy_default.unwrap_or(false),
+            logprobs_mode: a.logprobs_mode.or(file.logprobs_mode).unwrap_or_default(),
         })
     }
 }

@@ -38,6 +38,10 @@ pub struct RoundOutcome {
     pub accepted: usize,
     /// Top-2 logit margin of the target at each committed position.
     pub margins: Vec<f32>,
+    /// The target's raw logits and final distribution at each committed
+    /// position (moved out, not copied: what logprobs are computed from).
+    pub rows: Vec<Vec<f32>>,
+    pub dists: Vec<Distribution>,
 }
 
 /// What one round showed the policies and what they answered: a line of a
@@ -285,6 +289,10 @@ impl SpecState {
         };
         out.margins.push(dists[out.accepted].margin);
         out.tokens.push(next);
+        let (mut rows, mut dists) = (rows, dists);
+        rows.truncate(out.tokens.len());
+        dists.truncate(out.tokens.len());
+        (out.rows, out.dists) = (rows, dists);
 
         // 5. Roll back to what was kept: the pending token plus accepted drafts.
         target.rewind(before + 1 + out.accepted)?;

@@ -174,6 +174,7 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
         context_length: 8192,
         record: false,
         on_round: None,
+        logprobs: None,
     }
 }
 
