@@ -310,6 +310,7 @@ impl Engine {
             record: false,
             on_round: None,
             logprobs: None,
+            constraint: None,
         }
     }
 }

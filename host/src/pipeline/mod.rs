@@ -142,6 +142,8 @@ pub struct Settings {
     /// Logprobs of the emitted tokens, to `on_logprob` (requests with
     /// `logprobs` take rounds, never the pipelined argmax-only path).
     pub logprobs: Option<(LogprobRequest, LogprobHook)>,
+    /// Structured output (rounds only, never the pipelined path).
+    pub constraint: Option<crate::sampling::SharedConstraint>,
 }
 
 /// The outcome besides the streamed text.
@@ -241,6 +243,7 @@ pub fn generate(
     let prompt_seconds = t0.elapsed().as_secs_f64();
 
     let mut state = SpecState::new(spec);
+    state.constraint = settings.constraint.clone();
     if settings.record {
         state.trace = Some(Vec::new());
     }
@@ -267,6 +270,7 @@ pub fn generate(
         && state.is_plain()
         && !settings.record
         && settings.logprobs.is_none()
+        && settings.constraint.is_none()
         && settings.params.plain_greedy()
     {
         let t = Instant::now();

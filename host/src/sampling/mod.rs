@@ -2,8 +2,10 @@
 //! temperature, top-k, top-p, min-p) and drawing from it. The same transform
 //! serves target and draft, so the probabilities a policy sees are the ones
 //! sampling uses. All randomness comes from [`Rng`], seeded per request.
+pub mod constraint;
 pub mod logprobs;
 mod rng;
+pub use constraint::{Constraint, Grammars, JsonFormat, SharedConstraint};
 pub use logprobs::{token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
 pub use rng::{fresh_seed, Rng};
 

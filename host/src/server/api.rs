@@ -5,7 +5,7 @@ use super::State;
 use crate::options::SpecOptions;
 use crate::pipeline::Stats;
 use crate::sampling::logprobs::MAX_TOP_LOGPROBS;
-use crate::sampling::{LogprobRequest, SamplingParams};
+use crate::sampling::{JsonFormat, LogprobRequest, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -340,6 +340,41 @@ pub fn logprob_request(
         top,
         mode: state.logprobs_mode,
     }))
+}
+
+/// OpenAI's `response_format`: `text`, `json_object`, or `json_schema` (its
+/// `schema`; `strict` or not, the schema is enforced).
+pub fn response_format(v: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(JsonFormat::Object)),
+        Some("json_schema") => match v.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(s @ Value::Object(_)) => Ok(Some(JsonFormat::Schema(s.clone()))),
+            _ => Err(ApiError::bad(
+                "response_format.json_schema.schema must be a JSON schema object",
+            )),
+        },
+        t => Err(ApiError::bad(format!(
+            "response_format.type must be text, json_object or json_schema, got {}",
+            t.unwrap_or("nothing")
+        ))),
+    }
+}
+
+/// Ollama's `format`: `"json"` or a JSON schema.
+pub fn ollama_format(v: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(JsonFormat::Object)),
+        Some(s @ Value::Object(_)) => Ok(Some(JsonFormat::Schema(s.clone()))),
+        Some(v) => Err(ApiError::bad(format!(
+            "format must be \"json\" or a JSON schema object, got {v}"
+        ))),
+    }
 }
 
 fn alt_json(a: &TokenAlt) -> Value {

@@ -129,10 +129,6 @@ fn is_zero(v: &Value) -> bool {
 fn is_one(v: &Value) -> bool {
     v.as_f64() == Some(1.0)
 }
-fn is_text_format(v: &Value) -> bool {
-    v.get("type").and_then(Value::as_str) == Some("text")
-        && v.as_object().is_some_and(|o| o.len() == 1)
-}
 fn is_none_str(v: &Value) -> bool {
     v.as_str() == Some("none")
 }
@@ -169,10 +165,6 @@ const NO_TOOLS: Rule = Rule::NeutralOnly(
     is_empty,
     "the served model's chat template has no tool support",
 );
-const NO_FORMAT: Rule = Rule::NeutralOnly(
-    is_empty,
-    "specd does not constrain the output to a format (structured output) yet",
-);
 const NO_IMAGES: Rule = Rule::NeutralOnly(is_empty, "the served model reads text only");
 const NO_THINK: Rule = Rule::NeutralOnly(is_false, "the served model has no thinking mode");
 
@@ -196,22 +188,22 @@ pub static OPENAI_CHAT: Table = Table {
         ("logprobs", Rule::Used),
         ("top_logprobs", Rule::Used),
         ("logit_bias", NO_LOGIT_BIAS),
-        (
-            "response_format",
-            Rule::NeutralOnly(
-                is_text_format,
-                "specd does not constrain the output (json_object, json_schema) yet; only {\"type\": \"text\"}",
-            ),
-        ),
+        ("response_format", Rule::Used),
         ("tools", NO_TOOLS),
         ("functions", NO_TOOLS),
         (
             "tool_choice",
-            Rule::NeutralOnly(is_none_str, "the served model's chat template has no tool support"),
+            Rule::NeutralOnly(
+                is_none_str,
+                "the served model's chat template has no tool support",
+            ),
         ),
         (
             "function_call",
-            Rule::NeutralOnly(is_none_str, "the served model's chat template has no tool support"),
+            Rule::NeutralOnly(
+                is_none_str,
+                "the served model's chat template has no tool support",
+            ),
         ),
         (
             "modalities",
@@ -328,7 +320,7 @@ pub static OLLAMA_GENERATE: Table = Table {
         ("logprobs", Rule::Used),
         ("top_logprobs", Rule::Used),
         ("images", NO_IMAGES),
-        ("format", NO_FORMAT),
+        ("format", Rule::Used),
         ("think", NO_THINK),
         ("width", Rule::NeutralOnly(|_| false, "specd generates text, not images")),
         ("height", Rule::NeutralOnly(|_| false, "specd generates text, not images")),
@@ -348,7 +340,7 @@ pub static OLLAMA_CHAT: Table = Table {
         ("logprobs", Rule::Used),
         ("top_logprobs", Rule::Used),
         ("tools", NO_TOOLS),
-        ("format", NO_FORMAT),
+        ("format", Rule::Used),
         ("think", NO_THINK),
     ],
     common: false,

@@ -78,6 +78,7 @@ pub struct GenerateBody {
     #[serde(default)]
     logprobs: bool,
     top_logprobs: Option<i64>,
+    format: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -98,6 +99,7 @@ pub struct ChatBody {
     #[serde(default)]
     logprobs: bool,
     top_logprobs: Option<i64>,
+    format: Option<Value>,
 }
 
 fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
@@ -114,6 +116,7 @@ fn request(
     o: &OllamaOptions,
     tenant: String,
     logprobs: (bool, Option<i64>),
+    format: Option<&Value>,
 ) -> Result<GenRequest, ApiError> {
     let max_tokens = match o.num_predict {
         None => None,
@@ -131,6 +134,7 @@ fn request(
         trace_rounds: o.trace_rounds,
         tenant,
         logprobs: api::logprob_request(state, logprobs.0, logprobs.1, "top_logprobs")?,
+        format: api::ollama_format(format)?,
     })
 }
 
@@ -320,6 +324,7 @@ pub async fn generate(
         &OllamaOptions::parse(b.options, state.model.context_length)?,
         api::tenant(&caller),
         (b.logprobs, b.top_logprobs),
+        b.format.as_ref(),
     )?;
     run(
         state,
@@ -369,6 +374,7 @@ pub async fn chat(
         &OllamaOptions::parse(b.options, state.model.context_length)?,
         api::tenant(&caller),
         (b.logprobs, b.top_logprobs),
+        b.format.as_ref(),
     )?;
     run(state, Kind::Chat, model, req, b.stream.unwrap_or(true), t0).await
 }

@@ -30,6 +30,7 @@ pub struct ChatBody {
     n: Option<i64>,
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
+    response_format: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -379,6 +380,7 @@ pub async fn chat_completions(
             "top_logprobs",
         )
         .map_err(oa)?,
+        format: api::response_format(b.response_format.as_ref()).map_err(oa)?,
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -443,6 +445,7 @@ pub async fn completions(
         tenant: api::tenant(&caller),
         logprobs: api::logprob_request(&state, b.logprobs.is_some(), b.logprobs, "logprobs")
             .map_err(oa)?,
+        format: None,
     };
     let ctx = Ctx {
         kind: Kind::Completion,

@@ -33,6 +33,21 @@ pub struct GenRequest {
     pub tenant: String,
     /// Send each emitted token's logprobs (`Msg::Logprobs`) before its text.
     pub logprobs: Option<crate::sampling::LogprobRequest>,
+    /// Structured output: what the text must be.
+    pub format: Option<crate::sampling::JsonFormat>,
+}
+
+/// The grammar engine over the served model's tokenizer, built at the first
+/// request that needs it (one served model per process).
+fn grammars(engine: &Engine) -> Result<&'static crate::sampling::Grammars, String> {
+    static G: std::sync::OnceLock<Result<crate::sampling::Grammars, String>> =
+        std::sync::OnceLock::new();
+    G.get_or_init(|| {
+        crate::sampling::Grammars::new(&engine.tokenizer, engine.model.config.vocab_size)
+            .map_err(|e| format!("{e:#}"))
+    })
+    .as_ref()
+    .map_err(|e| e.clone())
 }
 
 /// A token as the APIs show it in logprobs: its text (lossy where it holds
@@ -330,6 +345,13 @@ fn run_job(
         settings.on_round = Some(crate::pipeline::RoundHook(Arc::new(move |r| {
             let _ = tx.send(Msg::Rounds(vec![r.clone()]));
         })));
+    }
+    if let Some(f) = &req.format {
+        let c = grammars(engine).and_then(|g| g.constraint(f).map_err(|e| format!("{e:#}")));
+        match c {
+            Ok(c) => settings.constraint = Some(crate::sampling::SharedConstraint::new(c)),
+            Err(e) => return refuse(e),
+        }
     }
     if let Some(lr) = req.logprobs {
         let (tx, tok) = (reply.clone(), engine.tokenizer.clone());

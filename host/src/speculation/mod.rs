@@ -13,7 +13,9 @@ pub use history::ScheduleHistory;
 pub use stats::{PolicyFailure, SpecCounters};
 pub use target::{LlamaTarget, Target};
 
-use crate::sampling::{distribution, sample_index, Distribution, Rng, SamplingParams};
+use crate::sampling::{
+    distribution, sample_index, Distribution, Rng, SamplingParams, SharedConstraint,
+};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use specd_policy::{
@@ -75,6 +77,9 @@ pub struct SpecState {
     spec: Option<Speculation>,
     pub counters: SpecCounters,
     history: ScheduleHistory,
+    /// Structured output: drafts are cut to what the grammar allows and
+    /// every verify row is masked before the policies see it.
+    pub constraint: Option<SharedConstraint>,
 }
 
 impl SpecState {
@@ -93,6 +98,7 @@ impl SpecState {
             spec,
             counters,
             history: ScheduleHistory::new(n - 1),
+            constraint: None,
         }
     }
 
@@ -202,6 +208,11 @@ impl SpecState {
             dt = t.elapsed().as_secs_f64();
             self.counters.draft_seconds += dt;
         }
+        if let Some(c) = &self.constraint {
+            let n = c.lock().valid_prefix(&draft.tokens)?;
+            draft.tokens.truncate(n);
+            draft.q.truncate(n);
+        }
         let kd = draft.tokens.len();
 
         // 3. Verify: the pending token and every draft in one forward.
@@ -213,7 +224,10 @@ impl SpecState {
             target.prepare_snapshots(&keep);
         }
         let t = Instant::now();
-        let rows = target.forward(&input, kd > 0)?;
+        let mut rows = target.forward(&input, kd > 0)?;
+        if let Some(c) = &self.constraint {
+            c.lock().mask_rows(&mut rows, &draft.tokens)?;
+        }
         let vt = t.elapsed().as_secs_f64();
         self.counters.verify_seconds += vt;
         let mut history = log.to_vec();
@@ -296,6 +310,9 @@ impl SpecState {
 
         // 5. Roll back to what was kept: the pending token plus accepted drafts.
         target.rewind(before + 1 + out.accepted)?;
+        if let Some(c) = &self.constraint {
+            c.lock().commit(&out.tokens)?;
+        }
         if let Some(spec) = self.spec.as_mut() {
             if kd > 0 {
                 spec.drafter.commit(log.len(), kd, out.accepted)?;

@@ -175,6 +175,7 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
         record: false,
         on_round: None,
         logprobs: None,
+        constraint: None,
     }
 }
 
