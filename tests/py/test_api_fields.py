@@ -73,7 +73,6 @@ def test_unknown_fields_are_refused_in_each_api_shape(server):
 def test_ollama_refuses_what_it_does_not_implement(server):
     client = ollama.Client(host=server.url, timeout=120)
     for kwargs, needle in [
-        ({"format": "yaml"}, "format"),
         ({"tools": [{"type": "function", "function": {"name": "f", "description": "d",
                                                       "parameters": {"type": "object", "properties": {}}}}]},
          "tools"),
@@ -84,6 +83,8 @@ def test_ollama_refuses_what_it_does_not_implement(server):
         with pytest.raises(ollama.ResponseError) as e:
             client.chat(model=MODEL, messages=MSGS, **kwargs)
         assert e.value.status_code == 400 and needle in e.value.error, (kwargs, e.value.error)
+    r = post(server, "/api/chat", {"model": MODEL, "messages": MSGS, "format": "yaml"})
+    assert r.status_code == 400 and "format" in r.json()["error"], r.text
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model=MODEL, prompt="x", images=[b"\x89PNG\r\n\x1a\n"])
     assert e.value.status_code == 400 and "images" in e.value.error
