@@ -163,7 +163,7 @@ pub static COMMON: &[(&str, Rule)] = &[
 const NO_LOGIT_BIAS: Rule = Rule::NeutralOnly(is_empty, "specd does not apply logit biases");
 const NO_TOOLS: Rule = Rule::NeutralOnly(
     is_empty,
-    "the served model's chat template has no tool support",
+    "specd does not support tool calls yet (the default model's chat template has none)",
 );
 const NO_IMAGES: Rule = Rule::NeutralOnly(is_empty, "the served model reads text only");
 const NO_THINK: Rule = Rule::NeutralOnly(is_false, "the served model has no thinking mode");
@@ -195,14 +195,14 @@ pub static OPENAI_CHAT: Table = Table {
             "tool_choice",
             Rule::NeutralOnly(
                 is_none_str,
-                "the served model's chat template has no tool support",
+                "specd does not support tool calls yet (the default model's chat template has none)",
             ),
         ),
         (
             "function_call",
             Rule::NeutralOnly(
                 is_none_str,
-                "the served model's chat template has no tool support",
+                "specd does not support tool calls yet (the default model's chat template has none)",
             ),
         ),
         (
@@ -253,7 +253,7 @@ pub static OPENAI_MESSAGE: Table = Table {
             "tool_call_id",
             Rule::NeutralOnly(
                 is_empty,
-                "the served model's chat template has no tool support",
+                "specd does not support tool calls yet (the default model's chat template has none)",
             ),
         ),
         (
