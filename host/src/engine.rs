@@ -342,6 +342,8 @@ impl Engine {
             context_length: self.context_length(),
             record: false,
             on_round: None,
+            logprobs: None,
+            constraint: None,
         }
     }
 }

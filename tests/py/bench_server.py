@@ -40,7 +40,7 @@ def cli_run(tokens: int, prompt: str = PROMPT) -> dict:
 
 def http_run(url: str, tokens: int, prompt: str = PROMPT) -> dict:
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
-            "options": {"num_predict": tokens}}
+            "options": {"num_predict": tokens, "temperature": 0}}
     t0 = time.perf_counter()
     first = last = None
     final = None

@@ -112,9 +112,10 @@ def test_openai_client_needs_a_right_key(keyed):
     msgs = [{"role": "user", "content": QUESTION}]
     for key in USER_KEYS + [ADMIN_KEY]:
         client = openai.OpenAI(base_url=keyed.url + "/v1", api_key=key, max_retries=0)
-        r = client.chat.completions.create(model=MODEL, max_tokens=24, messages=msgs)
+        r = client.chat.completions.create(model=MODEL, max_tokens=24, temperature=0, messages=msgs)
         assert "Paris" in r.choices[0].message.content
-    chunks = list(client.chat.completions.create(model=MODEL, max_tokens=24, messages=msgs, stream=True))
+    chunks = list(client.chat.completions.create(model=MODEL, max_tokens=24, temperature=0, messages=msgs,
+                                                 stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
     assert [m.id for m in client.models.list()] == [MODEL]
 
@@ -147,11 +148,12 @@ def test_openai_client_needs_a_right_key(keyed):
 def test_ollama_client_needs_a_right_key(keyed):
     msgs = [{"role": "user", "content": QUESTION}]
     good = ollama.Client(host=keyed.url, headers=bearer(USER_KEYS[1]), timeout=120)
-    r = good.chat(model=MODEL, messages=msgs, options={"num_predict": 24})
+    r = good.chat(model=MODEL, messages=msgs, options={"num_predict": 24, "temperature": 0})
     assert "Paris" in r.message.content
-    parts = list(good.chat(model=MODEL, messages=msgs, options={"num_predict": 24}, stream=True))
+    parts = list(good.chat(model=MODEL, messages=msgs, options={"num_predict": 24, "temperature": 0}, stream=True))
     assert "".join(p.message.content for p in parts) == r.message.content
-    g = list(good.generate(model=MODEL, prompt=QUESTION, options={"num_predict": 24}, stream=True))
+    g = list(good.generate(model=MODEL, prompt=QUESTION, options={"num_predict": 24, "temperature": 0},
+                           stream=True))
     assert "".join(p.response for p in g) == r.message.content
     assert [m.model for m in good.list().models] == [MODEL]
 
@@ -361,7 +363,8 @@ def test_delete_during_a_stream_lets_it_finish(keyed):
     request queued behind it that names the policy gets a clear 400."""
     assert upload(keyed, "mine", component("constant")).status_code == 201
     body = {"model": MODEL, "prompt": REPETITIVE, "raw": True, "stream": True,
-            "options": {"num_predict": 400, "schedule": "mine", "schedule_config": {"k": 2}}}
+            "options": {"num_predict": 400, "temperature": 0, "repeat_penalty": 1, "schedule": "mine",
+                        "schedule_config": {"k": 2}}}
 
     def run(out: dict, started: threading.Event):
         text = []
@@ -446,7 +449,7 @@ def test_carried_policy_state_is_partitioned_per_key(keyed):
 
     def ks(key: str) -> list[int]:
         body = {"model": MODEL, "prompt": REPETITIVE, "raw": True, "stream": True,
-                "options": {"num_predict": 32, "schedule": "heuristic", "schedule_config": config,
+                "options": {"num_predict": 32, "temperature": 0, "schedule": "heuristic", "schedule_config": config,
                             "trace_rounds": True}}
         with httpx.stream("POST", keyed.url + "/api/generate", json=body, headers=bearer(key),
                           timeout=120) as r:
@@ -478,7 +481,8 @@ def test_non_loopback_without_admin_key_is_read_only(start_server):
     assert not (srv.policy_dir / "lan.wasm").exists()
     # inference stays open (no API keys configured)
     client = ollama.Client(host=srv.url, timeout=120)
-    r = client.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}], options={"num_predict": 24})
+    r = client.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                    options={"num_predict": 24, "temperature": 0})
     assert "Paris" in r.message.content
     assert httpx.get(srv.url + "/metrics").status_code == 200
     srv.stop()

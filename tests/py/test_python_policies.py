@@ -62,6 +62,7 @@ def test_generate_with_python_policies_matches_plain_decoding(tmp_path):
 
 def raw_generate(srv, **options) -> dict:
     options.setdefault("num_predict", 32)
+    options.setdefault("temperature", 0)  # greedy: the text is comparable
     r = httpx.post(srv.url + "/api/generate", json={"model": MODEL, "prompt": PROMPT, "raw": True,
                                                    "stream": False, "options": options}, timeout=300)
     assert r.status_code == 200, r.text

@@ -2,7 +2,10 @@
 
 The `openai` and `ollama` PyPI packages (tests/py/requirements.txt) and raw
 httpx talk to `specd serve` subprocesses (tests/py/conftest.py) on the real
-default model. Every generation is short (<= 48 tokens) and greedy.
+default model. Every generation is short (<= 48 tokens) and greedy: since
+specd applies each API's sampling defaults (OpenAI temperature 1, Ollama 0.8
+with repeat_penalty 1.1), the tests ask for temperature 0 explicitly, and
+repeat_penalty 1 on the Ollama side where its text is compared with OpenAI's.
 """
 from __future__ import annotations
 
@@ -30,8 +33,13 @@ REPETITIVE = "red green blue yellow red green blue yellow red green blue yellow 
 PLUGINS = ROOT / "plugins" / "target" / "wasm32-wasip2" / "release"
 
 
+# Greedy with no penalty: the same tokens on both APIs.
+GREEDY = {"temperature": 0, "repeat_penalty": 1}
+
+
 def chat_body(content: str = QUESTION, stream: bool = False, **options) -> dict:
     options.setdefault("num_predict", 32)
+    options = {**GREEDY, **options}
     return {"model": MODEL, "messages": [{"role": "user", "content": content}],
             "stream": stream, "options": options}
 
@@ -42,6 +50,7 @@ def post(server: Server, path: str, body, timeout: float = 120) -> httpx.Respons
 
 def raw_generate(server: Server, prompt: str = REPETITIVE, **options) -> dict:
     options.setdefault("num_predict", 40)
+    options = {**GREEDY, **options}
     r = post(server, "/api/generate", {"model": MODEL, "prompt": prompt, "raw": True,
                                        "stream": False, "options": options})
     assert r.status_code == 200, r.text
@@ -52,7 +61,7 @@ def raw_generate(server: Server, prompt: str = REPETITIVE, **options) -> dict:
 
 def test_openai_chat(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
-    r = client.chat.completions.create(model=MODEL, max_tokens=32,
+    r = client.chat.completions.create(model=MODEL, max_tokens=32, temperature=0,
                                        messages=[{"role": "user", "content": QUESTION}])
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length")
@@ -62,7 +71,7 @@ def test_openai_chat(server):
     assert spec["drafter"] == "ngram" and spec["schedule"] == "throughput" and spec["acceptance"] == "greedy"
 
     chunks = list(client.chat.completions.create(
-        model="default", max_tokens=32, stream=True, stream_options={"include_usage": True},
+        model="default", max_tokens=32, temperature=0, stream=True, stream_options={"include_usage": True},
         messages=[{"role": "user", "content": QUESTION}]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == r.choices[0].message.content
@@ -73,11 +82,12 @@ def test_openai_chat(server):
 
 def test_openai_completions_and_models(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
-    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8)
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
+                                  temperature=0)
     assert "Paris" in r.choices[0].text
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
     parts = list(client.completions.create(model=MODEL, prompt="The capital of France is",
-                                           max_tokens=8, stream=True))
+                                           max_tokens=8, temperature=0, stream=True))
     assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
     assert [m.id for m in client.models.list()] == [MODEL]
     # The SSE stream ends with [DONE].
@@ -92,18 +102,19 @@ def test_openai_completions_and_models(server):
 def test_ollama_client(server):
     client = ollama.Client(host=server.url)
     r = client.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
-                    options={"num_predict": 32})
+                    options={"num_predict": 32, "temperature": 0})
     assert "Paris" in r.message.content
     assert r.done and r.done_reason == "stop"
     assert r.eval_count > 0 and r.prompt_eval_count > 0 and r.total_duration > r.eval_duration > 0
     parts = list(client.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
-                             options={"num_predict": 32}, stream=True))
+                             options={"num_predict": 32, "temperature": 0}, stream=True))
     assert "".join(p.message.content for p in parts) == r.message.content
     assert parts[-1].done and not any(p.done for p in parts[:-1])
 
-    g = client.generate(model="default", prompt=QUESTION, options={"num_predict": 32})
+    g = client.generate(model="default", prompt=QUESTION, options={"num_predict": 32, "temperature": 0})
     assert g.response == r.message.content  # /api/generate applies the chat template
-    gs = list(client.generate(model=MODEL, prompt=QUESTION, options={"num_predict": 32}, stream=True))
+    gs = list(client.generate(model=MODEL, prompt=QUESTION, options={"num_predict": 32, "temperature": 0},
+                              stream=True))
     assert "".join(p.response for p in gs) == g.response
 
     assert [m.model for m in client.list().models] == [MODEL]
@@ -146,7 +157,7 @@ def test_schedule_per_request(server):
     assert plain["response"] in texts and plain["speculation"]["drafted"] == 0
     # OpenAI: the same fields at the top level of the body.
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
-    r = client.completions.create(model=MODEL, prompt=REPETITIVE, max_tokens=40,
+    r = client.completions.create(model=MODEL, prompt=REPETITIVE, max_tokens=40, temperature=0,
                                   extra_body={"schedule": "constant", "schedule_config": {"k": 1}})
     assert r.choices[0].text in texts
     assert r.model_extra["speculation"]["mean_draft"] <= 1.0
@@ -254,13 +265,13 @@ def test_eight_concurrent_streams(server):
             barrier.wait()
             if i % 2:
                 c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-                s = c.chat.completions.create(model=MODEL, max_tokens=16, stream=True,
+                s = c.chat.completions.create(model=MODEL, max_tokens=16, stream=True, temperature=0,
                                               messages=[{"role": "user", "content": QUESTION}])
                 results[i] = "".join(x.choices[0].delta.content or "" for x in s if x.choices)
             else:
                 c = ollama.Client(host=server.url, timeout=300)
                 s = c.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
-                           options={"num_predict": 16}, stream=True)
+                           options={"num_predict": 16, **GREEDY}, stream=True)
                 results[i] = "".join(x.message.content for x in s)
         except Exception as e:  # noqa: BLE001
             results[i] = e
@@ -411,7 +422,7 @@ def test_hostile_policy_is_contained(server, name, kind):
     # the OpenAI stream reports it in its final chunk; the next request is fine
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     chunks = list(client.completions.create(model=MODEL, prompt=REPETITIVE, max_tokens=24, stream=True,
-                                            extra_body={"schedule": f"hostile-{name}"}))
+                                            temperature=0, extra_body={"schedule": f"hostile-{name}"}))
     assert "".join(c.choices[0].text for c in chunks) == plain["response"]
     assert chunks[-1].model_extra["speculation"]["policy_failure"]["kind"] == kind
     ok = raw_generate(server, num_predict=24)

@@ -88,10 +88,29 @@ impl PolicyConfig<'_> {
         match self {
             PolicyConfig::Text(t) if t.trim().is_empty() => Ok("{}".into()),
             PolicyConfig::Text(t) => serde_json::from_str::<serde_json::Value>(t)
-                .map(|v| v.to_string())
+                .map(|v| sorted(&v).to_string())
                 .map_err(|e| format!("config is not JSON: {e}")),
-            // serde_json's map keeps keys sorted: its text is canonical.
-            PolicyConfig::Json(v) => Ok(v.to_string()),
+            PolicyConfig::Json(v) => Ok(sorted(v).to_string()),
         }
+    }
+}
+
+/// `v` with every object's keys in sorted order. serde_json keeps insertion
+/// order when a crate in the build enables its `preserve_order` feature (the
+/// grammar engine does), so the order is made explicit here.
+fn sorted(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&m[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        x => x.clone(),
     }
 }

@@ -23,6 +23,14 @@ pub struct SamplingArgs {
     pub min_p: f32,
     #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Subtracted once from every token seen in the last 64 (OpenAI's
+    /// presence_penalty).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the last 64 tokens (OpenAI's
+    /// frequency_penalty).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -35,6 +43,8 @@ impl SamplingArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed: self.seed,
             ..Default::default()
         }

@@ -6,7 +6,7 @@ pub mod sequence;
 
 pub use sequence::{BatchCounters, Sequence};
 
-use crate::sampling::SamplingParams;
+use crate::sampling::{LogprobRequest, SamplingParams, TokenLogprob};
 use crate::speculation::{SpecCounters, Speculation, Target};
 use anyhow::Result;
 use serde::Serialize;
@@ -130,6 +130,16 @@ impl std::fmt::Debug for RoundHook {
 }
 
 /// What a request asks of the decode loop.
+/// Called with each emitted token's logprobs, before its text is sunk.
+#[derive(Clone)]
+pub struct LogprobHook(pub std::sync::Arc<dyn Fn(&TokenLogprob) + Send + Sync>);
+
+impl std::fmt::Debug for LogprobHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogprobHook")
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub params: SamplingParams,
@@ -141,6 +151,11 @@ pub struct Settings {
     pub record: bool,
     /// Told about every round as it ends (needs `record`).
     pub on_round: Option<RoundHook>,
+    /// Logprobs of the emitted tokens, to `on_logprob` (requests with
+    /// `logprobs` take rounds, never the pipelined argmax-only path).
+    pub logprobs: Option<(LogprobRequest, LogprobHook)>,
+    /// Structured output (rounds only, never the pipelined path).
+    pub constraint: Option<crate::sampling::SharedConstraint>,
 }
 
 /// The outcome besides the streamed text.

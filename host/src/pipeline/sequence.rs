@@ -4,7 +4,7 @@
 //! steps one alone; the server's scheduler steps many together. Both go
 //! through the same code, so a request's tokens do not depend on which.
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
-use crate::sampling::Rng;
+use crate::sampling::{token_logprob, Rng};
 use crate::speculation::{BatchContext, RoundPlan, SpecState, Speculation, Target};
 use anyhow::{bail, Result};
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
@@ -76,6 +76,7 @@ impl<'a> Sequence<'a> {
         let cached = cached.min(prompt.len() - 1);
         target.rewind(cached)?;
         let mut state = SpecState::new(spec);
+        state.constraint = settings.constraint.clone();
         if settings.record {
             state.trace = Some(Vec::new());
         }
@@ -197,11 +198,15 @@ impl<'a> Sequence<'a> {
     }
 
     /// Whether plain greedy decoding may run pipelined: no speculation, no
-    /// recording, temperature 0 without penalties.
+    /// recording, temperature 0 without penalties, and nothing that needs
+    /// the rows (logprobs) or masks them (structured output): the pipelined
+    /// path copies back only the argmax.
     pub fn can_pipeline(&self) -> bool {
         self.decoding()
             && self.state.is_plain()
             && !self.settings.record
+            && self.settings.logprobs.is_none()
+            && self.settings.constraint.is_none()
             && self.settings.params.plain_greedy()
     }
 
@@ -290,7 +295,12 @@ impl<'a> Sequence<'a> {
         self.log.extend_from_slice(&round.tokens);
         self.near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
         self.margins.extend_from_slice(&round.margins);
-        for &tok in &round.tokens {
+        for (i, &tok) in round.tokens.iter().enumerate() {
+            if let Some((req, hook)) = &self.settings.logprobs {
+                if !self.em.tokenizer.is_eos(tok) {
+                    (hook.0)(&token_logprob(&round.rows[i], &round.dists[i], tok, req));
+                }
+            }
             self.done = self.em.push(tok);
             if self.done.is_some() {
                 break;

@@ -2,8 +2,12 @@
 //! temperature, top-k, top-p, min-p) and drawing from it. The same transform
 //! serves target and draft, so the probabilities a policy sees are the ones
 //! sampling uses. All randomness comes from [`Rng`], seeded per request.
+pub mod constraint;
+pub mod logprobs;
 mod rng;
-pub use rng::Rng;
+pub use constraint::{Constraint, Grammars, JsonFormat, SharedConstraint};
+pub use logprobs::{token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
+pub use rng::{fresh_seed, Rng};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
@@ -20,8 +24,17 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1 disables.
     pub repeat_penalty: f32,
-    /// How many recent tokens the repeat penalty looks at.
+    /// How many recent tokens (prompt included) the repeat, presence and
+    /// frequency penalties look at, as llama.cpp and Ollama count them.
     pub repeat_last_n: usize,
+    /// Subtracted once from the logit of every token in the window (OpenAI
+    /// `presence_penalty`); 0 disables.
+    #[serde(default)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the window
+    /// (OpenAI `frequency_penalty`); 0 disables.
+    #[serde(default)]
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
@@ -34,7 +47,34 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// OpenAI's documented defaults for what a request leaves out:
+    /// temperature 1, top_p 1, no penalties.
+    pub fn openai_defaults() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        }
+    }
+
+    /// Ollama's documented defaults (its Modelfile parameters): temperature
+    /// 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1 over the last 64 tokens.
+    pub fn ollama_defaults() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.0,
+            repeat_penalty: 1.1,
+            repeat_last_n: 64,
+            ..Default::default()
         }
     }
 }
@@ -59,15 +99,30 @@ impl SamplingParams {
                 self.repeat_penalty
             );
         }
+        for (v, name) in [
+            (self.presence_penalty, "presence_penalty"),
+            (self.frequency_penalty, "frequency_penalty"),
+        ] {
+            if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
+                bail!("{name} must be in [-2, 2], got {v}");
+            }
+        }
         Ok(())
     }
 
     pub fn greedy(&self) -> bool {
         self.temperature == 0.0
     }
-    /// Greedy on the raw logits: no repeat penalty to apply first.
+    /// Whether any penalty changes the logits.
+    pub fn penalized(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+    /// Greedy on the raw logits: no penalty to apply first.
     pub fn plain_greedy(&self) -> bool {
-        self.greedy() && (self.repeat_penalty == 1.0 || self.repeat_last_n == 0)
+        self.greedy() && !self.penalized()
     }
 }
 
@@ -132,25 +187,39 @@ pub fn argmax_margin(logits: &[f32]) -> (u32, f32) {
     (best as u32, b1 - b2)
 }
 
+/// Applies the repeat, presence and frequency penalties to `logits` in place,
+/// counting the last `repeat_last_n` tokens of `history` (llama.cpp's order:
+/// the repeat penalty scales, then `count * frequency + presence` is
+/// subtracted).
+pub fn apply_penalties(logits: &mut [f32], params: &SamplingParams, history: &[u32]) {
+    if !params.penalized() {
+        return;
+    }
+    let start = history.len().saturating_sub(params.repeat_last_n);
+    let mut counts = std::collections::HashMap::<u32, u32>::new();
+    for &t in &history[start..] {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (&t, &n) in &counts {
+        let Some(x) = logits.get_mut(t as usize) else {
+            continue;
+        };
+        if params.repeat_penalty != 1.0 {
+            *x = if *x > 0.0 {
+                *x / params.repeat_penalty
+            } else {
+                *x * params.repeat_penalty
+            };
+        }
+        *x -= n as f32 * params.frequency_penalty + params.presence_penalty;
+    }
+}
+
 /// Applies every transform of `params` to one position's logits, with
-/// `history` (prompt + generated so far) for the repeat penalty.
+/// `history` (prompt + generated so far) for the penalties.
 pub fn distribution(logits: &[f32], params: &SamplingParams, history: &[u32]) -> Distribution {
     let mut l = logits.to_vec();
-    if params.repeat_penalty != 1.0 && params.repeat_last_n > 0 {
-        let start = history.len().saturating_sub(params.repeat_last_n);
-        let mut seen = std::collections::HashSet::new();
-        for &t in &history[start..] {
-            if seen.insert(t) {
-                if let Some(x) = l.get_mut(t as usize) {
-                    *x = if *x > 0.0 {
-                        *x / params.repeat_penalty
-                    } else {
-                        *x * params.repeat_penalty
-                    };
-                }
-            }
-        }
-    }
+    apply_penalties(&mut l, params, history);
     let (argmax, margin) = argmax_margin(&l);
     if params.greedy() {
         let mut probs = vec![0.0; l.len()];
@@ -298,6 +367,36 @@ mod tests {
         };
         let d = distribution(&[2.0, 1.5], &p, &[0]);
         assert_eq!(d.argmax, 1);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_subtract() {
+        let p = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..Default::default()
+        };
+        let mut l = [1.0, 1.0, 1.0];
+        apply_penalties(&mut l, &p, &[0, 1, 1, 1]);
+        assert_eq!(l, [1.0 - 0.75, 1.0 - 1.25, 1.0]);
+        // Only the window counts.
+        let p = SamplingParams {
+            repeat_last_n: 1,
+            ..p
+        };
+        let mut l = [1.0, 1.0, 1.0];
+        apply_penalties(&mut l, &p, &[0, 1, 1, 2]);
+        assert_eq!(l, [1.0, 1.0, 0.25]);
+        assert!(!p.plain_greedy());
+        let bad = SamplingParams {
+            presence_penalty: 2.5,
+            ..Default::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("presence_penalty"));
     }
 
     #[test]

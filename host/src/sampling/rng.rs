@@ -37,3 +37,16 @@ impl Rng {
         (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
     }
 }
+
+/// A seed for a request that gave none: the clock's nanoseconds and a
+/// process counter, mixed, so two requests in the same nanosecond differ.
+pub fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Relaxed);
+    Rng::new(nanos ^ n.rotate_left(32)).next_u64()
+}

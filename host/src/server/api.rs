@@ -1,10 +1,11 @@
 //! Shared HTTP pieces: errors, body parsing, request options, the small
 //! endpoints, and turning the worker's messages into responses.
-use super::worker::{GenRequest, Msg, SubmitError};
+use super::worker::{GenRequest, LogprobEntry, Msg, SubmitError, TokenAlt};
 use super::State;
 use crate::options::SpecOptions;
 use crate::pipeline::Stats;
-use crate::sampling::SamplingParams;
+use crate::sampling::logprobs::MAX_TOP_LOGPROBS;
+use crate::sampling::{JsonFormat, LogprobRequest, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -32,6 +33,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub flavor: Flavor,
+    /// The request field at fault (OpenAI's `error.param`).
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -40,6 +43,7 @@ impl ApiError {
             status,
             message: message.into(),
             flavor: Flavor::Ollama,
+            param: None,
         }
     }
     pub fn bad(message: impl Into<String>) -> Self {
@@ -48,6 +52,12 @@ impl ApiError {
     pub fn flavor(mut self, f: Flavor) -> Self {
         self.flavor = f;
         self
+    }
+    /// A refused field: 400, naming it.
+    pub fn field(e: super::fields::FieldError) -> Self {
+        let mut a = Self::bad(e.to_string());
+        a.param = Some(e.field().to_string());
+        a
     }
     pub fn model_not_found(name: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, format!("model '{name}' not found"))
@@ -73,7 +83,7 @@ impl IntoResponse for ApiError {
                     503 => json!("server_busy"),
                     _ => Value::Null,
                 },
-                "param": Value::Null,
+                "param": self.param,
             }}),
         };
         let mut r = (self.status, Json(body)).into_response();
@@ -170,6 +180,8 @@ pub struct CommonOptions {
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub repeat_last_n: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
     pub seed: Option<i64>,
     pub stop: Option<StopField>,
     pub drafter: Option<String>,
@@ -201,9 +213,38 @@ fn nonempty(s: Option<String>, what: &str) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// What a request that leaves sampling fields out gets.
+#[derive(Debug, Clone)]
+pub struct SamplingDefaults {
+    pub params: SamplingParams,
+    /// Draw a fresh seed for a request without one (else `params.seed`).
+    pub fresh_seed: bool,
+}
+
+impl SamplingDefaults {
+    /// The API's documented defaults with a fresh seed per request, or, with
+    /// `greedy` (`--greedy-default`), greedy decoding with seed 0 for every
+    /// API.
+    pub fn of(api: Flavor, greedy: bool) -> Self {
+        if greedy {
+            return SamplingDefaults {
+                params: SamplingParams::default(),
+                fresh_seed: false,
+            };
+        }
+        SamplingDefaults {
+            params: match api {
+                Flavor::Ollama => SamplingParams::ollama_defaults(),
+                Flavor::OpenAi => SamplingParams::openai_defaults(),
+            },
+            fresh_seed: true,
+        }
+    }
+}
+
 impl CommonOptions {
-    pub fn params(&self) -> Result<SamplingParams, ApiError> {
-        let d = SamplingParams::default();
+    pub fn params(&self, defaults: &SamplingDefaults) -> Result<SamplingParams, ApiError> {
+        let d = &defaults.params;
         let top_k = match self.top_k {
             Some(k) if k < 0 => return Err(ApiError::bad(format!("top_k must be >= 0, got {k}"))),
             Some(k) => k as usize,
@@ -221,11 +262,9 @@ impl CommonOptions {
         };
         let seed = match self.seed {
             // Ollama: a negative seed means "random".
-            Some(s) if s < 0 => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0),
+            Some(s) if s < 0 => crate::sampling::fresh_seed(),
             Some(s) => s as u64,
+            None if defaults.fresh_seed => crate::sampling::fresh_seed(),
             None => d.seed,
         };
         let p = SamplingParams {
@@ -235,6 +274,8 @@ impl CommonOptions {
             min_p: self.min_p.unwrap_or(d.min_p),
             repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
             repeat_last_n,
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
             seed,
         };
         p.validate().map_err(|e| ApiError::bad(format!("{e:#}")))?;
@@ -269,6 +310,83 @@ impl CommonOptions {
             .map(StopField::into_vec)
             .unwrap_or_default()
     }
+}
+
+/// What a request's `logprobs` (asked or not) and `top_logprobs` (named
+/// `top_field`) ask for; the server's `--logprobs-mode` says of which
+/// distribution.
+pub fn logprob_request(
+    state: &State,
+    want: bool,
+    top: Option<i64>,
+    top_field: &str,
+) -> Result<Option<LogprobRequest>, ApiError> {
+    let top = match top {
+        None => 0,
+        Some(n) if n < 0 || n as usize > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::bad(format!(
+                "{top_field} must be in 0..={MAX_TOP_LOGPROBS}, got {n}"
+            )))
+        }
+        Some(n) => n as usize,
+    };
+    if !want {
+        if top > 0 {
+            return Err(ApiError::bad(format!("{top_field} needs logprobs = true")));
+        }
+        return Ok(None);
+    }
+    Ok(Some(LogprobRequest {
+        top,
+        mode: state.logprobs_mode,
+    }))
+}
+
+/// OpenAI's `response_format`: `text`, `json_object`, or `json_schema` (its
+/// `schema`; `strict` or not, the schema is enforced).
+pub fn response_format(v: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(JsonFormat::Object)),
+        Some("json_schema") => match v.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(s @ Value::Object(_)) => Ok(Some(JsonFormat::Schema(s.clone()))),
+            _ => Err(ApiError::bad(
+                "response_format.json_schema.schema must be a JSON schema object",
+            )),
+        },
+        t => Err(ApiError::bad(format!(
+            "response_format.type must be text, json_object or json_schema, got {}",
+            t.unwrap_or("nothing")
+        ))),
+    }
+}
+
+/// Ollama's `format`: `"json"` or a JSON schema.
+pub fn ollama_format(v: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(JsonFormat::Object)),
+        Some(s @ Value::Object(_)) => Ok(Some(JsonFormat::Schema(s.clone()))),
+        Some(v) => Err(ApiError::bad(format!(
+            "format must be \"json\" or a JSON schema object, got {v}"
+        ))),
+    }
+}
+
+fn alt_json(a: &TokenAlt) -> Value {
+    json!({"token": a.text, "logprob": a.logprob, "bytes": a.bytes})
+}
+
+/// One token's logprobs in the shape OpenAI chat (`logprobs.content[]`) and
+/// Ollama (`logprobs[]`) share.
+pub fn logprob_json(e: &LogprobEntry) -> Value {
+    let mut v = alt_json(&e.chosen);
+    v["top_logprobs"] = e.top.iter().map(alt_json).collect();
+    v
 }
 
 /// The tenant of a request: its key id, or `""` (shared) without a key.
@@ -365,16 +483,27 @@ async fn require_lossless(state: &State, req: &GenRequest) -> Result<(), ApiErro
 /// The whole output of a started request.
 pub struct Collected {
     pub text: String,
+    /// One per emitted token, when asked for.
+    pub logprobs: Vec<LogprobEntry>,
     pub stats: Box<Stats>,
     pub log: Vec<u32>,
 }
 
 pub async fn collect(mut rx: UnboundedReceiver<Msg>) -> Result<Collected, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     loop {
         match rx.recv().await {
             Some(Msg::Chunk(c)) => text.push_str(&c),
-            Some(Msg::Done { stats, log }) => return Ok(Collected { text, stats, log }),
+            Some(Msg::Logprobs(e)) => logprobs.push(e),
+            Some(Msg::Done { stats, log }) => {
+                return Ok(Collected {
+                    text,
+                    logprobs,
+                    stats,
+                    log,
+                })
+            }
             Some(Msg::Failed(m)) | Some(Msg::Error { message: m, .. }) => {
                 return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m))
             }
@@ -477,6 +606,45 @@ pub async fn not_found(uri: axum::http::Uri) -> ApiError {
 mod tests {
     use super::*;
 
+    fn greedy() -> SamplingDefaults {
+        SamplingDefaults::of(Flavor::OpenAi, true)
+    }
+
+    #[test]
+    fn absent_fields_get_the_api_defaults() {
+        let o: CommonOptions = from_value(json!({}), "").unwrap();
+        let ol = o
+            .params(&SamplingDefaults::of(Flavor::Ollama, false))
+            .unwrap();
+        assert_eq!(
+            (ol.temperature, ol.top_k, ol.top_p, ol.repeat_penalty),
+            (0.8, 40, 0.9, 1.1)
+        );
+        let oa = o
+            .params(&SamplingDefaults::of(Flavor::OpenAi, false))
+            .unwrap();
+        assert_eq!((oa.temperature, oa.top_k, oa.top_p), (1.0, 0, 1.0));
+        // A fresh seed each request, unless one is given.
+        let again = o
+            .params(&SamplingDefaults::of(Flavor::OpenAi, false))
+            .unwrap();
+        assert_ne!(oa.seed, again.seed);
+        let o: CommonOptions = from_value(json!({"seed": 5, "presence_penalty": 0.5}), "").unwrap();
+        let p = o
+            .params(&SamplingDefaults::of(Flavor::OpenAi, false))
+            .unwrap();
+        assert_eq!((p.seed, p.presence_penalty), (5, 0.5));
+        // --greedy-default: greedy, seed 0.
+        let o: CommonOptions = from_value(json!({}), "").unwrap();
+        let g = o
+            .params(&SamplingDefaults::of(Flavor::Ollama, true))
+            .unwrap();
+        assert!(g.plain_greedy() && g.seed == 0);
+        let o: CommonOptions = from_value(json!({"frequency_penalty": 3}), "").unwrap();
+        let e = o.params(&greedy()).unwrap_err();
+        assert!(e.message.contains("frequency_penalty"), "{}", e.message);
+    }
+
     #[test]
     fn rfc3339_formats_utc() {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
@@ -492,9 +660,9 @@ mod tests {
         let e = from_value::<CommonOptions>(v, "options.").unwrap_err();
         assert!(e.message.contains("`options.temperature`"), "{}", e.message);
         let o: CommonOptions = from_value(json!({"top_p": 1.5}), "").unwrap();
-        assert!(o.params().unwrap_err().message.contains("top_p"));
+        assert!(o.params(&greedy()).unwrap_err().message.contains("top_p"));
         let o: CommonOptions = from_value(json!({"top_k": -1}), "").unwrap();
-        assert!(o.params().unwrap_err().message.contains("top_k"));
+        assert!(o.params(&greedy()).unwrap_err().message.contains("top_k"));
         let o: CommonOptions =
             from_value(json!({"stop": "x", "schedule_config": "{\"k\": 2}"}), "").unwrap();
         assert_eq!(o.stop(), vec!["x".to_string()]);

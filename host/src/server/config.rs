@@ -112,6 +112,17 @@ pub struct ServeArgs {
     /// why; `greedy` only for greedy (temperature 0) requests.
     #[arg(long)]
     pub require_lossless: bool,
+    /// A request that sets no temperature decodes greedily (no penalties,
+    /// seed 0) instead of getting its API's documented sampling defaults
+    /// (OpenAI: temperature 1; Ollama: temperature 0.8, top_k 40, top_p 0.9,
+    /// repeat_penalty 1.1) with a fresh seed.
+    #[arg(long)]
+    pub greedy_default: bool,
+    /// Which distribution `logprobs` describe: `raw` (the log-softmax of the
+    /// logits, before penalties and temperature; the default) or `processed`
+    /// (the final sampling distribution).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub logprobs_mode: Option<crate::sampling::LogprobMode>,
     /// Defaults for what a request leaves open.
     #[command(flatten)]
     pub defaults: SpecOptions,
@@ -145,6 +156,8 @@ struct FileConfig {
     max_prompt_tokens: Option<usize>,
     max_tokens: Option<usize>,
     require_lossless: Option<bool>,
+    greedy_default: Option<bool>,
+    logprobs_mode: Option<crate::sampling::LogprobMode>,
 }
 
 /// A key: shown as `***` by `Debug`, so configs can be logged.
@@ -266,6 +279,10 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Continuous batching: requests at once, prefill rows per step.
     pub batch: crate::batch::BatchLimits,
+    /// `--greedy-default`: greedy sampling defaults for every API.
+    pub greedy_default: bool,
+    /// `--logprobs-mode`.
+    pub logprobs_mode: crate::sampling::LogprobMode,
 }
 
 impl ServerConfig {
@@ -394,6 +411,8 @@ impl ServerConfig {
             access,
             limits,
             batch,
+            greedy_default: a.greedy_default || file.greedy_default.unwrap_or(false),
+            logprobs_mode: a.logprobs_mode.or(file.logprobs_mode).unwrap_or_default(),
         })
     }
 }

@@ -11,6 +11,7 @@ mod access;
 mod api;
 mod batch_metrics;
 mod config;
+mod fields;
 mod metrics;
 mod ollama;
 mod openai;
@@ -46,6 +47,10 @@ pub struct AppState {
     /// Keys and who may change the registry.
     pub access: access::Access,
     pub limits: config::Limits,
+    /// `--greedy-default`: requests without sampling fields decode greedily.
+    pub greedy_default: bool,
+    /// `--logprobs-mode`: which distribution `logprobs` describe.
+    pub logprobs_mode: crate::sampling::LogprobMode,
     /// Who uploaded each user policy, and when (by name).
     pub uploads: Mutex<BTreeMap<String, policies::UploadRecord>>,
     /// Uploads read and compiled at once.
@@ -60,6 +65,11 @@ impl AppState {
     pub fn is_served(&self, name: &str) -> bool {
         let n = name.strip_suffix(":latest").unwrap_or(name);
         n == self.model.name || n == "default"
+    }
+
+    /// What a request of `api` that leaves sampling fields out gets.
+    pub fn sampling_defaults(&self, api: api::Flavor) -> api::SamplingDefaults {
+        api::SamplingDefaults::of(api, self.greedy_default)
     }
 }
 
@@ -154,6 +164,8 @@ pub fn run(args: ServeArgs, weights: crate::model::WeightMode) -> Result<()> {
             access,
             upload_slots: Arc::new(tokio::sync::Semaphore::new(cfg.limits.max_concurrent_uploads)),
             limits: cfg.limits.clone(),
+            greedy_default: cfg.greedy_default,
+            logprobs_mode: cfg.logprobs_mode,
             uploads: Mutex::new(uploads),
         });
         eprintln!(

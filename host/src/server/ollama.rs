@@ -1,7 +1,8 @@
 //! Ollama-compatible endpoints: /api/generate, /api/chat, /api/tags,
 //! /api/ps, /api/show.
 use super::access::Caller;
-use super::api::{self, parse_body, ApiError, CommonOptions};
+use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
+use super::fields;
 use super::worker::{GenRequest, Msg};
 use super::State;
 use crate::engine::Prompt;
@@ -27,17 +28,29 @@ pub struct OllamaOptions {
 #[serde(default)]
 struct NumPredict {
     num_predict: Option<i64>,
+    num_ctx: Option<i64>,
     /// Stream `{"round": ...}` lines (one per speculation round) before the
     /// final line.
     trace_rounds: Option<bool>,
 }
 
 impl OllamaOptions {
-    fn parse(v: Option<Value>) -> Result<OllamaOptions, ApiError> {
+    /// `context` is the model's: a larger `num_ctx` is refused (a smaller
+    /// or equal one changes nothing, as the prompt must fit it anyway).
+    fn parse(v: Option<Value>, context: usize) -> Result<OllamaOptions, ApiError> {
         match v {
             None | Some(Value::Null) => Ok(OllamaOptions::default()),
             Some(v @ Value::Object(_)) => {
+                fields::check(&v, &fields::OLLAMA_OPTIONS, "options.").map_err(ApiError::field)?;
                 let n = api::from_value::<NumPredict>(v.clone(), "options.")?;
+                match n.num_ctx {
+                    Some(c) if c < 0 || c as u64 > context as u64 => {
+                        return Err(ApiError::bad(format!(
+                            "options.num_ctx = {c} is outside the served model's context of {context} tokens"
+                        )))
+                    }
+                    _ => {}
+                }
                 Ok(OllamaOptions {
                     num_predict: n.num_predict,
                     trace_rounds: n.trace_rounds.unwrap_or(false),
@@ -62,6 +75,10 @@ pub struct GenerateBody {
     stream: Option<bool>,
     #[serde(default)]
     options: Option<Value>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<i64>,
+    format: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -79,6 +96,10 @@ pub struct ChatBody {
     stream: Option<bool>,
     #[serde(default)]
     options: Option<Value>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<i64>,
+    format: Option<Value>,
 }
 
 fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
@@ -94,6 +115,8 @@ fn request(
     prompt: Prompt,
     o: &OllamaOptions,
     tenant: String,
+    logprobs: (bool, Option<i64>),
+    format: Option<&Value>,
 ) -> Result<GenRequest, ApiError> {
     let max_tokens = match o.num_predict {
         None => None,
@@ -104,12 +127,14 @@ fn request(
     let max_tokens = api::cap_max_tokens(state, max_tokens, "options.num_predict")?;
     Ok(GenRequest {
         prompt,
-        params: o.common.params()?,
+        params: o.common.params(&state.sampling_defaults(Flavor::Ollama))?,
         max_tokens,
         stop: o.common.stop(),
         spec: o.common.spec(&state.defaults)?,
         trace_rounds: o.trace_rounds,
         tenant,
+        logprobs: api::logprob_request(state, logprobs.0, logprobs.1, "top_logprobs")?,
+        format: api::ollama_format(format)?,
     })
 }
 
@@ -192,23 +217,43 @@ async fn run(
     stream: bool,
     t0: Instant,
 ) -> Result<Response, ApiError> {
+    let logprobs = req.logprobs.is_some();
     let (rx, _prompt_tokens, queued) = api::start(&state, req).await?;
     if !stream {
         let c = api::collect(rx).await?;
         let mut m = kind.piece(&model, &c.text);
+        if logprobs {
+            m.insert(
+                "logprobs".into(),
+                c.logprobs.iter().map(api::logprob_json).collect(),
+            );
+        }
         final_fields(&mut m, &c.stats, t0, queued);
         if let Kind::Generate = kind {
             m.insert("context".into(), json!(c.log));
         }
         return Ok(Json(Value::Object(m)).into_response());
     }
+    // Logprobs come before the text they belong to: each goes out with the
+    // next text line (or the final one).
+    let mut pending: Vec<Value> = Vec::new();
     let s = api::stream_of(rx, move |msg| match msg {
-        Msg::Chunk(text) => (
-            vec![ndjson_line(&Value::Object(kind.piece(&model, &text)))],
-            false,
-        ),
+        Msg::Logprobs(e) => {
+            pending.push(api::logprob_json(&e));
+            (vec![], false)
+        }
+        Msg::Chunk(text) => {
+            let mut m = kind.piece(&model, &text);
+            if logprobs {
+                m.insert("logprobs".into(), std::mem::take(&mut pending).into());
+            }
+            (vec![ndjson_line(&Value::Object(m))], false)
+        }
         Msg::Done { stats, log } => {
             let mut m = kind.piece(&model, "");
+            if logprobs {
+                m.insert("logprobs".into(), std::mem::take(&mut pending).into());
+            }
             final_fields(&mut m, &stats, t0, queued);
             if let Kind::Generate = kind {
                 m.insert("context".into(), json!(log));
@@ -255,7 +300,9 @@ pub async fn generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
-    let b: GenerateBody = parse_body(body)?;
+    let v: Value = parse_body(body)?;
+    fields::check(&v, &fields::OLLAMA_GENERATE, "").map_err(ApiError::field)?;
+    let b: GenerateBody = api::from_value(v, "")?;
     let model = check_model(&state, &b.model)?;
     let prompt_text = b.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
@@ -274,8 +321,10 @@ pub async fn generate(
     let req = request(
         &state,
         prompt,
-        &OllamaOptions::parse(b.options)?,
+        &OllamaOptions::parse(b.options, state.model.context_length)?,
         api::tenant(&caller),
+        (b.logprobs, b.top_logprobs),
+        b.format.as_ref(),
     )?;
     run(
         state,
@@ -294,7 +343,15 @@ pub async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
-    let b: ChatBody = parse_body(body)?;
+    let v: Value = parse_body(body)?;
+    fields::check(&v, &fields::OLLAMA_CHAT, "").map_err(ApiError::field)?;
+    if let Some(Value::Array(ms)) = v.get("messages") {
+        for (i, m) in ms.iter().enumerate() {
+            fields::check(m, &fields::OLLAMA_MESSAGE, &format!("messages[{i}]."))
+                .map_err(ApiError::field)?;
+        }
+    }
+    let b: ChatBody = api::from_value(v, "")?;
     let model = check_model(&state, &b.model)?;
     if b.messages.is_empty() {
         return Ok(load_response(Kind::Chat, &model));
@@ -314,8 +371,10 @@ pub async fn chat(
     let req = request(
         &state,
         Prompt::Chat(msgs),
-        &OllamaOptions::parse(b.options)?,
+        &OllamaOptions::parse(b.options, state.model.context_length)?,
         api::tenant(&caller),
+        (b.logprobs, b.top_logprobs),
+        b.format.as_ref(),
     )?;
     run(state, Kind::Chat, model, req, b.stream.unwrap_or(true), t0).await
 }

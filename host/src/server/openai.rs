@@ -2,7 +2,8 @@
 //! /v1/models. Speculation fields go at the top level of the body.
 use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
-use super::worker::{GenRequest, Msg};
+use super::fields;
+use super::worker::{GenRequest, LogprobEntry, Msg};
 use super::State;
 use crate::engine::Prompt;
 use crate::pipeline::{DoneReason, Stats};
@@ -27,6 +28,9 @@ pub struct ChatBody {
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
     n: Option<i64>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    response_format: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -46,6 +50,8 @@ pub struct CompletionBody {
     n: Option<i64>,
     #[serde(default)]
     echo: bool,
+    /// How many alternatives per token (0..=20); present: logprobs wanted.
+    logprobs: Option<i64>,
 }
 
 fn oa(e: ApiError) -> ApiError {
@@ -136,6 +142,29 @@ struct Ctx {
     id: String,
     created: u64,
     model: String,
+    /// Whether the request asked for logprobs.
+    logprobs: bool,
+}
+
+/// Logprobs in the legacy completions shape; `offset` is the text offset of
+/// the first token (advanced past the entries).
+fn completion_logprobs(entries: &[LogprobEntry], offset: &mut usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut lps = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for e in entries {
+        tokens.push(json!(e.chosen.text));
+        lps.push(json!(e.chosen.logprob));
+        let mut top = serde_json::Map::new();
+        for a in &e.top {
+            top.insert(a.text.clone(), json!(a.logprob));
+        }
+        tops.push(Value::Object(top));
+        offsets.push(json!(*offset));
+        *offset += e.chosen.text.chars().count();
+    }
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }
 
 impl Ctx {
@@ -147,7 +176,27 @@ impl Ctx {
         }
     }
 
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+    /// The `logprobs` of a choice holding `entries`.
+    fn logprobs(&self, entries: &[LogprobEntry], offset: &mut usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => json!({
+                "content": entries.iter().map(api::logprob_json).collect::<Vec<_>>(),
+                "refusal": null,
+            }),
+            Kind::Completion => completion_logprobs(entries, offset),
+        }
+    }
+
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        finish: Option<&str>,
+        first: bool,
+        logprobs: Value,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = match (text, first) {
@@ -155,10 +204,10 @@ impl Ctx {
                     (Some(t), false) => json!({"content": t}),
                     (None, _) => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => json!({
-                "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish
+                "index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish
             }),
         };
         json!({
@@ -171,16 +220,16 @@ impl Ctx {
         })
     }
 
-    fn whole(&self, text: &str, stats: &Stats) -> Value {
+    fn whole(&self, text: &str, stats: &Stats, logprobs: Value) -> Value {
         let choice = match self.kind {
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason(stats),
             }),
             Kind::Completion => json!({
-                "index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason(stats),
+                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(stats),
             }),
         };
         json!({
@@ -207,32 +256,45 @@ async fn run(
     stream: bool,
     prefix: String,
 ) -> Result<Response, ApiError> {
+    // The completions' text offsets count from the echoed prompt.
+    let mut offset = prefix.chars().count();
     let (rx, _, _) = api::start(&state, req).await?;
     if !stream {
         let c = api::collect(rx).await?;
         let text = prefix + &c.text;
-        return Ok(Json(ctx.whole(&text, &c.stats)).into_response());
+        let lp = ctx.logprobs(&c.logprobs, &mut offset);
+        return Ok(Json(ctx.whole(&text, &c.stats, lp)).into_response());
     }
     let mut first = true;
     let mut pending_prefix = Some(prefix).filter(|p| !p.is_empty());
+    // Logprobs come before the text they belong to: each goes out with the
+    // next text chunk (or a last chunk of its own).
+    let mut pending: Vec<LogprobEntry> = Vec::new();
     let s = api::stream_of(rx, move |msg| match msg {
+        Msg::Logprobs(e) => {
+            pending.push(e);
+            (vec![], false)
+        }
         Msg::Chunk(t) => {
             let t = match pending_prefix.take() {
                 Some(p) => p + &t,
                 None => t,
             };
-            let e = sse_json(&ctx.chunk(Some(&t), None, first));
+            let lp = ctx.logprobs(&std::mem::take(&mut pending), &mut offset);
+            let e = sse_json(&ctx.chunk(Some(&t), None, first, lp));
             first = false;
             (vec![e], false)
         }
         Msg::Done { stats, .. } => {
             let mut out = Vec::new();
-            if first {
-                // Nothing was generated: still open the message.
+            if first || !pending.is_empty() {
+                // Nothing was generated: still open the message. Or tokens
+                // whose text never came (held back by a stop string).
                 let t = pending_prefix.take().unwrap_or_default();
-                out.push(sse_json(&ctx.chunk(Some(&t), None, true)));
+                let lp = ctx.logprobs(&std::mem::take(&mut pending), &mut offset);
+                out.push(sse_json(&ctx.chunk(Some(&t), None, first, lp)));
             }
-            let mut last = ctx.chunk(None, Some(finish_reason(&stats)), false);
+            let mut last = ctx.chunk(None, Some(finish_reason(&stats)), false, Value::Null);
             last["usage"] = usage(&stats);
             last["speculation"] = serde_json::to_value(&*stats).unwrap_or(Value::Null);
             out.push(sse_json(&last));
@@ -259,6 +321,13 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v: Value = parse_body(body).map_err(oa)?;
+    fields::check(&v, &fields::OPENAI_CHAT, "").map_err(|e| oa(ApiError::field(e)))?;
+    if let Some(Value::Array(ms)) = v.get("messages") {
+        for (i, m) in ms.iter().enumerate() {
+            fields::check(m, &fields::OPENAI_MESSAGE, &format!("messages[{i}]."))
+                .map_err(|e| oa(ApiError::field(e)))?;
+        }
+    }
     let b: ChatBody = api::from_value(v.clone(), "").map_err(oa)?;
     let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
     let model = check_model(&state, &b.model).map_err(oa)?;
@@ -287,7 +356,9 @@ pub async fn chat_completions(
     }
     let req = GenRequest {
         prompt: Prompt::Chat(msgs),
-        params: common.params().map_err(oa)?,
+        params: common
+            .params(&state.sampling_defaults(Flavor::OpenAi))
+            .map_err(oa)?,
         max_tokens: api::cap_max_tokens(
             &state,
             max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
@@ -302,12 +373,21 @@ pub async fn chat_completions(
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,
         tenant: api::tenant(&caller),
+        logprobs: api::logprob_request(
+            &state,
+            b.logprobs.unwrap_or(false),
+            b.top_logprobs,
+            "top_logprobs",
+        )
+        .map_err(oa)?,
+        format: api::response_format(b.response_format.as_ref()).map_err(oa)?,
     };
     let ctx = Ctx {
         kind: Kind::Chat,
         id: new_id("chatcmpl"),
         created: api::unix_now(),
         model,
+        logprobs: req.logprobs.is_some(),
     };
     run(state, ctx, req, b.stream, String::new())
         .await
@@ -320,6 +400,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v: Value = parse_body(body).map_err(oa)?;
+    fields::check(&v, &fields::OPENAI_COMPLETIONS, "").map_err(|e| oa(ApiError::field(e)))?;
     let b: CompletionBody = api::from_value(v.clone(), "").map_err(oa)?;
     let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
     let model = check_model(&state, &b.model).map_err(oa)?;
@@ -337,6 +418,11 @@ pub async fn completions(
         None | Some(Value::Null) => return Err(oa(ApiError::bad("prompt is required"))),
         Some(_) => return Err(oa(ApiError::bad("prompt must be a string"))),
     };
+    if b.echo && b.logprobs.is_some() {
+        return Err(oa(ApiError::bad(
+            "echo with logprobs (the prompt's logprobs) is not supported yet",
+        )));
+    }
     let prefix = if b.echo {
         prompt.clone()
     } else {
@@ -344,7 +430,9 @@ pub async fn completions(
     };
     let req = GenRequest {
         prompt: Prompt::Raw(prompt),
-        params: common.params().map_err(oa)?,
+        params: common
+            .params(&state.sampling_defaults(Flavor::OpenAi))
+            .map_err(oa)?,
         // The OpenAI default for completions is 16 tokens (or the
         // server's limit, if lower).
         max_tokens: match max_tokens(b.max_tokens).map_err(oa)? {
@@ -355,12 +443,16 @@ pub async fn completions(
         spec: common.spec(&state.defaults).map_err(oa)?,
         trace_rounds: false,
         tenant: api::tenant(&caller),
+        logprobs: api::logprob_request(&state, b.logprobs.is_some(), b.logprobs, "logprobs")
+            .map_err(oa)?,
+        format: None,
     };
     let ctx = Ctx {
         kind: Kind::Completion,
         id: new_id("cmpl"),
         created: api::unix_now(),
         model,
+        logprobs: req.logprobs.is_some(),
     };
     run(state, ctx, req, b.stream, prefix).await.map_err(oa)
 }

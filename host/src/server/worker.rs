@@ -34,6 +34,56 @@ pub struct GenRequest {
     /// Whose prefix cache and carried policy state the request uses: the
     /// caller's key id, or `""` (shared) when no key was needed.
     pub tenant: String,
+    /// Send each emitted token's logprobs (`Msg::Logprobs`) before its text.
+    pub logprobs: Option<crate::sampling::LogprobRequest>,
+    /// Structured output: what the text must be.
+    pub format: Option<crate::sampling::JsonFormat>,
+}
+
+/// The grammar engine over the served model's tokenizer, built at the first
+/// request that needs it (one served model per process).
+fn grammars(engine: &Engine) -> Result<&'static crate::sampling::Grammars, String> {
+    static G: std::sync::OnceLock<Result<crate::sampling::Grammars, String>> =
+        std::sync::OnceLock::new();
+    G.get_or_init(|| {
+        crate::sampling::Grammars::new(&engine.tokenizer, engine.model.config.vocab_size)
+            .map_err(|e| format!("{e:#}"))
+    })
+    .as_ref()
+    .map_err(|e| e.clone())
+}
+
+/// A token as the APIs show it in logprobs: its text (lossy where it holds
+/// part of a character), its bytes, its logprob.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenAlt {
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// One emitted token's logprob and the top alternatives at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogprobEntry {
+    pub chosen: TokenAlt,
+    pub top: Vec<TokenAlt>,
+}
+
+impl LogprobEntry {
+    fn new(t: &crate::sampling::TokenLogprob, tok: &specd_text::Tokenizer) -> Self {
+        let alt = |id: u32, logprob: f32| {
+            let bytes = tok.token_bytes(id);
+            TokenAlt {
+                text: String::from_utf8_lossy(&bytes).into_owned(),
+                bytes,
+                logprob,
+            }
+        };
+        LogprobEntry {
+            chosen: alt(t.token, t.logprob),
+            top: t.top.iter().map(|&(id, lp)| alt(id, lp)).collect(),
+        }
+    }
 }
 
 /// What the worker tells the HTTP side, in order: `Started` or `Error`
@@ -51,6 +101,8 @@ pub enum Msg {
         message: String,
     },
     Chunk(String),
+    /// The next emitted token's logprobs (before the text it is part of).
+    Logprobs(LogprobEntry),
     /// A round's trace, as it ends (when `trace_rounds`).
     Rounds(Vec<crate::speculation::RoundTrace>),
     Done {
@@ -345,6 +397,20 @@ fn prepare<'e>(
         settings.on_round = Some(crate::pipeline::RoundHook(Arc::new(move |r| {
             let _ = tx.send(Msg::Rounds(vec![r.clone()]));
         })));
+    }
+    if let Some(f) = &req.format {
+        let c = grammars(engine).and_then(|g| g.constraint(f).map_err(|e| format!("{e:#}")));
+        match c {
+            Ok(c) => settings.constraint = Some(crate::sampling::SharedConstraint::new(c)),
+            Err(e) => return refuse(e),
+        }
+    }
+    if let Some(lr) = req.logprobs {
+        let (tx, tok) = (reply.clone(), engine.tokenizer.clone());
+        let hook = crate::pipeline::LogprobHook(Arc::new(move |t| {
+            let _ = tx.send(Msg::Logprobs(LogprobEntry::new(t, &tok)));
+        }));
+        settings.logprobs = Some((lr, hook));
     }
     if reply
         .send(Msg::Started {

@@ -15,7 +15,9 @@ pub use stats::{PolicyFailure, SpecCounters};
 pub use suffix::SuffixDrafter;
 pub use target::{LlamaTarget, Target};
 
-use crate::sampling::{distribution, sample_index, Distribution, Rng, SamplingParams};
+use crate::sampling::{
+    distribution, sample_index, Distribution, Rng, SamplingParams, SharedConstraint,
+};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use specd_policy::{
@@ -40,6 +42,10 @@ pub struct RoundOutcome {
     pub accepted: usize,
     /// Top-2 logit margin of the target at each committed position.
     pub margins: Vec<f32>,
+    /// The target's raw logits and final distribution at each committed
+    /// position (moved out, not copied: what logprobs are computed from).
+    pub rows: Vec<Vec<f32>>,
+    pub dists: Vec<Distribution>,
 }
 
 /// What one round showed the policies and what they answered: a line of a
@@ -77,6 +83,9 @@ pub struct SpecState {
     /// contract 0.2 hands the schedule (`batch-sequences`,
     /// `batch-rows-planned`).
     pub batch: BatchContext,
+    /// Structured output: drafts are cut to what the grammar allows and
+    /// every verify row is masked before the policies see it.
+    pub constraint: Option<SharedConstraint>,
 }
 
 impl SpecState {
@@ -96,6 +105,7 @@ impl SpecState {
             counters,
             history: ScheduleHistory::new(n - 1),
             batch: BatchContext::default(),
+            constraint: None,
         }
     }
 
@@ -243,6 +253,12 @@ impl SpecState {
             dt = t.elapsed().as_secs_f64();
             self.counters.draft_seconds += dt;
         }
+        if let Some(c) = &self.constraint {
+            let n = c.lock().valid_prefix(&draft.tokens)?;
+            draft.tokens.truncate(n);
+            draft.q.truncate(n);
+            draft.confidence.truncate(n);
+        }
         let kd = draft.tokens.len();
 
         // 3. What the verify forwards: the pending token and every draft.
@@ -295,6 +311,10 @@ impl SpecState {
             rows.len()
         );
         let vt = verify_seconds;
+        let mut rows = rows;
+        if let Some(c) = &self.constraint {
+            c.lock().mask_rows(&mut rows, &draft.tokens)?;
+        }
         self.counters.verify_seconds += vt;
         let mut history = log.to_vec();
         let mut dists: Vec<Distribution> = Vec::with_capacity(rows.len());
@@ -373,9 +393,16 @@ impl SpecState {
         };
         out.margins.push(dists[out.accepted].margin);
         out.tokens.push(next);
+        let (mut rows, mut dists) = (rows, dists);
+        rows.truncate(out.tokens.len());
+        dists.truncate(out.tokens.len());
+        (out.rows, out.dists) = (rows, dists);
 
         // 5. Roll back to what was kept: the pending token plus accepted drafts.
         target.rewind(before + 1 + out.accepted)?;
+        if let Some(c) = &self.constraint {
+            c.lock().commit(&out.tokens)?;
+        }
         if let Some(spec) = self.spec.as_mut() {
             if kd > 0 {
                 spec.drafter.commit(log.len(), kd, out.accepted)?;

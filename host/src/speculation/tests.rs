@@ -178,6 +178,8 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
         context_length: 8192,
         record: false,
         on_round: None,
+        logprobs: None,
+        constraint: None,
     }
 }
 

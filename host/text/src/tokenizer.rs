@@ -745,6 +745,15 @@ impl Tokenizer {
         self.decode_opts(ids, false)
     }
 
+    /// One token's bytes as it decodes (for logprobs: a token may hold part
+    /// of a UTF-8 character).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match &self.byte_table {
+            Some(t) => t.bytes.get(id as usize).cloned().unwrap_or_default(),
+            None => self.decode(&[id]).into_bytes(),
+        }
+    }
+
     /// Decode ids to text, optionally dropping special tokens.
     pub fn decode_opts(&self, ids: &[u32], skip_special: bool) -> String {
         if let Some(t) = &self.byte_table {
