@@ -72,6 +72,9 @@ def keyed(start_server, tmp_path_factory):
         "max_tokens": MAX_TOKENS,
         "max_prompt_tokens": MAX_PROMPT_TOKENS,
         "policy_limits": {"max_component_bytes": MAX_COMPONENT},
+        # One request at a time (the config key is tested too): the delete
+        # test needs a request to wait in the queue behind a running one.
+        "max_sequences": 1,
     }))
     saved = {k: os.environ.get(k) for k in ("SPECD_API_KEYS", "SPECD_ADMIN_KEY")}
     os.environ["SPECD_API_KEYS"] = ",".join(USER_KEYS)
