@@ -546,7 +546,14 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
     let want = |n: &str| o.engines.iter().any(|x| x == n);
     let cpu_busy_at_start = cpu_busy(std::time::Duration::from_millis(500));
     let probe = CpuProbe::now();
-    let decode_ids = e.encode(&Prompt::Chat(vec![ChatMessage::user(DECODE_PROMPT)]))?;
+    // A model without a chat template (a base model) decodes after the
+    // prompt as plain text.
+    let decode_prompt = if e.tokenizer.chat_template().is_some() {
+        Prompt::Chat(vec![ChatMessage::user(DECODE_PROMPT)])
+    } else {
+        Prompt::Raw(DECODE_PROMPT.into())
+    };
+    let decode_ids = e.encode(&decode_prompt)?;
     let kmax = *VERIFY_TOKENS.iter().max().expect("non-empty");
     let long_ids = long_prompt(&e, o.prefill_tokens.max(o.verify_context + kmax))?;
     let prefill_ids = long_ids[..o.prefill_tokens].to_vec();
@@ -799,7 +806,7 @@ pub fn table(r: &Report) -> String {
         );
     }
     s += &format!(
-        "bench anchors: {} | {} threads | greedy | decode: {}-token chat prompt, up to {} tokens | prefill: {}-token prompt\n\n",
+        "bench anchors: {} | {} threads | greedy | decode: {}-token prompt (chat where the model has a template), up to {} tokens | prefill: {}-token prompt\n\n",
         r.model, r.threads, r.decode_prompt_tokens, r.max_tokens, r.prefill_prompt_tokens
     );
     s += &format!(
