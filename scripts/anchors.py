@@ -123,10 +123,13 @@ def run_mlx_lm(cfg: dict) -> dict:
             # One batch; the head only on the last position, as specd and
             # llama.cpp do (mlx-lm's llama forward, the head applied to one row).
             h = inner(x, cache)[:, -1:, :]
-            if getattr(args, "tie_word_embeddings", False):
+            # Tied: the args say so (llama), or the model has no lm_head
+            # (gemma3_text drops it when the weights tie it).
+            head = getattr(model, "lm_head", None)
+            if getattr(args, "tie_word_embeddings", False) or head is None:
                 logits = inner.embed_tokens.as_linear(h)
             else:
-                logits = model.lm_head(h)
+                logits = head(h)
         else:
             # Another architecture: all positions' logits.
             logits = model(x, cache=cache)[:, -1, :]

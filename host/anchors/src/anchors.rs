@@ -799,7 +799,7 @@ pub fn table(r: &Report) -> String {
         );
     }
     s += &format!(
-        "bench anchors: {} | {} threads | greedy | decode: {}-token chat prompt, up to {} tokens | prefill: {}-token prompt\n\n",
+        "bench anchors: {} | {} threads | greedy | decode: {}-token prompt (chat where the model has a template), up to {} tokens | prefill: {}-token prompt\n\n",
         r.model, r.threads, r.decode_prompt_tokens, r.max_tokens, r.prefill_prompt_tokens
     );
     s += &format!(

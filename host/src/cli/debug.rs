@@ -8,6 +8,9 @@
 //! - `specd debug generate [--model M] [--chat] [--max-tokens N] --json OUT PROMPT`
 //!   greedy decoding without speculation; writes the prompt ids, the
 //!   generated ids (end of generation included when reached) and the text.
+//! - `specd debug tokenize [--model M] --input TEXTS.json --json OUT`: the
+//!   prompt token ids (BOS as the model adds it) of each text, loading only
+//!   the tokenizer.
 //! - `specd debug weights --gguf FILE --tensor NAME --out OUT [--rows N]`
 //!   loads one tensor the way the model loader does (decoded, packed for
 //!   the kernels) and writes the weights the kernels run on, read back from
@@ -30,6 +33,20 @@ pub enum DebugCmd {
     Generate(GenIdsArgs),
     /// One GGUF tensor as the kernels hold it, read back as float32.
     Weights(WeightsArgs),
+    /// Token ids of texts (a JSON list of strings), as the model's prompt
+    /// encoding makes them; writes a JSON list of id lists.
+    Tokenize(TokenizeArgs),
+}
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// A JSON file holding a list of strings.
+    #[arg(long)]
+    input: PathBuf,
+    #[arg(long)]
+    json: PathBuf,
 }
 
 #[derive(Args)]
@@ -126,6 +143,20 @@ pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
                 &a.json,
                 &serde_json::json!({ "prompt_ids": ids, "logits": logits }),
             )
+        }
+        DebugCmd::Tokenize(a) => {
+            let path = crate::store::Store::default().resolve(&a.model.model, true)?;
+            let format = crate::model::ModelFormat::detect(&path)?;
+            let tok = crate::engine::load_tokenizer(&path, format)?;
+            let text = std::fs::read_to_string(&a.input)
+                .with_context(|| format!("reading {}", a.input.display()))?;
+            let texts: Vec<String> = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a JSON list of strings", a.input.display()))?;
+            let ids = texts
+                .iter()
+                .map(|t| tok.encode_prompt(t))
+                .collect::<Result<Vec<_>>>()?;
+            write_json(&a.json, &serde_json::json!(ids))
         }
         DebugCmd::Weights(a) => {
             let (t, _) = crate::model::load::read_gguf(&a.gguf, weights)?;
