@@ -8,9 +8,12 @@ the `tokenizers` package), plus one MLX 4-bit quantized Qwen2 (mlx-lm's
 per-layer quantization (8-bit embedding and head, 4-bit elsewhere).
 
 - every prompt position's logits: max |specd - mlx-lm| below 1e-4 of the
-  logit range, and the prompt's token ids equal the `tokenizers` package's;
-- 64 greedy tokens equal mlx-lm's (with its KV cache), token for token;
-- greedy speculation (ngram, self:1) equals plain decoding;
+  logit range, and the prompt's token ids equal the `tokenizers` package's
+  (also on 13 harder strings);
+- 64 greedy tokens equal mlx-lm's (with its KV cache), token for token, the
+  Qwen and llama prompts through their ChatML template;
+- greedy speculation (ngram, self:1) equals plain decoding, from the CLI, over
+  HTTP (with the prefix cache) and in `specd bench spec`;
 - bad models are one clear error: an unknown model_type, a missing tensor,
   a wrong shape, tensors of another architecture, a quantization mode specd
   does not read;
