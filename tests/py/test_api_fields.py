@@ -238,8 +238,26 @@ def test_logprob_requests_are_checked(server):
         client.chat.completions.create(model=MODEL, max_tokens=2, messages=MSGS, top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
         client.chat.completions.create(model=MODEL, max_tokens=2, messages=MSGS, logprobs=True, top_logprobs=50)
-    with pytest.raises(openai.BadRequestError, match="echo"):
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, echo=True, logprobs=1)
+
+
+def test_echo_gives_the_prompts_logprobs(server):
+    """lm-eval's loglikelihood request: echo, logprobs, max_tokens 0."""
+    import math
+    client = oa_client(server)
+    r = client.completions.create(model=MODEL, prompt=REPETITIVE, max_tokens=0, echo=True, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == REPETITIVE and "".join(lp.tokens) == REPETITIVE
+    assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    assert all(sum(math.exp(v) for v in t.values()) <= 1 + 1e-5 for t in lp.top_logprobs[1:])
+    # the repetition is learned: the second half is far likelier than the first
+    n = len(lp.token_logprobs)
+    assert sum(lp.token_logprobs[n // 2:]) > sum(lp.token_logprobs[1:n // 2 + 1])
+    # with generation: prompt entries, then the generated tokens'
+    g = client.completions.create(model=MODEL, prompt=REPETITIVE, max_tokens=4, temperature=0, echo=True,
+                                  logprobs=0)
+    assert len(g.choices[0].logprobs.tokens) == n + 4
+    assert g.choices[0].logprobs.token_logprobs[:n] == lp.token_logprobs
 
 
 def test_processed_logprobs_mode(start_server):

@@ -496,6 +496,7 @@ pub async fn collect(mut rx: UnboundedReceiver<Msg>) -> Result<Collected, ApiErr
         match rx.recv().await {
             Some(Msg::Chunk(c)) => text.push_str(&c),
             Some(Msg::Logprobs(e)) => logprobs.push(e),
+            Some(Msg::PromptLogprobs(v)) => logprobs.extend(v),
             Some(Msg::Done { stats, log }) => {
                 return Ok(Collected {
                     text,

@@ -135,6 +135,7 @@ fn request(
         tenant,
         logprobs: api::logprob_request(state, logprobs.0, logprobs.1, "top_logprobs")?,
         format: api::ollama_format(format)?,
+        prompt_logprobs: false,
     })
 }
 
@@ -281,7 +282,7 @@ async fn run(
                 .collect(),
             false,
         ),
-        Msg::Started { .. } => (vec![], false),
+        Msg::Started { .. } | Msg::PromptLogprobs(_) => (vec![], false),
     });
     Ok(ndjson_response(Body::from_stream(s)))
 }

@@ -256,8 +256,9 @@ async fn run(
     stream: bool,
     prefix: String,
 ) -> Result<Response, ApiError> {
-    // The completions' text offsets count from the echoed prompt.
-    let mut offset = prefix.chars().count();
+    // Text offsets count from the start of the text (with `echo`, the
+    // prompt's logprobs come first).
+    let mut offset = 0;
     let (rx, _, _) = api::start(&state, req).await?;
     if !stream {
         let c = api::collect(rx).await?;
@@ -273,6 +274,11 @@ async fn run(
     let s = api::stream_of(rx, move |msg| match msg {
         Msg::Logprobs(e) => {
             pending.push(e);
+            (vec![], false)
+        }
+        // The echoed prompt's: they go out with the prompt's text.
+        Msg::PromptLogprobs(v) => {
+            pending.extend(v);
             (vec![], false)
         }
         Msg::Chunk(t) => {
@@ -381,6 +387,7 @@ pub async fn chat_completions(
         )
         .map_err(oa)?,
         format: api::response_format(b.response_format.as_ref()).map_err(oa)?,
+        prompt_logprobs: false,
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -418,11 +425,6 @@ pub async fn completions(
         None | Some(Value::Null) => return Err(oa(ApiError::bad("prompt is required"))),
         Some(_) => return Err(oa(ApiError::bad("prompt must be a string"))),
     };
-    if b.echo && b.logprobs.is_some() {
-        return Err(oa(ApiError::bad(
-            "echo with logprobs (the prompt's logprobs) is not supported yet",
-        )));
-    }
     let prefix = if b.echo {
         prompt.clone()
     } else {
@@ -446,6 +448,7 @@ pub async fn completions(
         logprobs: api::logprob_request(&state, b.logprobs.is_some(), b.logprobs, "logprobs")
             .map_err(oa)?,
         format: None,
+        prompt_logprobs: b.echo,
     };
     let ctx = Ctx {
         kind: Kind::Completion,

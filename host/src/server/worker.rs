@@ -38,6 +38,44 @@ pub struct GenRequest {
     pub logprobs: Option<crate::sampling::LogprobRequest>,
     /// Structured output: what the text must be.
     pub format: Option<crate::sampling::JsonFormat>,
+    /// Also send the prompt's logprobs (`Msg::PromptLogprobs`, completions'
+    /// `echo`), with `logprobs`' request.
+    pub prompt_logprobs: bool,
+}
+
+/// The logprob of every prompt token after the first under the tokens before
+/// it (the first has none: NaN, which JSON writes as null), from one forward
+/// over the prompt with every row kept. It runs on a fresh target, apart
+/// from the request's own prefill.
+fn prompt_logprobs(
+    engine: &Engine,
+    prompt: &[u32],
+    params: &crate::sampling::SamplingParams,
+    req: &crate::sampling::LogprobRequest,
+) -> Result<Vec<LogprobEntry>> {
+    use crate::speculation::Target;
+    let mut t = crate::speculation::LlamaTarget::new(engine.model.clone());
+    let mut out = vec![LogprobEntry::new(
+        &crate::sampling::TokenLogprob {
+            token: prompt[0],
+            logprob: f32::NAN,
+            top: Vec::new(),
+        },
+        &engine.tokenizer,
+    )];
+    let mut done = 0;
+    while done + 1 < prompt.len() {
+        let n = crate::pipeline::PREFILL_CHUNK.min(prompt.len() - 1 - done);
+        let rows = t.forward(&prompt[done..done + n], true)?;
+        for (i, row) in rows.iter().enumerate() {
+            let p = done + i;
+            let d = crate::sampling::distribution(row, params, &prompt[..=p]);
+            let tl = crate::sampling::token_logprob(row, &d, prompt[p + 1], req);
+            out.push(LogprobEntry::new(&tl, &engine.tokenizer));
+        }
+        done += n;
+    }
+    Ok(out)
 }
 
 /// The grammar engine over the served model's tokenizer, built at the first
@@ -103,6 +141,8 @@ pub enum Msg {
     Chunk(String),
     /// The next emitted token's logprobs (before the text it is part of).
     Logprobs(LogprobEntry),
+    /// The prompt's logprobs (completions' `echo`), right after `Started`.
+    PromptLogprobs(Vec<LogprobEntry>),
     /// A round's trace, as it ends (when `trace_rounds`).
     Rounds(Vec<crate::speculation::RoundTrace>),
     Done {
@@ -421,6 +461,17 @@ fn prepare<'e>(
     {
         m.cancelled.fetch_add(1, Relaxed);
         return None;
+    }
+    if let (true, Some(lr)) = (req.prompt_logprobs, &req.logprobs) {
+        match prompt_logprobs(engine, &prompt, &req.params, lr) {
+            Ok(v) => {
+                let _ = reply.send(Msg::PromptLogprobs(v));
+            }
+            Err(e) => {
+                let _ = reply.send(Msg::Failed(format!("the prompt's logprobs: {e:#}")));
+                return None;
+            }
+        }
     }
     m.batch
         .queue_wait_seconds
