@@ -3,6 +3,8 @@
 //! policies built inside the tests).
 #![allow(dead_code)]
 
+pub mod ports;
+
 use specd_policy::{HostConfig, PolicyHost, Position, RoundRecord, ScheduleInput};
 use std::sync::OnceLock;
 
