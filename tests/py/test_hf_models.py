@@ -326,7 +326,7 @@ def test_server_prefix_cache_and_speculation(checkpoints, start_server):
         r = httpx.post(srv.url + "/api/chat", timeout=120, json={
             "model": "default", "stream": False,
             "messages": [{"role": "user", "content": "Write a story about the quick brown fox."}],
-            "options": {"num_predict": 32, "drafter": drafter},
+            "options": {"num_predict": 32, "drafter": drafter, "temperature": 0, "repeat_penalty": 1},
         })
         assert r.status_code == 200, r.text
         return r.json()
