@@ -103,24 +103,10 @@ impl Llama {
         let c = &self.config;
         let t = x.dim(1);
         let offset = cache.offset() as i32;
-        let (nh, nkv, hd) = (
-            c.num_attention_heads as i32,
-            c.num_key_value_heads as i32,
-            c.head_dim as i32,
-        );
-        let (nq, nk) = (nh * hd, nkv * hd);
-        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
-        let (q, k, v) = match &l.qkv {
-            Some(f) => {
-                let y = self.norm_linear(x, &l.attn_norm, f)?;
-                (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
-            }
-            None => {
-                let h = self.rms_norm(x, &l.attn_norm)?;
-                (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
-            }
-        };
-        probe("norm + q/k/v matmuls", &[&q, &k, &v])?;
+        let (nh, nkv, hd) = self.head_counts();
+        // Gemma's layers carry no bias and keep their q/k norms in
+        // `GemmaNorms`: this is the plain norm + q/k/v matmul.
+        let (q, k, v) = self.qkv_rows(l, x, probe)?;
         let base = c.rope_base(i);
         let q = self.rope_with(&self.heads_normed(&q, nh, &n.q_norm)?, base, offset)?;
         let k = self.rope_with(&self.heads_normed(&k, nkv, &n.k_norm)?, base, offset)?;

@@ -316,11 +316,7 @@ impl Llama {
     ) -> Result<(Array, Array, Array)> {
         let c = &self.config;
         let t = x.dim(1);
-        let (nh, nkv, hd) = (
-            c.num_attention_heads as i32,
-            c.num_key_value_heads as i32,
-            c.head_dim as i32,
-        );
+        let (nh, nkv, hd) = self.head_counts();
         let (nq, nk) = (nh * hd, nkv * hd);
         // Column slices of one product: views, no copies.
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
@@ -353,21 +349,26 @@ impl Llama {
         Ok((q, k, heads(&v, nkv)?))
     }
 
+    /// Query heads, key/value heads and the head size.
+    pub(super) fn head_counts(&self) -> (i32, i32, i32) {
+        let c = &self.config;
+        (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        )
+    }
+
     /// q, k, v rows `[1, T, n * head_dim]` before the rope: the norm and
     /// the q/k/v matmul, then the model's bias and q/k norms if any.
-    fn qkv_rows(
+    pub(super) fn qkv_rows(
         &self,
         l: &Layer,
         x: &Array,
         probe: &mut Probe<'_>,
     ) -> Result<(Array, Array, Array)> {
-        let c = &self.config;
         let t = x.dim(1);
-        let (nh, nkv, hd) = (
-            c.num_attention_heads as i32,
-            c.num_key_value_heads as i32,
-            c.head_dim as i32,
-        );
+        let (nh, nkv, hd) = self.head_counts();
         let (nq, nk) = (nh * hd, nkv * hd);
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
         let (q, k, v) = match &l.qkv {
@@ -543,11 +544,7 @@ impl Llama {
     ) -> Result<Array> {
         let c = &self.config;
         let t = x.dim(1);
-        let (nh, nkv, hd) = (
-            c.num_attention_heads as i32,
-            c.num_key_value_heads as i32,
-            c.head_dim as i32,
-        );
+        let (nh, nkv, hd) = self.head_counts();
         let (nq, nk) = (nh * hd, nkv * hd);
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
         let heads = |y: &Array, n: i32| y.reshape(&[1, y.dim(1), n, hd])?.transpose(&[0, 2, 1, 3]);
