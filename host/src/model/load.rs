@@ -42,13 +42,12 @@ pub struct Tensors {
     map: HashMap<String, Array>,
     /// Group size of affine-quantized tensors (MLX's `X.scales`/`X.biases`).
     group_size: Option<i32>,
-    /// Per-tensor group sizes where they differ (GGUF K-quants), by base name.
-    groups: HashMap<String, i32>,
     /// Bits, where the source says (HF quantization config); else inferred.
     bits: Option<i32>,
-    /// Per-layer `(group_size, bits)` where an MLX checkpoint quantizes some
-    /// layers differently (`quantization` entries named by layer).
-    overrides: HashMap<String, (i32, i32)>,
+    /// `(group_size, bits)` by base name where a tensor differs from the
+    /// defaults: an MLX checkpoint's per-layer `quantization` entries, a GGUF
+    /// K-quant's group size (its bits then inferred from the packed width).
+    overrides: HashMap<String, (i32, Option<i32>)>,
     mode: WeightMode,
     /// Names read so far: what is left after building was not used.
     used: RefCell<HashSet<String>>,
@@ -104,10 +103,9 @@ impl Tensors {
         let biases = self
             .get(&format!("{base}.biases"))
             .with_context(|| format!("quantized {base} has scales but no biases"))?;
-        let group = self.groups.get(base).copied();
         let (group, bits) = match self.overrides.get(base) {
-            Some(&(g, b)) => (g, Some(b)),
-            None => (group.or(self.group_size).unwrap_or(32), self.bits),
+            Some(&o) => o,
+            None => (self.group_size.unwrap_or(32), self.bits),
         };
         let packed_cols = w.dim(-1);
         let in_features = scales.dim(-1) * group;
@@ -196,7 +194,6 @@ pub fn read_gguf(path: &Path, mode: WeightMode) -> Result<(Tensors, HashMap<Stri
         Tensors {
             map,
             group_size: Some(32),
-            groups: HashMap::new(),
             bits: None,
             overrides: HashMap::new(),
             mode,
@@ -217,7 +214,7 @@ fn read_gguf_blocks(
 ) -> Result<(Tensors, HashMap<String, String>)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut map = HashMap::new();
-    let mut groups = HashMap::new();
+    let mut overrides = HashMap::new();
     for t in &header.tensors {
         let start = (header.data_offset + t.offset) as usize;
         let data = bytes.get(start..).unwrap_or(&[]);
@@ -252,7 +249,7 @@ fn read_gguf_blocks(
                 );
                 map.insert(format!("{base}.scales"), dt(&a.scales)?);
                 map.insert(format!("{base}.biases"), dt(&a.biases)?);
-                groups.insert(base, a.group as i32);
+                overrides.insert(base, (a.group as i32, None));
             }
         }
     }
@@ -273,9 +270,8 @@ fn read_gguf_blocks(
         Tensors {
             map,
             group_size: Some(32),
-            groups,
             bits: None,
-            overrides: HashMap::new(),
+            overrides,
             mode,
             used: RefCell::default(),
         },
@@ -494,8 +490,9 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
         map,
         group_size: Some(q.group_size),
         bits: q.bits,
-        overrides: q.overrides,
-        groups: HashMap::new(),
+        overrides: (q.overrides.into_iter())
+            .map(|(layer, (g, b))| (layer, (g, Some(b))))
+            .collect(),
         mode,
         used: RefCell::default(),
     };
