@@ -88,20 +88,25 @@ def write_tokenizer(d: Path, split: str, chat_template: str | None) -> None:
     (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
 
 
+# What every tiny checkpoint's config.json shares; each architecture adds its own fields.
+BASE = dict(
+    hidden_size=128,
+    num_hidden_layers=3,
+    intermediate_size=256,
+    num_attention_heads=4,
+    vocab_size=VOCAB,
+    max_position_embeddings=4096,
+)
+
 # The architectures under test: mlx-lm module, config.json, tokenizer.
 ARCHS = {
     "qwen2": dict(
         module="qwen2",
         config=dict(
+            **BASE,
             model_type="qwen2",
-            hidden_size=128,
-            num_hidden_layers=3,
-            intermediate_size=256,
-            num_attention_heads=4,
             num_key_value_heads=2,
             rms_norm_eps=1e-6,
-            vocab_size=VOCAB,
-            max_position_embeddings=4096,
             rope_theta=1000000.0,
             tie_word_embeddings=True,
             # As Qwen2.5's configs carry them: a window that is off.
@@ -114,17 +119,12 @@ ARCHS = {
     "qwen3": dict(
         module="qwen3",
         config=dict(
+            **BASE,
             model_type="qwen3",
-            hidden_size=128,
-            num_hidden_layers=3,
-            intermediate_size=256,
-            num_attention_heads=4,
             num_key_value_heads=2,
             # Not hidden / heads (32): Qwen3's own head size.
             head_dim=64,
             rms_norm_eps=1e-6,
-            vocab_size=VOCAB,
-            max_position_embeddings=4096,
             rope_theta=1000000.0,
             tie_word_embeddings=False,
             attention_bias=False,
@@ -135,15 +135,10 @@ ARCHS = {
     "mistral": dict(
         module="llama",
         config=dict(
+            **BASE,
             model_type="mistral",
-            hidden_size=128,
-            num_hidden_layers=3,
-            intermediate_size=256,
-            num_attention_heads=4,
             num_key_value_heads=1,
             rms_norm_eps=1e-5,
-            vocab_size=VOCAB,
-            max_position_embeddings=4096,
             rope_theta=10000.0,
             tie_word_embeddings=False,
             # specd attends through a rotating cache of this size; the test
@@ -157,15 +152,10 @@ ARCHS = {
     "llama-bias": dict(
         module="llama",
         config=dict(
+            **BASE,
             model_type="llama",
-            hidden_size=128,
-            num_hidden_layers=3,
-            intermediate_size=256,
-            num_attention_heads=4,
             num_key_value_heads=4,
             rms_norm_eps=1e-5,
-            vocab_size=VOCAB,
-            max_position_embeddings=4096,
             rope_theta=500000.0,
             tie_word_embeddings=True,
             attention_bias=True,

@@ -165,13 +165,13 @@ class Reference:
         return x @ head.T
 
 
-def main(argv):
+def cli(argv, make) -> int:
+    """`python FILE MODEL.gguf IDS`: the argmax and the top 5 logits after
+    IDS (comma-separated), from the reference `make(MODEL)`."""
     if len(argv) != 3:
-        print(__doc__, file=sys.stderr)
+        print(sys.modules[make.__module__].__doc__, file=sys.stderr)
         return 2
-    ref = Reference(argv[1])
-    ids = [int(t) for t in argv[2].split(",")]
-    last = ref.logits(ids)[-1]
+    last = make(argv[1]).logits([int(t) for t in argv[2].split(",")])[-1]
     top = np.argsort(-last)[:5]
     print("argmax", int(top[0]))
     for t in top:
@@ -180,4 +180,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(cli(sys.argv, Reference))

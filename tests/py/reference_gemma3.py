@@ -27,6 +27,8 @@ import numpy as np
 import gguf
 from gguf import quants
 
+import reference
+
 SLIDING_WINDOW_PATTERN = 6
 LOCAL_ROPE_BASE = 10000.0
 
@@ -116,18 +118,5 @@ class Gemma3Reference:
         return x @ embd.T
 
 
-def main(argv):
-    if len(argv) != 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    ref = Gemma3Reference(argv[1])
-    last = ref.logits([int(t) for t in argv[2].split(",")])[-1]
-    top = np.argsort(-last)[:5]
-    print("argmax", int(top[0]))
-    for t in top:
-        print(int(t), float(last[t]))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(reference.cli(sys.argv, Gemma3Reference))

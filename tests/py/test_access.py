@@ -505,32 +505,19 @@ def test_ui_sends_the_key_from_its_field(keyed):
     assert exe, "chromium is missing (apt-get install -y chromium)"
     cdp = Cdp(exe)
     try:
-        target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        cdp.send("Page.enable", session=session)
-        cdp.send("Page.navigate", {"url": keyed.url + "/ui?num_predict=8"}, session=session)
-
-        def js(expr: str):
-            r = cdp.send("Runtime.evaluate", {"expression": expr, "returnByValue": True}, session=session)
-            return r.get("result", {}).get("value")
+        session = cdp.open(keyed.url + "/ui?num_predict=8")
 
         def run_until_settled() -> tuple[str, dict]:
             deadline = time.monotonic() + 120
-            while js("document.getElementById('run') && 1") != 1:
+            while cdp.js(session, "document.getElementById('run') && 1") != 1:
                 assert time.monotonic() < deadline, "the page did not load"
                 time.sleep(0.2)
-            js("document.getElementById('run').click()")
-            phase = None
-            while time.monotonic() < deadline:
-                phase = js("document.body.dataset.phase")
-                if phase in ("done", "error"):
-                    break
-                time.sleep(0.3)
-            return phase, json.loads(js("document.getElementById('state').textContent") or "{}")
+            cdp.js(session, "document.getElementById('run').click()")
+            return cdp.settle(session, deadline - time.monotonic())
 
         phase, state = run_until_settled()
         assert phase == "error" and "401" in state["error"], state
-        js(f"document.getElementById('apikey').value = {json.dumps(USER_KEYS[0])}")
+        cdp.js(session, f"document.getElementById('apikey').value = {json.dumps(USER_KEYS[0])}")
         phase, state = run_until_settled()
         assert phase == "done", state
         assert all(state["runs"][s]["done"] and state["runs"][s]["text"] for s in ("A", "B")), state

@@ -29,6 +29,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import reference  # noqa: E402
+from mlx_ref import assert_same_greedy, mlx_lm_greedy  # noqa: E402
 from specd_paths import model_path, server_bin  # noqa: E402
 
 # The logits tolerance: specd computes in float32 (MLX, OpenBLAS), the
@@ -155,28 +156,6 @@ def mlx_lm_model(converted):
     return model, tokenizer
 
 
-def mlx_lm_greedy(model, prompt_ids, n):
-    """Greedy decoding in mlx-lm; returns (ids, top-2 margins per step)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    ids, margins = [], []
-    x = mx.array(prompt_ids)[None]
-    for _ in range(n):
-        logits = model(x, cache=cache)[0, -1].astype(mx.float32)
-        top = mx.topk(logits, 2)
-        mx.eval(logits, top)
-        t = int(mx.argmax(logits).item())
-        vals = sorted(np.array(top).tolist())
-        ids.append(t)
-        margins.append(vals[1] - vals[0])
-        if t in EOS:
-            break
-        x = mx.array([[t]])
-    return ids, margins
-
-
 @pytest.mark.parametrize("chat,text", GREEDY_PROMPTS, ids=[f"p{i}" for i in range(len(GREEDY_PROMPTS))])
 def test_mlx_lm_on_converted_dir_matches_specd_greedy(binary, gguf_path, mlx_lm_model, tmp_path, chat, text):
     model, tokenizer = mlx_lm_model
@@ -200,21 +179,10 @@ def test_mlx_lm_on_converted_dir_matches_specd_greedy(binary, gguf_path, mlx_lm_
         mine = tokenizer.encode(text, add_special_tokens=False)
     assert list(mine) == prompt_ids, "mlx-lm's tokenizer of the converted dir encodes the prompt differently"
 
-    mlx_ids, margins = mlx_lm_greedy(model, prompt_ids, GREEDY_TOKENS)
+    mlx_ids, margins = mlx_lm_greedy(model, prompt_ids, GREEDY_TOKENS, EOS)
     print(f"specd: {tokenizer.decode(specd_ids)!r}")
-    n = min(len(mlx_ids), len(specd_ids))
-    first = next((i for i in range(n) if mlx_ids[i] != specd_ids[i]), None)
-    if first is None:
-        assert len(mlx_ids) == len(specd_ids), (mlx_ids, specd_ids)
-        assert len(specd_ids) == GREEDY_TOKENS or specd_ids[-1] in EOS
-        print(f"identical: {len(specd_ids)} tokens, min margin {min(margins):.4f}")
-    else:
-        print(f"first difference at {first}: mlx-lm {mlx_ids[first]} specd {specd_ids[first]}, margin {margins[first]:.5f}")
-        assert margins[first] < NEAR_TIE, (
-            f"greedy tokens differ at step {first} (mlx-lm {mlx_ids[first]}, specd {specd_ids[first]}) "
-            f"where the top-2 margin is {margins[first]:.4f}, not a near-tie\n"
-            f"mlx-lm: {mlx_ids}\nspecd:  {specd_ids}"
-        )
+    assert len(specd_ids) == GREEDY_TOKENS or specd_ids[-1] in EOS
+    assert_same_greedy(mlx_ids, margins, specd_ids, NEAR_TIE)
 
 
 # ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import reference_gemma3  # noqa: E402
+from mlx_ref import assert_same_greedy, mlx_lm_greedy  # noqa: E402
 from specd_paths import model_path, server_bin  # noqa: E402
 
 GEMMA = "gemma3:270m"
@@ -210,27 +211,6 @@ def mlx_lm_gemma(gemma_path, tmp_path_factory):
     return load(str(d))
 
 
-def mlx_lm_greedy(model, prompt_ids, n):
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    ids, margins = [], []
-    x = mx.array(prompt_ids)[None]
-    for _ in range(n):
-        logits = model(x, cache=cache)[0, -1].astype(mx.float32)
-        top = mx.topk(logits, 2)
-        mx.eval(logits, top)
-        t = int(mx.argmax(logits).item())
-        vals = sorted(np.array(top).tolist())
-        ids.append(t)
-        margins.append(vals[1] - vals[0])
-        if t in GEMMA_EOS:
-            break
-        x = mx.array([[t]])
-    return ids, margins
-
-
 @pytest.mark.parametrize("text", GREEDY_PROMPTS, ids=[f"p{i}" for i in range(len(GREEDY_PROMPTS))])
 def test_mlx_lm_on_converted_gemma_matches_specd_greedy(gemma_path, mlx_lm_gemma, tmp_path, text):
     model, tokenizer = mlx_lm_gemma
@@ -240,14 +220,5 @@ def test_mlx_lm_on_converted_gemma_matches_specd_greedy(gemma_path, mlx_lm_gemma
     d = json.loads(out.read_text())
     prompt_ids, specd_ids = d["prompt_ids"], d["generated_ids"]
     assert list(tokenizer.encode(text)) == prompt_ids, "the converted tokenizer encodes the prompt differently"
-    mlx_ids, margins = mlx_lm_greedy(model, prompt_ids, GREEDY_TOKENS)
-    n = min(len(mlx_ids), len(specd_ids))
-    first = next((i for i in range(n) if mlx_ids[i] != specd_ids[i]), None)
-    if first is None:
-        assert len(mlx_ids) == len(specd_ids), (mlx_ids, specd_ids)
-        print(f"identical: {len(specd_ids)} tokens, min margin {min(margins):.4f}")
-    else:
-        assert margins[first] < NEAR_TIE, (
-            f"greedy tokens differ at step {first} (mlx-lm {mlx_ids[first]}, specd {specd_ids[first]}) "
-            f"where the top-2 margin is {margins[first]:.4f}\nmlx-lm: {mlx_ids}\nspecd:  {specd_ids}"
-        )
+    mlx_ids, margins = mlx_lm_greedy(model, prompt_ids, GREEDY_TOKENS, GEMMA_EOS)
+    assert_same_greedy(mlx_ids, margins, specd_ids, NEAR_TIE)

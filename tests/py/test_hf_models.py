@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import hf_checkpoints  # noqa: E402
+from mlx_ref import mlx_lm_greedy  # noqa: E402
 from test_foundation import assert_clean_error, run_specd  # noqa: E402
 
 # The issue's bound: max |logit difference| below this fraction of the range.
@@ -106,24 +107,6 @@ def mlx_logits(model, ids) -> np.ndarray:
     return np.array(out)
 
 
-def mlx_greedy(model, prompt_ids, n):
-    """mlx-lm greedy decoding with its KV cache: (ids, top-2 margin per step)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    ids, margins = [], []
-    x = mx.array(prompt_ids)[None]
-    for _ in range(n):
-        logits = np.array(model(x, cache=cache)[0, -1].astype(mx.float32))
-        top = np.sort(logits)[-2:]
-        t = int(logits.argmax())
-        ids.append(t)
-        margins.append(float(top[1] - top[0]))
-        x = mx.array([[t]])
-    return ids, margins
-
-
 # ---------------------------------------------------------------------------
 # logits and greedy tokens against mlx-lm
 
@@ -162,7 +145,7 @@ def test_greedy_tokens_match_mlx_lm(checkpoints, mlx_models, tmp_path, name):
     # tokenizers package encodes its rendering; special tokens are one id.
     rendered = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n" if chat else text
     assert prompt_ids == tokenize(d, rendered)
-    want, margins = mlx_greedy(mlx_models[name], prompt_ids, GREEDY_TOKENS)
+    want, margins = mlx_lm_greedy(mlx_models[name], prompt_ids, GREEDY_TOKENS)
     print(f"{name}: top-2 margins over {GREEDY_TOKENS} steps: min {min(margins):.3f}, "
           f"median {np.median(margins):.3f}; specd {got['text']!r}")
     # The scaled weights give whole-unit margins, not near-ties everywhere

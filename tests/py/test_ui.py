@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from conftest import MODEL, ROOT
+from conftest import MODEL, ROOT, stop_process
 
 
 def test_trace_rounds_streams_round_lines(server):
@@ -94,13 +94,31 @@ class Cdp:
         raw, self._buf = self._buf.split(b"\0", 1)
         return json.loads(raw)
 
+    def open(self, url: str) -> str:
+        """A new page at `url`; returns its session id."""
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self.send("Page.enable", session=session)
+        self.send("Page.navigate", {"url": url}, session=session)
+        return session
+
+    def js(self, session: str, expr: str):
+        r = self.send("Runtime.evaluate", {"expression": expr, "returnByValue": True}, session=session)
+        return r.get("result", {}).get("value")
+
+    def settle(self, session: str, seconds: float) -> tuple[str | None, dict]:
+        """Waits until the page's phase is done or error: (phase, its state)."""
+        deadline = time.monotonic() + seconds
+        phase = None
+        while time.monotonic() < deadline:
+            phase = self.js(session, "document.body && document.body.dataset.phase")
+            if phase in ("done", "error"):
+                break
+            time.sleep(0.3)
+        return phase, json.loads(self.js(session, "document.getElementById('state').textContent") or "{}")
+
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 10)
         shutil.rmtree(self.user_dir, ignore_errors=True)
 
 
@@ -114,23 +132,12 @@ def test_ui_page_compares_two_policies_in_headless_chromium(server):
            + "&A=ngram/throughput/greedy&B=ngram/constant/greedy&B_config=%7B%22k%22%3A2%7D")
     cdp = Cdp(exe)
     try:
-        target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        cdp.send("Page.enable", session=session)
-        cdp.send("Page.navigate", {"url": url}, session=session)
+        session = cdp.open(url)
 
         def js(expr: str):
-            r = cdp.send("Runtime.evaluate", {"expression": expr, "returnByValue": True}, session=session)
-            return r.get("result", {}).get("value")
+            return cdp.js(session, expr)
 
-        deadline = time.monotonic() + 300
-        phase = None
-        while time.monotonic() < deadline:
-            phase = js("document.body && document.body.dataset.phase")
-            if phase in ("done", "error"):
-                break
-            time.sleep(0.5)
-        state = json.loads(js("document.getElementById('state').textContent") or "{}")
+        phase, state = cdp.settle(session, 300)
         assert phase == "done", f"page phase {phase!r}, state {state}"
 
         artifacts = Path(os.environ.get("SPECD_ARTIFACTS", ROOT / "target" / "test-artifacts"))

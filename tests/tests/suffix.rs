@@ -143,27 +143,22 @@ fn suffix_drafting_keeps_stop_strings_and_cancellation() {
     for tenant in ["s1", "s1"] {
         // The second time, the corpus has the output: rounds run long and
         // the stop string falls inside one.
-        let with_stop = |d: DrafterSpec| {
+        let run = |d: DrafterSpec, stop: Vec<String>, cancel_after: Option<usize>| {
             Run {
-                stop: vec![stop.clone()],
+                stop,
+                cancel_after,
                 drafter: d,
                 ..Run::suffix(tenant, "constant", 64)
             }
             .go(&e, p)
         };
+        let with_stop = |d: DrafterSpec| run(d, vec![stop.clone()], None);
         let plain = with_stop(DrafterSpec::None);
         let spec = with_stop(DrafterSpec::Suffix);
         assert_eq!(spec.emitted, plain.emitted, "stop {stop:?}");
         assert_eq!(spec.stats.done_reason, plain.stats.done_reason);
         for n in [1, 3, 7] {
-            let cancel = |d: DrafterSpec| {
-                Run {
-                    cancel_after: Some(n),
-                    drafter: d,
-                    ..Run::suffix(tenant, "constant", 64)
-                }
-                .go(&e, p)
-            };
+            let cancel = |d: DrafterSpec| run(d, vec![], Some(n));
             let plain = cancel(DrafterSpec::None);
             let spec = cancel(DrafterSpec::Suffix);
             assert_eq!(spec.emitted, plain.emitted, "cancelled after {n} pieces");

@@ -266,36 +266,7 @@ impl LlamaConfig {
         } else {
             serde_json::json!(eos)
         };
-        if self.arch == Arch::Gemma3 {
-            // mlx-lm's gemma3_text ModelArgs (and transformers' Gemma3TextConfig).
-            return serde_json::json!({
-                "architectures": ["Gemma3ForCausalLM"],
-                "model_type": "gemma3_text",
-                "hidden_size": self.hidden_size,
-                "num_hidden_layers": self.num_hidden_layers,
-                "num_attention_heads": self.num_attention_heads,
-                "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim,
-                "intermediate_size": self.intermediate_size,
-                "vocab_size": self.vocab_size,
-                "rms_norm_eps": self.rms_norm_eps,
-                "rope_theta": self.rope_theta,
-                "rope_local_base_freq": self.rope_local_theta.unwrap_or(10000.0),
-                "query_pre_attn_scalar": self.head_dim,
-                "sliding_window": self.sliding_window,
-                "sliding_window_pattern": self.sliding_window_pattern,
-                "max_position_embeddings": self.max_position_embeddings,
-                "rope_scaling": null,
-                "hidden_activation": "gelu_pytorch_tanh",
-                "tie_word_embeddings": true,
-                "torch_dtype": "float32",
-                "bos_token_id": bos,
-                "eos_token_id": eos_json,
-            });
-        }
-        serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        let mut v = serde_json::json!({
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads,
@@ -306,14 +277,37 @@ impl LlamaConfig {
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "mlp_bias": false,
             "torch_dtype": "float32",
             "bos_token_id": bos,
             "eos_token_id": eos_json,
-        })
+        });
+        let arch = if self.arch == Arch::Gemma3 {
+            // mlx-lm's gemma3_text ModelArgs (and transformers' Gemma3TextConfig).
+            serde_json::json!({
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "rope_local_base_freq": self.rope_local_theta.unwrap_or(10000.0),
+                "query_pre_attn_scalar": self.head_dim,
+                "sliding_window": self.sliding_window,
+                "sliding_window_pattern": self.sliding_window_pattern,
+                "rope_scaling": null,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "tie_word_embeddings": true,
+            })
+        } else {
+            serde_json::json!({
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "tie_word_embeddings": self.tie_word_embeddings,
+                "hidden_act": "silu",
+                "attention_bias": false,
+                "mlp_bias": false,
+            })
+        };
+        if let (Some(v), serde_json::Value::Object(arch)) = (v.as_object_mut(), arch) {
+            v.extend(arch);
+        }
+        v
     }
 }
 

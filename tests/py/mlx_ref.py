@@ -1,0 +1,44 @@
+"""Greedy decoding in mlx-lm, the reference the model tests compare specd's
+greedy tokens against, and the near-tie rule they compare by."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def mlx_lm_greedy(model, prompt_ids, n, eos=frozenset()):
+    """mlx-lm greedy decoding with its KV cache: (ids, top-2 margin per step).
+    Stops after a token in `eos`."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    ids, margins = [], []
+    x = mx.array(prompt_ids)[None]
+    for _ in range(n):
+        logits = np.array(model(x, cache=cache)[0, -1].astype(mx.float32))
+        top = np.sort(logits)[-2:]
+        t = int(logits.argmax())
+        ids.append(t)
+        margins.append(float(top[1] - top[0]))
+        if t in eos:
+            break
+        x = mx.array([[t]])
+    return ids, margins
+
+
+def assert_same_greedy(mlx_ids, margins, specd_ids, near_tie):
+    """The two greedy runs agree token for token, or first differ where
+    mlx-lm's top-2 margin is a near-tie (under `near_tie`), where float
+    rounding may pick either token."""
+    n = min(len(mlx_ids), len(specd_ids))
+    first = next((i for i in range(n) if mlx_ids[i] != specd_ids[i]), None)
+    if first is None:
+        assert len(mlx_ids) == len(specd_ids), (mlx_ids, specd_ids)
+        print(f"identical: {len(specd_ids)} tokens, min margin {min(margins):.4f}")
+        return
+    print(f"first difference at {first}: mlx-lm {mlx_ids[first]} specd {specd_ids[first]}, margin {margins[first]:.5f}")
+    assert margins[first] < near_tie, (
+        f"greedy tokens differ at step {first} (mlx-lm {mlx_ids[first]}, specd {specd_ids[first]}) "
+        f"where the top-2 margin is {margins[first]:.4f}, not a near-tie\n"
+        f"mlx-lm: {mlx_ids}\nspecd:  {specd_ids}"
+    )
