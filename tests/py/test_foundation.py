@@ -29,7 +29,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import reference  # noqa: E402
-from mlx_ref import assert_same_greedy, mlx_lm_greedy  # noqa: E402
+from compare import assert_logits_close, assert_same_greedy, mlx_lm_greedy  # noqa: E402
 from specd_paths import model_path, server_bin  # noqa: E402
 
 # The logits tolerance: specd computes in float32 (MLX, OpenBLAS), the
@@ -105,19 +105,7 @@ def test_first_position_logits_match_numpy_reference(binary, gguf_path, ref, tmp
     ids, got = d["prompt_ids"], np.asarray(d["logits"], dtype=np.float64)
     assert len(ids) > 3
     want = ref.logits(ids)[-1]
-    assert got.shape == want.shape, (got.shape, want.shape)
-    assert np.all(np.isfinite(got))
-    diff = np.abs(got - want)
-    scale = np.abs(want).max()
-    top2 = np.sort(want)[-2:]
-    print(
-        f"{name}: {len(ids)} prompt tokens, max |diff| {diff.max():.3g} (mean {diff.mean():.3g}) "
-        f"at logit scale {scale:.3g}; argmax specd {got.argmax()} ref {want.argmax()}, "
-        f"ref top-2 margin {top2[1] - top2[0]:.4f}"
-    )
-    assert diff.max() < LOGITS_ATOL, f"max |logit diff| {diff.max():.3g} >= {LOGITS_ATOL}"
-    if top2[1] - top2[0] >= NEAR_TIE:
-        assert got.argmax() == want.argmax()
+    assert_logits_close(name, ids, got, want, LOGITS_ATOL, NEAR_TIE)
 
 
 # ---------------------------------------------------------------------------

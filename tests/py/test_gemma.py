@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import reference_gemma3  # noqa: E402
-from mlx_ref import assert_same_greedy, mlx_lm_greedy  # noqa: E402
+from compare import assert_logits_close, assert_same_greedy, mlx_lm_greedy  # noqa: E402
 from specd_paths import model_path, server_bin  # noqa: E402
 
 GEMMA = "gemma3:270m"
@@ -172,16 +172,8 @@ def test_gemma_first_position_logits_match_numpy_reference(gemma_path, tmp_path)
     ids, got = d["prompt_ids"], np.asarray(d["logits"], dtype=np.float64)
     assert ids[0] == 2 and len(ids) > 3, ids  # <bos> first
     want = reference_gemma3.Gemma3Reference(str(gemma_path)).logits(ids)[-1]
-    assert got.shape == want.shape == (262144,)
-    diff = np.abs(got - want)
-    top2 = np.sort(want)[-2:]
-    print(
-        f"gemma3: {len(ids)} prompt tokens, max |diff| {diff.max():.3g} at logit scale "
-        f"{np.abs(want).max():.3g}; argmax specd {got.argmax()} ref {want.argmax()}"
-    )
-    assert diff.max() < LOGITS_ATOL, f"max |logit diff| {diff.max():.3g}"
-    if top2[1] - top2[0] >= NEAR_TIE:
-        assert got.argmax() == want.argmax()
+    assert got.shape == (262144,)
+    assert_logits_close("gemma3", ids, got, want, LOGITS_ATOL, NEAR_TIE)
 
 
 # ---------------------------------------------------------------------------

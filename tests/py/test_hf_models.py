@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import hf_checkpoints  # noqa: E402
-from mlx_ref import mlx_lm_greedy  # noqa: E402
+from compare import mlx_lm_greedy  # noqa: E402
 from test_foundation import assert_clean_error, run_specd  # noqa: E402
 
 # The bound: max |logit difference| below this fraction of the range.
