@@ -3,8 +3,9 @@
 //! the typed bindings of each contract world.
 
 use crate::cache::{inspect, sha256_hex, DiskCache};
-use crate::sandbox::{bind_acceptance, bind_schedule, chain, HostState};
-use crate::{CheckError, Exports, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT};
+use crate::sandbox::{chain, HostState};
+use crate::wasm::{AcceptancePre, SchedulePre};
+use crate::{CheckError, Contract, Exports};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use wasmtime::component::{Component, Linker};
@@ -35,10 +36,10 @@ pub(crate) struct Loaded {
     pub verdict: OnceLock<Mutex<Option<crate::Verdict>>>,
 }
 
-/// Pre-instantiated bindings of a compiled component.
+/// Pre-instantiated bindings of a compiled component (at its contract version).
 pub(crate) struct Compiled {
-    pub schedule: Option<bind_schedule::SchedulePolicyPre<HostState>>,
-    pub acceptance: Option<bind_acceptance::AcceptancePolicyPre<HostState>>,
+    pub schedule: Option<SchedulePre>,
+    pub acceptance: Option<AcceptancePre>,
 }
 
 impl Loaded {
@@ -184,25 +185,24 @@ impl Compiler {
                 .unwrap_or_else(|| "an import".to_string());
             CheckError::ForbiddenImport { name, detail }
         })?;
+        let contract = exports.contract;
         let schedule = if exports.schedule {
             Some(
-                bind_schedule::SchedulePolicyPre::new(pre.clone()).map_err(|e| {
-                    CheckError::Mismatch {
-                        export: SCHEDULE_EXPORT.into(),
-                        detail: chain(&e),
-                    }
+                SchedulePre::new(contract, pre.clone()).map_err(|e| CheckError::Mismatch {
+                    export: contract.schedule_export(),
+                    detail: chain(&e),
                 })?,
             )
         } else {
             None
         };
         let acceptance = if exports.acceptance {
-            Some(bind_acceptance::AcceptancePolicyPre::new(pre).map_err(|e| {
-                CheckError::Mismatch {
-                    export: ACCEPTANCE_EXPORT.into(),
+            Some(
+                AcceptancePre::new(contract, pre).map_err(|e| CheckError::Mismatch {
+                    export: contract.acceptance_export(),
                     detail: chain(&e),
-                }
-            })?)
+                })?,
+            )
         } else {
             None
         };
@@ -234,10 +234,21 @@ fn check_imports_exports<'a>(
             });
         }
     }
-    let exports = Exports {
-        schedule: export_names.iter().any(|n| n == SCHEDULE_EXPORT),
-        acceptance: export_names.iter().any(|n| n == ACCEPTANCE_EXPORT),
-    };
+    // The newest contract version it exports anything of.
+    let exports = Contract::ALL
+        .iter()
+        .rev()
+        .map(|&contract| Exports {
+            schedule: export_names
+                .iter()
+                .any(|n| *n == contract.schedule_export()),
+            acceptance: export_names
+                .iter()
+                .any(|n| *n == contract.acceptance_export()),
+            contract,
+        })
+        .find(|e| e.schedule || e.acceptance)
+        .unwrap_or_default();
     if !exports.schedule && !exports.acceptance {
         let other: Vec<String> = export_names
             .iter()
