@@ -470,6 +470,10 @@ impl AdaEdl {
     /// The entropy-based lower bound on acceptance of a token drawn from a
     /// draft distribution of entropy `entropy` (nats).
     pub fn bound(&self, entropy: f32) -> f32 {
+        if entropy.is_nan() {
+            // Nothing known about the draft: no bound (stop drafting).
+            return f32::NEG_INFINITY;
+        }
         1.0 - libm::sqrtf(self.gamma * entropy.max(0.0))
     }
 }
@@ -496,30 +500,32 @@ impl ScheduleLogic for AdaEdl {
         self.max.min(input.max_draft)
     }
     fn continue_drafting(&mut self, step: &DraftStep) -> bool {
-        // A NaN entropy gives a NaN bound: stop (the comparison is false).
         self.bound(step.entropy) >= self.threshold
     }
 }
 
 /// `bandit` (contract 0.2): UCB1 (Auer et al. 2002) over draft lengths.
 ///
-/// The arms are the k in `arms` (config `{"arms": [1, 2, 3, 4, 6, 8],
-/// "c": 1.0}`; each answer is clipped to max-draft).  Each round's reward
-/// is the tokens it committed per unit of cost, in plain decoding steps:
+/// The arms are the k in `arms` (config `{"arms": [0, 1, 2, 3, 4, 6, 8],
+/// "c": 0.5}`; 0 is a plain decoding step, so a drafter that does not pay
+/// can be switched off; each answer is clipped to max-draft).  Each round's
+/// reward is the tokens it committed per unit of cost, in plain decoding
+/// steps:
 ///
 ///     reward = (accepted + 1) / ((draft-seconds + verify-seconds) / verify(0))
 ///
 /// with verify(0) the measured plain-step time (as `throughput` estimates
-/// it), divided by (largest arm + 1) to stay near [0, 1]; before any timing
-/// is known the reward is (accepted + 1) / (drafted + 1).  An arm never
-/// played is played first (in order); then the answer is the arm with the
-/// largest mean + c * sqrt(ln N / n).  A round's reward is credited when the
-/// schedule is next asked (the last round of a request is not).
+/// it), so plain decoding earns about 1 and speculation that pays earns
+/// more; before any timing is known the reward is (accepted + 1) /
+/// (drafted + 1).  An arm never played is played first (in order); then the
+/// answer is the arm with the largest mean + c * sqrt(ln N / n).  A round's
+/// reward is credited when the schedule is next asked (the last round of a
+/// request is not).
 ///
 /// It learns across requests: `carry` hands back every arm's count and
-/// reward sum (format: 1 version byte, then per arm k, n as u32 LE and the
-/// sum as f64 LE), which the next request's `create` resumes from when its
-/// arms are the same.
+/// reward sum (format: 1 version byte, then per arm k and n as u32 LE and
+/// the sum as f64 LE), which the next request's `create` resumes from when
+/// its arms are the same.
 #[derive(Clone, Debug)]
 pub struct Bandit {
     pub arms: Vec<u32>,
@@ -540,10 +546,10 @@ struct BanditConfig {
 }
 
 fn default_arms() -> Vec<u32> {
-    alloc::vec![1, 2, 3, 4, 6, 8]
+    alloc::vec![0, 1, 2, 3, 4, 6, 8]
 }
 fn default_bandit_c() -> f64 {
-    1.0
+    0.5
 }
 
 const BANDIT_CARRY_VERSION: u8 = 1;
@@ -573,11 +579,10 @@ impl Bandit {
 
     /// The reward of a finished round (see the type's docs).
     pub fn reward(&self, last: &RoundRecord, input: &ScheduleInput) -> f64 {
-        let scale = (*self.arms.iter().max().unwrap_or(&1) as f64) + 1.0;
         let tokens = last.accepted as f64 + 1.0;
         let cost = last.draft_seconds.max(0.0) + last.verify_seconds.max(0.0);
         match estimate_verify(&input.verify_seconds_by_len, 0) {
-            Some(plain) if cost.is_finite() && cost > 0.0 => tokens / (cost / plain) / scale,
+            Some(plain) if cost.is_finite() && cost > 0.0 => tokens / (cost / plain),
             _ => tokens / (last.drafted as f64 + 1.0),
         }
     }
