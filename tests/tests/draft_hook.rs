@@ -161,3 +161,26 @@ fn v0_1_schedules_are_never_asked_and_the_v0_2_builtins_are_lossless() {
         assert_eq!(fin.emitted, base.emitted, "{schedule} changed the text");
     }
 }
+
+#[test]
+fn a_schedule_trapping_in_the_hook_ends_speculation_and_the_text_is_plain() {
+    add_stop_below();
+    let prompt = GROUNDED[1];
+    // threshold 0: it would draft on, but it traps at the second token.
+    let config = serde_json::json!({ "k": K, "threshold": 0.0, "trap_at": 1 });
+    let (fin, _) = run(prompt, &opts("self:4", "stop-below", config), 16);
+    let failure = fin.stats.policy_failure.clone().expect("a policy failure");
+    let json = serde_json::to_value(&failure).unwrap();
+    assert_eq!(json["kind"], "trap", "{json}");
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("continue-drafting"),
+        "{json}"
+    );
+    // Nothing drafted in the failing round was verified; plain from there.
+    assert_eq!(fin.stats.drafted, 0);
+    let (base, _) = run(prompt, &plain(), 16);
+    assert_eq!(fin.emitted, base.emitted);
+}

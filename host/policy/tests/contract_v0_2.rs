@@ -62,6 +62,15 @@ fn v0_1_and_v0_2_components_side_by_side() {
     assert_eq!(s.next_draft_length(&timed(0, None)).unwrap(), 3);
     assert_eq!(s.continue_drafting(&step(0, 0.1, 0.9, 3)), Ok(true));
     assert_eq!(s.continue_drafting(&step(1, 2.0, 0.2, 3)), Ok(false));
+    // A trap in the hook is a policy failure; the schedule is spent.
+    let mut t = host()
+        .schedule("stop-below", r#"{"trap_at": 1}"#, "m")
+        .unwrap();
+    assert_eq!(t.continue_drafting(&step(0, 0.1, 0.9, 4)), Ok(true));
+    let err = t.continue_drafting(&step(1, 0.1, 0.9, 4)).unwrap_err();
+    assert_eq!(err.kind, PolicyErrorKind::Trap, "{err}");
+    assert!(err.message.contains("continue-drafting"), "{err}");
+    assert_eq!(t.next_draft_length(&timed(1, None)), Err(err));
     // both versions still answer in turn on the same host
     assert_eq!(
         h.next_draft_length(&timed(1, Some((4, 4, 0.0, 0.01))))
