@@ -430,7 +430,13 @@ impl fmt::Display for CheckError {
             ),
             CheckError::MissingExport { exports } => write!(
                 f,
-                "exports neither specd:policy/schedule nor specd:policy/acceptance at 0.1.0 or 0.2.0 (it exports: {})",
+                "exports none of {} (it exports: {})",
+                Contract::ALL
+                    .iter()
+                    .rev()
+                    .flat_map(|c| [c.schedule_export(), c.acceptance_export()])
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
             ),
             CheckError::ForbiddenImport { name, detail } => write!(
