@@ -75,8 +75,20 @@ const DENY_ALL_WASI: [&str; 6] = [
     "wasi:sockets/",
 ];
 
+/// A component's header: WebAssembly, and a component rather than a core module.
+fn check_magic(bytes: &[u8]) -> Result<(), CheckError> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err(CheckError::NotWasm);
+    }
+    // Core modules have layer 0 (version 1), components layer 1.
+    if bytes[6..8] == [0, 0] {
+        return Err(CheckError::NotAComponent);
+    }
+    Ok(())
+}
+
 impl Compiler {
-    /// Size and header checks common to every way in.
+    /// Size and header checks common to every way in (but the built-ins).
     fn check_header(&self, bytes: &[u8]) -> Result<(), CheckError> {
         let limit = self.max_component_bytes;
         if bytes.len() > limit {
@@ -85,20 +97,15 @@ impl Compiler {
                 limit,
             });
         }
-        if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-            return Err(CheckError::NotWasm);
-        }
-        // Core modules have layer 0 (version 1), components layer 1.
-        if bytes[6..8] == [0, 0] {
-            return Err(CheckError::NotAComponent);
-        }
-        Ok(())
+        check_magic(bytes)
     }
 
     /// Registers a built-in without compiling it: its imports and exports
     /// are read from its bytes and checked; it is compiled on first use.
+    /// The size cap is for user components: an operator's small cap must
+    /// not refuse the embedded built-ins (and keep the server from starting).
     pub fn load_lazy(&self, bytes: &'static [u8]) -> Result<Arc<Loaded>, CheckError> {
-        self.check_header(bytes)?;
+        check_magic(bytes)?;
         let found = inspect(bytes).map_err(CheckError::Invalid)?;
         let (exports, imports_wasi) =
             check_imports_exports(found.imports.iter().map(String::as_str), found.exports)?;
