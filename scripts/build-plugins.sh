@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds specd's policy components (WebAssembly components, specd:policy@0.1.0).
+# Builds specd's policy components (WebAssembly components, specd:policy@0.1.0
+# and @0.2.0).
 #
 #   scripts/build-plugins.sh [OUT_DIR]     build everything into OUT_DIR
 #                                          (default: plugins/target/specd)
@@ -18,8 +19,9 @@
 #     into ~/.cargo/bin).  wasm-component-ld from rustup links the component.
 #
 # Outputs: OUT_DIR/<name>.wasm — the built-ins (constant, heuristic,
-# heuristic-transient, throughput, greedy, rejection, typical, heuristic-c)
-# and the test fixture wasi-demo-c; OUT_DIR/nested-build-env.txt.
+# heuristic-transient, throughput, greedy, rejection, typical, heuristic-c;
+# on 0.2: adaedl, bandit) and the test fixtures wasi-demo-c and stop-below
+# (0.2); OUT_DIR/nested-build-env.txt.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,7 +62,8 @@ rustc_host=$(rustc -vV | sed -n 's/^host: //p')
     || die "the Rust target wasm32-wasip2 is missing: run scripts/build-plugins.sh --install-tools"
 "$CARGO" build --release --locked --target wasm32-wasip2 \
     --manifest-path "$ROOT/plugins/Cargo.toml" --target-dir "$ROOT/plugins/target"
-for crate in "$ROOT"/plugins/rust/*/; do
+# Built-ins (plugins/rust) and test fixtures (plugins/fixtures, not embedded).
+for crate in "$ROOT"/plugins/rust/*/ "$ROOT"/plugins/fixtures/*/; do
     name=$(basename "$crate")
     cp "$ROOT/plugins/target/wasm32-wasip2/release/${name//-/_}.wasm" "$OUT/$name.wasm"
 done

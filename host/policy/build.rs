@@ -40,6 +40,7 @@ fn main() {
         "plugins/Cargo.lock",
         "plugins/logic",
         "plugins/rust",
+        "plugins/fixtures",
         "plugins/c",
         "scripts/build-plugins.sh",
         "host/policy/build",

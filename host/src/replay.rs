@@ -11,6 +11,12 @@
 //! - its answer k' is capped by what the drafter proposed in the recording
 //!   (only `drafted` positions are known): a larger k' is truncated and
 //!   counted (`truncated_rounds`);
+//! - a schedule with contract 0.2's per-token hook is asked after each
+//!   recorded draft token, as the drafter asked it (only where the recorded
+//!   drafter drafted token by token: its positions carry draft statistics).
+//!   It sees the recorded step (the traced `draft_steps`, or the same
+//!   numbers read from the recorded position) with its own k', and a
+//!   `false` cuts the round's drafts there;
 //! - the acceptance policy decides on the recorded `positions[..k']`
 //!   (target p, draft q, argmax, entropy and the host's uniforms), giving n';
 //! - the round commits n' + 1 tokens and costs, in the timing model,
@@ -30,7 +36,7 @@ use crate::speculation::ScheduleHistory;
 use crate::trace::Recorded;
 use anyhow::{bail, Result};
 use serde::Serialize;
-use specd_policy::{Acceptance, Decision, PolicyHost, Position, Schedule};
+use specd_policy::{Acceptance, Decision, DraftStep, PolicyHost, Position, Schedule};
 use std::time::Instant;
 
 /// Draft limit when a trace does not show it: the default.
@@ -282,17 +288,22 @@ pub fn replay(
                 break;
             }
             let round_no = i as u32;
+            let failures_before = rep.policy_failures.len();
             // 1. The schedule.
             let mut k = 0usize;
             if speculating && schedule.is_some() {
                 let max_draft = draft_max.min(budget_left.saturating_sub(1) as usize);
                 if max_draft > 0 {
-                    let input = hist.input(
+                    let mut input = hist.input(
                         round_no,
                         generated as usize,
                         budget_left as usize,
                         max_draft,
                     );
+                    if let Some(rec_input) = &r.schedule_input {
+                        input.batch_sequences = rec_input.batch_sequences;
+                        input.batch_rows_planned = rec_input.batch_rows_planned;
+                    }
                     match schedule
                         .as_mut()
                         .expect("checked")
@@ -309,11 +320,64 @@ pub fn replay(
                 }
             }
             // 2. What the recording can tell about k drafts.
-            let kd = k.min(r.drafted as usize).min(r.positions.len());
-            // Truncated: the recorded drafter stopped at the recorded k, so
-            // it might have proposed more; when it proposed fewer than
-            // asked, it had no more to offer (same as in the recording).
-            if kd < k && r.drafted >= r.k {
+            let mut kd = k.min(r.drafted as usize).min(r.positions.len());
+            // Truncated: the recorded drafter stopped at the recorded k (or
+            // the recorded schedule stopped it), so it might have proposed
+            // more; when it proposed fewer than asked otherwise, it had no
+            // more to offer (same as in the recording).
+            let recorded_stop = r.draft_steps.last().is_some_and(|s| !s.go_on);
+            let mut hook_answers: Vec<bool> = Vec::new();
+            // 2b. The per-token hook, on a stepwise drafter's recorded steps.
+            let stepwise = r
+                .positions
+                .first()
+                .is_some_and(|p| p.draft_entropy.is_some())
+                || !r.draft_steps.is_empty();
+            if kd > 0 && stepwise {
+                if let Some(s) = schedule.as_mut().filter(|s| s.has_draft_hook()) {
+                    for j in 0..k - 1 {
+                        let step = match r.draft_steps.get(j) {
+                            Some(h) => DraftStep {
+                                k: k as u32,
+                                ..h.step
+                            },
+                            None => match r.positions.get(j) {
+                                Some(p) if j < kd => DraftStep {
+                                    index: j as u32,
+                                    token: p.token,
+                                    q: p.q,
+                                    entropy: p.draft_entropy.unwrap_or(0.0),
+                                    top1: p.draft_top1.unwrap_or(1.0),
+                                    k: k as u32,
+                                },
+                                _ => break,
+                            },
+                        };
+                        match s.continue_drafting(&step) {
+                            Ok(go_on) => {
+                                hook_answers.push(go_on);
+                                if !go_on {
+                                    kd = kd.min(j + 1);
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                rep.policy_failures
+                                    .push(format!("request {ri} round {i}: {e}"));
+                                hook_answers.clear();
+                                kd = 0;
+                                break;
+                            }
+                        }
+                    }
+                    if rep.policy_failures.len() > failures_before {
+                        schedule = None;
+                        acceptance = None;
+                    }
+                }
+            }
+            let stopped_here = hook_answers.last() == Some(&false);
+            if kd < k && !stopped_here && (r.drafted >= r.k || recorded_stop) {
                 rep.truncated_rounds += 1;
             }
             // 3. Acceptance on the recorded positions.
@@ -341,12 +405,13 @@ pub fn replay(
                 }
             }
             let n = decision.map(|d| d.accepted as usize).unwrap_or(0);
-            // 4. Compare with the recording.
-            if (k as u32) != r.k || decision != r.decision {
+            // 4. Compare with the recording (k, every hook answer, the decision).
+            let recorded_answers: Vec<bool> = r.draft_steps.iter().map(|h| h.go_on).collect();
+            if (k as u32) != r.k || hook_answers != recorded_answers || decision != r.decision {
                 rep.decision_mismatches += 1;
                 if rep.first_mismatch.is_none() {
                     rep.first_mismatch = Some(format!(
-                        "request {ri} round {i}: k {k} vs recorded {}, decision {:?} vs recorded {:?}",
+                        "request {ri} round {i}: k {k} vs recorded {}, draft hook {hook_answers:?} vs recorded {recorded_answers:?}, decision {:?} vs recorded {:?}",
                         r.k, decision, r.decision
                     ));
                 }

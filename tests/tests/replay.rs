@@ -148,8 +148,10 @@ fn synthetic(rounds: usize, k: u32, draft_per_token: f64, verify: f64) -> Vec<Re
                     target_argmax: 100 + j,
                     entropy: 0.0,
                     uniform: 0.5,
+                    ..Default::default()
                 })
                 .collect(),
+            draft_steps: Vec::new(),
             decision: None,
             accepted: k,
             tokens: (0..=k).map(|j| 100 + j).collect(),

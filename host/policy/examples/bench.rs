@@ -128,6 +128,8 @@ fn scripted_input(round: u32, max_draft: u32) -> ScheduleInput {
         position_acceptance: (0..max_draft).map(|i| 0.9 - 0.03 * i as f64).collect(),
         draft_seconds_per_token: 1e-4,
         verify_seconds_by_len: (0..=max_draft).map(|j| 8e-3 + 4e-4 * j as f64).collect(),
+        batch_sequences: 0,
+        batch_rows_planned: 0,
     }
 }
 
@@ -146,6 +148,7 @@ fn scripted_positions(round: u32, k: u32) -> Vec<Position> {
                 },
                 entropy: 1.2,
                 uniform: ((round * 13 + i * 7) % 100) as f32 / 100.0,
+                ..Default::default()
             }
         })
         .collect()

@@ -3,8 +3,9 @@
 //! the typed bindings of each contract world.
 
 use crate::cache::{inspect, sha256_hex, DiskCache};
-use crate::sandbox::{bind_acceptance, bind_schedule, chain, HostState};
-use crate::{CheckError, Exports, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT};
+use crate::sandbox::{chain, HostState};
+use crate::wasm::{AcceptancePre, SchedulePre};
+use crate::{CheckError, Contract, Exports};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 use wasmtime::component::{Component, Linker};
@@ -35,10 +36,10 @@ pub(crate) struct Loaded {
     pub verdict: OnceLock<Mutex<Option<crate::Verdict>>>,
 }
 
-/// Pre-instantiated bindings of a compiled component.
+/// Pre-instantiated bindings of a compiled component (at its contract version).
 pub(crate) struct Compiled {
-    pub schedule: Option<bind_schedule::SchedulePolicyPre<HostState>>,
-    pub acceptance: Option<bind_acceptance::AcceptancePolicyPre<HostState>>,
+    pub schedule: Option<SchedulePre>,
+    pub acceptance: Option<AcceptancePre>,
 }
 
 impl Loaded {
@@ -74,8 +75,20 @@ const DENY_ALL_WASI: [&str; 6] = [
     "wasi:sockets/",
 ];
 
+/// A component's header: WebAssembly, and a component rather than a core module.
+fn check_magic(bytes: &[u8]) -> Result<(), CheckError> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err(CheckError::NotWasm);
+    }
+    // Core modules have layer 0 (version 1), components layer 1.
+    if bytes[6..8] == [0, 0] {
+        return Err(CheckError::NotAComponent);
+    }
+    Ok(())
+}
+
 impl Compiler {
-    /// Size and header checks common to every way in.
+    /// Size and header checks common to every way in (but the built-ins).
     fn check_header(&self, bytes: &[u8]) -> Result<(), CheckError> {
         let limit = self.max_component_bytes;
         if bytes.len() > limit {
@@ -84,20 +97,15 @@ impl Compiler {
                 limit,
             });
         }
-        if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-            return Err(CheckError::NotWasm);
-        }
-        // Core modules have layer 0 (version 1), components layer 1.
-        if bytes[6..8] == [0, 0] {
-            return Err(CheckError::NotAComponent);
-        }
-        Ok(())
+        check_magic(bytes)
     }
 
     /// Registers a built-in without compiling it: its imports and exports
     /// are read from its bytes and checked; it is compiled on first use.
+    /// The size cap is for user components: an operator's small cap must
+    /// not refuse the embedded built-ins (and keep the server from starting).
     pub fn load_lazy(&self, bytes: &'static [u8]) -> Result<Arc<Loaded>, CheckError> {
-        self.check_header(bytes)?;
+        check_magic(bytes)?;
         let found = inspect(bytes).map_err(CheckError::Invalid)?;
         let (exports, imports_wasi) =
             check_imports_exports(found.imports.iter().map(String::as_str), found.exports)?;
@@ -184,25 +192,24 @@ impl Compiler {
                 .unwrap_or_else(|| "an import".to_string());
             CheckError::ForbiddenImport { name, detail }
         })?;
+        let contract = exports.contract;
         let schedule = if exports.schedule {
             Some(
-                bind_schedule::SchedulePolicyPre::new(pre.clone()).map_err(|e| {
-                    CheckError::Mismatch {
-                        export: SCHEDULE_EXPORT.into(),
-                        detail: chain(&e),
-                    }
+                SchedulePre::new(contract, pre.clone()).map_err(|e| CheckError::Mismatch {
+                    export: contract.schedule_export(),
+                    detail: chain(&e),
                 })?,
             )
         } else {
             None
         };
         let acceptance = if exports.acceptance {
-            Some(bind_acceptance::AcceptancePolicyPre::new(pre).map_err(|e| {
-                CheckError::Mismatch {
-                    export: ACCEPTANCE_EXPORT.into(),
+            Some(
+                AcceptancePre::new(contract, pre).map_err(|e| CheckError::Mismatch {
+                    export: contract.acceptance_export(),
                     detail: chain(&e),
-                }
-            })?)
+                })?,
+            )
         } else {
             None
         };
@@ -234,10 +241,21 @@ fn check_imports_exports<'a>(
             });
         }
     }
-    let exports = Exports {
-        schedule: export_names.iter().any(|n| n == SCHEDULE_EXPORT),
-        acceptance: export_names.iter().any(|n| n == ACCEPTANCE_EXPORT),
-    };
+    // The newest contract version it exports anything of.
+    let exports = Contract::ALL
+        .iter()
+        .rev()
+        .map(|&contract| Exports {
+            schedule: export_names
+                .iter()
+                .any(|n| *n == contract.schedule_export()),
+            acceptance: export_names
+                .iter()
+                .any(|n| *n == contract.acceptance_export()),
+            contract,
+        })
+        .find(|e| e.schedule || e.acceptance)
+        .unwrap_or_default();
     if !exports.schedule && !exports.acceptance {
         let other: Vec<String> = export_names
             .iter()

@@ -291,6 +291,10 @@ impl Slot {
             target_argmax: argmax(&self.p),
             entropy: entropy(&self.p),
             uniform: rng.unit(),
+            // Contract 0.2's draft statistics: q is a full distribution here.
+            draft_entropy: Some(entropy(&self.q)),
+            draft_top1: self.q.iter().copied().reduce(f32::max),
+            confidence: None,
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::wasm::{Runtime, WasmAcceptance, WasmSchedule};
 use crate::{
     Acceptance, CheckError, ConformanceConfig, ConformanceReport, HostConfig, LosslessClaim,
     MetricsSnapshot, PolicyError, PolicyErrorKind, PolicyInfo, PolicySource, RegistryError,
-    RegistryQuota, Schedule, Verdict, ACCEPTANCE_EXPORT, SCHEDULE_EXPORT,
+    RegistryQuota, Schedule, Verdict,
 };
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -493,9 +493,15 @@ impl PolicyHost {
             return Err(err(
                 PolicyErrorKind::NotFound,
                 if schedule {
-                    format!("the component exports no schedule ({SCHEDULE_EXPORT}); it is an acceptance policy")
+                    format!(
+                        "the component exports no schedule ({}); it is an acceptance policy",
+                        loaded.exports.contract.schedule_export()
+                    )
                 } else {
-                    format!("the component exports no acceptance ({ACCEPTANCE_EXPORT}); it is a schedule")
+                    format!(
+                        "the component exports no acceptance ({}); it is a schedule",
+                        loaded.exports.contract.acceptance_export()
+                    )
                 },
             ));
         }

@@ -4,8 +4,9 @@
 //! A *schedule* answers, each round, how many tokens to draft (0 = a plain
 //! decoding step); an *acceptance* policy answers how many drafted tokens to
 //! keep and what to emit after them.  Both are WebAssembly components
-//! implementing the WIT package `specd:policy@0.1.0` (`wit/policy.wit` at the
-//! repository root, which documents every field), run by wasmtime.  This crate
+//! implementing the WIT package `specd:policy@0.2.0` (`wit/0.2/policy.wit` at
+//! the repository root, which documents every field) or its predecessor
+//! `specd:policy@0.1.0` (`wit/policy.wit`), run by wasmtime.  This crate
 //! knows nothing of MLX or models: it sees plain numbers.
 //!
 //! # Use
@@ -18,7 +19,7 @@
 //! let mut acceptance = host.acceptance("greedy", "{}", 49152)?;
 //! let k = schedule.next_draft_length(&ScheduleInput { max_draft: 16, budget_left: 100, ..Default::default() })?;
 //! // ... draft k tokens, verify them ...
-//! let decision = acceptance.decide(&[Position { token: 7, p: 0.9, q: 1.0, target_argmax: 7, entropy: 0.3, uniform: 0.5 }])?;
+//! let decision = acceptance.decide(&[Position { token: 7, p: 0.9, q: 1.0, target_argmax: 7, entropy: 0.3, uniform: 0.5, ..Default::default() }])?;
 //! schedule.finish();                                             // carries heuristic's k to the next request
 //! # let _ = (k, decision);
 //! # Ok::<(), anyhow::Error>(())
@@ -62,7 +63,8 @@
 //! Built-in policies (embedded; built from `plugins/` by `build.rs` through
 //! `scripts/build-plugins.sh`): schedules `constant`, `heuristic`,
 //! `heuristic-transient`, `throughput`, `heuristic-c` (the C twin of
-//! `heuristic`); acceptance `greedy`, `rejection`, `typical`.  Their exact
+//! `heuristic`), and on contract 0.2 `adaedl` and `bandit`; acceptance
+//! `greedy`, `rejection`, `typical`.  Their exact
 //! semantics are documented in `plugins/logic/src/lib.rs`; [`native`] has the
 //! same policies as plain Rust (baselines for benchmarks).
 
@@ -78,7 +80,7 @@ mod metrics;
 pub use specd_policy_logic as logic;
 /// The contract types, one definition shared with the built-in components.
 pub use specd_policy_logic::{
-    Correction, Decision, Position, RoundRecord, ScheduleInput, RECENT_WINDOW,
+    Correction, Decision, DraftStep, Position, RoundRecord, ScheduleInput, RECENT_WINDOW,
 };
 pub mod native;
 mod registry;
@@ -100,12 +102,54 @@ use std::path::PathBuf;
 /// and the test fixture `wasi-demo-c`, as `NAME.wasm`.
 pub const BUILT_COMPONENTS_DIR: &str = env!("SPECD_PLUGINS_OUT");
 
-/// The WIT package version this host implements.
-pub const WIT_PACKAGE: &str = "specd:policy@0.1.0";
-/// Export name of the schedule interface.
-pub const SCHEDULE_EXPORT: &str = "specd:policy/schedule@0.1.0";
-/// Export name of the acceptance interface.
-pub const ACCEPTANCE_EXPORT: &str = "specd:policy/acceptance@0.1.0";
+/// The newest WIT package version this host implements (it implements
+/// every version of [`Contract`]).
+pub const WIT_PACKAGE: &str = "specd:policy@0.2.0";
+/// Export name of the schedule interface (0.2; 0.1: [`Contract::schedule_export`]).
+pub const SCHEDULE_EXPORT: &str = "specd:policy/schedule@0.2.0";
+/// Export name of the acceptance interface (0.2).
+pub const ACCEPTANCE_EXPORT: &str = "specd:policy/acceptance@0.2.0";
+
+/// A version of the contract a component implements.  The host serves
+/// each in its own terms: a 0.1 component sees the 0.1 types (the 0.2
+/// fields are dropped for it at one boundary, `wasm.rs`) and is never asked
+/// `continue-drafting`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum Contract {
+    /// `specd:policy@0.1.0` (`wit/policy.wit`).
+    #[default]
+    #[serde(rename = "0.1.0")]
+    V0_1,
+    /// `specd:policy@0.2.0` (`wit/0.2/policy.wit`): the per-token drafting
+    /// hook, draft entropy / top-1 / confidence on positions, the batch context.
+    #[serde(rename = "0.2.0")]
+    V0_2,
+}
+
+impl Contract {
+    /// Every version this host implements, oldest first.
+    pub const ALL: [Contract; 2] = [Contract::V0_1, Contract::V0_2];
+    pub fn version(self) -> &'static str {
+        match self {
+            Contract::V0_1 => "0.1.0",
+            Contract::V0_2 => "0.2.0",
+        }
+    }
+    pub fn schedule_export(self) -> String {
+        format!("specd:policy/schedule@{}", self.version())
+    }
+    pub fn acceptance_export(self) -> String {
+        format!("specd:policy/acceptance@{}", self.version())
+    }
+}
+
+impl fmt::Display for Contract {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "specd:policy@{}", self.version())
+    }
+}
 
 /// Limits of the policy host.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -166,6 +210,19 @@ pub trait Schedule: Send {
     fn name(&self) -> &str;
     /// k for this round (0 = plain step); validated `<= input.max_draft`.
     fn next_draft_length(&mut self, input: &ScheduleInput) -> Result<u32, PolicyError>;
+    /// Whether it is asked [`continue_drafting`](Self::continue_drafting)
+    /// (contract 0.2 components and native schedules; never 0.1 ones).
+    fn has_draft_hook(&self) -> bool {
+        false
+    }
+    /// After each draft token of a drafter that drafts token by token,
+    /// while fewer than k are drafted: true = draft on, false = stop.  The
+    /// answer has no out-of-range values to refuse (a bool); a trap or a
+    /// time-out is a [`PolicyError`] like any call's.  Schedules without the
+    /// hook answer true.
+    fn continue_drafting(&mut self, _step: &DraftStep) -> Result<bool, PolicyError> {
+        Ok(true)
+    }
     /// Ends the request normally: hands carried state back to the host
     /// (schedules that learn across requests).  Dropping without `finish`
     /// carries nothing.
@@ -278,11 +335,16 @@ impl fmt::Display for PolicyError {
 
 impl std::error::Error for PolicyError {}
 
-/// Which interfaces a component exports.
+/// Which interfaces a component exports, and at which contract version
+/// (the newest it exports; a component exports one version per interface
+/// in practice).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Exports {
     pub schedule: bool,
     pub acceptance: bool,
+    /// The contract version of its exports.
+    #[serde(default)]
+    pub contract: Contract,
 }
 
 impl fmt::Display for Exports {
@@ -363,12 +425,18 @@ impl fmt::Display for CheckError {
             CheckError::Invalid(m) => write!(f, "invalid component: {m}"),
             CheckError::WrongVersion { found } => write!(
                 f,
-                "exports {} but this host implements {WIT_PACKAGE} (exports {SCHEDULE_EXPORT} and/or {ACCEPTANCE_EXPORT}); rebuild against wit/policy.wit",
+                "exports {} but this host implements specd:policy@0.1.0 and {WIT_PACKAGE} (exports specd:policy/schedule and/or specd:policy/acceptance at one of those versions); rebuild against wit/0.2/policy.wit",
                 found.join(", ")
             ),
             CheckError::MissingExport { exports } => write!(
                 f,
-                "exports neither {SCHEDULE_EXPORT} nor {ACCEPTANCE_EXPORT} (it exports: {})",
+                "exports none of {} (it exports: {})",
+                Contract::ALL
+                    .iter()
+                    .rev()
+                    .flat_map(|c| [c.schedule_export(), c.acceptance_export()])
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
             ),
             CheckError::ForbiddenImport { name, detail } => write!(
@@ -377,7 +445,7 @@ impl fmt::Display for CheckError {
                 if detail.is_empty() { String::new() } else { format!(": {detail}") }
             ),
             CheckError::Mismatch { export, detail } => {
-                write!(f, "export `{export}` does not match {WIT_PACKAGE}: {detail}")
+                write!(f, "export `{export}` does not match its WIT: {detail}")
             }
         }
     }

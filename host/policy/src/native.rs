@@ -5,13 +5,21 @@
 //! (`plugins/logic`).
 
 use crate::{
-    validate, Acceptance, Decision, PolicyError, PolicyErrorKind, Position, Schedule, ScheduleInput,
+    validate, Acceptance, Decision, DraftStep, PolicyError, PolicyErrorKind, Position, Schedule,
+    ScheduleInput,
 };
 use specd_policy_logic as logic;
 use specd_policy_logic::{AcceptanceLogic, ScheduleLogic};
 
 /// Names of the native schedules.
-pub const SCHEDULES: [&str; 4] = ["constant", "heuristic", "heuristic-transient", "throughput"];
+pub const SCHEDULES: [&str; 6] = [
+    "constant",
+    "heuristic",
+    "heuristic-transient",
+    "throughput",
+    "adaedl",
+    "bandit",
+];
 /// Names of the native acceptance policies.
 pub const ACCEPTANCES: [&str; 3] = ["greedy", "rejection", "typical"];
 
@@ -48,6 +56,8 @@ pub fn schedule(
         "heuristic" => make::<logic::Heuristic>(name, config_json, carried),
         "heuristic-transient" => make::<logic::HeuristicTransient>(name, config_json, carried),
         "throughput" => make::<logic::Throughput>(name, config_json, carried),
+        "adaedl" => make::<logic::AdaEdl>(name, config_json, carried),
+        "bandit" => make::<logic::Bandit>(name, config_json, carried),
         _ => Err(PolicyError::new(
             name,
             PolicyErrorKind::NotFound,
@@ -102,6 +112,12 @@ impl<L: ScheduleLogic + Send> Schedule for Native<L> {
             self.logic.next_draft_length(input)
         };
         validate::draft_length(&self.name, k, input)
+    }
+    fn has_draft_hook(&self) -> bool {
+        true
+    }
+    fn continue_drafting(&mut self, step: &DraftStep) -> Result<bool, PolicyError> {
+        Ok(self.logic.continue_drafting(step))
     }
     fn finish(self: Box<Self>) {}
 }

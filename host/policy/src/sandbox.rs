@@ -27,6 +27,22 @@ pub(crate) mod bind_acceptance {
     });
 }
 
+// Contract 0.2 (`wit/0.2`).  Both versions' bindings live side by side;
+// `wasm.rs` converts each to the one set of contract types.
+pub(crate) mod bind_schedule_v0_2 {
+    wasmtime::component::bindgen!({
+        path: "../../wit/0.2",
+        world: "schedule-policy",
+    });
+}
+
+pub(crate) mod bind_acceptance_v0_2 {
+    wasmtime::component::bindgen!({
+        path: "../../wit/0.2",
+        world: "acceptance-policy",
+    });
+}
+
 /// Store data of one request's instance.
 pub(crate) struct HostState {
     pub limits: Limits,

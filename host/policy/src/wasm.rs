@@ -1,11 +1,18 @@
 //! Per-request policy objects backed by a component instance in its own Store.
+//!
+//! This is the one boundary between the wit-bindgen types of each contract
+//! version and the host's contract types (`specd_policy_logic`, 0.2's):
+//! a 0.2 component gets every field; a 0.1 component gets the 0.1 subset
+//! (the 0.2 fields are dropped here) and is never asked `continue-drafting`.
 
 use crate::carry::{Carried, CarryKey};
 use crate::metrics::Metrics;
-use crate::sandbox::{bind_acceptance, bind_schedule, classify, HostState};
+use crate::sandbox::{
+    bind_acceptance, bind_acceptance_v0_2, bind_schedule, bind_schedule_v0_2, classify, HostState,
+};
 use crate::{
-    validate, Acceptance, Correction, Decision, PolicyError, PolicyErrorKind, Position, Schedule,
-    ScheduleInput,
+    validate, Acceptance, Contract, Correction, Decision, DraftStep, PolicyError, PolicyErrorKind,
+    Position, Schedule, ScheduleInput,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,7 +20,141 @@ use wasmtime::component::ResourceAny;
 use wasmtime::Store;
 
 use bind_acceptance::exports::specd::policy::acceptance as wa;
+use bind_acceptance_v0_2::exports::specd::policy::acceptance as wa2;
 use bind_schedule::exports::specd::policy::schedule as ws;
+use bind_schedule_v0_2::exports::specd::policy::schedule as ws2;
+use wasmtime::component::InstancePre;
+
+/// A compiled schedule, pre-instantiated, at its contract version.
+pub(crate) enum SchedulePre {
+    V0_1(bind_schedule::SchedulePolicyPre<HostState>),
+    V0_2(bind_schedule_v0_2::SchedulePolicyPre<HostState>),
+}
+
+impl SchedulePre {
+    pub fn new(contract: Contract, pre: InstancePre<HostState>) -> wasmtime::Result<Self> {
+        Ok(match contract {
+            Contract::V0_1 => SchedulePre::V0_1(bind_schedule::SchedulePolicyPre::new(pre)?),
+            Contract::V0_2 => SchedulePre::V0_2(bind_schedule_v0_2::SchedulePolicyPre::new(pre)?),
+        })
+    }
+}
+
+/// A compiled acceptance policy, pre-instantiated, at its contract version.
+pub(crate) enum AcceptancePre {
+    V0_1(bind_acceptance::AcceptancePolicyPre<HostState>),
+    V0_2(bind_acceptance_v0_2::AcceptancePolicyPre<HostState>),
+}
+
+impl AcceptancePre {
+    pub fn new(contract: Contract, pre: InstancePre<HostState>) -> wasmtime::Result<Self> {
+        Ok(match contract {
+            Contract::V0_1 => AcceptancePre::V0_1(bind_acceptance::AcceptancePolicyPre::new(pre)?),
+            Contract::V0_2 => {
+                AcceptancePre::V0_2(bind_acceptance_v0_2::AcceptancePolicyPre::new(pre)?)
+            }
+        })
+    }
+}
+
+enum ScheduleBindings {
+    V0_1(bind_schedule::SchedulePolicy),
+    V0_2(bind_schedule_v0_2::SchedulePolicy),
+}
+
+enum AcceptanceBindings {
+    V0_1(bind_acceptance::AcceptancePolicy),
+    V0_2(bind_acceptance_v0_2::AcceptancePolicy),
+}
+
+/// The 0.1 schedule input: the 0.2 batch context is dropped.
+fn input_v0_1(input: &ScheduleInput) -> ws::ScheduleInput {
+    ws::ScheduleInput {
+        round: input.round,
+        generated: input.generated,
+        budget_left: input.budget_left,
+        max_draft: input.max_draft,
+        recent: input
+            .recent_window()
+            .iter()
+            .map(|r| ws::RoundRecord {
+                drafted: r.drafted,
+                accepted: r.accepted,
+                draft_seconds: r.draft_seconds,
+                verify_seconds: r.verify_seconds,
+            })
+            .collect(),
+        position_acceptance: input.position_acceptance.clone(),
+        draft_seconds_per_token: input.draft_seconds_per_token,
+        verify_seconds_by_len: input.verify_seconds_by_len.clone(),
+    }
+}
+
+fn input_v0_2(input: &ScheduleInput) -> ws2::ScheduleInput {
+    ws2::ScheduleInput {
+        round: input.round,
+        generated: input.generated,
+        budget_left: input.budget_left,
+        max_draft: input.max_draft,
+        recent: input
+            .recent_window()
+            .iter()
+            .map(|r| ws2::RoundRecord {
+                drafted: r.drafted,
+                accepted: r.accepted,
+                draft_seconds: r.draft_seconds,
+                verify_seconds: r.verify_seconds,
+            })
+            .collect(),
+        position_acceptance: input.position_acceptance.clone(),
+        draft_seconds_per_token: input.draft_seconds_per_token,
+        verify_seconds_by_len: input.verify_seconds_by_len.clone(),
+        batch_sequences: input.batch_sequences,
+        batch_rows_planned: input.batch_rows_planned,
+    }
+}
+
+/// The 0.1 position: the 0.2 draft statistics are dropped.
+fn position_v0_1(p: &Position) -> wa::Position {
+    wa::Position {
+        token: p.token,
+        p: p.p,
+        q: p.q,
+        target_argmax: p.target_argmax,
+        entropy: p.entropy,
+        uniform: p.uniform,
+    }
+}
+
+fn position_v0_2(p: &Position) -> wa2::Position {
+    wa2::Position {
+        token: p.token,
+        p: p.p,
+        q: p.q,
+        target_argmax: p.target_argmax,
+        entropy: p.entropy,
+        uniform: p.uniform,
+        draft_entropy: p.draft_entropy,
+        draft_top1: p.draft_top1,
+        confidence: p.confidence,
+    }
+}
+
+fn correction_v0_1(c: wa::Correction) -> Correction {
+    match c {
+        wa::Correction::Residual => Correction::Residual,
+        wa::Correction::TargetSample => Correction::TargetSample,
+        wa::Correction::Token(t) => Correction::Token(t),
+    }
+}
+
+fn correction_v0_2(c: wa2::Correction) -> Correction {
+    match c {
+        wa2::Correction::Residual => Correction::Residual,
+        wa2::Correction::TargetSample => Correction::TargetSample,
+        wa2::Correction::Token(t) => Correction::Token(t),
+    }
+}
 
 /// What a request's instances need of the host: the engine, the limits,
 /// the counters and the carried state.
@@ -79,7 +220,7 @@ pub(crate) struct WasmSchedule {
     inner: Arc<Runtime>,
     name: String,
     store: Store<HostState>,
-    bindings: bind_schedule::SchedulePolicy,
+    bindings: ScheduleBindings,
     resource: ResourceAny,
     carry_key: CarryKey,
     failed: Option<PolicyError>,
@@ -89,7 +230,7 @@ impl WasmSchedule {
     pub fn new(
         inner: Arc<Runtime>,
         name: &str,
-        pre: &bind_schedule::SchedulePolicyPre<HostState>,
+        pre: &SchedulePre,
         config: &str,
         carried: Option<Vec<u8>>,
         carry_key: CarryKey,
@@ -97,11 +238,23 @@ impl WasmSchedule {
         let (store, bindings, resource) = instantiate(
             &inner,
             name,
-            |store| pre.instantiate(store),
-            |b: &bind_schedule::SchedulePolicy, store| {
-                b.specd_policy_schedule()
-                    .scheduler()
-                    .call_create(store, config, carried.as_deref())
+            |store| {
+                Ok(match pre {
+                    SchedulePre::V0_1(p) => ScheduleBindings::V0_1(p.instantiate(store)?),
+                    SchedulePre::V0_2(p) => ScheduleBindings::V0_2(p.instantiate(store)?),
+                })
+            },
+            |b: &ScheduleBindings, store| match b {
+                ScheduleBindings::V0_1(b) => b.specd_policy_schedule().scheduler().call_create(
+                    store,
+                    config,
+                    carried.as_deref(),
+                ),
+                ScheduleBindings::V0_2(b) => b.specd_policy_schedule().scheduler().call_create(
+                    store,
+                    config,
+                    carried.as_deref(),
+                ),
             },
         )?;
         Ok(WasmSchedule {
@@ -116,6 +269,16 @@ impl WasmSchedule {
     }
 }
 
+impl WasmSchedule {
+    /// Counts and logs a failure; the schedule is spent from here.
+    fn failed_with(&mut self, err: PolicyError) -> PolicyError {
+        self.inner.metrics.failure(err.kind);
+        tracing::warn!(policy = %self.name, kind = %err.kind, "{}", err.message);
+        self.failed = Some(err.clone());
+        err
+    }
+}
+
 impl Schedule for WasmSchedule {
     fn name(&self) -> &str {
         &self.name
@@ -126,31 +289,17 @@ impl Schedule for WasmSchedule {
             return Err(e.clone());
         }
         let t = Instant::now();
-        let wit_input = ws::ScheduleInput {
-            round: input.round,
-            generated: input.generated,
-            budget_left: input.budget_left,
-            max_draft: input.max_draft,
-            recent: input
-                .recent_window()
-                .iter()
-                .map(|r| ws::RoundRecord {
-                    drafted: r.drafted,
-                    accepted: r.accepted,
-                    draft_seconds: r.draft_seconds,
-                    verify_seconds: r.verify_seconds,
-                })
-                .collect(),
-            position_acceptance: input.position_acceptance.clone(),
-            draft_seconds_per_token: input.draft_seconds_per_token,
-            verify_seconds_by_len: input.verify_seconds_by_len.clone(),
-        };
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = self
-            .bindings
-            .specd_policy_schedule()
-            .scheduler()
-            .call_next_draft_length(&mut self.store, self.resource, &wit_input);
+        let out = match &self.bindings {
+            ScheduleBindings::V0_1(b) => b
+                .specd_policy_schedule()
+                .scheduler()
+                .call_next_draft_length(&mut self.store, self.resource, &input_v0_1(input)),
+            ScheduleBindings::V0_2(b) => b
+                .specd_policy_schedule()
+                .scheduler()
+                .call_next_draft_length(&mut self.store, self.resource, &input_v0_2(input)),
+        };
         self.store.data_mut().flush_guest_output();
         self.inner.metrics.schedule_call(t.elapsed());
         let result = match out {
@@ -160,10 +309,44 @@ impl Schedule for WasmSchedule {
             },
             Err(e) => classify(&self.name, "next-draft-length", self.store.data(), &e),
         };
-        self.inner.metrics.failure(result.kind);
-        tracing::warn!(policy = %self.name, kind = %result.kind, "{}", result.message);
-        self.failed = Some(result.clone());
-        Err(result)
+        Err(self.failed_with(result))
+    }
+
+    fn has_draft_hook(&self) -> bool {
+        matches!(self.bindings, ScheduleBindings::V0_2(_))
+    }
+
+    fn continue_drafting(&mut self, step: &DraftStep) -> Result<bool, PolicyError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let ScheduleBindings::V0_2(b) = &self.bindings else {
+            // Contract 0.1 has no hook: its schedules always draft k.
+            return Ok(true);
+        };
+        let t = Instant::now();
+        refuel(&mut self.store, self.inner.cfg.fuel_per_call);
+        let wit_step = ws2::DraftStep {
+            index: step.index,
+            token: step.token,
+            q: step.q,
+            entropy: step.entropy,
+            top1: step.top1,
+            k: step.k,
+        };
+        let out = b
+            .specd_policy_schedule()
+            .scheduler()
+            .call_continue_drafting(&mut self.store, self.resource, wit_step);
+        self.store.data_mut().flush_guest_output();
+        self.inner.metrics.schedule_call(t.elapsed());
+        match out {
+            Ok(go_on) => Ok(go_on),
+            Err(e) => {
+                let err = classify(&self.name, "continue-drafting", self.store.data(), &e);
+                Err(self.failed_with(err))
+            }
+        }
     }
 
     fn output_dropped(&self) -> u64 {
@@ -175,11 +358,16 @@ impl Schedule for WasmSchedule {
             return;
         }
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = self
-            .bindings
-            .specd_policy_schedule()
-            .scheduler()
-            .call_carry(&mut self.store, self.resource);
+        let out = match &self.bindings {
+            ScheduleBindings::V0_1(b) => b
+                .specd_policy_schedule()
+                .scheduler()
+                .call_carry(&mut self.store, self.resource),
+            ScheduleBindings::V0_2(b) => b
+                .specd_policy_schedule()
+                .scheduler()
+                .call_carry(&mut self.store, self.resource),
+        };
         self.store.data_mut().flush_guest_output();
         match out {
             Ok(bytes) => self.inner.carried.store(self.carry_key.clone(), bytes),
@@ -196,29 +384,40 @@ pub(crate) struct WasmAcceptance {
     inner: Arc<Runtime>,
     name: String,
     store: Store<HostState>,
-    bindings: bind_acceptance::AcceptancePolicy,
+    bindings: AcceptanceBindings,
     resource: ResourceAny,
     vocab_size: u32,
     failed: Option<PolicyError>,
     scratch: Vec<wa::Position>,
+    scratch2: Vec<wa2::Position>,
 }
 
 impl WasmAcceptance {
     pub fn new(
         inner: Arc<Runtime>,
         name: &str,
-        pre: &bind_acceptance::AcceptancePolicyPre<HostState>,
+        pre: &AcceptancePre,
         config: &str,
         vocab_size: u32,
     ) -> Result<Self, PolicyError> {
         let (store, bindings, resource) = instantiate(
             &inner,
             name,
-            |store| pre.instantiate(store),
-            |b: &bind_acceptance::AcceptancePolicy, store| {
-                b.specd_policy_acceptance()
+            |store| {
+                Ok(match pre {
+                    AcceptancePre::V0_1(p) => AcceptanceBindings::V0_1(p.instantiate(store)?),
+                    AcceptancePre::V0_2(p) => AcceptanceBindings::V0_2(p.instantiate(store)?),
+                })
+            },
+            |b: &AcceptanceBindings, store| match b {
+                AcceptanceBindings::V0_1(b) => b
+                    .specd_policy_acceptance()
                     .acceptor()
-                    .call_create(store, config, vocab_size)
+                    .call_create(store, config, vocab_size),
+                AcceptanceBindings::V0_2(b) => b
+                    .specd_policy_acceptance()
+                    .acceptor()
+                    .call_create(store, config, vocab_size),
             },
         )?;
         Ok(WasmAcceptance {
@@ -230,6 +429,7 @@ impl WasmAcceptance {
             vocab_size,
             failed: None,
             scratch: Vec::new(),
+            scratch2: Vec::new(),
         })
     }
 }
@@ -254,32 +454,32 @@ impl Acceptance for WasmAcceptance {
             });
         }
         let t = Instant::now();
-        self.scratch.clear();
-        self.scratch.extend(positions.iter().map(|p| wa::Position {
-            token: p.token,
-            p: p.p,
-            q: p.q,
-            target_argmax: p.target_argmax,
-            entropy: p.entropy,
-            uniform: p.uniform,
-        }));
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = self
-            .bindings
-            .specd_policy_acceptance()
-            .acceptor()
-            .call_decide(&mut self.store, self.resource, &self.scratch);
+        let out = match &self.bindings {
+            AcceptanceBindings::V0_1(b) => {
+                self.scratch.clear();
+                self.scratch.extend(positions.iter().map(position_v0_1));
+                b.specd_policy_acceptance()
+                    .acceptor()
+                    .call_decide(&mut self.store, self.resource, &self.scratch)
+                    .map(|d| (d.accepted, correction_v0_1(d.correction)))
+            }
+            AcceptanceBindings::V0_2(b) => {
+                self.scratch2.clear();
+                self.scratch2.extend(positions.iter().map(position_v0_2));
+                b.specd_policy_acceptance()
+                    .acceptor()
+                    .call_decide(&mut self.store, self.resource, &self.scratch2)
+                    .map(|d| (d.accepted, correction_v0_2(d.correction)))
+            }
+        };
         self.store.data_mut().flush_guest_output();
         self.inner.metrics.acceptance_call(t.elapsed());
         let err = match out {
-            Ok(d) => {
+            Ok((accepted, correction)) => {
                 let d = Decision {
-                    accepted: d.accepted,
-                    correction: match d.correction {
-                        wa::Correction::Residual => Correction::Residual,
-                        wa::Correction::TargetSample => Correction::TargetSample,
-                        wa::Correction::Token(t) => Correction::Token(t),
-                    },
+                    accepted,
+                    correction,
                 };
                 match validate::decision(&self.name, d, positions.len(), self.vocab_size) {
                     Ok(d) => return Ok(d),

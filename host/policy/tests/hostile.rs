@@ -294,8 +294,9 @@ fn missing_export_is_refused() {
 
 #[test]
 fn a_different_wit_version_is_refused() {
+    // (0.2.0 is implemented too since contract 0.2: an unknown version.)
     let bytes = ScheduleWat {
-        export: "specd:policy/schedule@0.2.0",
+        export: "specd:policy/schedule@0.3.0",
         ..Default::default()
     }
     .build();
@@ -303,7 +304,7 @@ fn a_different_wit_version_is_refused() {
     assert!(matches!(err, CheckError::WrongVersion { .. }), "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains("specd:policy/schedule@0.2.0") && msg.contains("specd:policy@0.1.0"),
+        msg.contains("specd:policy/schedule@0.3.0") && msg.contains("specd:policy@0.1.0"),
         "{msg}"
     );
     host_still_serves();
@@ -393,7 +394,7 @@ fn misfits_are_refused_each_for_its_own_reason() {
         (
             "wrong-version",
             ScheduleWat {
-                export: "specd:policy/schedule@0.2.0",
+                export: "specd:policy/schedule@0.3.0",
                 ..Default::default()
             }
             .build(),

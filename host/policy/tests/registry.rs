@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use specd_policy::{PolicyErrorKind, PolicySource, RegistryError};
+use specd_policy::{Contract, PolicyErrorKind, PolicySource, RegistryError};
 
 #[test]
 fn builtins_are_listed_with_hash_and_exports() {
@@ -21,6 +21,8 @@ fn builtins_are_listed_with_hash_and_exports() {
         "rejection",
         "typical",
         "heuristic-c",
+        "adaedl",
+        "bandit",
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
@@ -34,10 +36,16 @@ fn builtins_are_listed_with_hash_and_exports() {
             "heuristic-transient",
             "throughput",
             "heuristic-c",
+            "adaedl",
+            "bandit",
         ]
         .contains(&p.name.as_str());
         assert_eq!(p.exports.schedule, is_schedule, "{}", p.name);
         assert_eq!(p.exports.acceptance, !is_schedule, "{}", p.name);
+        // The new built-ins are contract 0.2 components, the others stay 0.1.
+        let v0_2 = ["adaedl", "bandit"].contains(&p.name.as_str());
+        let want = if v0_2 { Contract::V0_2 } else { Contract::V0_1 };
+        assert_eq!(p.exports.contract, want, "{}", p.name);
     }
 }
 

@@ -196,6 +196,8 @@ fn throughput_input(
         position_acceptance: vec![acceptance; max as usize],
         draft_seconds_per_token: draft,
         verify_seconds_by_len: (0..=max).map(verify).collect(),
+        batch_sequences: 0,
+        batch_rows_planned: 0,
     }
 }
 
@@ -456,6 +458,8 @@ fn wasm_schedules_match_native_on_scripted_rounds() {
                         }
                     })
                     .collect(),
+                batch_sequences: 0,
+                batch_rows_planned: 0,
             };
             let (kw, kn) = (
                 w.next_draft_length(&i).unwrap(),

@@ -52,6 +52,7 @@ fn decisions(host: &PolicyHost) -> (Vec<u32>, Vec<u32>) {
                     target_argmax: if j == i { 999 } else { j },
                     entropy: 1.0,
                     uniform: 0.5,
+                    ..Default::default()
                 })
                 .collect();
             a.decide(&positions).unwrap().accepted

@@ -206,8 +206,8 @@ pub fn main() -> Result<()> {
         Command::Policy(PolicyCmd::List { policy_dir }) => {
             let host = policy_host(policy_dir.as_deref())?;
             println!(
-                "{:<22} {:<10} {:<20} {:<8} {:<20} SHA256",
-                "NAME", "SOURCE", "EXPORTS", "WASI", "CONFORMANCE"
+                "{:<22} {:<10} {:<20} {:<9} {:<8} {:<20} SHA256",
+                "NAME", "SOURCE", "EXPORTS", "CONTRACT", "WASI", "CONFORMANCE"
             );
             for p in host.list() {
                 // the harness's verdict on this exact hash, when it was run
@@ -218,10 +218,11 @@ pub fn main() -> Result<()> {
                     None => "-".into(),
                 };
                 println!(
-                    "{:<22} {:<10} {:<20} {:<8} {:<20} {}",
+                    "{:<22} {:<10} {:<20} {:<9} {:<8} {:<20} {}",
                     p.name,
                     if p.builtin { "built-in" } else { "user" },
                     p.exports.to_string(),
+                    p.exports.contract.version(),
                     if p.imports_wasi { "yes" } else { "no" },
                     conformance,
                     p.sha256
@@ -282,9 +283,10 @@ pub fn main() -> Result<()> {
                 .check(&bytes)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
             println!(
-                "{}: ok, exports {}, sha256 {}{}",
+                "{}: ok, exports {} ({}), sha256 {}{}",
                 file.display(),
                 info.exports,
+                info.exports.contract,
                 info.sha256,
                 if info.imports_wasi {
                     " (imports WASI: runs under the deny-all WASI)"

@@ -9,6 +9,7 @@
 use super::target::Target;
 use crate::sampling::{distribution, Distribution, Rng, SamplingParams};
 use anyhow::Result;
+use specd_policy::DraftStep;
 
 /// The draft probability of a proposed token.
 #[derive(Debug, Clone)]
@@ -36,7 +37,29 @@ pub struct Draft {
     /// drafter's match statistics); empty otherwise. Not a probability
     /// acceptance uses: that is `q`.
     pub confidence: Vec<f32>,
+    /// Entropy (nats) and largest probability of the draft distribution per
+    /// token, for drafters that have one (model drafters); empty otherwise.
+    /// Under greedy decoding, where the sampling distribution is one-hot,
+    /// they describe the softmax of the draft logits at temperature 1
+    /// (what early-stopping rules such as AdaEDL read).
+    pub entropy: Vec<f32>,
+    pub top1: Vec<f32>,
 }
+
+impl Draft {
+    /// Keeps the first `n` tokens (and their statistics).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.q.truncate(n);
+        self.confidence.truncate(n);
+        self.entropy.truncate(n);
+        self.top1.truncate(n);
+    }
+}
+
+/// Asked after each draft token of a stepwise drafter while fewer than k
+/// are drafted (the schedule's `continue-drafting`): true = draft on.
+pub type DraftHook<'a> = &'a mut dyn FnMut(&DraftStep) -> bool;
 
 pub trait Drafter: Send {
     /// The name it was selected by (`ngram`, `self:N`, `model:NAME`).
@@ -50,6 +73,24 @@ pub trait Drafter: Send {
         params: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<Draft>;
+    /// Whether it drafts token by token (a model forward each), so that
+    /// asking the schedule after each token can save work; only such
+    /// drafters are given a hook (`propose_stepwise`).
+    fn drafts_stepwise(&self) -> bool {
+        false
+    }
+    /// [`propose`](Self::propose), asking `hook` after each draft token but
+    /// the k-th and stopping when it answers false.
+    fn propose_stepwise(
+        &mut self,
+        log: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        rng: &mut Rng,
+        _hook: DraftHook<'_>,
+    ) -> Result<Draft> {
+        self.propose(log, k, params, rng)
+    }
     /// A round ended: `log_len` committed tokens existed before it, and the
     /// first `accepted` of the drafted tokens were kept.
     fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()>;
@@ -151,6 +192,21 @@ impl Drafter for ModelDrafter {
         params: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<Draft> {
+        self.propose_stepwise(log, k, params, rng, &mut |_| true)
+    }
+
+    fn drafts_stepwise(&self) -> bool {
+        true
+    }
+
+    fn propose_stepwise(
+        &mut self,
+        log: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        rng: &mut Rng,
+        hook: DraftHook<'_>,
+    ) -> Result<Draft> {
         let mut draft = Draft::default();
         if k == 0 {
             return Ok(draft);
@@ -171,10 +227,29 @@ impl Drafter for ModelDrafter {
             } else {
                 d.sample_with(rng.uniform())
             };
+            let (entropy, top1) = if params.greedy() {
+                softmax_stats(&logits)
+            } else {
+                (d.entropy, d.p(d.argmax))
+            };
+            let q = d.p(tok);
             draft.tokens.push(tok);
             draft.q.push(DraftProb::Dist(d));
+            draft.entropy.push(entropy);
+            draft.top1.push(top1);
             history.push(tok);
             if i + 1 < k {
+                let step = DraftStep {
+                    index: i as u32,
+                    token: tok,
+                    q,
+                    entropy,
+                    top1,
+                    k: k as u32,
+                };
+                if !hook(&step) {
+                    break;
+                }
                 self.model.prepare_snapshots(&keepable);
                 rows = self.model.forward(&[tok], false)?;
             }
@@ -194,9 +269,42 @@ impl Drafter for ModelDrafter {
     }
 }
 
+/// Entropy (nats) and largest probability of softmax(logits) at
+/// temperature 1 (non-finite logits count as -inf).
+pub fn softmax_stats(logits: &[f32]) -> (f32, f32) {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return (0.0, 1.0);
+    }
+    // With z = sum exp(x - max): H = ln z - sum p (x - max), top1 = 1 / z.
+    let (mut z, mut weighted) = (0.0f64, 0.0f64);
+    for &x in logits.iter().filter(|x| x.is_finite()) {
+        let d = (x - max) as f64;
+        let e = d.exp();
+        z += e;
+        weighted += e * d;
+    }
+    let entropy = (z.ln() - weighted / z).max(0.0);
+    (entropy as f32, (1.0 / z) as f32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softmax_stats_of_uniform_and_peaked_logits() {
+        let (h, top1) = softmax_stats(&[0.0; 4]);
+        assert!((h - 4f32.ln()).abs() < 1e-5, "{h}");
+        assert!((top1 - 0.25).abs() < 1e-6);
+        let (h, top1) = softmax_stats(&[100.0, 0.0, 0.0]);
+        assert!(h < 1e-6 && (top1 - 1.0).abs() < 1e-6, "{h} {top1}");
+        assert_eq!(softmax_stats(&[f32::NEG_INFINITY]), (0.0, 1.0));
+    }
 
     #[test]
     fn ngram_finds_latest_longest_match() {

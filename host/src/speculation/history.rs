@@ -61,6 +61,9 @@ impl ScheduleHistory {
             verify_seconds_by_len: self.verify_seconds_by_len
                 [..=max_draft.min(self.verify_seconds_by_len.len() - 1)]
                 .to_vec(),
+            // The batch context is the caller's (`SpecState::plan`).
+            batch_sequences: 0,
+            batch_rows_planned: 0,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::sampling::{
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use specd_policy::{
-    Acceptance, Correction, Decision, PolicyError, Position, Schedule, ScheduleInput,
+    Acceptance, Correction, Decision, DraftStep, PolicyError, Position, Schedule, ScheduleInput,
 };
 use std::time::Instant;
 
@@ -60,6 +60,11 @@ pub struct RoundTrace {
     pub k: u32,
     /// Tokens the drafter actually proposed (<= k).
     pub drafted: u32,
+    /// Contract 0.2's per-token hook: what the schedule was asked after
+    /// each draft token, and what it answered (empty when it was not asked:
+    /// a 0.1 schedule, or a drafter that does not draft token by token).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draft_steps: Vec<HookCall>,
     /// What the acceptance policy saw, one entry per draft.
     pub positions: Vec<Position>,
     pub decision: Option<Decision>,
@@ -69,6 +74,16 @@ pub struct RoundTrace {
     pub draft_seconds: f64,
     pub verify_seconds: f64,
     pub policy_seconds: f64,
+}
+
+/// One `continue-drafting` call: the step the schedule saw and its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HookCall {
+    #[serde(flatten)]
+    pub step: DraftStep,
+    /// true = draft on, false = stop after this token.
+    #[serde(rename = "continue")]
+    pub go_on: bool,
 }
 
 /// Per-request speculation state: the policies (until one fails) and what
@@ -218,9 +233,11 @@ impl SpecState {
         if let Some(spec) = self.spec.as_ref() {
             let max_draft = spec.draft_max.min(budget_left.saturating_sub(1));
             if max_draft > 0 {
-                let input = self
+                let mut input = self
                     .history
                     .input(round_no, generated, budget_left, max_draft);
+                input.batch_sequences = batch.batch_sequences;
+                input.batch_rows_planned = batch.batch_rows_planned;
                 if self.trace.is_some() {
                     traced_input = Some(input.clone());
                 }
@@ -240,24 +257,57 @@ impl SpecState {
             }
         }
 
-        // 2. Draft.
+        // 2. Draft.  A drafter that drafts token by token asks a schedule
+        //    with the hook (contract 0.2) after each token whether to go on.
         let mut draft = Draft::default();
         let mut dt = 0.0;
+        let mut draft_steps = Vec::new();
         if k > 0 {
-            let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
+            let Speculation {
+                drafter, schedule, ..
+            } = self.spec.as_mut().expect("k > 0 only with a speculation");
             let t = Instant::now();
-            draft = spec.drafter.propose(log, k, params, rng)?;
-            draft.tokens.truncate(k);
-            draft.q.truncate(k);
-            draft.confidence.truncate(k);
-            dt = t.elapsed().as_secs_f64();
+            let mut hook_seconds = 0.0;
+            let mut hook_error = None;
+            if schedule.has_draft_hook() && drafter.drafts_stepwise() {
+                let tracing = self.trace.is_some();
+                let mut ask = |step: &DraftStep| {
+                    let t = Instant::now();
+                    let r = schedule.continue_drafting(step);
+                    hook_seconds += t.elapsed().as_secs_f64();
+                    match r {
+                        Ok(go_on) => {
+                            if tracing {
+                                draft_steps.push(HookCall { step: *step, go_on });
+                            }
+                            go_on
+                        }
+                        Err(e) => {
+                            hook_error = Some(e);
+                            false
+                        }
+                    }
+                };
+                draft = drafter.propose_stepwise(log, k, params, rng, &mut ask)?;
+            } else {
+                draft = drafter.propose(log, k, params, rng)?;
+            }
+            draft.truncate(k);
+            // Time in the hook is policy time, not drafting.
+            dt = (t.elapsed().as_secs_f64() - hook_seconds).max(0.0);
             self.counters.draft_seconds += dt;
+            self.counters.policy_seconds += hook_seconds;
+            if let Some(e) = hook_error {
+                // The schedule failed mid-draft: nothing drafted is verified
+                // (this round is a plain step, and so is the rest).
+                self.fail(e);
+                draft = Draft::default();
+                k = 0;
+            }
         }
         if let Some(c) = &self.constraint {
             let n = c.lock().valid_prefix(&draft.tokens)?;
-            draft.tokens.truncate(n);
-            draft.q.truncate(n);
-            draft.confidence.truncate(n);
+            draft.truncate(n);
         }
         let kd = draft.tokens.len();
 
@@ -277,6 +327,7 @@ impl SpecState {
             k,
             draft,
             draft_seconds: dt,
+            draft_steps,
         })
     }
 
@@ -302,6 +353,7 @@ impl SpecState {
             k,
             draft,
             draft_seconds: dt,
+            draft_steps,
             ..
         } = plan;
         let kd = draft.tokens.len();
@@ -343,6 +395,9 @@ impl SpecState {
                         target_argmax: dists[i].argmax,
                         entropy: dists[i].entropy,
                         uniform: rng.uniform(),
+                        draft_entropy: draft.entropy.get(i).copied(),
+                        draft_top1: draft.top1.get(i).copied(),
+                        confidence: draft.confidence.get(i).copied(),
                     }
                 })
                 .collect();
@@ -423,6 +478,7 @@ impl SpecState {
                 schedule_input: traced_input,
                 k: k as u32,
                 drafted: kd as u32,
+                draft_steps,
                 positions: traced_positions,
                 decision,
                 accepted: out.accepted as u32,
@@ -459,6 +515,7 @@ pub struct RoundPlan {
     k: usize,
     draft: Draft,
     draft_seconds: f64,
+    draft_steps: Vec<HookCall>,
 }
 
 impl RoundPlan {

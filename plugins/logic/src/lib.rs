@@ -24,10 +24,13 @@ use serde::{Deserialize, Serialize};
 /// most the last this many (the WIT promises a bounded window).
 pub const RECENT_WINDOW: usize = 32;
 
-// The contract types (WIT `specd:policy@0.1.0`, `wit/policy.wit`, documents
-// every field).  These are the one Rust form of them: the host's policy
-// traits, traces and native baselines use them as they are, and the
+// The contract types: those of WIT `specd:policy@0.2.0` (`wit/0.2/policy.wit`
+// documents every field).  These are the one Rust form of them: the host's
+// policy traits, traces and native baselines use them as they are, and the
 // components convert the wit-bindgen types into them at their boundary.
+// Contract 0.1.0 (`wit/policy.wit`) is the same without the fields marked
+// "0.2": the host adapts 0.1 components into these types at one place
+// (`specd_policy`'s `wasm.rs`), where the 0.2 fields are dropped.
 
 /// One finished round (WIT `round-record`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -59,6 +62,29 @@ pub struct ScheduleInput {
     /// `[j]` = measured seconds of a target forward of j + 1 new tokens
     /// (j = 0 ..= max_draft); 0 = not measured yet.
     pub verify_seconds_by_len: Vec<f64>,
+    /// 0.2: requests in this round's batched step, itself included (0 = not batched).
+    #[serde(default)]
+    pub batch_sequences: u32,
+    /// 0.2: rows the step already holds when the schedule is asked (0 = not batched).
+    #[serde(default)]
+    pub batch_rows_planned: u32,
+}
+
+/// 0.2: one token a drafter drafting token by token just drafted (WIT
+/// `draft-step`), handed to [`ScheduleLogic::continue_drafting`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DraftStep {
+    /// Index in this round's draft (0 = first); asked only while index + 1 < k.
+    pub index: u32,
+    pub token: u32,
+    /// Draft probability of `token` (the q acceptance sees).
+    pub q: f32,
+    /// Entropy (nats) of the draft distribution.
+    pub entropy: f32,
+    /// Largest probability of the draft distribution.
+    pub top1: f32,
+    /// This round's k (the upper bound).
+    pub k: u32,
 }
 
 impl ScheduleInput {
@@ -81,6 +107,15 @@ pub struct Position {
     pub entropy: f32,
     /// Host-drawn uniform in [0, 1).
     pub uniform: f32,
+    /// 0.2: entropy (nats) of the draft distribution (none without one).
+    #[serde(default)]
+    pub draft_entropy: Option<f32>,
+    /// 0.2: largest probability of the draft distribution (none without one).
+    #[serde(default)]
+    pub draft_top1: Option<f32>,
+    /// 0.2: the drafter's own confidence (suffix drafter), none otherwise.
+    #[serde(default)]
+    pub confidence: Option<f32>,
 }
 
 /// What follows the accepted drafts when not all were accepted (WIT `correction`).
@@ -108,6 +143,11 @@ pub struct Decision {
 pub trait ScheduleLogic: Sized {
     fn create(config: &str, carried: Option<&[u8]>) -> Result<Self, String>;
     fn next_draft_length(&mut self, input: &ScheduleInput) -> u32;
+    /// 0.2: whether to draft the token after `step` (a schedule that does
+    /// not stop early keeps the default, true).
+    fn continue_drafting(&mut self, _step: &DraftStep) -> bool {
+        true
+    }
     fn carry(&self) -> Option<Vec<u8>> {
         None
     }
@@ -383,6 +423,235 @@ impl ScheduleLogic for Throughput {
     }
 }
 
+/// `adaedl` (contract 0.2): AdaEDL's early draft stopping (Agrawal et al.
+/// 2024, "AdaEDL: Early Draft Stopping for Speculative Decoding of Large
+/// Language Models via an Entropy-based Lower Bound on Token Acceptance
+/// Probability").
+///
+/// Every round asks for k = min(`max`, max-draft) (config
+/// `{"max": 8, "gamma": 1.0, "threshold": 0.4}`); while a model drafter
+/// drafts, after each draft token with draft entropy H (nats) it estimates
+/// a lower bound on that token's acceptance probability,
+///
+///     bound = 1 - sqrt(gamma * H)
+///
+/// and stops drafting when the bound falls below `threshold` (the token
+/// itself is still verified).  With a drafter that is not asked token by
+/// token (n-gram, suffix) it is `constant` with k = `max`.
+#[derive(Clone, Debug)]
+pub struct AdaEdl {
+    pub max: u32,
+    pub gamma: f32,
+    pub threshold: f32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdaEdlConfig {
+    #[serde(default = "default_adaedl_max")]
+    max: u32,
+    #[serde(default = "default_adaedl_gamma")]
+    gamma: f32,
+    #[serde(default = "default_adaedl_threshold")]
+    threshold: f32,
+}
+
+fn default_adaedl_max() -> u32 {
+    8
+}
+fn default_adaedl_gamma() -> f32 {
+    1.0
+}
+fn default_adaedl_threshold() -> f32 {
+    0.4
+}
+
+impl AdaEdl {
+    /// The entropy-based lower bound on acceptance of a token drawn from a
+    /// draft distribution of entropy `entropy` (nats).
+    pub fn bound(&self, entropy: f32) -> f32 {
+        if entropy.is_nan() {
+            // Nothing known about the draft: no bound (stop drafting).
+            return f32::NEG_INFINITY;
+        }
+        1.0 - libm::sqrtf(self.gamma * entropy.max(0.0))
+    }
+}
+
+impl ScheduleLogic for AdaEdl {
+    fn create(config: &str, _carried: Option<&[u8]>) -> Result<Self, String> {
+        let c: AdaEdlConfig = parse_config(config)?;
+        if c.max == 0 {
+            return Err("bad config: max must be >= 1".into());
+        }
+        if !(c.gamma.is_finite() && c.gamma > 0.0) {
+            return Err("bad config: gamma must be finite and > 0".into());
+        }
+        if !(0.0..=1.0).contains(&c.threshold) {
+            return Err("bad config: threshold must be within [0, 1]".into());
+        }
+        Ok(AdaEdl {
+            max: c.max,
+            gamma: c.gamma,
+            threshold: c.threshold,
+        })
+    }
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
+        self.max.min(input.max_draft)
+    }
+    fn continue_drafting(&mut self, step: &DraftStep) -> bool {
+        self.bound(step.entropy) >= self.threshold
+    }
+}
+
+/// `bandit` (contract 0.2): UCB1 (Auer et al. 2002) over draft lengths.
+///
+/// The arms are the k in `arms` (config `{"arms": [0, 1, 2, 3, 4, 6, 8],
+/// "c": 0.5}`; 0 is a plain decoding step, so a drafter that does not pay
+/// can be switched off; each answer is clipped to max-draft).  Each round's
+/// reward is the tokens it committed per unit of cost, in plain decoding
+/// steps:
+///
+///     reward = (accepted + 1) / ((draft-seconds + verify-seconds) / verify(0))
+///
+/// with verify(0) the measured plain-step time (as `throughput` estimates
+/// it), so plain decoding earns about 1 and speculation that pays earns
+/// more; before any timing is known the reward is (accepted + 1) /
+/// (drafted + 1).  An arm never played is played first (in order); then the
+/// answer is the arm with the largest mean + c * sqrt(ln N / n).  A round's
+/// reward is credited when the schedule is next asked (the last round of a
+/// request is not).
+///
+/// It learns across requests: `carry` hands back every arm's count and
+/// reward sum (format: 1 version byte, then per arm k and n as u32 LE and
+/// the sum as f64 LE), which the next request's `create` resumes from when
+/// its arms are the same.
+#[derive(Clone, Debug)]
+pub struct Bandit {
+    pub arms: Vec<u32>,
+    pub c: f64,
+    pub plays: Vec<u32>,
+    pub sums: Vec<f64>,
+    /// The arm answered last round, credited at the next call.
+    pub pending: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BanditConfig {
+    #[serde(default = "default_arms")]
+    arms: Vec<u32>,
+    #[serde(default = "default_bandit_c")]
+    c: f64,
+}
+
+fn default_arms() -> Vec<u32> {
+    alloc::vec![0, 1, 2, 3, 4, 6, 8]
+}
+fn default_bandit_c() -> f64 {
+    0.5
+}
+
+const BANDIT_CARRY_VERSION: u8 = 1;
+
+impl Bandit {
+    fn decode(&mut self, bytes: &[u8]) {
+        let n = self.arms.len();
+        if bytes.len() != 1 + n * 16 || bytes[0] != BANDIT_CARRY_VERSION {
+            return;
+        }
+        let mut plays = Vec::with_capacity(n);
+        let mut sums = Vec::with_capacity(n);
+        for (i, chunk) in bytes[1..].chunks_exact(16).enumerate() {
+            let k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+            if k != self.arms[i] {
+                return;
+            }
+            plays.push(u32::from_le_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]));
+            let mut f = [0u8; 8];
+            f.copy_from_slice(&chunk[8..16]);
+            let sum = f64::from_le_bytes(f);
+            sums.push(if sum.is_finite() { sum } else { 0.0 });
+        }
+        self.plays = plays;
+        self.sums = sums;
+    }
+
+    /// The reward of a finished round (see the type's docs).
+    pub fn reward(&self, last: &RoundRecord, input: &ScheduleInput) -> f64 {
+        let tokens = last.accepted as f64 + 1.0;
+        let cost = last.draft_seconds.max(0.0) + last.verify_seconds.max(0.0);
+        match estimate_verify(&input.verify_seconds_by_len, 0) {
+            Some(plain) if cost.is_finite() && cost > 0.0 => tokens / (cost / plain),
+            _ => tokens / (last.drafted as f64 + 1.0),
+        }
+    }
+}
+
+impl ScheduleLogic for Bandit {
+    fn create(config: &str, carried: Option<&[u8]>) -> Result<Self, String> {
+        let c: BanditConfig = parse_config(config)?;
+        if c.arms.is_empty() || c.arms.len() > 32 {
+            return Err("bad config: arms must list 1 to 32 draft lengths".into());
+        }
+        if !(c.c.is_finite() && c.c >= 0.0) {
+            return Err("bad config: c must be finite and >= 0".into());
+        }
+        let n = c.arms.len();
+        let mut b = Bandit {
+            arms: c.arms,
+            c: c.c,
+            plays: alloc::vec![0; n],
+            sums: alloc::vec![0.0; n],
+            pending: None,
+        };
+        if let Some(bytes) = carried {
+            b.decode(bytes);
+        }
+        Ok(b)
+    }
+    fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
+        if let (Some(arm), Some(last)) = (self.pending.take(), input.recent.last()) {
+            let r = self.reward(last, input);
+            if r.is_finite() {
+                self.plays[arm] = self.plays[arm].saturating_add(1);
+                self.sums[arm] += r;
+            }
+        }
+        if input.max_draft == 0 {
+            return 0;
+        }
+        let arm = match self.plays.iter().position(|&n| n == 0) {
+            Some(i) => i,
+            None => {
+                let total: f64 = self.plays.iter().map(|&n| n as f64).sum();
+                let ln = libm::log(total.max(1.0));
+                let mut best = (0usize, f64::NEG_INFINITY);
+                for i in 0..self.arms.len() {
+                    let n = self.plays[i] as f64;
+                    let score = self.sums[i] / n + self.c * libm::sqrt(ln / n);
+                    if score > best.1 {
+                        best = (i, score);
+                    }
+                }
+                best.0
+            }
+        };
+        self.pending = Some(arm);
+        self.arms[arm].min(input.max_draft)
+    }
+    fn carry(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(1 + self.arms.len() * 16);
+        out.push(BANDIT_CARRY_VERSION);
+        for i in 0..self.arms.len() {
+            out.extend_from_slice(&self.arms[i].to_le_bytes());
+            out.extend_from_slice(&self.plays[i].to_le_bytes());
+            out.extend_from_slice(&self.sums[i].to_le_bytes());
+        }
+        Some(out)
+    }
+}
+
 // --------------------------------------------------------------- acceptance
 
 /// `greedy`: accept drafts while each equals the target argmax (the
@@ -636,6 +905,9 @@ macro_rules! schedule_component {
                     position_acceptance: i.position_acceptance,
                     draft_seconds_per_token: i.draft_seconds_per_token,
                     verify_seconds_by_len: i.verify_seconds_by_len,
+                    // Not in contract 0.1.
+                    batch_sequences: 0,
+                    batch_rows_planned: 0,
                 };
                 $crate::ScheduleLogic::next_draft_length(&mut *self.0.borrow_mut(), &input)
             }
@@ -675,6 +947,9 @@ macro_rules! acceptance_component {
                         target_argmax: p.target_argmax,
                         entropy: p.entropy,
                         uniform: p.uniform,
+                        draft_entropy: None,
+                        draft_top1: None,
+                        confidence: None,
                     })
                     .collect();
                 let d = $crate::AcceptanceLogic::decide(&mut *self.0.borrow_mut(), &positions);
@@ -686,6 +961,72 @@ macro_rules! acceptance_component {
                         $crate::Correction::Token(t) => wit_acceptance::Correction::Token(t),
                     },
                 }
+            }
+        }
+        export!(Component);
+    };
+}
+
+/// Makes a component exporting `specd:policy/schedule@0.2.0` (the
+/// per-token `continue-drafting` hook, the batch context) from a
+/// [`ScheduleLogic`] type; as [`schedule_component!`], with the WIT at
+/// `$manifest/../../../wit/0.2`.
+#[macro_export]
+macro_rules! schedule_component_v0_2 {
+    ($logic:ty) => {
+        $crate::component_runtime!();
+        wit_bindgen::generate!({ path: "../../../wit/0.2", world: "schedule-policy" });
+        use exports::specd::policy::schedule as wit_schedule;
+        struct Component;
+        struct State(::core::cell::RefCell<$logic>);
+        impl wit_schedule::Guest for Component {
+            type Scheduler = State;
+        }
+        impl wit_schedule::GuestScheduler for State {
+            fn create(
+                config: ::alloc::string::String,
+                carried: Option<::alloc::vec::Vec<u8>>,
+            ) -> Result<wit_schedule::Scheduler, ::alloc::string::String> {
+                let logic = <$logic as $crate::ScheduleLogic>::create(&config, carried.as_deref())?;
+                Ok(wit_schedule::Scheduler::new(State(::core::cell::RefCell::new(logic))))
+            }
+            fn next_draft_length(&self, i: wit_schedule::ScheduleInput) -> u32 {
+                let input = $crate::ScheduleInput {
+                    round: i.round,
+                    generated: i.generated,
+                    budget_left: i.budget_left,
+                    max_draft: i.max_draft,
+                    recent: i
+                        .recent
+                        .iter()
+                        .map(|r| $crate::RoundRecord {
+                            drafted: r.drafted,
+                            accepted: r.accepted,
+                            draft_seconds: r.draft_seconds,
+                            verify_seconds: r.verify_seconds,
+                        })
+                        .collect(),
+                    position_acceptance: i.position_acceptance,
+                    draft_seconds_per_token: i.draft_seconds_per_token,
+                    verify_seconds_by_len: i.verify_seconds_by_len,
+                    batch_sequences: i.batch_sequences,
+                    batch_rows_planned: i.batch_rows_planned,
+                };
+                $crate::ScheduleLogic::next_draft_length(&mut *self.0.borrow_mut(), &input)
+            }
+            fn continue_drafting(&self, s: wit_schedule::DraftStep) -> bool {
+                let step = $crate::DraftStep {
+                    index: s.index,
+                    token: s.token,
+                    q: s.q,
+                    entropy: s.entropy,
+                    top1: s.top1,
+                    k: s.k,
+                };
+                $crate::ScheduleLogic::continue_drafting(&mut *self.0.borrow_mut(), &step)
+            }
+            fn carry(&self) -> Option<::alloc::vec::Vec<u8>> {
+                $crate::ScheduleLogic::carry(&*self.0.borrow())
             }
         }
         export!(Component);

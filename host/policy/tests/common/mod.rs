@@ -46,6 +46,8 @@ pub fn input(round: u32, max_draft: u32, recent: &[(u32, u32)]) -> ScheduleInput
         position_acceptance: vec![],
         draft_seconds_per_token: 0.0,
         verify_seconds_by_len: vec![],
+        batch_sequences: 0,
+        batch_rows_planned: 0,
     }
 }
 
@@ -57,6 +59,7 @@ pub fn pos(token: u32, p: f32, q: f32, target_argmax: u32, entropy: f32, uniform
         target_argmax,
         entropy,
         uniform,
+        ..Default::default()
     }
 }
 
