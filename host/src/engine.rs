@@ -24,6 +24,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub enum Prompt {
     Raw(String),
     Chat(Vec<ChatMessage>),
+    /// Chat messages and the tools the template renders (OpenAI function
+    /// objects, the template's `tools`).
+    ChatWithTools(Vec<ChatMessage>, Vec<serde_json::Value>),
 }
 
 pub struct Engine {
@@ -116,6 +119,7 @@ impl Engine {
         let text = match prompt {
             Prompt::Raw(t) => t.clone(),
             Prompt::Chat(m) => self.template.render(m, true)?,
+            Prompt::ChatWithTools(m, tools) => self.template.render_with_tools(m, tools, true)?,
         };
         self.tokenizer.encode_prompt(&text)
     }

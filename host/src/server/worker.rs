@@ -177,6 +177,9 @@ pub struct ModelInfo {
     pub parameters: u64,
     pub draft_models: Vec<String>,
     pub template: String,
+    /// How the model writes tool calls; `None`: its template renders no tools.
+    #[serde(skip)]
+    pub tool_format: Option<specd_text::ToolFormat>,
 }
 
 /// The HTTP side's end of the queue.
@@ -276,6 +279,7 @@ fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelI
         parameters,
         draft_models,
         template: engine.template.source().to_string(),
+        tool_format: engine.template.tool_format(),
     };
     Ok((engine, info))
 }
