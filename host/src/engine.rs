@@ -14,20 +14,12 @@ use crate::speculation::{
 };
 use anyhow::{bail, Context, Result};
 use specd_policy::{PolicyConfig, PolicyHost};
-use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
+use specd_text::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// A request's input: raw text or chat messages.
-#[derive(Debug, Clone)]
-pub enum Prompt {
-    Raw(String),
-    Chat(Vec<ChatMessage>),
-    /// Chat messages and the tools the template renders (OpenAI function
-    /// objects, the template's `tools`).
-    ChatWithTools(Vec<ChatMessage>, Vec<serde_json::Value>),
-}
+pub use crate::request::Prompt;
 
 pub struct Engine {
     /// The name requests use (a store name, or the path given).

@@ -4,10 +4,11 @@ use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
 use super::fields;
 use super::tools::{self, Tools};
-use super::worker::{GenRequest, Msg};
+use super::worker::Msg;
 use super::State;
 use crate::engine::Prompt;
 use crate::pipeline::Stats;
+use crate::request::ValidatedRequest;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue};
@@ -125,7 +126,7 @@ fn request(
     tenant: String,
     logprobs: (bool, Option<i64>),
     format: Option<crate::sampling::JsonFormat>,
-) -> Result<GenRequest, ApiError> {
+) -> Result<ValidatedRequest, ApiError> {
     let max_tokens = match o.num_predict {
         None => None,
         // -1: infinite, -2: fill the context; both are "until the end".
@@ -133,7 +134,7 @@ fn request(
         Some(n) => Some(n as usize),
     };
     let max_tokens = api::cap_max_tokens(state, max_tokens, "options.num_predict")?;
-    Ok(GenRequest {
+    Ok(ValidatedRequest {
         prompt,
         params: o.common.params(&state.sampling_defaults(Flavor::Ollama))?,
         max_tokens,
@@ -235,7 +236,7 @@ async fn run(
     state: State,
     kind: Kind,
     model: String,
-    req: GenRequest,
+    req: ValidatedRequest,
     stream: bool,
     t0: Instant,
 ) -> Result<Response, ApiError> {

@@ -4,10 +4,11 @@ use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
 use super::fields;
 use super::tools::{self, Tools};
-use super::worker::{GenRequest, LogprobEntry, Msg};
+use super::worker::{LogprobEntry, Msg};
 use super::State;
 use crate::engine::Prompt;
 use crate::pipeline::{DoneReason, Stats};
+use crate::request::{self, ValidatedRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::Path;
@@ -72,11 +73,7 @@ fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError
 }
 
 fn max_tokens(v: Option<i64>) -> Result<Option<usize>, ApiError> {
-    match v {
-        Some(n) if n < 0 => Err(ApiError::bad(format!("max_tokens must be >= 0, got {n}"))),
-        Some(n) => Ok(Some(n as usize)),
-        None => Ok(None),
-    }
+    Ok(request::non_negative("max_tokens", v)?)
 }
 
 fn check_n(n: Option<i64>) -> Result<(), ApiError> {
@@ -272,7 +269,7 @@ fn sse_json(v: &Value) -> Event {
 async fn run(
     state: State,
     ctx: Ctx,
-    req: GenRequest,
+    req: ValidatedRequest,
     stream: bool,
     prefix: String,
 ) -> Result<Response, ApiError> {
@@ -422,7 +419,7 @@ pub async fn chat_completions(
         Some(t) => Prompt::ChatWithTools(msgs, t.list.clone()),
         None => Prompt::Chat(msgs),
     };
-    let req = GenRequest {
+    let req = ValidatedRequest {
         prompt,
         params: common
             .params(&state.sampling_defaults(Flavor::OpenAi))
@@ -493,7 +490,7 @@ pub async fn completions(
     } else {
         String::new()
     };
-    let req = GenRequest {
+    let req = ValidatedRequest {
         prompt: Prompt::Raw(prompt),
         params: common
             .params(&state.sampling_defaults(Flavor::OpenAi))
