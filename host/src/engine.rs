@@ -14,17 +14,12 @@ use crate::speculation::{
 };
 use anyhow::{bail, Context, Result};
 use specd_policy::{PolicyConfig, PolicyHost};
-use specd_text::{ChatMessage, ChatTemplate, Tokenizer};
+use specd_text::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// A request's input: raw text or chat messages.
-#[derive(Debug, Clone)]
-pub enum Prompt {
-    Raw(String),
-    Chat(Vec<ChatMessage>),
-}
+pub use crate::request::Prompt;
 
 pub struct Engine {
     /// The name requests use (a store name, or the path given).
@@ -116,6 +111,7 @@ impl Engine {
         let text = match prompt {
             Prompt::Raw(t) => t.clone(),
             Prompt::Chat(m) => self.template.render(m, true)?,
+            Prompt::ChatWithTools(m, tools) => self.template.render_with_tools(m, tools, true)?,
         };
         self.tokenizer.encode_prompt(&text)
     }

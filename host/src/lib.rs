@@ -15,6 +15,7 @@ pub mod options;
 pub mod pipeline;
 pub mod profile;
 pub mod replay;
+pub mod request;
 pub mod sampling;
 pub mod serve_bench;
 pub mod server;

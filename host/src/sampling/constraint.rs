@@ -26,6 +26,9 @@ pub enum JsonFormat {
     Object,
     /// A value valid against this JSON schema.
     Schema(Value),
+    /// Text of this Lark grammar (llguidance's dialect, JSON schemas inline
+    /// as `%json {...}`): a forced tool call in the template's format.
+    Grammar(String),
 }
 
 /// The grammar engine for one tokenizer: built once, shared by requests.
@@ -69,22 +72,28 @@ impl Grammars {
 
     /// A fresh constraint for one request.
     pub fn constraint(&self, format: &JsonFormat) -> Result<Constraint> {
-        let mut schema = match format {
-            JsonFormat::Object => serde_json::json!({"type": "object"}),
-            JsonFormat::Schema(s) => s.clone(),
+        let (grammar, what) = match format {
+            JsonFormat::Grammar(g) => (TopLevelGrammar::from_lark(g.clone()), "the tool grammar"),
+            JsonFormat::Object | JsonFormat::Schema(_) => {
+                let mut schema = match format {
+                    JsonFormat::Schema(s) => s.clone(),
+                    _ => serde_json::json!({"type": "object"}),
+                };
+                // Compact JSON: free whitespace lets a small model pad forever.
+                if let Some(o) = schema.as_object_mut() {
+                    o.entry("x-guidance")
+                        .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+                }
+                (TopLevelGrammar::from_json_schema(schema), "the JSON schema")
+            }
         };
-        // Compact JSON: free whitespace lets a small model pad forever.
-        if let Some(o) = schema.as_object_mut() {
-            o.entry("x-guidance")
-                .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
-        }
         let parser = self
             .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
-            .map_err(|e| anyhow!("the JSON schema is not usable: {e}"))?;
+            .create_parser(grammar)
+            .map_err(|e| anyhow!("{what} is not usable: {e}"))?;
         let m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
-            return Err(anyhow!("the JSON schema is not usable: {e}"));
+            return Err(anyhow!("{what} is not usable: {e}"));
         }
         Ok(Constraint {
             m,
@@ -128,13 +137,20 @@ impl Constraint {
         if drafts.is_empty() || self.m.is_stopped() {
             return Ok(0);
         }
-        self.m.validate_tokens(drafts).map_err(err)
+        let n = self.m.validate_tokens(drafts).map_err(err)?;
+        // An end-of-generation token the grammar allows ends the request:
+        // nothing after it can be committed.
+        Ok(drafts[..n]
+            .iter()
+            .position(|t| self.eos.contains(t))
+            .map_or(n, |i| i + 1))
     }
 
     /// Masks `rows[i]` (raw logits) with the grammar's state after
     /// `drafts[..i]`: disallowed tokens get -inf. `drafts` must be a valid
     /// prefix; the state is left as it was.
     pub fn mask_rows(&mut self, rows: &mut [Vec<f32>], drafts: &[u32]) -> Result<()> {
+        let mut consumed = 0;
         for (i, row) in rows.iter_mut().enumerate() {
             let mask = self.m.compute_mask_or_eos().map_err(err)?;
             for (t, x) in row.iter_mut().enumerate() {
@@ -142,13 +158,15 @@ impl Constraint {
                     *x = f32::NEG_INFINITY;
                 }
             }
-            if let Some(&d) = drafts.get(i) {
+            // An end-of-generation draft (allowed once the grammar is
+            // complete) is not fed: the matcher takes no token past its end.
+            if let Some(&d) = drafts.get(i).filter(|d| !self.eos.contains(d)) {
                 self.m.consume_token(d).map_err(err)?;
+                consumed += 1;
             }
         }
-        let n = drafts.len().min(rows.len());
-        if n > 0 {
-            self.m.rollback(n).map_err(err)?;
+        if consumed > 0 {
+            self.m.rollback(consumed).map_err(err)?;
         }
         Ok(())
     }
@@ -208,5 +226,25 @@ mod tests {
         assert!(g
             .constraint(&JsonFormat::Schema(json!({"type": "nonsense"})))
             .is_err());
+        // A forced tool call: the tag, the call's JSON, the closing tag.
+        let lark = "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {\"type\": \"object\", \"properties\": {\"name\": {\"const\": \"f\"}}, \"required\": [\"name\"], \"additionalProperties\": false, \"x-guidance\": {\"whitespace_flexible\": false}}\n";
+        let mut c = g.constraint(&JsonFormat::Grammar(lark.into())).unwrap();
+        let call = tok
+            .encode("<tool_call>\n{\"name\":\"f\"}\n</tool_call>", false)
+            .unwrap();
+        assert_eq!(c.valid_prefix(&call).unwrap(), call.len());
+        let wrong = tok.encode("<tool_call>\n{\"name\":\"g\"}", false).unwrap();
+        assert!(c.valid_prefix(&wrong).unwrap() < wrong.len());
+        // A draft that completes the call and then ends (as an n-gram
+        // drafter copying the template's example does) is valid and masks.
+        let eos = tok.eos_ids()[0];
+        let mut with_end = call.clone();
+        with_end.extend([eos, call[0]]);
+        assert_eq!(c.valid_prefix(&with_end).unwrap(), call.len() + 1);
+        let mut rows = vec![vec![0.0f32; vocab]; call.len() + 2];
+        c.mask_rows(&mut rows, &with_end[..call.len() + 1]).unwrap();
+        assert!(rows[call.len()][eos as usize].is_finite());
+        c.commit(&call).unwrap();
+        assert!(c.is_stopped());
     }
 }

@@ -9,7 +9,6 @@ pub use constraint::{Constraint, Grammars, JsonFormat, SharedConstraint};
 pub use logprobs::{token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
 pub use rng::{fresh_seed, Rng};
 
-use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,35 +78,76 @@ impl SamplingParams {
     }
 }
 
+/// A sampling parameter out of its range; request validation
+/// ([`crate::request::RequestError::Sampling`]) and tests match on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingError {
+    pub field: &'static str,
+    pub value: f32,
+    /// The range, as the message says it.
+    pub allowed: &'static str,
+}
+
+impl std::fmt::Display for SamplingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} must be {}, got {}",
+            self.field, self.allowed, self.value
+        )
+    }
+}
+
+impl std::error::Error for SamplingError {}
+
 impl SamplingParams {
-    pub fn validate(&self) -> Result<()> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            bail!(
-                "temperature must be a number >= 0, got {}",
-                self.temperature
-            );
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let checks: [(&'static str, f32, bool, &'static str); 6] = [
+            (
+                "temperature",
+                self.temperature,
+                self.temperature.is_finite() && self.temperature >= 0.0,
+                "a number >= 0",
+            ),
+            (
+                "top_p",
+                self.top_p,
+                self.top_p > 0.0 && self.top_p <= 1.0,
+                "in (0, 1]",
+            ),
+            (
+                "min_p",
+                self.min_p,
+                self.min_p >= 0.0 && self.min_p < 1.0,
+                "in [0, 1)",
+            ),
+            (
+                "repeat_penalty",
+                self.repeat_penalty,
+                self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0,
+                "a number > 0",
+            ),
+            (
+                "presence_penalty",
+                self.presence_penalty,
+                (-2.0..=2.0).contains(&self.presence_penalty),
+                "in [-2, 2]",
+            ),
+            (
+                "frequency_penalty",
+                self.frequency_penalty,
+                (-2.0..=2.0).contains(&self.frequency_penalty),
+                "in [-2, 2]",
+            ),
+        ];
+        match checks.into_iter().find(|c| !c.2) {
+            Some((field, value, _, allowed)) => Err(SamplingError {
+                field,
+                value,
+                allowed,
+            }),
+            None => Ok(()),
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            bail!("top_p must be in (0, 1], got {}", self.top_p);
-        }
-        if !(self.min_p >= 0.0 && self.min_p < 1.0) {
-            bail!("min_p must be in [0, 1), got {}", self.min_p);
-        }
-        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            bail!(
-                "repeat_penalty must be a number > 0, got {}",
-                self.repeat_penalty
-            );
-        }
-        for (v, name) in [
-            (self.presence_penalty, "presence_penalty"),
-            (self.frequency_penalty, "frequency_penalty"),
-        ] {
-            if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
-                bail!("{name} must be in [-2, 2], got {v}");
-            }
-        }
-        Ok(())
     }
 
     pub fn greedy(&self) -> bool {

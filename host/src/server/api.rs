@@ -1,10 +1,9 @@
 //! Shared HTTP pieces: errors, body parsing, request options, the small
 //! endpoints, and turning the worker's messages into responses.
-use super::worker::{GenRequest, LogprobEntry, Msg, SubmitError, TokenAlt};
+use super::worker::{LogprobEntry, Msg, SubmitError, TokenAlt};
 use super::State;
-use crate::options::SpecOptions;
 use crate::pipeline::Stats;
-use crate::sampling::logprobs::MAX_TOP_LOGPROBS;
+use crate::request::{self, RequestError, ValidatedRequest};
 use crate::sampling::{JsonFormat, LogprobRequest, SamplingParams};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -13,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -61,6 +59,15 @@ impl ApiError {
     }
     pub fn model_not_found(name: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, format!("model '{name}' not found"))
+    }
+}
+
+/// A refused request: 400, naming its field.
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> Self {
+        let mut a = Self::bad(e.to_string());
+        a.param = Some(e.field().to_string());
+        a
     }
 }
 
@@ -149,69 +156,9 @@ pub fn from_value<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, ApiE
     })
 }
 
-/// `stop`: a string or a list of strings.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(untagged)]
-pub enum StopField {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl StopField {
-    pub fn into_vec(self) -> Vec<String> {
-        match self {
-            StopField::One(s) => vec![s],
-            StopField::Many(v) => v,
-        }
-        .into_iter()
-        .filter(|s| !s.is_empty())
-        .collect()
-    }
-}
-
-/// The sampling and speculation fields both APIs share (Ollama: inside
-/// `options`; OpenAI: at the top level of the body).
-#[derive(Deserialize, Debug, Default, Clone)]
-#[serde(default)]
-pub struct CommonOptions {
-    pub temperature: Option<f32>,
-    pub top_k: Option<i64>,
-    pub top_p: Option<f32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub repeat_last_n: Option<i64>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub seed: Option<i64>,
-    pub stop: Option<StopField>,
-    pub drafter: Option<String>,
-    pub schedule: Option<String>,
-    pub acceptance: Option<String>,
-    pub draft_max: Option<i64>,
-    pub schedule_config: Option<Value>,
-    pub acceptance_config: Option<Value>,
-}
-
-fn config_json(v: Option<Value>, what: &str) -> Result<Option<Value>, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        // A JSON document inside a string is accepted too.
-        Some(Value::String(s)) => serde_json::from_str(&s)
-            .map(Some)
-            .map_err(|e| ApiError::bad(format!("{what} is not valid JSON: {e}"))),
-        Some(v @ Value::Object(_)) => Ok(Some(v)),
-        Some(v) => Err(ApiError::bad(format!(
-            "{what} must be a JSON object, got {v}"
-        ))),
-    }
-}
-
-fn nonempty(s: Option<String>, what: &str) -> Result<Option<String>, ApiError> {
-    match s {
-        Some(s) if s.trim().is_empty() => Err(ApiError::bad(format!("{what} must not be empty"))),
-        s => Ok(s),
-    }
-}
+/// The fields both APIs share, as sent: read and checked by
+/// [`crate::request`].
+pub use crate::request::RequestOptions as CommonOptions;
 
 /// What a request that leaves sampling fields out gets.
 #[derive(Debug, Clone)]
@@ -244,71 +191,14 @@ impl SamplingDefaults {
 
 impl CommonOptions {
     pub fn params(&self, defaults: &SamplingDefaults) -> Result<SamplingParams, ApiError> {
-        let d = &defaults.params;
-        let top_k = match self.top_k {
-            Some(k) if k < 0 => return Err(ApiError::bad(format!("top_k must be >= 0, got {k}"))),
-            Some(k) => k as usize,
-            None => d.top_k,
-        };
-        let repeat_last_n = match self.repeat_last_n {
-            Some(n) if n < -1 => {
-                return Err(ApiError::bad(format!(
-                    "repeat_last_n must be >= -1, got {n}"
-                )))
-            }
-            Some(-1) => usize::MAX,
-            Some(n) => n as usize,
-            None => d.repeat_last_n,
-        };
-        let seed = match self.seed {
-            // Ollama: a negative seed means "random".
-            Some(s) if s < 0 => crate::sampling::fresh_seed(),
-            Some(s) => s as u64,
-            None if defaults.fresh_seed => crate::sampling::fresh_seed(),
-            None => d.seed,
-        };
-        let p = SamplingParams {
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_k,
-            top_p: self.top_p.unwrap_or(d.top_p),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            repeat_last_n,
-            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
-            seed,
-        };
-        p.validate().map_err(|e| ApiError::bad(format!("{e:#}")))?;
-        Ok(p)
+        Ok(self.sampling(&defaults.params, defaults.fresh_seed)?)
     }
 
-    pub fn spec(&self, defaults: &SpecOptions) -> Result<SpecOptions, ApiError> {
-        let draft_max = match self.draft_max {
-            Some(k) if k < 0 => {
-                return Err(ApiError::bad(format!("draft_max must be >= 0, got {k}")))
-            }
-            Some(k) => Some(k as usize),
-            None => None,
-        };
-        let o = SpecOptions {
-            drafter: nonempty(self.drafter.clone(), "drafter")?
-                .map(|d| d.parse())
-                .transpose()
-                .map_err(|e: anyhow::Error| ApiError::bad(format!("drafter: {e}")))?,
-            schedule: nonempty(self.schedule.clone(), "schedule")?,
-            acceptance: nonempty(self.acceptance.clone(), "acceptance")?,
-            draft_max,
-            schedule_config: config_json(self.schedule_config.clone(), "schedule_config")?,
-            acceptance_config: config_json(self.acceptance_config.clone(), "acceptance_config")?,
-        };
-        Ok(o.or(defaults))
-    }
-
-    pub fn stop(&self) -> Vec<String> {
-        self.stop
-            .clone()
-            .map(StopField::into_vec)
-            .unwrap_or_default()
+    pub fn spec(
+        &self,
+        defaults: &crate::options::SpecOptions,
+    ) -> Result<crate::options::SpecOptions, ApiError> {
+        Ok(self.speculation(defaults)?)
     }
 }
 
@@ -321,25 +211,12 @@ pub fn logprob_request(
     top: Option<i64>,
     top_field: &str,
 ) -> Result<Option<LogprobRequest>, ApiError> {
-    let top = match top {
-        None => 0,
-        Some(n) if n < 0 || n as usize > MAX_TOP_LOGPROBS => {
-            return Err(ApiError::bad(format!(
-                "{top_field} must be in 0..={MAX_TOP_LOGPROBS}, got {n}"
-            )))
-        }
-        Some(n) => n as usize,
-    };
-    if !want {
-        if top > 0 {
-            return Err(ApiError::bad(format!("{top_field} needs logprobs = true")));
-        }
-        return Ok(None);
-    }
-    Ok(Some(LogprobRequest {
+    Ok(request::logprobs(
+        want,
         top,
-        mode: state.logprobs_mode,
-    }))
+        top_field,
+        state.logprobs_mode,
+    )?)
 }
 
 /// OpenAI's `response_format`: `text`, `json_object`, or `json_schema` (its
@@ -405,19 +282,13 @@ pub fn cap_max_tokens(
     asked: Option<usize>,
     field: &str,
 ) -> Result<Option<usize>, ApiError> {
-    match (state.limits.max_tokens, asked) {
-        (Some(max), Some(n)) if n > max => Err(ApiError::bad(format!(
-            "{field} = {n} is over this server's limit of {max} tokens (max_tokens)"
-        ))),
-        (Some(max), None) => Ok(Some(max)),
-        (_, asked) => Ok(asked),
-    }
+    Ok(request::max_tokens(state.limits.max_tokens, asked, field)?)
 }
 
 /// Queues a request and waits until the worker starts it (or refuses it).
 pub async fn start(
     state: &State,
-    req: GenRequest,
+    req: ValidatedRequest,
 ) -> Result<(UnboundedReceiver<Msg>, usize, Duration), ApiError> {
     if state.limits.require_lossless {
         require_lossless(state, &req).await?;
@@ -456,7 +327,7 @@ pub async fn start(
 /// now, once per hash, when it never did (38,000 `decide` calls: a fraction
 /// of a second for a built-in, seconds for a Python or JavaScript policy), on
 /// a blocking thread: policy calls are synchronous.
-async fn require_lossless(state: &State, req: &GenRequest) -> Result<(), ApiError> {
+async fn require_lossless(state: &State, req: &ValidatedRequest) -> Result<(), ApiError> {
     let greedy = req.params.greedy();
     let name = req
         .spec
@@ -606,6 +477,7 @@ pub async fn not_found(uri: axum::http::Uri) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::options::SpecOptions;
 
     fn greedy() -> SamplingDefaults {
         SamplingDefaults::of(Flavor::OpenAi, true)

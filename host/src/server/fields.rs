@@ -161,10 +161,8 @@ pub static COMMON: &[(&str, Rule)] = &[
 ];
 
 const NO_LOGIT_BIAS: Rule = Rule::NeutralOnly(is_empty, "specd does not apply logit biases");
-const NO_TOOLS: Rule = Rule::NeutralOnly(
-    is_empty,
-    "specd does not support tool calls yet (the default model's chat template has none)",
-);
+const FUNCTIONS_WHY: &str = "the deprecated functions API is not supported; use `tools`";
+const NO_FUNCTIONS: Rule = Rule::NeutralOnly(is_empty, FUNCTIONS_WHY);
 const NO_IMAGES: Rule = Rule::NeutralOnly(is_empty, "the served model reads text only");
 const NO_THINK: Rule = Rule::NeutralOnly(is_false, "the served model has no thinking mode");
 
@@ -189,21 +187,13 @@ pub static OPENAI_CHAT: Table = Table {
         ("top_logprobs", Rule::Used),
         ("logit_bias", NO_LOGIT_BIAS),
         ("response_format", Rule::Used),
-        ("tools", NO_TOOLS),
-        ("functions", NO_TOOLS),
-        (
-            "tool_choice",
-            Rule::NeutralOnly(
-                is_none_str,
-                "specd does not support tool calls yet (the default model's chat template has none)",
-            ),
-        ),
+        // Checked against the served model's template (`tools::read`).
+        ("tools", Rule::Used),
+        ("tool_choice", Rule::Used),
+        ("functions", NO_FUNCTIONS),
         (
             "function_call",
-            Rule::NeutralOnly(
-                is_none_str,
-                "specd does not support tool calls yet (the default model's chat template has none)",
-            ),
+            Rule::NeutralOnly(is_none_str, FUNCTIONS_WHY),
         ),
         (
             "modalities",
@@ -247,15 +237,9 @@ pub static OPENAI_MESSAGE: Table = Table {
                 "the served model's chat template does not render participant names",
             ),
         ),
-        ("tool_calls", NO_TOOLS),
-        ("function_call", NO_TOOLS),
-        (
-            "tool_call_id",
-            Rule::NeutralOnly(
-                is_empty,
-                "specd does not support tool calls yet (the default model's chat template has none)",
-            ),
-        ),
+        ("tool_calls", Rule::Used),
+        ("function_call", NO_FUNCTIONS),
+        ("tool_call_id", Rule::Used),
         (
             "audio",
             Rule::NeutralOnly(|_| false, "specd reads text only"),
@@ -339,7 +323,8 @@ pub static OLLAMA_CHAT: Table = Table {
         ("keep_alive", Rule::Inert),
         ("logprobs", Rule::Used),
         ("top_logprobs", Rule::Used),
-        ("tools", NO_TOOLS),
+        // Checked against the served model's template (`tools::read`).
+        ("tools", Rule::Used),
         ("format", Rule::Used),
         ("think", NO_THINK),
     ],
@@ -353,8 +338,8 @@ pub static OLLAMA_MESSAGE: Table = Table {
         ("role", Rule::Used),
         ("content", Rule::Used),
         ("images", NO_IMAGES),
-        ("tool_calls", NO_TOOLS),
-        ("tool_name", NO_TOOLS),
+        ("tool_calls", Rule::Used),
+        ("tool_name", Rule::Used),
         (
             "thinking",
             Rule::NeutralOnly(is_empty, "the served model has no thinking mode"),
@@ -371,6 +356,8 @@ pub static OLLAMA_OPTIONS: Table = Table {
         // Checked against the model's context where the options are read.
         ("num_ctx", Rule::Used),
         ("trace_rounds", Rule::Used),
+        // A specd extension (Ollama's API has none): OpenAI's `tool_choice`.
+        ("tool_choice", Rule::Used),
         // Load-time and performance settings: no effect on the tokens.
         ("num_keep", Rule::Inert),
         ("num_batch", Rule::Inert),

@@ -16,6 +16,7 @@ mod metrics;
 mod ollama;
 mod openai;
 mod policies;
+mod tools;
 mod ui;
 mod worker;
 

@@ -3,10 +3,12 @@
 use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
 use super::fields;
-use super::worker::{GenRequest, Msg};
+use super::tools::{self, Tools};
+use super::worker::Msg;
 use super::State;
 use crate::engine::Prompt;
 use crate::pipeline::Stats;
+use crate::request::ValidatedRequest;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue};
@@ -14,13 +16,15 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use specd_text::ChatMessage;
+use specd_text::{ChatMessage, ToolFormat, ToolStream};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Default)]
 pub struct OllamaOptions {
     pub num_predict: Option<i64>,
     pub trace_rounds: bool,
+    /// OpenAI's `tool_choice`, a specd extension here.
+    pub tool_choice: Option<Value>,
     pub common: CommonOptions,
 }
 
@@ -32,6 +36,7 @@ struct NumPredict {
     /// Stream `{"round": ...}` lines (one per speculation round) before the
     /// final line.
     trace_rounds: Option<bool>,
+    tool_choice: Option<Value>,
 }
 
 impl OllamaOptions {
@@ -54,6 +59,7 @@ impl OllamaOptions {
                 Ok(OllamaOptions {
                     num_predict: n.num_predict,
                     trace_rounds: n.trace_rounds.unwrap_or(false),
+                    tool_choice: n.tool_choice,
                     common: api::from_value(v, "options.")?,
                 })
             }
@@ -86,6 +92,8 @@ pub struct ChatMsg {
     role: String,
     #[serde(default)]
     content: Option<String>,
+    tool_calls: Option<Value>,
+    tool_name: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -100,6 +108,7 @@ pub struct ChatBody {
     logprobs: bool,
     top_logprobs: Option<i64>,
     format: Option<Value>,
+    tools: Option<Value>,
 }
 
 fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
@@ -116,8 +125,8 @@ fn request(
     o: &OllamaOptions,
     tenant: String,
     logprobs: (bool, Option<i64>),
-    format: Option<&Value>,
-) -> Result<GenRequest, ApiError> {
+    format: Option<crate::sampling::JsonFormat>,
+) -> Result<ValidatedRequest, ApiError> {
     let max_tokens = match o.num_predict {
         None => None,
         // -1: infinite, -2: fill the context; both are "until the end".
@@ -125,7 +134,7 @@ fn request(
         Some(n) => Some(n as usize),
     };
     let max_tokens = api::cap_max_tokens(state, max_tokens, "options.num_predict")?;
-    Ok(GenRequest {
+    Ok(ValidatedRequest {
         prompt,
         params: o.common.params(&state.sampling_defaults(Flavor::Ollama))?,
         max_tokens,
@@ -134,9 +143,21 @@ fn request(
         trace_rounds: o.trace_rounds,
         tenant,
         logprobs: api::logprob_request(state, logprobs.0, logprobs.1, "top_logprobs")?,
-        format: api::ollama_format(format)?,
+        format,
         prompt_logprobs: false,
     })
+}
+
+/// `tool_choice` sits in `options` on this API: errors name it there.
+fn in_options(e: ApiError) -> ApiError {
+    match e.param.as_deref() {
+        Some("tool_choice") => ApiError::bad(e.message.replacen(
+            "`tool_choice`",
+            "`options.tool_choice`",
+            1,
+        )),
+        _ => e,
+    }
 }
 
 fn nanos(d: f64) -> u64 {
@@ -182,11 +203,12 @@ fn ndjson_response(body: Body) -> Response {
         .into_response()
 }
 
-/// What differs between /api/generate and /api/chat.
+/// What differs between /api/generate and /api/chat (with the served
+/// model's call format when the answer's calls are parsed).
 #[derive(Clone, Copy)]
 enum Kind {
     Generate,
-    Chat,
+    Chat(Option<ToolFormat>),
 }
 
 impl Kind {
@@ -198,7 +220,7 @@ impl Kind {
             Kind::Generate => {
                 m.insert("response".into(), json!(text));
             }
-            Kind::Chat => {
+            Kind::Chat(_) => {
                 m.insert(
                     "message".into(),
                     json!({"role": "assistant", "content": text}),
@@ -214,7 +236,7 @@ async fn run(
     state: State,
     kind: Kind,
     model: String,
-    req: GenRequest,
+    req: ValidatedRequest,
     stream: bool,
     t0: Instant,
 ) -> Result<Response, ApiError> {
@@ -222,7 +244,17 @@ async fn run(
     let (rx, _prompt_tokens, queued) = api::start(&state, req).await?;
     if !stream {
         let c = api::collect(rx).await?;
-        let mut m = kind.piece(&model, &c.text);
+        let mut m = match kind {
+            Kind::Chat(Some(format)) => {
+                let p = specd_text::tool_calls::parse(format, &c.text);
+                let mut m = kind.piece(&model, &p.content);
+                if !p.calls.is_empty() {
+                    m["message"]["tool_calls"] = tools::ollama_calls(&p.calls);
+                }
+                m
+            }
+            _ => kind.piece(&model, &c.text),
+        };
         if logprobs {
             m.insert(
                 "logprobs".into(),
@@ -238,12 +270,24 @@ async fn run(
     // Logprobs come before the text they belong to: each goes out with the
     // next text line (or the final one).
     let mut pending: Vec<Value> = Vec::new();
+    // Tool calls are held back from the content and sent whole at the end.
+    let mut calls = match kind {
+        Kind::Chat(Some(format)) => Some(ToolStream::new(format)),
+        _ => None,
+    };
     let s = api::stream_of(rx, move |msg| match msg {
         Msg::Logprobs(e) => {
             pending.push(api::logprob_json(&e));
             (vec![], false)
         }
         Msg::Chunk(text) => {
+            let text = match calls.as_mut() {
+                Some(c) => c.push(&text),
+                None => text,
+            };
+            if text.is_empty() {
+                return (vec![], false);
+            }
             let mut m = kind.piece(&model, &text);
             if logprobs {
                 m.insert("logprobs".into(), std::mem::take(&mut pending).into());
@@ -251,6 +295,16 @@ async fn run(
             (vec![ndjson_line(&Value::Object(m))], false)
         }
         Msg::Done { stats, log } => {
+            let mut out = Vec::new();
+            if let Some(p) = calls.take().map(ToolStream::finish) {
+                if !p.content.is_empty() || !p.calls.is_empty() {
+                    let mut m = kind.piece(&model, &p.content);
+                    if !p.calls.is_empty() {
+                        m["message"]["tool_calls"] = tools::ollama_calls(&p.calls);
+                    }
+                    out.push(ndjson_line(&Value::Object(m)));
+                }
+            }
             let mut m = kind.piece(&model, "");
             if logprobs {
                 m.insert("logprobs".into(), std::mem::take(&mut pending).into());
@@ -259,7 +313,8 @@ async fn run(
             if let Kind::Generate = kind {
                 m.insert("context".into(), json!(log));
             }
-            (vec![ndjson_line(&Value::Object(m))], true)
+            out.push(ndjson_line(&Value::Object(m)));
+            (out, true)
         }
         Msg::Failed(e) | Msg::Error { message: e, .. } => {
             (vec![ndjson_line(&json!({ "error": e }))], true)
@@ -319,13 +374,16 @@ pub async fn generate(
         m.push(ChatMessage::user(prompt_text));
         Prompt::Chat(m)
     };
+    let options = OllamaOptions::parse(b.options, state.model.context_length)?;
+    // /api/generate has no tools: none to force.
+    tools::read(None, options.tool_choice.as_ref(), state.model.tool_format).map_err(in_options)?;
     let req = request(
         &state,
         prompt,
-        &OllamaOptions::parse(b.options, state.model.context_length)?,
+        &options,
         api::tenant(&caller),
         (b.logprobs, b.top_logprobs),
-        b.format.as_ref(),
+        api::ollama_format(b.format.as_ref())?,
     )?;
     run(
         state,
@@ -355,7 +413,7 @@ pub async fn chat(
     let b: ChatBody = api::from_value(v, "")?;
     let model = check_model(&state, &b.model)?;
     if b.messages.is_empty() {
-        return Ok(load_response(Kind::Chat, &model));
+        return Ok(load_response(Kind::Chat(None), &model));
     }
     let mut msgs = Vec::with_capacity(b.messages.len());
     for (i, m) in b.messages.into_iter().enumerate() {
@@ -367,17 +425,40 @@ pub async fn chat(
                 )))
             }
         }
-        msgs.push(ChatMessage::new(m.role, m.content.unwrap_or_default()));
+        let mut msg = ChatMessage::new(m.role, m.content.unwrap_or_default());
+        if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_null()) {
+            let field = format!("messages[{i}].tool_calls");
+            msg.tool_calls = Some(tools::message_calls(calls, &field)?);
+        }
+        msg.name = m.tool_name.filter(|n| !n.is_empty());
+        msgs.push(msg);
     }
+    let options = OllamaOptions::parse(b.options, state.model.context_length)?;
+    let tools = tools::read(
+        b.tools.as_ref(),
+        options.tool_choice.as_ref(),
+        state.model.tool_format,
+    )
+    .map_err(in_options)?;
+    let format = tools::constraint(
+        tools.as_ref(),
+        api::ollama_format(b.format.as_ref())?,
+        "format",
+    )?;
+    let prompt = match &tools {
+        Some(t) => Prompt::ChatWithTools(msgs, t.list.clone()),
+        None => Prompt::Chat(msgs),
+    };
     let req = request(
         &state,
-        Prompt::Chat(msgs),
-        &OllamaOptions::parse(b.options, state.model.context_length)?,
+        prompt,
+        &options,
         api::tenant(&caller),
         (b.logprobs, b.top_logprobs),
-        b.format.as_ref(),
+        format,
     )?;
-    run(state, Kind::Chat, model, req, b.stream.unwrap_or(true), t0).await
+    let kind = Kind::Chat(tools.filter(Tools::parses).map(|t| t.format));
+    run(state, kind, model, req, b.stream.unwrap_or(true), t0).await
 }
 
 fn model_entry(state: &State) -> Value {
@@ -468,7 +549,7 @@ pub async fn show(
             "llama.attention.head_count_kv": m.kv_heads,
             "llama.vocab_size": m.vocab_size,
         },
-        "capabilities": ["completion"],
+        "capabilities": if m.tool_format.is_some() { json!(["completion", "tools"]) } else { json!(["completion"]) },
         "specd": {
             "path": m.path,
             "draft_models": m.draft_models,

@@ -3,10 +3,12 @@
 use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
 use super::fields;
-use super::worker::{GenRequest, LogprobEntry, Msg};
+use super::tools::{self, Tools};
+use super::worker::{LogprobEntry, Msg};
 use super::State;
 use crate::engine::Prompt;
 use crate::pipeline::{DoneReason, Stats};
+use crate::request::{self, ValidatedRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::Path;
@@ -15,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use specd_text::ChatMessage;
+use specd_text::{ChatMessage, ToolFormat, ToolStream};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -31,6 +33,8 @@ pub struct ChatBody {
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
     response_format: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -38,6 +42,8 @@ pub struct OaMessage {
     role: String,
     #[serde(default)]
     content: Value,
+    tool_calls: Option<Value>,
+    tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -67,11 +73,7 @@ fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError
 }
 
 fn max_tokens(v: Option<i64>) -> Result<Option<usize>, ApiError> {
-    match v {
-        Some(n) if n < 0 => Err(ApiError::bad(format!("max_tokens must be >= 0, got {n}"))),
-        Some(n) => Ok(Some(n as usize)),
-        None => Ok(None),
-    }
+    Ok(request::non_negative("max_tokens", v)?)
 }
 
 fn check_n(n: Option<i64>) -> Result<(), ApiError> {
@@ -144,6 +146,8 @@ struct Ctx {
     model: String,
     /// Whether the request asked for logprobs.
     logprobs: bool,
+    /// The served model's call format, when the answer's calls are parsed.
+    tools: Option<ToolFormat>,
 }
 
 /// Logprobs in the legacy completions shape; `offset` is the text offset of
@@ -221,14 +225,27 @@ impl Ctx {
     }
 
     fn whole(&self, text: &str, stats: &Stats, logprobs: Value) -> Value {
-        let choice = match self.kind {
-            Kind::Chat => json!({
+        let choice = match (self.kind, self.tools) {
+            (Kind::Chat, Some(format)) => {
+                let p = specd_text::tool_calls::parse(format, text);
+                let mut message = json!({"role": "assistant", "content": p.content});
+                let mut finish = finish_reason(stats);
+                if !p.calls.is_empty() {
+                    message["tool_calls"] = tools::openai_calls(&p.calls, false);
+                    finish = "tool_calls";
+                    if p.content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                }
+                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
+            }
+            (Kind::Chat, None) => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs,
                 "finish_reason": finish_reason(stats),
             }),
-            Kind::Completion => json!({
+            (Kind::Completion, _) => json!({
                 "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(stats),
             }),
         };
@@ -252,7 +269,7 @@ fn sse_json(v: &Value) -> Event {
 async fn run(
     state: State,
     ctx: Ctx,
-    req: GenRequest,
+    req: ValidatedRequest,
     stream: bool,
     prefix: String,
 ) -> Result<Response, ApiError> {
@@ -271,6 +288,8 @@ async fn run(
     // Logprobs come before the text they belong to: each goes out with the
     // next text chunk (or a last chunk of its own).
     let mut pending: Vec<LogprobEntry> = Vec::new();
+    // Tool calls are held back from the content and sent whole at the end.
+    let mut calls = ctx.tools.map(ToolStream::new);
     let s = api::stream_of(rx, move |msg| match msg {
         Msg::Logprobs(e) => {
             pending.push(e);
@@ -282,6 +301,13 @@ async fn run(
             (vec![], false)
         }
         Msg::Chunk(t) => {
+            let t = match calls.as_mut() {
+                Some(c) => c.push(&t),
+                None => t,
+            };
+            if t.is_empty() {
+                return (vec![], false);
+            }
             let t = match pending_prefix.take() {
                 Some(p) => p + &t,
                 None => t,
@@ -293,14 +319,24 @@ async fn run(
         }
         Msg::Done { stats, .. } => {
             let mut out = Vec::new();
-            if first || !pending.is_empty() {
+            let parsed = calls.take().map(ToolStream::finish).unwrap_or_default();
+            if first || !pending.is_empty() || !parsed.content.is_empty() {
                 // Nothing was generated: still open the message. Or tokens
-                // whose text never came (held back by a stop string).
-                let t = pending_prefix.take().unwrap_or_default();
+                // whose text never came (held back by a stop string), or
+                // held-back text that was not a call after all.
+                let t = pending_prefix.take().unwrap_or_default() + &parsed.content;
                 let lp = ctx.logprobs(&std::mem::take(&mut pending), &mut offset);
                 out.push(sse_json(&ctx.chunk(Some(&t), None, first, lp)));
+                first = false;
             }
-            let mut last = ctx.chunk(None, Some(finish_reason(&stats)), false, Value::Null);
+            let mut finish = finish_reason(&stats);
+            if !parsed.calls.is_empty() {
+                let mut c = ctx.chunk(None, None, first, Value::Null);
+                c["choices"][0]["delta"]["tool_calls"] = tools::openai_calls(&parsed.calls, true);
+                out.push(sse_json(&c));
+                finish = "tool_calls";
+            }
+            let mut last = ctx.chunk(None, Some(finish), false, Value::Null);
             last["usage"] = usage(&stats);
             last["speculation"] = serde_json::to_value(&*stats).unwrap_or(Value::Null);
             out.push(sse_json(&last));
@@ -344,7 +380,7 @@ pub async fn chat_completions(
     if messages.is_empty() {
         return Err(oa(ApiError::bad("messages must not be empty")));
     }
-    let mut msgs = Vec::with_capacity(messages.len());
+    let mut msgs: Vec<ChatMessage> = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let role = match m.role.as_str() {
             "developer" => "system",
@@ -355,13 +391,36 @@ pub async fn chat_completions(
             ))))
             }
         };
-        msgs.push(ChatMessage::new(
-            role,
-            content_text(&m.content, i).map_err(oa)?,
-        ));
+        let mut msg = ChatMessage::new(role, content_text(&m.content, i).map_err(oa)?);
+        if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_null()) {
+            let field = format!("messages[{i}].tool_calls");
+            msg.tool_calls = Some(tools::message_calls(calls, &field).map_err(oa)?);
+        }
+        if let Some(id) = &m.tool_call_id {
+            // Templates that name the function of a result find it here.
+            msg.name = tools::name_of_call(&msgs, id);
+            msg.tool_call_id = Some(id.clone());
+        }
+        msgs.push(msg);
     }
-    let req = GenRequest {
-        prompt: Prompt::Chat(msgs),
+    let tools = tools::read(
+        b.tools.as_ref(),
+        b.tool_choice.as_ref(),
+        state.model.tool_format,
+    )
+    .map_err(oa)?;
+    let format = tools::constraint(
+        tools.as_ref(),
+        api::response_format(b.response_format.as_ref()).map_err(oa)?,
+        "response_format",
+    )
+    .map_err(oa)?;
+    let prompt = match &tools {
+        Some(t) => Prompt::ChatWithTools(msgs, t.list.clone()),
+        None => Prompt::Chat(msgs),
+    };
+    let req = ValidatedRequest {
+        prompt,
         params: common
             .params(&state.sampling_defaults(Flavor::OpenAi))
             .map_err(oa)?,
@@ -386,7 +445,7 @@ pub async fn chat_completions(
             "top_logprobs",
         )
         .map_err(oa)?,
-        format: api::response_format(b.response_format.as_ref()).map_err(oa)?,
+        format,
         prompt_logprobs: false,
     };
     let ctx = Ctx {
@@ -395,6 +454,7 @@ pub async fn chat_completions(
         created: api::unix_now(),
         model,
         logprobs: req.logprobs.is_some(),
+        tools: tools.filter(Tools::parses).map(|t| t.format),
     };
     run(state, ctx, req, b.stream, String::new())
         .await
@@ -430,7 +490,7 @@ pub async fn completions(
     } else {
         String::new()
     };
-    let req = GenRequest {
+    let req = ValidatedRequest {
         prompt: Prompt::Raw(prompt),
         params: common
             .params(&state.sampling_defaults(Flavor::OpenAi))
@@ -456,6 +516,7 @@ pub async fn completions(
         created: api::unix_now(),
         model,
         logprobs: req.logprobs.is_some(),
+        tools: None,
     };
     run(state, ctx, req, b.stream, prefix).await.map_err(oa)
 }

@@ -4,8 +4,7 @@
 use super::config::ServerConfig;
 use super::metrics::ServerMetrics;
 use crate::batch::{Admitted, Scheduler};
-use crate::engine::{Engine, Prompt};
-use crate::options::SpecOptions;
+use crate::engine::Engine;
 use crate::pipeline::Finished;
 use crate::pipeline::Stats;
 use crate::sampling::SamplingParams;
@@ -19,29 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-/// One generation request, validated as far as the HTTP side can.
-#[derive(Debug, Clone)]
-pub struct GenRequest {
-    pub prompt: Prompt,
-    /// Validated where the request was read (`api::CommonOptions::params`).
-    pub params: SamplingParams,
-    pub max_tokens: Option<usize>,
-    pub stop: Vec<String>,
-    /// Already merged with the server defaults.
-    pub spec: SpecOptions,
-    /// Send each round's trace (`Msg::Rounds`) as the round ends.
-    pub trace_rounds: bool,
-    /// Whose prefix cache and carried policy state the request uses: the
-    /// caller's key id, or `""` (shared) when no key was needed.
-    pub tenant: String,
-    /// Send each emitted token's logprobs (`Msg::Logprobs`) before its text.
-    pub logprobs: Option<crate::sampling::LogprobRequest>,
-    /// Structured output: what the text must be.
-    pub format: Option<crate::sampling::JsonFormat>,
-    /// Also send the prompt's logprobs (`Msg::PromptLogprobs`, completions'
-    /// `echo`), with `logprobs`' request.
-    pub prompt_logprobs: bool,
-}
+/// A generation request: checked once where it was read
+/// ([`crate::request`]); nothing here checks its fields again.
+pub use crate::request::ValidatedRequest as GenRequest;
 
 /// The logprob of every prompt token after the first under the tokens before
 /// it (the first has none: NaN, which JSON writes as null), from one forward
@@ -177,6 +156,9 @@ pub struct ModelInfo {
     pub parameters: u64,
     pub draft_models: Vec<String>,
     pub template: String,
+    /// How the model writes tool calls; `None`: its template renders no tools.
+    #[serde(skip)]
+    pub tool_format: Option<specd_text::ToolFormat>,
 }
 
 /// The HTTP side's end of the queue.
@@ -276,6 +258,7 @@ fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelI
         parameters,
         draft_models,
         template: engine.template.source().to_string(),
+        tool_format: engine.template.tool_format(),
     };
     Ok((engine, info))
 }
@@ -421,9 +404,6 @@ fn prepare<'e>(
                 prompt.len()
             ));
         }
-    }
-    if let Err(e) = req.params.validate() {
-        return refuse(format!("{e:#}"));
     }
     let spec = match engine.speculation_in(&req.tenant, &req.spec, &req.params) {
         Ok(s) => s,

@@ -1,12 +1,15 @@
 //! Chat templates: the model's own Jinja template rendered with minijinja the
 //! way transformers renders it (`trim_blocks`, `lstrip_blocks`, `messages`,
-//! `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`,
-//! `tojson`, `strftime_now`, Python string methods via pycompat). A model
+//! `tools`, `add_generation_prompt`, `bos_token`, `eos_token`,
+//! `raise_exception`, `tojson` as Python's `json.dumps`, `strftime_now`,
+//! Python string methods via pycompat, dict keys in their given order). A model
 //! without a template (a base model) takes raw prompts only: rendering chat
 //! for it is [`NoChatTemplate`], never a guessed format.
 
 use crate::tokenizer::Tokenizer;
+use crate::tool_calls::ToolFormat;
 use anyhow::{anyhow, Context, Result};
+use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
@@ -14,11 +17,23 @@ use serde::{Deserialize, Serialize};
 /// explicitly; never applied to a model that has no template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-/// One chat message.
+/// One chat message, with the fields tool-using templates read (absent,
+/// not null, when unset: templates test them with `is defined`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls as transformers passes them to templates:
+    /// `{"id"?, "type": "function", "function": {"name", "arguments": {...}}}`
+    /// with the arguments an object, not a JSON string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool result's call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's function name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -26,6 +41,9 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
     pub fn system(content: impl Into<String>) -> Self {
@@ -56,11 +74,29 @@ impl std::fmt::Display for NoChatTemplate {
 
 impl std::error::Error for NoChatTemplate {}
 
+/// Tools sent to a model whose template does not render them. Callers turn
+/// it into a refusal (HTTP 400 naming `tools`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoToolSupport;
+
+impl std::fmt::Display for NoToolSupport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "the served model's chat template does not render tools, \
+             so the model cannot be told about them (a model whose template uses `tools` can)",
+        )
+    }
+}
+
+impl std::error::Error for NoToolSupport {}
+
 /// A compiled chat template, or the lack of one.
 pub struct ChatTemplate {
     env: Environment<'static>,
     /// `false` for a model without a template: rendering is an error.
     present: bool,
+    /// How the model writes tool calls, when the template renders `tools`.
+    tools: Option<ToolFormat>,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -78,6 +114,29 @@ impl std::fmt::Debug for ChatTemplate {
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// `tojson` as transformers defines it: Python's `json.dumps` (no HTML
+/// escaping, `", "` / `": "` separators), with its `indent` and `sort_keys`.
+fn tojson(value: &Value, indent: Option<usize>, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent = match kwargs.get::<Option<usize>>("indent")? {
+        Some(i) => Some(i),
+        None => indent,
+    };
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    // Python's defaults only: other separators or ASCII escaping are not offered.
+    if kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: ensure_ascii=True is not supported",
+        ));
+    }
+    kwargs.assert_all_used()?;
+    let v = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    Ok(Value::from_safe_string(crate::pyjson::dumps(
+        &v, indent, sort_keys,
+    )))
 }
 
 /// `strftime_now(fmt)` as transformers provides it (UTC, Python's strftime
@@ -104,11 +163,19 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| anyhow!("invalid chat template: {e:#}"))?;
+        // A template that reads `tools` renders them (transformers passes
+        // them as that variable); one that never does cannot.
+        let reads_tools = env
+            .get_template("chat")
+            .map(|t| t.undeclared_variables(false).contains("tools"))
+            .unwrap_or(false);
         Ok(ChatTemplate {
             env,
             present: true,
+            tools: reads_tools.then(|| ToolFormat::of_template(source)),
             source: source.to_string(),
             bos_token: bos_token.unwrap_or_default(),
             eos_token: eos_token.unwrap_or_default(),
@@ -130,6 +197,7 @@ impl ChatTemplate {
         ChatTemplate {
             env: Environment::new(),
             present: false,
+            tools: None,
             source: String::new(),
             bos_token: String::new(),
             eos_token: String::new(),
@@ -146,6 +214,12 @@ impl ChatTemplate {
         Self::new(CHATML_TEMPLATE, None, None).expect("ChatML template compiles")
     }
 
+    /// How the model writes tool calls; `None` when its template does not
+    /// render tools.
+    pub fn tool_format(&self) -> Option<ToolFormat> {
+        self.tools
+    }
+
     /// The template's text; empty when the model has none.
     pub fn source(&self) -> &str {
         &self.source
@@ -155,6 +229,32 @@ impl ChatTemplate {
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let msgs = serde_json::to_value(messages).context("serializing chat messages")?;
         self.render_json(&msgs, add_generation_prompt, &serde_json::Value::Null)
+    }
+
+    /// Render a conversation with tools (OpenAI's function objects, passed
+    /// to the template as `tools`, as transformers does). Tools are
+    /// [`NoToolSupport`] for a template that does not render them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        if tools.is_empty() {
+            return self.render(messages, add_generation_prompt);
+        }
+        if !self.present {
+            return Err(NoChatTemplate.into());
+        }
+        if self.tools.is_none() {
+            return Err(NoToolSupport.into());
+        }
+        let msgs = serde_json::to_value(messages).context("serializing chat messages")?;
+        self.render_json(
+            &msgs,
+            add_generation_prompt,
+            &serde_json::json!({ "tools": tools }),
+        )
     }
 
     /// Render messages given as JSON (any shape the template understands,
@@ -232,5 +332,44 @@ mod tests {
             "an unknown directive is an error"
         );
         assert!(ChatTemplate::new("{% if %}", None, None).is_err());
+    }
+
+    #[test]
+    fn tools_render_where_the_template_reads_them() {
+        let src = "{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}\
+{% for m in messages %}{{ m.role }}:{{ m.content }}\
+{% if m.tool_calls is defined %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endif %}\
+{% if m.tool_call_id is defined %}[{{ m.tool_call_id }}]{% endif %}\n{% endfor %}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        assert_eq!(t.tool_format(), Some(ToolFormat::Hermes));
+        let tool = serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}});
+        let mut call = ChatMessage::assistant("");
+        call.tool_calls = Some(vec![
+            serde_json::json!({"type": "function", "function": {"name": "f", "arguments": {"x": "<1>"}}}),
+        ]);
+        let mut result = ChatMessage::new("tool", "42");
+        result.tool_call_id = Some("call_1".into());
+        let s = t
+            .render_with_tools(&[ChatMessage::user("hi"), call, result], &[tool], false)
+            .unwrap();
+        // Keys in the given order, Python's separators, no HTML escaping
+        // (and `trim_blocks` eats the newline after each block tag).
+        assert_eq!(
+            s,
+            "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}}\n\
+user:hiassistant:<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": \"<1>\"}}</tool_call>tool:42[call_1]"
+        );
+        // ChatML reads no tools: refused with its own error.
+        let e = ChatTemplate::chatml()
+            .render_with_tools(&[ChatMessage::user("hi")], &[serde_json::json!({})], true)
+            .unwrap_err();
+        assert!(e.downcast_ref::<NoToolSupport>().is_some(), "{e:#}");
+        assert_eq!(ChatTemplate::chatml().tool_format(), None);
+        let t = ChatTemplate::new("{{ {'b': 1, 'a': [1, 2]} | tojson(indent=1) }}", None, None)
+            .unwrap();
+        assert_eq!(
+            t.render(&[], false).unwrap(),
+            "{\n \"b\": 1,\n \"a\": [\n  1,\n  2\n ]\n}"
+        );
     }
 }
