@@ -296,16 +296,49 @@ pub fn table(rows: &[ServeRow]) -> String {
 }
 
 /// The cost of one batched step by its size: `n` requests with one row
-/// each (plain decode steps, caches of `context` tokens), against `n` steps
-/// of one request alone, interleaved `iters` times. Where the batched step
-/// costs much less than `n` lone ones, batching pays.
+/// each (plain decode steps, caches of `context` tokens), against one
+/// request verifying `n` rows (the same rows, one sequence: what the step
+/// would cost without any per-sequence work) and against `n` steps of one
+/// request alone, interleaved `iters` times. Where the batched step costs
+/// much less than `n` lone ones, batching pays; where it costs much more
+/// than the one-sequence verify, per-sequence work (not FLOPs) is the cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepCost {
     pub sequences: usize,
     /// Milliseconds of one batched step of `sequences` rows.
     pub batched_ms: f64,
+    /// Milliseconds of one request verifying `sequences` rows.
+    pub one_sequence_ms: f64,
     /// Milliseconds of `sequences` one-row forwards, one request at a time.
     pub alone_ms: f64,
+    /// CPU milliseconds (all threads) of the same three, where the system
+    /// reports them (Linux): on a loaded machine these move much less than
+    /// wall time. `None` elsewhere.
+    pub batched_cpu_ms: Option<f64>,
+    pub one_sequence_cpu_ms: Option<f64>,
+    pub alone_cpu_ms: Option<f64>,
+}
+
+/// CPU seconds this process's threads have run so far (Linux: the sum of
+/// `/proc/self/task/*/schedstat`, nanoseconds); `None` where unavailable.
+fn cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for t in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = t.ok()?.path().join("schedstat");
+        // A thread may end between the listing and the read.
+        if let Ok(s) = std::fs::read_to_string(path) {
+            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+/// Wall and CPU seconds of `f`.
+fn timed(f: impl FnOnce() -> Result<()>) -> Result<(f64, Option<f64>)> {
+    let (c, t) = (cpu_seconds(), Instant::now());
+    f()?;
+    let wall = t.elapsed().as_secs_f64();
+    Ok((wall, cpu_seconds().zip(c).map(|(b, a)| b - a)))
 }
 
 pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Result<Vec<StepCost>> {
@@ -313,7 +346,9 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
     use crate::speculation::{LlamaTarget, Target};
     let text = format!("{}\n\n{}", GROUNDED.join("\n"), OPEN.join("\n"));
     let ids = e.encode(&Prompt::Raw(text))?;
-    let ctx = context.clamp(1, ids.len() - 1);
+    let max_n = ns.iter().copied().max().unwrap_or(1);
+    anyhow::ensure!(ids.len() > max_n + 1, "the step prompt is too short");
+    let ctx = context.clamp(1, ids.len() - 1 - max_n);
     let mut out = Vec::new();
     for &n in ns {
         let mut targets: Vec<LlamaTarget> = (0..n)
@@ -322,11 +357,12 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                 t.prefill(&ids[..ctx]).map(|_| t)
             })
             .collect::<Result<_>>()?;
-        let (mut batched, mut alone) = (0.0, 0.0);
+        // [wall, cpu] of: batched, one sequence, alone.
+        let mut sum = [[0.0f64; 2]; 3];
+        let mut cpu_known = true;
         for i in 0..iters + 1 {
             let tok = [ids[ctx]];
-            let t = Instant::now();
-            {
+            let b = timed(|| {
                 let mut parts: Vec<StepRows<'_>> = targets
                     .iter_mut()
                     .map(|target| StepRows {
@@ -336,45 +372,89 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                     })
                     .collect();
                 forward_batch(&e.model, &mut parts)?;
-            }
-            let b = t.elapsed().as_secs_f64();
+                Ok(())
+            })?;
             for t in targets.iter_mut() {
                 t.rewind(ctx)?;
             }
-            let t = Instant::now();
-            for target in targets.iter_mut() {
-                target.forward(&tok, false)?;
-                target.rewind(ctx)?;
-            }
-            let a = t.elapsed().as_secs_f64();
+            let v = timed(|| {
+                targets[0].forward(&ids[ctx..ctx + n], true)?;
+                Ok(())
+            })?;
+            targets[0].rewind(ctx)?;
+            let a = timed(|| {
+                for target in targets.iter_mut() {
+                    target.forward(&tok, false)?;
+                    target.rewind(ctx)?;
+                }
+                Ok(())
+            })?;
             // The first round warms up.
             if i > 0 {
-                batched += b;
-                alone += a;
+                for (s, (wall, cpu)) in sum.iter_mut().zip([b, v, a]) {
+                    s[0] += wall;
+                    s[1] += cpu.unwrap_or(0.0);
+                    cpu_known &= cpu.is_some();
+                }
             }
         }
+        let ms = |x: f64| 1e3 * x / iters as f64;
+        let cpu = |k: usize| cpu_known.then(|| ms(sum[k][1]));
         out.push(StepCost {
             sequences: n,
-            batched_ms: 1e3 * batched / iters as f64,
-            alone_ms: 1e3 * alone / iters as f64,
+            batched_ms: ms(sum[0][0]),
+            one_sequence_ms: ms(sum[1][0]),
+            alone_ms: ms(sum[2][0]),
+            batched_cpu_ms: cpu(0),
+            one_sequence_cpu_ms: cpu(1),
+            alone_cpu_ms: cpu(2),
         });
     }
     Ok(out)
 }
 
+/// The step costs as a table: wall milliseconds, then CPU milliseconds
+/// where known. `gain`: N lone steps over one batched step; `per-seq`:
+/// the batched step over one sequence verifying the same number of rows.
 pub fn step_table(costs: &[StepCost]) -> String {
     let mut s = format!(
-        "{:>4} {:>11} {:>11} {:>8}\n",
-        "N", "batched ms", "alone ms", "gain"
+        "{:>4} {:>11} {:>11} {:>11} {:>7} {:>8}   {:>8} {:>8} {:>8} {:>7} {:>8}\n",
+        "N",
+        "batched ms",
+        "1-seq ms",
+        "alone ms",
+        "gain",
+        "per-seq",
+        "b cpu",
+        "1s cpu",
+        "a cpu",
+        "gain",
+        "per-seq"
     );
+    let ratio = |a: f64, b: f64| a / b.max(1e-9);
     for c in costs {
         s += &format!(
-            "{:>4} {:>11.2} {:>11.2} {:>8.2}\n",
+            "{:>4} {:>11.2} {:>11.2} {:>11.2} {:>7.2} {:>8.2}",
             c.sequences,
             c.batched_ms,
+            c.one_sequence_ms,
             c.alone_ms,
-            c.alone_ms / c.batched_ms.max(1e-9)
+            ratio(c.alone_ms, c.batched_ms),
+            ratio(c.batched_ms, c.one_sequence_ms),
         );
+        if let (Some(b), Some(v), Some(a)) =
+            (c.batched_cpu_ms, c.one_sequence_cpu_ms, c.alone_cpu_ms)
+        {
+            s += &format!(
+                "   {:>8.2} {:>8.2} {:>8.2} {:>7.2} {:>8.2}",
+                b,
+                v,
+                a,
+                ratio(a, b),
+                ratio(b, v)
+            );
+        }
+        s += "\n";
     }
     s
 }

@@ -69,6 +69,14 @@ pub enum Logits {
     All,
 }
 
+/// Whether attention runs through `kernels::attention_kv_rows` where it can
+/// (the default). `SPECD_KV_ROWS=0` turns it off for the per-sequence ops it
+/// replaced, to measure one against the other with one build.
+fn kv_rows_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECD_KV_ROWS").map_or(true, |v| v != "0"))
+}
+
 /// One sequence's part of [`Llama::forward_batch`].
 pub struct BatchRows<'a> {
     /// Its new tokens (at least one), after what its caches hold.
@@ -416,7 +424,7 @@ impl Llama {
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
         let offset = cache.offset() as i32;
-        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv()) {
+        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv().filter(|_| kv_rows_on())) {
             // One sequence is a batch of one: the same two ops as
             // `layer_batch`, so a sequence's rows round alike alone and batched.
             let y = f.forward_normed_rope(
@@ -655,7 +663,7 @@ impl Llama {
                 .iter_mut()
                 .filter_map(|s| s.caches[li].as_kv())
                 .collect();
-            if kvs.len() == n_seqs {
+            if kvs.len() == n_seqs && kv_rows_on() {
                 // Every cache a plain one: all the sequences' cache writes
                 // and attention in one op, as alone (`layer`).
                 let rows: Vec<i32> = spans.iter().map(|&(_, n)| n).collect();
