@@ -33,6 +33,16 @@ pub struct ServeRow {
     pub itl_p99: f64,
     /// Most requests one step held.
     pub max_batch: u64,
+    /// Scheduler steps (a pipelined run of one request alone counts once)
+    /// and their seconds.
+    pub steps: u64,
+    pub step_seconds: f64,
+    /// Rows the steps forwarded (prefill chunks included).
+    pub step_rows: u64,
+    /// Over all requests: rounds, drafted and accepted tokens.
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
     #[serde(skip)]
     repeats: usize,
 }
@@ -120,16 +130,24 @@ fn one(
             done: Box::new(move |f| r.borrow_mut().push(f)),
         });
     }
-    let mut max_batch = 0;
+    let (mut max_batch, mut steps, mut step_seconds, mut step_rows) = (0, 0, 0.0, 0);
     while !sched.is_idle() {
         let s = sched.step(&mut || true);
         max_batch = max_batch.max(s.sequences as u64);
+        if s.sequences > 0 {
+            steps += 1;
+            step_seconds += s.seconds;
+            step_rows += s.rows as u64;
+        }
     }
     let seconds = t0.elapsed().as_secs_f64();
-    let mut tokens = 0;
+    let (mut tokens, mut rounds, mut drafted, mut accepted) = (0, 0, 0, 0);
     for f in results.borrow_mut().drain(..) {
         let f = f.context("a benchmark request failed")?;
         tokens += f.stats.generated_tokens;
+        rounds += f.stats.rounds;
+        drafted += f.stats.drafted;
+        accepted += f.stats.accepted;
     }
     // Decode throughput: text pieces after each request's first, over the
     // time from the first request's first piece to the last one's last.
@@ -176,6 +194,12 @@ fn one(
         itl_p50: percentile(&mut itl, 0.5),
         itl_p99: percentile(&mut itl, 0.99),
         max_batch,
+        steps,
+        step_seconds,
+        step_rows,
+        rounds,
+        drafted,
+        accepted,
         repeats: 1,
     })
 }
@@ -209,6 +233,12 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                 itl_p50: 0.0,
                 itl_p99: 0.0,
                 max_batch: 1,
+                steps: 0,
+                step_seconds: 0.0,
+                step_rows: 0,
+                rounds: 0,
+                drafted: 0,
+                accepted: 0,
                 repeats: 1,
             },
         );
@@ -239,6 +269,12 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
         Some(x) => {
             x.tokens += r.tokens;
             x.seconds += r.seconds;
+            x.steps += r.steps;
+            x.step_seconds += r.step_seconds;
+            x.step_rows += r.step_rows;
+            x.rounds += r.rounds;
+            x.drafted += r.drafted;
+            x.accepted += r.accepted;
             x.tokens_per_second = x.tokens as f64 / x.seconds;
             // Decode rates of repeats: their mean.
             x.decode_tokens_per_second = (x.decode_tokens_per_second * x.repeats as f64
@@ -254,10 +290,12 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 }
 
 /// The rows as a table, with each row's decode throughput and p99
-/// inter-token latency relative to the N = 1 row of its mode and drafter.
+/// inter-token latency relative to the N = 1 row of its mode and drafter;
+/// then per step its mean milliseconds and rows, and per round the mean
+/// drafts (`k`) and the share of them accepted (`acc`).
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}\n",
+        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5}\n",
         "mode",
         "drafter",
         "N",
@@ -270,7 +308,12 @@ pub fn table(rows: &[ServeRow]) -> String {
         "itl p50",
         "itl p99",
         "itl99 x",
-        "batch"
+        "batch",
+        "steps",
+        "ms/step",
+        "rows",
+        "k",
+        "acc"
     );
     for r in rows {
         let base = rows
@@ -286,10 +329,13 @@ pub fn table(rows: &[ServeRow]) -> String {
                 },
             )
         });
+        let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5}\n",
+            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2}\n",
             r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
-            r.itl_p50, r.itl_p99, itl, r.max_batch
+            r.itl_p50, r.itl_p99, itl, r.max_batch, r.steps, per(1e3 * r.step_seconds, r.steps as f64),
+            per(r.step_rows as f64, r.steps as f64), per(r.drafted as f64, r.rounds as f64),
+            per(r.accepted as f64, r.drafted as f64)
         );
     }
     s
