@@ -107,6 +107,9 @@ pub struct StepReport {
     pub pipelined: bool,
     /// Requests preempted before it.
     pub preempted: usize,
+    /// Seconds the requests' policies (schedule and acceptance calls) ran
+    /// in it, summed over its requests.
+    pub policy_seconds: f64,
 }
 
 /// A request waiting to start or to resume. At most `max_sequences` wait:
@@ -353,6 +356,7 @@ impl<'e> Scheduler<'e> {
             }
         }
 
+        let policy_before: f64 = self.active.iter().map(|a| a.seq.policy_seconds()).sum();
         // Who is in the step: every request ready for a round, and those in
         // prefill while the step's prefill rows last.
         let decoding = self.active.iter().filter(|a| a.seq.decoding()).count();
@@ -458,7 +462,13 @@ impl<'e> Scheduler<'e> {
             }
         }
         report.sequences = n;
-        report.rows = planned.iter().flatten().map(|(t, _)| t.len()).sum();
+        report.rows = total_rows;
+        report.policy_seconds = self
+            .active
+            .iter()
+            .map(|a| a.seq.policy_seconds())
+            .sum::<f64>()
+            - policy_before;
         report.seconds = t0.elapsed().as_secs_f64();
         self.retire();
         report
