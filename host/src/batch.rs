@@ -435,7 +435,12 @@ impl<'e> Scheduler<'e> {
             .map(|(t, _)| t.len())
             .collect();
         let split = self.curve.split(vt, total_rows, rounds.len());
-        self.curve.add(total_rows, vt);
+        // The curve is learnt from rounds only: a prefill row skips the
+        // vocabulary head, so it costs less than a verify row and would
+        // make drafts look cheaper than they are.
+        if rounds.len() == planned.iter().flatten().count() {
+            self.curve.add(total_rows, vt);
+        }
         match result {
             Ok(rows) => {
                 let mut rows = rows.into_iter();
