@@ -107,6 +107,9 @@ pub struct StepReport {
     pub pipelined: bool,
     /// Requests preempted before it.
     pub preempted: usize,
+    /// Seconds the requests' policies (schedule and acceptance calls) ran
+    /// in it, summed over its requests.
+    pub policy_seconds: f64,
 }
 
 /// A request waiting to start or to resume. At most `max_sequences` wait:
@@ -128,6 +131,8 @@ pub struct Scheduler<'e> {
     next_id: u64,
     /// KV bytes of one token.
     per_token: usize,
+    /// What one more row adds to a step, learnt from the steps run.
+    curve: StepCurve,
 }
 
 impl<'e> Scheduler<'e> {
@@ -139,6 +144,7 @@ impl<'e> Scheduler<'e> {
             waiting: VecDeque::new(),
             next_id: 0,
             per_token: kv_bytes_per_token(&engine.model.config),
+            curve: StepCurve::default(),
         }
     }
 
@@ -350,6 +356,7 @@ impl<'e> Scheduler<'e> {
             }
         }
 
+        let policy_before: f64 = self.active.iter().map(|a| a.seq.policy_seconds()).sum();
         // Who is in the step: every request ready for a round, and those in
         // prefill while the step's prefill rows last.
         let decoding = self.active.iter().filter(|a| a.seq.decoding()).count();
@@ -420,6 +427,20 @@ impl<'e> Scheduler<'e> {
             forward_batch(&self.engine.model, &mut parts)
         };
         let vt = t.elapsed().as_secs_f64();
+        let total_rows: usize = planned.iter().flatten().map(|(t, _)| t.len()).sum();
+        let rounds: Vec<usize> = planned
+            .iter()
+            .flatten()
+            .filter(|(_, l)| l.is_some())
+            .map(|(t, _)| t.len())
+            .collect();
+        let split = self.curve.split(vt, total_rows, rounds.len());
+        // The curve is learnt from rounds only: a prefill row skips the
+        // vocabulary head, so it costs less than a verify row and would
+        // make drafts look cheaper than they are.
+        if rounds.len() == planned.iter().flatten().count() {
+            self.curve.add(total_rows, vt);
+        }
         match result {
             Ok(rows) => {
                 let mut rows = rows.into_iter();
@@ -429,7 +450,8 @@ impl<'e> Scheduler<'e> {
                     a.seq.joined_step(n);
                     if logits.is_none() {
                         a.seq.prefilled(tokens.len());
-                    } else if let Err(e) = a.seq.complete(&mut a.target, r, vt) {
+                    } else if let Err(e) = a.seq.complete(&mut a.target, r, split.of(tokens.len()))
+                    {
                         a.failed = Some(e);
                     }
                 }
@@ -445,9 +467,168 @@ impl<'e> Scheduler<'e> {
             }
         }
         report.sequences = n;
-        report.rows = planned.iter().flatten().map(|(t, _)| t.len()).sum();
+        report.rows = total_rows;
+        report.policy_seconds = self
+            .active
+            .iter()
+            .map(|a| a.seq.policy_seconds())
+            .sum::<f64>()
+            - policy_before;
         report.seconds = t0.elapsed().as_secs_f64();
         self.retire();
         report
+    }
+}
+
+/// The cost curve of a batched step, `seconds ≈ c + slope * rows`, fitted
+/// online (exponentially decayed least squares over the steps run), so a
+/// step's time can be split by what each request's rows added to it.
+#[derive(Debug, Default, Clone)]
+struct StepCurve {
+    /// Decayed sums: weight, rows, rows², seconds, rows * seconds.
+    w: f64,
+    r: f64,
+    rr: f64,
+    t: f64,
+    rt: f64,
+}
+
+/// How much the newest step weighs against the fit so far.
+const CURVE_DECAY: f64 = 0.95;
+
+impl StepCurve {
+    fn add(&mut self, rows: usize, seconds: f64) {
+        let (r, t) = (rows as f64, seconds);
+        for (s, x) in [
+            (&mut self.w, 1.0),
+            (&mut self.r, r),
+            (&mut self.rr, r * r),
+            (&mut self.t, t),
+            (&mut self.rt, r * t),
+        ] {
+            *s = *s * CURVE_DECAY + x;
+        }
+    }
+
+    /// Seconds one more row adds, once steps of different sizes were seen.
+    fn slope(&self) -> Option<f64> {
+        if self.w < 2.0 {
+            return None;
+        }
+        let (mr, mt) = (self.r / self.w, self.t / self.w);
+        let var = self.rr / self.w - mr * mr;
+        // Rows that barely varied say nothing about the slope.
+        (var > 0.25)
+            .then(|| (self.rt / self.w - mr * mt) / var)
+            .filter(|m| m.is_finite() && *m > 0.0)
+    }
+
+    /// Splits a step of `seconds` over `rows` rows among its `rounds`
+    /// decoding requests (prefill rows are the rest).
+    fn split(&self, seconds: f64, rows: usize, rounds: usize) -> StepSplit {
+        let slope = match self.slope() {
+            // The marginal row never costs more than the step's average
+            // row (the curve has a positive intercept), so every share
+            // below stays positive.
+            Some(m) if rounds > 0 && rows > 0 => m.min(seconds / rows as f64),
+            // Nothing learnt yet: each request is charged the whole step,
+            // as a request alone is.
+            _ => {
+                return StepSplit {
+                    whole: seconds,
+                    base: seconds,
+                    slope: 0.0,
+                }
+            }
+        };
+        StepSplit {
+            whole: seconds,
+            base: (seconds - slope * (rows - rounds) as f64) / rounds as f64,
+            slope,
+        }
+    }
+}
+
+/// A step's time as each request's rounds see it: its share of the step
+/// with one row each, plus the marginal cost of its other rows. Alone
+/// (one request, no prefill) that is the whole step, as before batching;
+/// in a batch of many, a request's draft rows cost it only what they add
+/// to the step. The `throughput` schedule then weighs k drafts by their
+/// marginal cost (drafting pays in a small batch, rarely in a large one),
+/// while fixed-k schedules ignore timings and keep their solo rounds.
+#[derive(Debug, Clone, Copy)]
+struct StepSplit {
+    whole: f64,
+    base: f64,
+    slope: f64,
+}
+
+impl StepSplit {
+    /// The verify seconds of a round of `rows` rows.
+    fn of(&self, rows: usize) -> f64 {
+        if self.slope == 0.0 {
+            return self.whole;
+        }
+        self.base + self.slope * rows.saturating_sub(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod step_curve_tests {
+    use super::*;
+
+    /// Steps on the line `0.01 + 0.003 * rows`.
+    fn learnt() -> StepCurve {
+        let mut c = StepCurve::default();
+        for rows in [1, 8, 3, 16, 2, 9, 12, 5] {
+            c.add(rows, 0.01 + 0.003 * rows as f64);
+        }
+        c
+    }
+
+    #[test]
+    fn the_slope_is_learnt_from_steps_of_different_sizes() {
+        let m = learnt().slope().expect("rows varied");
+        assert!((m - 0.003).abs() < 1e-9, "{m}");
+        let mut flat = StepCurve::default();
+        for _ in 0..10 {
+            flat.add(8, 0.04);
+        }
+        assert_eq!(flat.slope(), None, "one size says nothing about the slope");
+        assert_eq!(StepCurve::default().slope(), None);
+    }
+
+    #[test]
+    fn the_split_adds_up_to_the_step_and_charges_draft_rows_their_margin() {
+        let c = learnt();
+        // 8 requests: six plain rounds, two with 4 drafts (5 rows each).
+        let rows = [1, 1, 1, 1, 1, 1, 5, 5];
+        let total: usize = rows.iter().sum();
+        let step = 0.01 + 0.003 * total as f64;
+        let s = c.split(step, total, rows.len());
+        let sum: f64 = rows.iter().map(|&r| s.of(r)).sum();
+        assert!((sum - step).abs() < 1e-12, "{sum} vs {step}");
+        assert!((s.of(5) - s.of(1) - 4.0 * 0.003).abs() < 1e-12);
+        assert!(
+            s.of(1) < step / 2.0,
+            "a plain round pays its share, not the step"
+        );
+        // Alone, a round is charged the whole step, whatever it drafted.
+        let alone = c.split(0.022, 4, 1);
+        assert!((alone.of(4) - 0.022).abs() < 1e-12);
+        // Before anything is learnt, every round is charged the whole step.
+        let fresh = StepCurve::default().split(0.05, 9, 3);
+        assert_eq!((fresh.of(1), fresh.of(5)), (0.05, 0.05));
+    }
+
+    #[test]
+    fn shares_stay_positive_when_the_slope_overshoots() {
+        let mut c = StepCurve::default();
+        for (rows, t) in [(1, 0.001), (20, 0.5), (2, 0.002), (21, 0.6)] {
+            c.add(rows, t);
+        }
+        let s = c.split(0.05, 10, 2);
+        assert!(s.of(1) > 0.0 && s.of(9) > 0.0);
+        assert!((s.of(1) + s.of(9) - 0.05).abs() < 1e-12);
     }
 }

@@ -33,6 +33,16 @@ pub struct ServeRow {
     pub itl_p99: f64,
     /// Most requests one step held.
     pub max_batch: u64,
+    /// Scheduler steps (a pipelined run of one request alone counts once)
+    /// and their seconds.
+    pub steps: u64,
+    pub step_seconds: f64,
+    /// Rows the steps forwarded (prefill chunks included).
+    pub step_rows: u64,
+    /// Over all requests: rounds, drafted and accepted tokens.
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
     #[serde(skip)]
     repeats: usize,
 }
@@ -120,16 +130,24 @@ fn one(
             done: Box::new(move |f| r.borrow_mut().push(f)),
         });
     }
-    let mut max_batch = 0;
+    let (mut max_batch, mut steps, mut step_seconds, mut step_rows) = (0, 0, 0.0, 0);
     while !sched.is_idle() {
         let s = sched.step(&mut || true);
         max_batch = max_batch.max(s.sequences as u64);
+        if s.sequences > 0 {
+            steps += 1;
+            step_seconds += s.seconds;
+            step_rows += s.rows as u64;
+        }
     }
     let seconds = t0.elapsed().as_secs_f64();
-    let mut tokens = 0;
+    let (mut tokens, mut rounds, mut drafted, mut accepted) = (0, 0, 0, 0);
     for f in results.borrow_mut().drain(..) {
         let f = f.context("a benchmark request failed")?;
         tokens += f.stats.generated_tokens;
+        rounds += f.stats.rounds;
+        drafted += f.stats.drafted;
+        accepted += f.stats.accepted;
     }
     // Decode throughput: text pieces after each request's first, over the
     // time from the first request's first piece to the last one's last.
@@ -176,6 +194,12 @@ fn one(
         itl_p50: percentile(&mut itl, 0.5),
         itl_p99: percentile(&mut itl, 0.99),
         max_batch,
+        steps,
+        step_seconds,
+        step_rows,
+        rounds,
+        drafted,
+        accepted,
         repeats: 1,
     })
 }
@@ -209,6 +233,12 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                 itl_p50: 0.0,
                 itl_p99: 0.0,
                 max_batch: 1,
+                steps: 0,
+                step_seconds: 0.0,
+                step_rows: 0,
+                rounds: 0,
+                drafted: 0,
+                accepted: 0,
                 repeats: 1,
             },
         );
@@ -239,6 +269,12 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
         Some(x) => {
             x.tokens += r.tokens;
             x.seconds += r.seconds;
+            x.steps += r.steps;
+            x.step_seconds += r.step_seconds;
+            x.step_rows += r.step_rows;
+            x.rounds += r.rounds;
+            x.drafted += r.drafted;
+            x.accepted += r.accepted;
             x.tokens_per_second = x.tokens as f64 / x.seconds;
             // Decode rates of repeats: their mean.
             x.decode_tokens_per_second = (x.decode_tokens_per_second * x.repeats as f64
@@ -254,10 +290,12 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 }
 
 /// The rows as a table, with each row's decode throughput and p99
-/// inter-token latency relative to the N = 1 row of its mode and drafter.
+/// inter-token latency relative to the N = 1 row of its mode and drafter;
+/// then per step its mean milliseconds and rows, and per round the mean
+/// drafts (`k`) and the share of them accepted (`acc`).
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}\n",
+        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5}\n",
         "mode",
         "drafter",
         "N",
@@ -270,7 +308,12 @@ pub fn table(rows: &[ServeRow]) -> String {
         "itl p50",
         "itl p99",
         "itl99 x",
-        "batch"
+        "batch",
+        "steps",
+        "ms/step",
+        "rows",
+        "k",
+        "acc"
     );
     for r in rows {
         let base = rows
@@ -286,26 +329,62 @@ pub fn table(rows: &[ServeRow]) -> String {
                 },
             )
         });
+        let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5}\n",
+            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2}\n",
             r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
-            r.itl_p50, r.itl_p99, itl, r.max_batch
+            r.itl_p50, r.itl_p99, itl, r.max_batch, r.steps, per(1e3 * r.step_seconds, r.steps as f64),
+            per(r.step_rows as f64, r.steps as f64), per(r.drafted as f64, r.rounds as f64),
+            per(r.accepted as f64, r.drafted as f64)
         );
     }
     s
 }
 
 /// The cost of one batched step by its size: `n` requests with one row
-/// each (plain decode steps, caches of `context` tokens), against `n` steps
-/// of one request alone, interleaved `iters` times. Where the batched step
-/// costs much less than `n` lone ones, batching pays.
+/// each (plain decode steps, caches of `context` tokens), against one
+/// request verifying `n` rows (the same rows, one sequence: what the step
+/// would cost without any per-sequence work) and against `n` steps of one
+/// request alone, interleaved `iters` times. Where the batched step costs
+/// much less than `n` lone ones, batching pays; where it costs much more
+/// than the one-sequence verify, per-sequence work (not FLOPs) is the cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepCost {
     pub sequences: usize,
     /// Milliseconds of one batched step of `sequences` rows.
     pub batched_ms: f64,
+    /// Milliseconds of one request verifying `sequences` rows.
+    pub one_sequence_ms: f64,
     /// Milliseconds of `sequences` one-row forwards, one request at a time.
     pub alone_ms: f64,
+    /// CPU milliseconds (all threads) of the same three, where the system
+    /// reports them (Linux): on a loaded machine these move much less than
+    /// wall time. `None` elsewhere.
+    pub batched_cpu_ms: Option<f64>,
+    pub one_sequence_cpu_ms: Option<f64>,
+    pub alone_cpu_ms: Option<f64>,
+}
+
+/// CPU seconds this process's threads have run so far (Linux: the sum of
+/// `/proc/self/task/*/schedstat`, nanoseconds); `None` where unavailable.
+fn cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for t in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = t.ok()?.path().join("schedstat");
+        // A thread may end between the listing and the read.
+        if let Ok(s) = std::fs::read_to_string(path) {
+            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+/// Wall and CPU seconds of `f`.
+fn timed(f: impl FnOnce() -> Result<()>) -> Result<(f64, Option<f64>)> {
+    let (c, t) = (cpu_seconds(), Instant::now());
+    f()?;
+    let wall = t.elapsed().as_secs_f64();
+    Ok((wall, cpu_seconds().zip(c).map(|(b, a)| b - a)))
 }
 
 pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Result<Vec<StepCost>> {
@@ -313,7 +392,9 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
     use crate::speculation::{LlamaTarget, Target};
     let text = format!("{}\n\n{}", GROUNDED.join("\n"), OPEN.join("\n"));
     let ids = e.encode(&Prompt::Raw(text))?;
-    let ctx = context.clamp(1, ids.len() - 1);
+    let max_n = ns.iter().copied().max().unwrap_or(1);
+    anyhow::ensure!(ids.len() > max_n + 1, "the step prompt is too short");
+    let ctx = context.clamp(1, ids.len() - 1 - max_n);
     let mut out = Vec::new();
     for &n in ns {
         let mut targets: Vec<LlamaTarget> = (0..n)
@@ -322,11 +403,12 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                 t.prefill(&ids[..ctx]).map(|_| t)
             })
             .collect::<Result<_>>()?;
-        let (mut batched, mut alone) = (0.0, 0.0);
+        // [wall, cpu] of: batched, one sequence, alone.
+        let mut sum = [[0.0f64; 2]; 3];
+        let mut cpu_known = true;
         for i in 0..iters + 1 {
             let tok = [ids[ctx]];
-            let t = Instant::now();
-            {
+            let b = timed(|| {
                 let mut parts: Vec<StepRows<'_>> = targets
                     .iter_mut()
                     .map(|target| StepRows {
@@ -336,45 +418,89 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                     })
                     .collect();
                 forward_batch(&e.model, &mut parts)?;
-            }
-            let b = t.elapsed().as_secs_f64();
+                Ok(())
+            })?;
             for t in targets.iter_mut() {
                 t.rewind(ctx)?;
             }
-            let t = Instant::now();
-            for target in targets.iter_mut() {
-                target.forward(&tok, false)?;
-                target.rewind(ctx)?;
-            }
-            let a = t.elapsed().as_secs_f64();
+            let v = timed(|| {
+                targets[0].forward(&ids[ctx..ctx + n], true)?;
+                Ok(())
+            })?;
+            targets[0].rewind(ctx)?;
+            let a = timed(|| {
+                for target in targets.iter_mut() {
+                    target.forward(&tok, false)?;
+                    target.rewind(ctx)?;
+                }
+                Ok(())
+            })?;
             // The first round warms up.
             if i > 0 {
-                batched += b;
-                alone += a;
+                for (s, (wall, cpu)) in sum.iter_mut().zip([b, v, a]) {
+                    s[0] += wall;
+                    s[1] += cpu.unwrap_or(0.0);
+                    cpu_known &= cpu.is_some();
+                }
             }
         }
+        let ms = |x: f64| 1e3 * x / iters as f64;
+        let cpu = |k: usize| cpu_known.then(|| ms(sum[k][1]));
         out.push(StepCost {
             sequences: n,
-            batched_ms: 1e3 * batched / iters as f64,
-            alone_ms: 1e3 * alone / iters as f64,
+            batched_ms: ms(sum[0][0]),
+            one_sequence_ms: ms(sum[1][0]),
+            alone_ms: ms(sum[2][0]),
+            batched_cpu_ms: cpu(0),
+            one_sequence_cpu_ms: cpu(1),
+            alone_cpu_ms: cpu(2),
         });
     }
     Ok(out)
 }
 
+/// The step costs as a table: wall milliseconds, then CPU milliseconds
+/// where known. `gain`: N lone steps over one batched step; `per-seq`:
+/// the batched step over one sequence verifying the same number of rows.
 pub fn step_table(costs: &[StepCost]) -> String {
     let mut s = format!(
-        "{:>4} {:>11} {:>11} {:>8}\n",
-        "N", "batched ms", "alone ms", "gain"
+        "{:>4} {:>11} {:>11} {:>11} {:>7} {:>8}   {:>8} {:>8} {:>8} {:>7} {:>8}\n",
+        "N",
+        "batched ms",
+        "1-seq ms",
+        "alone ms",
+        "gain",
+        "per-seq",
+        "b cpu",
+        "1s cpu",
+        "a cpu",
+        "gain",
+        "per-seq"
     );
+    let ratio = |a: f64, b: f64| a / b.max(1e-9);
     for c in costs {
         s += &format!(
-            "{:>4} {:>11.2} {:>11.2} {:>8.2}\n",
+            "{:>4} {:>11.2} {:>11.2} {:>11.2} {:>7.2} {:>8.2}",
             c.sequences,
             c.batched_ms,
+            c.one_sequence_ms,
             c.alone_ms,
-            c.alone_ms / c.batched_ms.max(1e-9)
+            ratio(c.alone_ms, c.batched_ms),
+            ratio(c.batched_ms, c.one_sequence_ms),
         );
+        if let (Some(b), Some(v), Some(a)) =
+            (c.batched_cpu_ms, c.one_sequence_cpu_ms, c.alone_cpu_ms)
+        {
+            s += &format!(
+                "   {:>8.2} {:>8.2} {:>8.2} {:>7.2} {:>8.2}",
+                b,
+                v,
+                a,
+                ratio(a, b),
+                ratio(b, v)
+            );
+        }
+        s += "\n";
     }
     s
 }

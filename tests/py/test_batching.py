@@ -180,3 +180,7 @@ def test_kv_budget_refuses_a_prompt_over_it_and_preempts_without_changing_tokens
     assert sum(r["speculation"]["preemptions"] for r in runs) >= 1, [r["speculation"] for r in runs]
     metrics = httpx.get(tight.url + "/metrics", timeout=10).text
     assert "specd_preemptions_total" in metrics and "specd_batch_size_bucket" in metrics
+    # Two of them speculate: their policies' time shows per step.
+    policy = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line.startswith("specd_step_policy_seconds_sum")]
+    assert policy and policy[0] > 0, "policy time per step is reported"

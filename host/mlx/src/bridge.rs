@@ -25,6 +25,8 @@ pub(crate) mod ffi {
 
         fn new_list() -> UniquePtr<ArrayList>;
         fn list_push(l: Pin<&mut ArrayList>, x: &Array);
+        fn list_len(l: &ArrayList) -> usize;
+        fn list_get(l: &ArrayList, i: usize) -> Result<UniquePtr<Array>>;
         fn eval(l: &ArrayList) -> Result<()>;
         fn async_eval(l: &ArrayList) -> Result<()>;
         fn eval_one(x: &Array) -> Result<()>;
@@ -196,6 +198,24 @@ pub(crate) mod ffi {
             v: &Array,
             scale: f32,
             causal: bool,
+        ) -> Result<UniquePtr<Array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn attention_kv_rows(
+            y: &Array,
+            caches: &ArrayList,
+            spans: &[i32],
+            heads: i32,
+            kv_heads: i32,
+            head_dim: i32,
+            scale: f32,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn kv_alloc(
+            old: &Array,
+            has_old: bool,
+            keep: i32,
+            heads: i32,
+            cap: i32,
+            dim: i32,
         ) -> Result<UniquePtr<Array>>;
         fn rms_norm_rows(x: &Array, w: &Array, eps: f32) -> Result<UniquePtr<Array>>;
         fn rope_heads(

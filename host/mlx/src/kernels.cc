@@ -662,6 +662,175 @@ struct AttnBody {
   }
 };
 
+// ---- attention over per-sequence caches (continuous batching) -------------------
+//
+// One op per layer for all the sequences of a step. `y` holds the step's rows
+// [1, T, (H + 2 Hkv) * D]: each row's q, k and v, rope applied, as the fused
+// q/k/v matmul leaves them. Sequence s owns rows [a_s, a_s + n_s); its cache
+// buffers K_s, V_s [1, Hkv, cap_s, D] (contiguous, allocated by `kv_alloc`)
+// hold off_s tokens. The op first writes the sequence's new k/v rows at
+// off_s.. in place, then computes every row's causal attention over its own
+// cache: row t sees keys [0, off_s + t]. Without it a step cost ~15 MLX ops
+// per sequence per layer (row slices, head transposes, two slice_updates,
+// slices, a concatenate); with it, one op per layer.
+//
+// Every row runs exactly the arithmetic of AttnBody (the same helpers, keys
+// in order, one owner per output row), so a sequence's output does not depend
+// on which others share the call, nor on the thread split.
+
+struct RaggedSpan {
+  int a, n, off;  // first row in y, rows, tokens already cached
+};
+
+struct RaggedArgs {
+  const float* y;
+  int64_t y_row;
+  std::vector<float*> k, v;  // per sequence
+  std::vector<int64_t> cap;  // per sequence
+  float* o;                  // [T, H, D]
+};
+
+struct RaggedAttnBody {
+  int H, Hkv, D;
+  float scale;
+  std::vector<RaggedSpan> seqs;
+
+  RaggedArgs prepare(const std::vector<mx::array>& in, mx::array& out) const {
+    RaggedArgs r;
+    r.y = in[0].data<float>();
+    r.y_row = in[0].strides()[1];
+    if (in[0].strides()[2] != 1) throw std::runtime_error("attention_kv_rows: y must be row-major");
+    for (size_t s = 0; s < seqs.size(); s++) {
+      const auto &k = in[1 + 2 * s], &v = in[2 + 2 * s];
+      for (auto* c : {&k, &v})
+        if (!c->flags().row_contiguous || c->data_size() != c->size())
+          throw std::runtime_error("attention_kv_rows: cache buffers must be contiguous");
+      // The caches are written in place: they are specd's own buffers
+      // (KvCache allocates them with kv_alloc and copies before writing
+      // while a clone shares them), never another array's data.
+      r.k.push_back(const_cast<float*>(k.data<float>()));
+      r.v.push_back(const_cast<float*>(v.data<float>()));
+      r.cap.push_back(k.shape(2));
+    }
+    r.o = out.data<float>();
+    return r;
+  }
+
+  void run(const std::vector<mx::array>&, mx::array&, const RaggedArgs& r) const {
+    // The new rows into the caches, before any row reads them.
+    for (size_t s = 0; s < seqs.size(); s++) {
+      const auto& sp = seqs[s];
+      for (int j = 0; j < sp.n; j++) {
+        const float* row = r.y + (int64_t)(sp.a + j) * r.y_row;
+        for (int h = 0; h < Hkv; h++) {
+          int64_t at = ((int64_t)h * r.cap[s] + sp.off + j) * D;
+          std::memcpy(r.k[s] + at, row + (int64_t)(H + h) * D, D * sizeof(float));
+          std::memcpy(r.v[s] + at, row + (int64_t)(H + Hkv + h) * D, D * sizeof(float));
+        }
+      }
+    }
+    // One unit per (sequence row, kv head); `first[s]` is sequence s's first unit.
+    std::vector<int> first(seqs.size() + 1, 0);
+    int64_t work = 0;
+    for (size_t s = 0; s < seqs.size(); s++) {
+      first[s + 1] = first[s] + seqs[s].n * Hkv;
+      work += (int64_t)H * seqs[s].n * (seqs[s].off + seqs[s].n) * D;
+    }
+    int units = first.back();
+    // Below ~64K multiply-adds per call stay on one thread (as AttnBody).
+    int chunks = work < 65536 ? 1 : std::min(4 * pool().size(), units);
+    pool().run(chunks, [&](int c) {
+      thread_local std::vector<float> scratch;
+      auto [u0, u1] = share(units, chunks, c, 1);
+      size_t s = 0;
+      for (int u = u0; u < u1; u++) {
+        while (u >= first[s + 1]) s++;
+        int t = (u - first[s]) / Hkv, kvh = (u - first[s]) % Hkv;
+        unit(r, s, t, kvh, scratch);
+      }
+    });
+  }
+
+  // Row t of sequence s, the query heads of kv head `kvh`.
+  void unit(const RaggedArgs& r, size_t s, int t, int kvh, std::vector<float>& scratch) const {
+    const auto& sp = seqs[s];
+    int rep = H / Hkv;
+#if defined(SPECD_X86_KERNELS)
+    if (isa() == Isa::Avx512 && (D == 64 || D == 128) && rep <= qmm::AttnGroup::kMaxHeads) {
+      qmm::AttnGroup g{};
+      g.heads = rep;
+      for (int i = 0; i < rep; i++) {
+        int h = kvh * rep + i;
+        g.q[i] = r.y + (int64_t)(sp.a + t) * r.y_row + (int64_t)h * D;
+        g.o[i] = r.o + ((size_t)(sp.a + t) * H + h) * D;
+      }
+      g.k = r.k[s] + (int64_t)kvh * r.cap[s] * D;
+      g.v = r.v[s] + (int64_t)kvh * r.cap[s] * D;
+      g.k_row = g.v_row = D;
+      g.n = sp.off + t + 1;
+      g.D = D;
+      g.scale = scale;
+      scratch.resize((size_t)rep * g.n);
+      qmm::attn_group_avx512(g, scratch.data());
+      return;
+    }
+#endif
+    // The sequence alone as AttnBody sees it: q [H, n, D] strided in y,
+    // keys [Hkv, off + n, D] in its cache, causal.
+    AttnArgs a{r.y + (int64_t)sp.a * r.y_row,
+               r.k[s],
+               r.v[s],
+               r.o + (size_t)sp.a * H * D,
+               H,
+               Hkv,
+               sp.n,
+               sp.off + sp.n,
+               D,
+               D,
+               D,
+               r.y_row,
+               1,
+               r.cap[s] * D,
+               D,
+               1,
+               r.cap[s] * D,
+               D,
+               1,
+               scale,
+               true};
+    for (int i = 0; i < rep; i++) {
+      int hr = (kvh * rep + i) * sp.n + t;
+      attn_rows(a, hr, hr + 1, scratch);
+    }
+  }
+};
+
+// A cache buffer [1, H, cap, D], contiguous: the first `keep` positions of
+// `old` (any layout) copied, the rest zero.
+struct KvAllocBody {
+  int keep;
+  bool has_old;
+  int prepare(const std::vector<mx::array>&, const mx::array&) const { return 0; }
+  void run(const std::vector<mx::array>& in, mx::array& out, int) const {
+    float* y = out.data<float>();
+    int H = out.shape(1), cap = out.shape(2), D = out.shape(3);
+    std::memset(y, 0, out.nbytes());
+    if (!has_old) return;
+    const auto& o = in[0];
+    const float* x = o.data<float>();
+    auto st = o.strides();
+    for (int h = 0; h < H; h++)
+      for (int j = 0; j < keep; j++) {
+        float* dst = y + ((int64_t)h * cap + j) * D;
+        const float* src = x + h * st[1] + j * st[2];
+        if (st[3] == 1)
+          std::memcpy(dst, src, D * sizeof(float));
+        else
+          for (int d = 0; d < D; d++) dst[d] = src[d * st[3]];
+      }
+  }
+};
+
 // ---- small row-wise ops --------------------------------------------------------
 //
 // On CPU, MLX's fast::rms_norm and fast::rope run as their unfused fallbacks
@@ -944,6 +1113,62 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
   // in place.
   return kernel_op("SpecdAttention", AttnBody{scale, causal},
                    {1, q.a.shape(2), q.a.shape(1), v.a.shape(3)}, {f32(q.a), f32(k.a), f32(v.a)});
+}
+
+std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& caches,
+                                             rust::Slice<const int32_t> spans, int32_t heads,
+                                             int32_t kv_heads, int32_t head_dim, float scale) {
+  if (on_gpu()) throw std::invalid_argument("attention_kv_rows: CPU only");
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0)
+    throw std::invalid_argument("attention_kv_rows: heads must be a multiple of kv heads");
+  size_t S = caches.v.size() / 2;
+  if (S == 0 || caches.v.size() != 2 * S || spans.size() != 2 * S)
+    throw std::invalid_argument("attention_kv_rows: one (keys, values) and one span per sequence");
+  int T = y.a.ndim() == 3 ? y.a.shape(1) : -1;
+  if (T < 0 || y.a.shape(0) != 1 || y.a.shape(2) != (heads + 2 * kv_heads) * head_dim)
+    throw std::invalid_argument("attention_kv_rows: y must be [1, T, (heads + 2 kv_heads) * dim]");
+  RaggedAttnBody body{heads, kv_heads, head_dim, scale, {}};
+  std::vector<mx::array> in{rowmajor(f32(y.a))};
+  int a = 0;
+  for (size_t s = 0; s < S; s++) {
+    int off = spans[2 * s], n = spans[2 * s + 1];
+    const auto &k = caches.v[2 * s], &v = caches.v[2 * s + 1];
+    for (auto* c : {&k, &v})
+      if (c->ndim() != 4 || c->shape(0) != 1 || c->shape(1) != kv_heads ||
+          c->shape(3) != head_dim || c->dtype() != mx::float32)
+        throw std::invalid_argument("attention_kv_rows: caches must be float32 [1, kv_heads, cap, dim]");
+    if (n <= 0 || off < 0 || off + n > k.shape(2) || v.shape(2) != k.shape(2))
+      throw std::invalid_argument("attention_kv_rows: a sequence's rows do not fit its cache");
+    body.seqs.push_back({a, n, off});
+    a += n;
+    in.push_back(k);
+    in.push_back(v);
+  }
+  if (a != T) throw std::invalid_argument("attention_kv_rows: the spans must cover y's rows");
+  auto o = kernel_op("SpecdAttentionKvRows", std::move(body), {1, T, heads * head_dim}, in);
+  // The caches written in place, as arrays that depend on the op: whatever
+  // reads them next (the next step's op, an eval of the cache) runs it first.
+  std::vector<mx::array> kv(in.begin() + 1, in.end());
+  auto out = std::make_unique<ArrayList>();
+  out->v.push_back(o->a);
+  for (auto& c : mx::depends(kv, {o->a})) out->v.push_back(std::move(c));
+  return out;
+}
+
+A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t cap,
+           int32_t dim) {
+  if (heads <= 0 || dim <= 0 || cap <= 0 || keep < 0 || keep > cap)
+    throw std::invalid_argument("kv_alloc: bad shape");
+  std::vector<mx::array> in;
+  if (has_old) {
+    const auto& o = old.a;
+    if (o.ndim() != 4 || o.shape(0) != 1 || o.shape(1) != heads || o.shape(3) != dim ||
+        o.shape(2) < keep)
+      throw std::invalid_argument("kv_alloc: the old buffer does not fit");
+    in.push_back(f32(o));
+  }
+  return kernel_op("SpecdKvAlloc", KvAllocBody{keep, has_old}, {1, heads, cap, dim},
+                   std::move(in));
 }
 
 A rms_norm_rows(const Array& x, const Array& w, float eps) {

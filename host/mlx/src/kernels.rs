@@ -171,6 +171,64 @@ pub fn qmatmul_packed_norm_rope_rows(
 pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Result<Array> {
     wrap(ffi::attention(&q.0, &k.0, &v.0, scale, causal))
 }
+/// One sequence's part of [`attention_kv_rows`].
+pub struct KvRows<'a> {
+    /// Its cache buffers `[1, kv_heads, cap, head_dim]` (made by
+    /// [`kv_alloc`]), holding `offset` tokens; the call writes its new rows
+    /// after them, in place.
+    pub keys: &'a Array,
+    pub values: &'a Array,
+    pub offset: i32,
+    /// Its rows in `y`, after those of the sequences before it.
+    pub rows: i32,
+}
+/// Attention of several sequences in one op (continuous batching). `y`
+/// `[1, T, (heads + 2 * kv_heads) * head_dim]` holds every row's q, k, v
+/// with the rope applied (the fused q/k/v matmul's output); each sequence's
+/// new k/v rows go into its cache at `offset..` and each of its rows
+/// attends causally over its own cache (row t sees keys `0..=offset + t`).
+/// Returns the attention `[1, T, heads * head_dim]` and, per sequence, the
+/// keys and values to keep: the same buffers, ordered after the write.
+/// Each row rounds exactly as [`attention`] does and whatever the other
+/// sequences are. The caller must own the buffers alone (nothing else may
+/// read their old rows past `offset`). CPU only.
+pub fn attention_kv_rows(
+    y: &Array,
+    seqs: &[KvRows<'_>],
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+) -> Result<(Array, Vec<(Array, Array)>)> {
+    let caches = crate::array::list(seqs.iter().flat_map(|s| [s.keys, s.values]));
+    let spans: Vec<i32> = seqs.iter().flat_map(|s| [s.offset, s.rows]).collect();
+    let out = ffi::attention_kv_rows(&y.0, &caches, &spans, heads, kv_heads, head_dim, scale)
+        .map_err(crate::Exception::from)?;
+    if ffi::list_len(&out) != 1 + 2 * seqs.len() {
+        return Err(crate::Exception(
+            "attention_kv_rows: one output and a cache pair per sequence".into(),
+        ));
+    }
+    let get = |i: usize| wrap(ffi::list_get(&out, i));
+    let attn = get(0)?;
+    let kv = (0..seqs.len())
+        .map(|s| Ok((get(1 + 2 * s)?, get(2 + 2 * s)?)))
+        .collect::<Result<_>>()?;
+    Ok((attn, kv))
+}
+/// A cache buffer `[1, heads, cap, dim]` of specd's own (contiguous,
+/// float32): the first `keep` positions of `old` copied, the rest zero.
+pub fn kv_alloc(old: Option<&Array>, keep: i32, heads: i32, cap: i32, dim: i32) -> Result<Array> {
+    let dummy;
+    let (o, has) = match old {
+        Some(o) => (o, true),
+        None => {
+            dummy = Array::scalar(0.0)?;
+            (&dummy, false)
+        }
+    };
+    wrap(ffi::kv_alloc(&o.0, has, keep, heads, cap, dim))
+}
 /// RMS norm over the last axis in one op (MLX's CPU `fast::rms_norm`
 /// is its unfused fallback, several ops).
 pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {

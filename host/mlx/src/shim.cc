@@ -75,6 +75,11 @@ void to_u32(const Array& x, rust::Slice<uint32_t> out) { copy_out(x, out, mx::ui
 
 std::unique_ptr<ArrayList> new_list() { return std::make_unique<ArrayList>(); }
 void list_push(ArrayList& l, const Array& x) { l.v.push_back(x.a); }
+size_t list_len(const ArrayList& l) { return l.v.size(); }
+A list_get(const ArrayList& l, size_t i) {
+  if (i >= l.v.size()) throw std::out_of_range("list_get: index past the list");
+  return std::make_unique<Array>(l.v[i]);
+}
 void eval(const ArrayList& l) { mx::eval(l.v); }
 void async_eval(const ArrayList& l) { mx::async_eval(l.v); }
 void eval_one(const Array& x) { mx::eval({x.a}); }

@@ -47,6 +47,8 @@ void to_u32(const Array& x, rust::Slice<uint32_t> out);
 // evaluation
 std::unique_ptr<ArrayList> new_list();
 void list_push(ArrayList& l, const Array& x);
+size_t list_len(const ArrayList& l);
+A list_get(const ArrayList& l, size_t i);
 void eval(const ArrayList& l);
 void async_eval(const ArrayList& l);
 void eval_one(const Array& x);
@@ -127,6 +129,11 @@ A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
                                 rust::Slice<const int32_t> positions);
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
+std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& caches,
+                                             rust::Slice<const int32_t> spans, int32_t heads,
+                                             int32_t kv_heads, int32_t head_dim, float scale);
+A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t cap,
+           int32_t dim);
 A rms_norm_rows(const Array& x, const Array& w, float eps);
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
              int32_t offset);

@@ -696,3 +696,197 @@ fn qmatmul_float32_scales_and_groups_of_16() {
         assert!(kernels::qmatmul_packed(&x, &packed, n as i32, group, bits).is_err());
     }
 }
+
+/// One sequence's data for the fused attention over per-sequence caches.
+struct KvSeq {
+    off: usize,
+    rows: usize,
+    old_k: Vec<f32>, // [hkv, off, d]
+    old_v: Vec<f32>,
+    q: Vec<f32>, // [rows, h, d]
+    k: Vec<f32>, // [rows, hkv, d]
+    v: Vec<f32>,
+}
+
+/// `kernels::attention_kv_rows` over several sequences, each at its own
+/// offset, against `kernels::attention` of each sequence alone on its
+/// concatenated keys: bitwise, whichever sequences share the call. Run for
+/// the default model's heads (the grouped AVX-512 path) and an odd head size
+/// (the per-row path).
+#[test]
+fn attention_kv_rows_is_each_sequence_alone() {
+    for (h, hkv, d) in [(9usize, 3usize, 64usize), (4, 2, 24)] {
+        let mut g = Gen(70 + d as u64);
+        let shape = [(0usize, 3usize), (5, 1), (300, 4), (17, 2)];
+        let seqs: Vec<KvSeq> = shape
+            .iter()
+            .map(|&(off, rows)| KvSeq {
+                off,
+                rows,
+                old_k: g.f32s(hkv * off * d, -1.0, 1.0),
+                old_v: g.f32s(hkv * off * d, -1.0, 1.0),
+                q: g.f32s(rows * h * d, -1.5, 1.5),
+                k: g.f32s(rows * hkv * d, -1.0, 1.0),
+                v: g.f32s(rows * hkv * d, -1.0, 1.0),
+            })
+            .collect();
+        let scale = 1.0 / (d as f32).sqrt();
+        // Each sequence's keys and values after its new rows, [hkv, off + rows, d].
+        let full = |s: &KvSeq, old: &[f32], new: &[f32]| -> Vec<f32> {
+            let n = s.off + s.rows;
+            let mut out = vec![0.0; hkv * n * d];
+            for hh in 0..hkv {
+                for j in 0..n {
+                    let src = if j < s.off {
+                        &old[(hh * s.off + j) * d..][..d]
+                    } else {
+                        &new[((j - s.off) * hkv + hh) * d..][..d]
+                    };
+                    out[(hh * n + j) * d..][..d].copy_from_slice(src);
+                }
+            }
+            out
+        };
+        // Reference: each sequence alone through the plain attention kernel.
+        let want: Vec<Vec<f32>> = seqs
+            .iter()
+            .map(|s| {
+                let n = (s.off + s.rows) as i32;
+                let kv = |o: &[f32], x: &[f32]| {
+                    Array::from_f32(&full(s, o, x), &[1, hkv as i32, n, d as i32]).unwrap()
+                };
+                let q = Array::from_f32(&s.q, &[1, s.rows as i32, h as i32, d as i32])
+                    .unwrap()
+                    .transpose(&[0, 2, 1, 3])
+                    .unwrap();
+                kernels::attention(&q, &kv(&s.old_k, &s.k), &kv(&s.old_v, &s.v), scale, true)
+                    .unwrap()
+                    .to_vec_f32()
+                    .unwrap()
+            })
+            .collect();
+        // The step's rows: q, k, v of each row side by side.
+        let run = |which: &[usize]| -> (Vec<f32>, Vec<(Array, Array)>) {
+            let mut y = Vec::new();
+            for &i in which {
+                let s = &seqs[i];
+                for r in 0..s.rows {
+                    y.extend_from_slice(&s.q[r * h * d..][..h * d]);
+                    y.extend_from_slice(&s.k[r * hkv * d..][..hkv * d]);
+                    y.extend_from_slice(&s.v[r * hkv * d..][..hkv * d]);
+                }
+            }
+            let t: usize = which.iter().map(|&i| seqs[i].rows).sum();
+            let y = Array::from_f32(&y, &[1, t as i32, ((h + 2 * hkv) * d) as i32]).unwrap();
+            let bufs: Vec<(Array, Array)> = which
+                .iter()
+                .map(|&i| {
+                    let s = &seqs[i];
+                    let cap = (s.off + s.rows).div_ceil(256) as i32 * 256;
+                    let alloc = |old: &[f32]| {
+                        let o = (s.off > 0).then(|| {
+                            Array::from_f32(old, &[1, hkv as i32, s.off as i32, d as i32]).unwrap()
+                        });
+                        kernels::kv_alloc(o.as_ref(), s.off as i32, hkv as i32, cap, d as i32)
+                            .unwrap()
+                    };
+                    (alloc(&s.old_k), alloc(&s.old_v))
+                })
+                .collect();
+            let rows: Vec<kernels::KvRows> = which
+                .iter()
+                .zip(&bufs)
+                .map(|(&i, (k, v))| kernels::KvRows {
+                    keys: k,
+                    values: v,
+                    offset: seqs[i].off as i32,
+                    rows: seqs[i].rows as i32,
+                })
+                .collect();
+            let (o, kv) =
+                kernels::attention_kv_rows(&y, &rows, h as i32, hkv as i32, d as i32, scale)
+                    .unwrap();
+            assert_eq!(o.shape(), vec![1, t as i32, (h * d) as i32]);
+            (o.to_vec_f32().unwrap(), kv)
+        };
+        for which in [vec![0, 1, 2, 3], vec![2], vec![3, 0], vec![1]] {
+            let (got, kv) = run(&which);
+            let mut at = 0;
+            for (&i, (k, v)) in which.iter().zip(&kv) {
+                let s = &seqs[i];
+                let n = s.rows * h * d;
+                assert!(
+                    got[at..at + n]
+                        .iter()
+                        .zip(&want[i])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "d {d}: sequence {i} in {which:?} differs from it alone"
+                );
+                at += n;
+                // The cache now holds the old rows and the new ones.
+                let len = (s.off + s.rows) as i32;
+                let held = |a: &Array| {
+                    a.slice(&[0, 0, 0, 0], &[1, hkv as i32, len, d as i32])
+                        .unwrap()
+                        .to_vec_f32()
+                        .unwrap()
+                };
+                assert_eq!(held(k), full(s, &s.old_k, &s.k), "d {d}: keys of {i}");
+                assert_eq!(held(v), full(s, &s.old_v, &s.v), "d {d}: values of {i}");
+            }
+        }
+    }
+}
+
+/// A write in place is ordered: a second call on the caches the first one
+/// returned runs the first (never evaluated on its own) before it reads.
+#[test]
+fn attention_kv_rows_orders_writes() {
+    let (h, hkv, d) = (2i32, 1i32, 64i32);
+    let mut g = Gen(90);
+    let scale = 0.125;
+    let k0 = kernels::kv_alloc(None, 0, hkv, 256, d).unwrap();
+    let v0 = kernels::kv_alloc(None, 0, hkv, 256, d).unwrap();
+    let row = |g: &mut Gen| {
+        Array::from_f32(
+            &g.f32s(((h + 2 * hkv) * d) as usize, -1.0, 1.0),
+            &[1, 1, (h + 2 * hkv) * d],
+        )
+        .unwrap()
+    };
+    let (y1, y2) = (row(&mut g), row(&mut g));
+    let one = |y: &Array, k: &Array, v: &Array, offset: i32| {
+        let s = [kernels::KvRows {
+            keys: k,
+            values: v,
+            offset,
+            rows: 1,
+        }];
+        kernels::attention_kv_rows(y, &s, h, hkv, d, scale).unwrap()
+    };
+    let (_, kv1) = one(&y1, &k0, &v0, 0);
+    let (o2, _) = one(&y2, &kv1[0].0, &kv1[0].1, 1);
+    // Both rows at once, as a sequence of two: the second row's output.
+    let both = ops::concatenate(&[&y1, &y2], 1).unwrap();
+    let (k, v) = (
+        kernels::kv_alloc(None, 0, hkv, 256, d).unwrap(),
+        kernels::kv_alloc(None, 0, hkv, 256, d).unwrap(),
+    );
+    let s = [kernels::KvRows {
+        keys: &k,
+        values: &v,
+        offset: 0,
+        rows: 2,
+    }];
+    let (o, _) = kernels::attention_kv_rows(&both, &s, h, hkv, d, scale).unwrap();
+    let o = o.to_vec_f32().unwrap();
+    assert_eq!(o2.to_vec_f32().unwrap(), o[(h * d) as usize..].to_vec());
+    // Rows that do not fit the cache are refused.
+    let s = [kernels::KvRows {
+        keys: &k,
+        values: &v,
+        offset: 255,
+        rows: 2,
+    }];
+    assert!(kernels::attention_kv_rows(&both, &s, h, hkv, d, scale).is_err());
+}

@@ -1,6 +1,15 @@
 //! The plain KV cache: keys/values grow in steps, and a rewind just moves the
 //! offset back (the rows past it are overwritten by the next update).
-use specd_mlx::{ops, Array, Dtype, Result};
+//!
+//! Two ways in. [`KvCache::update`] appends through MLX ops (slice_update,
+//! functional). The fused attention kernel (`kernels::attention_kv_rows`,
+//! one op per layer for every sequence of a step) instead writes the new
+//! rows into the buffers in place: [`KvCache::writable`] hands it buffers
+//! this cache allocated itself and shares with no clone (the prefix cache
+//! holds clones), copying first where needed, and [`KvCache::written`] takes
+//! back the buffers ordered after the write.
+use specd_mlx::{kernels, ops, Array, Dtype, Result};
+use std::sync::Arc;
 
 const STEP: i32 = 256;
 
@@ -9,6 +18,11 @@ pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: usize,
+    /// Set while the buffers are the in-place kernel's own (from
+    /// `kernels::kv_alloc`); every clone of the cache shares it, so a count
+    /// above one means another cache reads the same buffers and a write in
+    /// place must copy first.
+    own: Option<Arc<()>>,
 }
 
 impl KvCache {
@@ -50,6 +64,9 @@ impl KvCache {
         let keys = keys.slice_update(k, &[0, 0, start, 0], &[b, h, end, d])?;
         let values = values.slice_update(v, &[0, 0, start, 0], &[b, h, end, vd])?;
         self.offset = end as usize;
+        // The buffers are MLX's now (maybe donated): the in-place kernel
+        // copies before writing.
+        self.own = None;
         let out = (
             keys.slice(&[0, 0, 0, 0], &[b, h, end, d])?,
             values.slice(&[0, 0, 0, 0], &[b, h, end, vd])?,
@@ -57,6 +74,53 @@ impl KvCache {
         self.keys = Some(keys);
         self.values = Some(values);
         Ok(out)
+    }
+
+    /// Buffers `[1, kv_heads, cap, head_dim]` with room for `rows` more
+    /// tokens that the fused attention kernel may write in place: this
+    /// cache's own and shared with no clone (a copy of the held tokens
+    /// otherwise), grown in steps.
+    pub fn writable(
+        &mut self,
+        rows: usize,
+        kv_heads: i32,
+        head_dim: i32,
+    ) -> Result<(&Array, &Array)> {
+        let start = self.offset as i32;
+        let end = start + rows as i32;
+        let cap = self.keys.as_ref().map(|a| a.dim(2)).unwrap_or(0);
+        let alone = matches!(&self.own, Some(o) if Arc::strong_count(o) == 1);
+        if end > cap || !alone {
+            let new_cap = if end > cap {
+                (end + STEP - 1) / STEP * STEP
+            } else {
+                cap
+            };
+            let copy = |old: Option<&Array>| {
+                kernels::kv_alloc(
+                    old.filter(|_| start > 0),
+                    start,
+                    kv_heads,
+                    new_cap,
+                    head_dim,
+                )
+            };
+            self.keys = Some(copy(self.keys.as_ref())?);
+            self.values = Some(copy(self.values.as_ref())?);
+            self.own = Some(Arc::new(()));
+        }
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => unreachable!("allocated above"),
+        }
+    }
+
+    /// After the kernel wrote `rows` tokens: its keys and values (the same
+    /// buffers, ordered after the write).
+    pub fn written(&mut self, rows: usize, keys: Array, values: Array) {
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.offset += rows;
     }
 
     /// Moves the offset back to `offset` (a live rewind; always possible here).
@@ -85,6 +149,7 @@ impl super::LayerCache for KvCache {
         self.keys = Some(snap.keys.clone());
         self.values = Some(snap.values.clone());
         self.offset = snap.offset;
+        self.own = None;
     }
     fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
@@ -94,5 +159,8 @@ impl super::LayerCache for KvCache {
     }
     fn boxed_clone(&self) -> Box<dyn super::LayerCache> {
         Box::new(self.clone())
+    }
+    fn as_kv(&mut self) -> Option<&mut KvCache> {
+        Some(self)
     }
 }

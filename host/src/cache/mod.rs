@@ -65,6 +65,11 @@ pub trait LayerCache: Send {
     /// A deep-enough copy for the prefix cache (arrays are immutable; this
     /// shares buffers).
     fn boxed_clone(&self) -> Box<dyn LayerCache>;
+    /// The plain KV cache behind the trait, for the fused attention kernel
+    /// that writes it in place; `None` for every other kind.
+    fn as_kv(&mut self) -> Option<&mut KvCache> {
+        None
+    }
 }
 
 pub(crate) fn live_count(c: &Arc<AtomicUsize>) -> usize {

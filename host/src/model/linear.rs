@@ -152,6 +152,31 @@ impl QuantizedWeight {
             rope,
         )
     }
+    /// [`QuantizedWeight::forward_normed_rope`] over the rows of several
+    /// sequences: row t rotated for `positions[t]` (`rope.offset` unused).
+    pub fn forward_normed_rope_rows(
+        &self,
+        x: &Array,
+        norm: &Array,
+        eps: f32,
+        rope: kernels::RopeSpec,
+        positions: &[i32],
+    ) -> Result<Array> {
+        let p = self.packed.as_ref().ok_or_else(|| {
+            specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
+        })?;
+        kernels::qmatmul_packed_norm_rope_rows(
+            x,
+            norm,
+            eps,
+            p,
+            self.out_features,
+            self.group_size,
+            self.kbits(),
+            rope,
+            positions,
+        )
+    }
     /// `residual + forward(x)`, in one op where packed.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match &self.packed {

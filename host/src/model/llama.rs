@@ -6,9 +6,10 @@
 //! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
 //! attention). See [`WeightMode`].
 use super::config::Arch;
-use super::linear::{fuse_packed, Linear};
+use super::linear::{fuse_packed, Linear, QuantizedWeight};
 use super::LlamaConfig;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
+use specd_mlx::kernels::KvRows;
 use specd_mlx::{fast, kernels, ops, Array, Result};
 
 #[derive(Clone)]
@@ -66,6 +67,14 @@ pub enum Logits {
     Last,
     /// Every new position (a speculative verify).
     All,
+}
+
+/// Whether attention runs through `kernels::attention_kv_rows` where it can
+/// (the default). `SPECD_KV_ROWS=0` turns it off for the per-sequence ops it
+/// replaced, to measure one against the other with one build.
+fn kv_rows_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECD_KV_ROWS").map_or(true, |v| v != "0"))
 }
 
 /// One sequence's part of [`Llama::forward_batch`].
@@ -415,6 +424,20 @@ impl Llama {
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
         let offset = cache.offset() as i32;
+        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv().filter(|_| kv_rows_on())) {
+            // One sequence is a batch of one: the same two ops as
+            // `layer_batch`, so a sequence's rows round alike alone and batched.
+            let y = f.forward_normed_rope(
+                x,
+                &l.attn_norm,
+                self.config.rms_norm_eps,
+                self.rope(offset),
+            )?;
+            probe("norm + q/k/v matmuls + rope", &[&y])?;
+            let o = self.attention_kv_rows(&y, &mut [kv], &[x.dim(1)])?;
+            probe("cache update + attention", &[&o])?;
+            return self.layer_rest(l, &o, x, probe);
+        }
 
         let (q, k, v) = self.qkv_heads(l, x, offset, probe)?;
         let (k, v) = cache.update(&k, &v)?;
@@ -422,6 +445,68 @@ impl Llama {
         let o = self.attention(&q, &k, &v)?;
         probe("attention", &[&o])?;
         self.layer_rest(l, &o, x, probe)
+    }
+
+    /// The packed q/k/v matmul of layer `l` where the rope folds into it
+    /// and the fused attention kernel takes its output: specd's kernels,
+    /// packed weights, nothing (bias, q/k norm) between matmul and rope.
+    fn fused_qkv<'a>(&self, l: &'a Layer) -> Option<&'a QuantizedWeight> {
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        match &l.qkv {
+            Some(Linear::Quantized(f)) if plain && self.own_kernels && f.packed.is_some() => {
+                Some(f)
+            }
+            _ => None,
+        }
+    }
+
+    /// How the fused q/k/v matmul rotates q and k (`offset`: the first
+    /// row's position, where one sequence).
+    fn rope(&self, offset: i32) -> kernels::RopeSpec {
+        let c = &self.config;
+        let (nh, nkv, hd) = self.head_counts();
+        kernels::RopeSpec {
+            cols: (nh + nkv) * hd,
+            head_dim: hd,
+            traditional: c.rope_traditional,
+            base: c.rope_theta,
+            offset,
+        }
+    }
+
+    /// Every sequence's new k/v rows into its cache and its attention over
+    /// that cache, in one op (`kernels::attention_kv_rows`): `y` is the
+    /// fused q/k/v output `[1, T, (heads + 2 kv_heads) * head_dim]`, its
+    /// rows the sequences' in order, `rows[s]` of them for `caches[s]`.
+    /// Returns `[1, T, heads * head_dim]`.
+    fn attention_kv_rows(
+        &self,
+        y: &Array,
+        caches: &mut [&mut KvCache],
+        rows: &[i32],
+    ) -> Result<Array> {
+        let (nh, nkv, hd) = self.head_counts();
+        let scale = 1.0 / (self.config.head_dim as f32).sqrt();
+        let seqs = caches
+            .iter_mut()
+            .zip(rows)
+            .map(|(c, &n)| {
+                let offset = c.offset() as i32;
+                let (keys, values) = c.writable(n as usize, nkv, hd)?;
+                Ok(KvRows {
+                    keys,
+                    values,
+                    offset,
+                    rows: n,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (o, kv) = kernels::attention_kv_rows(y, &seqs, nh, nkv, hd, scale)?;
+        drop(seqs);
+        for ((c, &n), (k, v)) in caches.iter_mut().zip(rows).zip(kv) {
+            c.written(n as usize, k, v);
+        }
+        Ok(o)
     }
 
     /// A layer after attention: `o` matmul + residual, then the MLP.
@@ -459,7 +544,11 @@ impl Llama {
     /// One forward over the rows of several sequences at once (continuous
     /// batching): the matmuls run over all rows together, so the weights
     /// are streamed once per step; rope and attention run per sequence, at
-    /// its own positions over its own caches. With [`Llama::batch_invariant`]
+    /// its own positions over its own caches. Where the q/k/v matmul folds
+    /// the rope in and every cache is a plain [`KvCache`], a layer is a
+    /// fixed handful of ops whatever the number of sequences: the cache
+    /// writes and every sequence's attention are one op
+    /// (`kernels::attention_kv_rows`), the same one a lone forward runs. With [`Llama::batch_invariant`]
     /// weights every sequence's logits are bitwise those of a forward of it
     /// alone. Returns, per sequence, its logits (`None` where it asked for
     /// none: a prefill chunk).
@@ -532,8 +621,9 @@ impl Llama {
 
     /// Layer `li` of [`Llama::forward_batch`]: the norm + q/k/v matmul over
     /// every row (with the rope folded in at each row's own position where
-    /// the weights are packed), then per sequence its cache update and its
-    /// attention, then the rest of the layer over every row again.
+    /// the weights are packed), then the cache writes and attention (one op
+    /// for all the sequences where their caches are plain, per sequence
+    /// otherwise), then the rest of the layer over every row again.
     fn layer_batch(
         &self,
         l: &Layer,
@@ -549,49 +639,48 @@ impl Llama {
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
         let heads = |y: &Array, n: i32| y.reshape(&[1, y.dim(1), n, hd])?.transpose(&[0, 2, 1, 3]);
         let mut outs = Vec::with_capacity(seqs.len());
-        // As in `qkv_heads`: a bias or q/k norm sits between matmul and rope.
-        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
-        if let (true, Some(Linear::Quantized(f))) = (plain, &l.qkv) {
-            if let Some(p) = &f.packed {
-                // The rope folded into the matmul, each row at its own
-                // sequence's position: the solo forward's op and rounding.
-                let positions: Vec<i32> = seqs
-                    .iter()
-                    .zip(spans)
-                    .flat_map(|(s, &(_, n))| {
-                        let o = s.caches[li].offset() as i32;
-                        o..o + n
-                    })
-                    .collect();
-                let rope = kernels::RopeSpec {
-                    cols: nq + nk,
-                    head_dim: hd,
-                    traditional: c.rope_traditional,
-                    base: c.rope_theta,
-                    offset: 0,
-                };
-                let y = kernels::qmatmul_packed_norm_rope_rows(
-                    x,
-                    &l.attn_norm,
-                    c.rms_norm_eps,
-                    p,
-                    f.out_features(),
-                    f.group_size,
-                    f.bits,
-                    rope,
-                    &positions,
-                )?;
-                let (q, k, v) = (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?);
-                for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
-                    let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
-                    let (qs, ks, vs) = (
-                        heads(&rows(&q)?, nh)?,
-                        heads(&rows(&k)?, nkv)?,
-                        heads(&rows(&v)?, nkv)?,
-                    );
-                    let (kc, vc) = s.caches[li].update(&ks, &vs)?;
-                    outs.push(self.attention(&qs, &kc, &vc)?);
-                }
+        let positions = || -> Vec<i32> {
+            seqs.iter()
+                .zip(spans)
+                .flat_map(|(s, &(_, n))| {
+                    let o = s.caches[li].offset() as i32;
+                    o..o + n
+                })
+                .collect()
+        };
+        if let Some(f) = self.fused_qkv(l) {
+            // The rope folded into the matmul, each row at its own
+            // sequence's position: the solo forward's op and rounding.
+            let y = f.forward_normed_rope_rows(
+                x,
+                &l.attn_norm,
+                c.rms_norm_eps,
+                self.rope(0),
+                &positions(),
+            )?;
+            let n_seqs = seqs.len();
+            let mut kvs: Vec<&mut KvCache> = seqs
+                .iter_mut()
+                .filter_map(|s| s.caches[li].as_kv())
+                .collect();
+            if kvs.len() == n_seqs && kv_rows_on() {
+                // Every cache a plain one: all the sequences' cache writes
+                // and attention in one op, as alone (`layer`).
+                let rows: Vec<i32> = spans.iter().map(|&(_, n)| n).collect();
+                let o = self.attention_kv_rows(&y, &mut kvs, &rows)?;
+                return self.layer_rest(l, &o, x, &mut no_probe);
+            }
+            drop(kvs);
+            let (q, k, v) = (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?);
+            for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
+                let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
+                let (qs, ks, vs) = (
+                    heads(&rows(&q)?, nh)?,
+                    heads(&rows(&k)?, nkv)?,
+                    heads(&rows(&v)?, nkv)?,
+                );
+                let (kc, vc) = s.caches[li].update(&ks, &vs)?;
+                outs.push(self.attention(&qs, &kc, &vc)?);
             }
         }
         if outs.is_empty() {

@@ -189,6 +189,11 @@ impl<'a> Sequence<'a> {
         self.done = Some(DoneReason::Cancelled);
     }
 
+    /// Seconds its policies (schedule and acceptance) have run so far.
+    pub fn policy_seconds(&self) -> f64 {
+        self.state.counters.policy_seconds
+    }
+
     /// A step this request was part of had `n` requests in all.
     pub fn joined_step(&mut self, n: usize) {
         if n > 1 {

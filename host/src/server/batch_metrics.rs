@@ -1,10 +1,12 @@
 //! The continuous-batching histograms of `/metrics`: requests per step,
-//! step time, queue wait, time to first token and inter-token latency.
+//! step time, policy time per step, queue wait, time to first token and
+//! inter-token latency.
 use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
 
 pub struct BatchMetrics {
     pub batch_size: Histogram,
     pub step_seconds: Histogram,
+    pub step_policy_seconds: Histogram,
     pub queue_wait_seconds: Histogram,
     pub time_to_first_token_seconds: Histogram,
     pub inter_token_seconds: Histogram,
@@ -33,6 +35,12 @@ impl Default for BatchMetrics {
                 "specd_step_seconds",
                 "Time of one engine step (plan, batched forward, decide).",
                 seconds(),
+            ),
+            step_policy_seconds: histogram(
+                "specd_step_policy_seconds",
+                "Time the policies (schedule and acceptance calls) of one engine step's requests ran, summed.",
+                // From 10 us (a fast policy call) to about 5 s (fuel runs out first).
+                prometheus::exponential_buckets(1e-5, 2.0, 19).expect("valid buckets"),
             ),
             queue_wait_seconds: histogram(
                 "specd_queue_wait_seconds",
@@ -63,6 +71,7 @@ impl BatchMetrics {
         for h in [
             &self.batch_size,
             &self.step_seconds,
+            &self.step_policy_seconds,
             &self.queue_wait_seconds,
             &self.time_to_first_token_seconds,
             &self.inter_token_seconds,

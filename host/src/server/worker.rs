@@ -339,6 +339,9 @@ fn schedule(engine: &Engine, rx: &Receiver<Job>, m: &Arc<ServerMetrics>, cfg: &S
             if step.sequences > 0 {
                 m.batch.batch_size.observe(step.sequences as f64);
                 m.batch.step_seconds.observe(step.seconds);
+                if !step.pipelined {
+                    m.batch.step_policy_seconds.observe(step.policy_seconds);
+                }
             }
         }
         if r.is_err() {
