@@ -6,10 +6,13 @@
 # Every step is idempotent and cheap when already done. Set-up installs:
 #   - Debian packages: libopenblas-dev libopenblas0-pthread (MLX's matmul on
 #     OpenBLAS), clang lld wasi-libc libclang-rt-14-dev-wasm32 (C policy
-#     plugins); python3-venv when `python3 -m venv` does not work
+#     plugins), cmake g++ (pip compiles llama-cpp-python); python3-venv when
+#     `python3 -m venv` does not work
 #   - rustup target wasm32-wasip2 and the wit-bindgen CLI
 #     (scripts/build-plugins.sh --install-tools)
-#   - .venv with tests/py/requirements.txt (mlx, mlx-lm, gguf, numpy, pytest, ...)
+#   - .venv with tests/py/requirements.txt (mlx, mlx-lm, llama-cpp-python,
+#     gguf, numpy, pytest, ...): llama-cpp-python compiles llama.cpp once
+#     (LLAMA_CPP_CMAKE_ARGS below; minutes on 2 cores, then pip's wheel cache)
 #   - componentize-py (pinned) in plugins/target/componentize-py, for the
 #     Python policies (scripts/build-python-plugins.sh)
 #   - componentize-js (pinned by plugins/js/package-lock.json, npm ci) in
@@ -42,7 +45,14 @@ ANCHORS_ARGS ?=
 export PATH := $(VENV)/bin:$(HOME)/.cargo/bin:$(PATH)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32 chromium
+APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclang-rt-14-dev-wasm32 chromium cmake g++
+
+# llama-cpp-python (the llama.cpp anchor and the independent Gemma tokenizer
+# in the tests) is a source package: pip compiles llama.cpp with cmake and
+# g++. Only the library the Python package loads: no llama.cpp tools,
+# examples, tests, server, libcurl or multimodal library. pip caches the
+# wheel it builds, so only the first install compiles.
+LLAMA_CPP_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
 
 .PHONY: run test setup apt rust tools venv build pull python-plugins js-plugins lint test-rust test-py bench-anchors clean-stamps
 
@@ -89,7 +99,8 @@ $(VENV)/bin/python: | apt
 
 $(VENV)/.installed: tests/py/requirements.txt | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -r tests/py/requirements.txt
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	    $(VENV)/bin/python -m pip install -q -r tests/py/requirements.txt
 	touch $@
 
 venv: $(VENV)/.installed
@@ -130,20 +141,9 @@ test-py: build venv pull python-plugins js-plugins
 	exit $$rc
 
 # ---- anchors ----------------------------------------------------------------------
-# `specd bench anchors`: ours, mlx-lm and llama.cpp side by side. llama-cpp-python
-# is not in tests/py/requirements.txt (pip compiles llama.cpp from source, minutes
-# on 2 cores): it goes into .venv here, with cmake and a C++ compiler from apt.
+# `specd bench anchors`: ours, mlx-lm and llama.cpp side by side (both anchors
+# come with the venv: tests/py/requirements.txt).
 bench-anchors: build venv pull
-	@if ! $(VENV)/bin/python -c 'import llama_cpp' >/dev/null 2>&1; then \
-	    if ! command -v cmake >/dev/null || ! command -v c++ >/dev/null; then \
-	        echo "make: installing cmake g++ (to build llama-cpp-python)"; \
-	        export DEBIAN_FRONTEND=noninteractive; \
-	        $(SUDO) apt-get install -y --no-install-recommends cmake g++ \
-	            || { $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends cmake g++; }; \
-	    fi; \
-	    echo "make: installing llama-cpp-python into $(VENV) (compiles llama.cpp: minutes)"; \
-	    $(VENV)/bin/python -m pip install llama-cpp-python; \
-	fi
 	SPECD_PYTHON=$(VENV)/bin/python $(SPECD) bench anchors $(ANCHORS_ARGS)
 
 clean-stamps:

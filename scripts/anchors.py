@@ -36,17 +36,22 @@ import sys
 import time
 import traceback
 
-# What `install` puts into this interpreter (mlx-lm as pinned in
+# What `install` puts into this interpreter (as pinned in
 # tests/py/requirements.txt). llama-cpp-python is a source package: pip builds
-# llama.cpp with cmake and a C++ compiler, minutes on 2 cores.
+# llama.cpp with cmake and a C++ compiler, minutes on 2 cores; CMAKE_ARGS (as
+# the Makefile's LLAMA_CPP_CMAKE_ARGS) leave out what the package never loads.
 PIP = {
     "mlx-lm": ["mlx[cpu]==0.32.4", "mlx-lm==0.32.2"],
-    "llama.cpp": ["llama-cpp-python"],
+    "llama.cpp": ["llama-cpp-python==0.3.16"],
 }
+LLAMA_CPP_CMAKE_ARGS = (
+    "-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
+    "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF"
+)
 NEEDS = {
     "mlx-lm": "",
     "llama.cpp": " (it compiles llama.cpp: needs cmake and a C++ compiler, "
-    "e.g. `apt-get install cmake build-essential`)",
+    "e.g. `apt-get install cmake g++`)",
 }
 WARMUP_TOKENS = 8
 
@@ -220,7 +225,13 @@ def main(argv: list[str]) -> int:
         return 2
     cmd, engine = argv[1], argv[2]
     if cmd == "install":
-        return subprocess.call([sys.executable, "-m", "pip", "install", *PIP[engine]])
+        import os
+
+        env = dict(os.environ)
+        if engine == "llama.cpp":
+            env.setdefault("CMAKE_ARGS", LLAMA_CPP_CMAKE_ARGS)
+            env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+        return subprocess.call([sys.executable, "-m", "pip", "install", *PIP[engine]], env=env)
     try:
         version = import_engine(engine)
     except Exception as e:  # ImportError, or a broken native library

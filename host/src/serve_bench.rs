@@ -73,6 +73,17 @@ struct Timing {
     pieces: usize,
 }
 
+/// Request `i`'s raw text to continue: long answers, rarely an early end of
+/// generation. The mlx-lm server anchor (`specd-anchors --serve`) sends the
+/// same texts.
+pub fn request_text(i: usize) -> String {
+    let prompts: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
+    format!(
+        "{}\n\nContinue this story for a long time:\nOnce upon a time",
+        prompts[i % prompts.len()]
+    )
+}
+
 /// One batch of `n` requests, all submitted at once.
 fn one(
     e: &Engine,
@@ -81,8 +92,6 @@ fn one(
     temperature: f32,
     max_tokens: usize,
 ) -> Result<ServeRow> {
-    // Raw text to continue: long answers, rarely an early end of generation.
-    let prompts: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
     let mut sched = Scheduler::new(
         e,
         BatchLimits {
@@ -94,10 +103,7 @@ fn one(
     let t0 = Instant::now();
     let timings: Vec<Rc<RefCell<Timing>>> = (0..n).map(|_| Rc::default()).collect();
     for (i, timing) in timings.iter().enumerate() {
-        let text = format!(
-            "{}\n\nContinue this story for a long time:\nOnce upon a time",
-            prompts[i % prompts.len()]
-        );
+        let text = request_text(i);
         let prompt = e.encode(&Prompt::Raw(text))?;
         let params = SamplingParams {
             temperature,

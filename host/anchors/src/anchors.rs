@@ -393,7 +393,7 @@ struct ScriptError {
 
 fn install_hint(o: &Options, engine: &str) -> String {
     let pkgs = match engine {
-        "llama.cpp" => "llama-cpp-python  (it compiles llama.cpp: needs cmake and a C++ compiler, e.g. apt-get install cmake build-essential)",
+        "llama.cpp" => "llama-cpp-python==0.3.16  (it compiles llama.cpp: needs cmake and a C++ compiler, e.g. apt-get install cmake g++)",
         _ => "mlx[cpu]==0.32.4 mlx-lm==0.32.2",
     };
     format!("{} -m pip install {pkgs}", o.python.display())

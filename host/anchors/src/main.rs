@@ -7,6 +7,7 @@
 //! (llama-cpp-python compiles llama.cpp: minutes). This binary, not the
 //! server's, holds those drivers.
 mod anchors;
+mod serve;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -56,6 +57,18 @@ struct Args {
     /// Print the report as JSON on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// Instead of the above: mlx-lm's own server (`mlx_lm.server`) at
+    /// `--concurrency` concurrent streamed requests of `--max-tokens`
+    /// tokens each (what `specd bench serve --anchor` runs).
+    #[arg(long)]
+    serve: bool,
+    /// With --serve: comma-separated concurrencies.
+    #[arg(long, default_value = "1,2,4,8")]
+    concurrency: String,
+    /// With --serve: `bench serve --json` rows of specd from the same run,
+    /// printed next to mlx-lm's with the ratio per concurrency.
+    #[arg(long)]
+    ours_rows: Option<std::path::PathBuf>,
 }
 
 fn main() {
@@ -64,6 +77,53 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// `--serve`: mlx-lm's server on the `specd convert` directory of a GGUF
+/// (or on a Hugging Face directory as it is).
+fn run_serve(
+    a: &Args,
+    path: &std::path::Path,
+    threads: usize,
+    blas: Option<std::path::PathBuf>,
+) -> Result<()> {
+    let concurrency = a
+        .concurrency
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("--concurrency: bad value {x:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let progress = &mut |m: &str| eprintln!("bench serve anchor: {m}");
+    let model_dir = if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        anchors::converted_dir(path, progress)?
+    };
+    let o = serve::ServeOptions {
+        python: anchors::default_python(),
+        model_dir,
+        concurrency,
+        max_tokens: a.max_tokens,
+        threads,
+        blas,
+    };
+    let rows = serve::run(&o, progress)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        let ours = match &a.ours_rows {
+            Some(p) => serve::read_ours(p)?,
+            None => Vec::new(),
+        };
+        print!("{}", serve::table(&rows, &ours));
+    }
+    Ok(())
 }
 
 fn run(a: Args) -> Result<()> {
@@ -103,6 +163,9 @@ fn run(a: Args) -> Result<()> {
         python: anchors::default_python(),
     };
     let path = specd::store::Store::default().resolve(&a.model, false)?;
+    if a.serve {
+        return run_serve(&a, &path, threads, opts.mlx_lm_blas.clone());
+    }
     let policies = specd::cli::policy_host(None)?;
     let e = specd::engine::Engine::load(&a.model, &path, policies, a.weights.unwrap_or_default())?;
     let report = anchors::run(e, &opts, &mut |m| eprintln!("bench anchors: {m}"))?;

@@ -227,6 +227,7 @@ pub(crate) mod ffi {
             offset: i32,
         ) -> Result<UniquePtr<Array>>;
         fn swiglu(g: &Array, u: &Array) -> Result<UniquePtr<Array>>;
+        fn geglu(g: &Array, u: &Array) -> Result<UniquePtr<Array>>;
         fn kernel_threads() -> i32;
         fn set_kernel_threads(n: i32) -> bool;
         fn kernel_isa() -> String;

@@ -883,8 +883,10 @@ struct RopeBody {
   }
 };
 
-// silu(g) * u, elementwise over two same-shaped (possibly strided) arrays.
+// silu(g) * u (or, with `gelu`, gelu_tanh(g) * u: Gemma's GeGLU),
+// elementwise over two same-shaped (possibly strided) arrays.
 struct SwigluBody {
+  bool gelu = false;
   struct Rows {
     std::vector<int64_t> g, u;
   };
@@ -900,13 +902,14 @@ struct SwigluBody {
     for (size_t r = 0; r < rows.g.size(); r++) {
 #if defined(SPECD_X86_KERNELS)
       if (gc == 1 && uc == 1 && isa() != Isa::Scalar) {
-        qmm::swiglu_avx2(g + rows.g[r], u + rows.u[r], y + r * D, D);
+        (gelu ? qmm::geglu_avx2 : qmm::swiglu_avx2)(g + rows.g[r], u + rows.u[r], y + r * D, D);
         continue;
       }
 #endif
       for (int i = 0; i < D; i++) {
         float gv = g[rows.g[r] + i * gc];
-        y[r * D + i] = gv / (1.f + std::exp(-gv)) * u[rows.u[r] + i * uc];
+        float z = gelu ? -1.5957691216057308f * std::fma(0.044715f * (gv * gv), gv, gv) : -gv;
+        y[r * D + i] = gv / (1.f + std::exp(z)) * u[rows.u[r] + i * uc];
       }
     }
   }
@@ -1196,6 +1199,17 @@ A swiglu(const Array& g, const Array& u) {
   if (on_gpu())
     return std::make_unique<Array>(mx::multiply(mx::multiply(g.a, mx::sigmoid(g.a)), u.a));
   return kernel_op("SpecdSwiglu", SwigluBody{}, g.a.shape(), {f32(g.a), f32(u.a)});
+}
+
+A geglu(const Array& g, const Array& u) {
+  if (g.a.shape() != u.a.shape()) throw std::invalid_argument("geglu: shapes differ");
+  if (on_gpu()) {
+    auto inner = mx::add(g.a, mx::multiply(mx::multiply(mx::multiply(g.a, g.a), g.a),
+                                           mx::array(0.044715f)));
+    auto s = mx::sigmoid(mx::multiply(inner, mx::array(1.5957691216057308f)));
+    return std::make_unique<Array>(mx::multiply(mx::multiply(g.a, s), u.a));
+  }
+  return kernel_op("SpecdGeglu", SwigluBody{true}, g.a.shape(), {f32(g.a), f32(u.a)});
 }
 
 int32_t kernel_threads() { return pool().size(); }

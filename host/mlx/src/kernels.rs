@@ -258,6 +258,10 @@ pub fn rope_heads(
 pub fn swiglu(g: &Array, u: &Array) -> Result<Array> {
     wrap(ffi::swiglu(&g.0, &u.0))
 }
+/// `gelu_tanh(g) * u` in one op (Gemma's GeGLU).
+pub fn geglu(g: &Array, u: &Array) -> Result<Array> {
+    wrap(ffi::geglu(&g.0, &u.0))
+}
 /// Threads the kernels use (`SPECD_THREADS`, default: all cores).
 pub fn threads() -> i32 {
     ffi::kernel_threads()

@@ -72,6 +72,9 @@ float dot_avx2(const float* a, const float* b, int n);
 void axpy_avx2(float a, const float* x, float* y, int n);
 // y = silu(g) * u = g / (1 + exp(-g)) * u over n contiguous floats.
 void swiglu_avx2(const float* g, const float* u, float* y, int n);
+// y = gelu_tanh(g) * u = g / (1 + exp(-c (g + 0.044715 g^3))) * u, c = 2
+// sqrt(2 / pi) (0.5 (1 + tanh z) written as sigmoid(2 z)), over n floats.
+void geglu_avx2(const float* g, const float* u, float* y, int n);
 // p[j] = exp(p[j] - shift) for j < n; returns their sum (fixed order).
 float exp_sum_avx2(float* p, int n, float shift);
 

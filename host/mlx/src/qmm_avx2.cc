@@ -117,22 +117,39 @@ float exp_sum_avx2(float* p, int n, float shift) {
   return sum;
 }
 
-void swiglu_avx2(const float* g, const float* u, float* y, int n) {
-  const __m256 one = _mm256_set1_ps(1.f);
-  auto silu_mul = [&](__m256 gv, __m256 uv) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
-  };
+namespace {
+// y = f(g, u) over n floats, 8 lanes at a time; the tail through the same
+// lanes, zero-padded.
+template <class F>
+void gated(const float* g, const float* u, float* y, int n, F f) {
   int i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, silu_mul(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, f(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
   if (i < n) {
-    // The tail through the same lanes, zero-padded.
     alignas(32) float gt[8] = {}, ut[8] = {}, yt[8];
     for (int j = 0; i + j < n; j++) gt[j] = g[i + j], ut[j] = u[i + j];
-    _mm256_store_ps(yt, silu_mul(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+    _mm256_store_ps(yt, f(_mm256_load_ps(gt), _mm256_load_ps(ut)));
     for (int j = 0; i + j < n; j++) y[i + j] = yt[j];
   }
+}
+}  // namespace
+
+void swiglu_avx2(const float* g, const float* u, float* y, int n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  gated(g, u, y, n, [&](__m256 gv, __m256 uv) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
+  });
+}
+
+void geglu_avx2(const float* g, const float* u, float* y, int n) {
+  const __m256 one = _mm256_set1_ps(1.f), a = _mm256_set1_ps(0.044715f),
+               mc = _mm256_set1_ps(-1.5957691216057308f);
+  gated(g, u, y, n, [&](__m256 gv, __m256 uv) {
+    // -c (g + a g^3), as -c * fma(a g^2, g, g)
+    __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(a, _mm256_mul_ps(gv, gv)), gv, gv);
+    __m256 e = exp8(_mm256_mul_ps(mc, inner));
+    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv);
+  });
 }
 
 void axpy_avx2(float a, const float* x, float* y, int n) {

@@ -138,6 +138,7 @@ A rms_norm_rows(const Array& x, const Array& w, float eps);
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
              int32_t offset);
 A swiglu(const Array& g, const Array& u);
+A geglu(const Array& g, const Array& u);
 int32_t kernel_threads();
 bool set_kernel_threads(int32_t n);
 rust::String kernel_isa();

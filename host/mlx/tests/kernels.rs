@@ -595,6 +595,41 @@ fn swiglu_matches_silu_times_up() {
 }
 
 #[test]
+fn geglu_matches_gelu_tanh_times_up() {
+    let mut g = Gen(91);
+    // A row length that leaves a tail past the 8-lane loop.
+    let d = 2051;
+    let n = 3 * d;
+    let gs = Array::from_f32(&g.f32s(n, -12.0, 12.0), &[1, 3, d as i32]).unwrap();
+    let us = Array::from_f32(&g.f32s(n, -2.0, 2.0), &[1, 3, d as i32]).unwrap();
+    let got = kernels::geglu(&gs, &us).unwrap().to_vec_f32().unwrap();
+    // gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in f64.
+    let (gv, uv) = (gs.to_vec_f32().unwrap(), us.to_vec_f32().unwrap());
+    for i in 0..n {
+        let x = gv[i] as f64;
+        let want = 0.5
+            * x
+            * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+            * uv[i] as f64;
+        let a = got[i] as f64;
+        assert!(
+            (a - want).abs() <= 2e-6 * want.abs().max(1.0),
+            "at {i}: {a} vs {want} (g {x})"
+        );
+    }
+    // Row by row: a row alone gives bitwise the same values.
+    let row = gs.slice(&[0, 1, 0], &[1, 2, d as i32]).unwrap();
+    let urow = us.slice(&[0, 1, 0], &[1, 2, d as i32]).unwrap();
+    let alone = kernels::geglu(&row, &urow).unwrap().to_vec_f32().unwrap();
+    assert!(alone
+        .iter()
+        .zip(&got[d..2 * d])
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    let short = Array::from_f32(&[1.0; 4], &[1, 4]).unwrap();
+    assert!(kernels::geglu(&gs, &short).is_err());
+}
+
+#[test]
 fn kernel_config_is_reported() {
     assert!(kernels::threads() >= 1);
     assert!(["avx512", "avx2", "scalar"].contains(&kernels::isa().as_str()));

@@ -88,12 +88,46 @@ pub enum BenchCmd {
         /// against N lone forwards, interleaved (no generation).
         #[arg(long)]
         steps_only: bool,
+        /// Then mlx-lm's own server (`mlx_lm.server`, on the `specd
+        /// convert` directory) at the same concurrencies and token budget,
+        /// greedy, with specd / mlx-lm per N: runs `specd-anchors --serve`
+        /// beside this binary.
+        #[arg(long)]
+        anchor: bool,
     },
     /// MLX matmul of 1 row vs 8 rows against a 2048x2048 float32 matrix.
     Blas {
         #[arg(long, default_value_t = 50)]
         iters: usize,
     },
+}
+
+/// `bench serve --anchor`: `specd-anchors --serve` with our rows, which
+/// prints mlx-lm's server rows next to them.
+fn serve_anchor(
+    model: &str,
+    concurrency: &str,
+    max_tokens: usize,
+    rows: &[crate::serve_bench::ServeRow],
+) -> Result<()> {
+    let ours = std::env::temp_dir().join(format!("specd-serve-rows-{}.json", std::process::id()));
+    std::fs::write(&ours, serde_json::to_string(rows)?)
+        .with_context(|| format!("writing {}", ours.display()))?;
+    let exe = std::env::current_exe().context("finding the specd binary")?;
+    let anchors = exe.with_file_name("specd-anchors");
+    let status = std::process::Command::new(&anchors)
+        .args(["--serve", "--model", model, "--concurrency", concurrency])
+        .arg("--max-tokens")
+        .arg(max_tokens.to_string())
+        .arg("--ours-rows")
+        .arg(&ours)
+        .status()
+        .with_context(|| format!("running {}", anchors.display()));
+    let _ = std::fs::remove_file(&ours);
+    if !status?.success() {
+        anyhow::bail!("the mlx-lm server anchor failed (see above)");
+    }
+    Ok(())
 }
 
 /// `a, b,,c` -> `[a, b, c]`.
@@ -137,6 +171,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             repeats,
             json,
             steps_only,
+            anchor,
         } => {
             let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
             let parse = |s: &str, what: &str| -> Result<Vec<f64>> {
@@ -172,6 +207,11 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             if let Some(p) = json {
                 std::fs::write(&p, serde_json::to_string_pretty(&rows)?)
                     .with_context(|| format!("writing {}", p.display()))?;
+            }
+            if anchor {
+                // The anchor gets the CPUs to itself: our engine idles.
+                drop(e);
+                serve_anchor(&model.model, &concurrency, max_tokens, &rows)?;
             }
             Ok(())
         }

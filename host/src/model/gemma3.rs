@@ -83,6 +83,11 @@ impl Llama {
 
     /// `gelu_tanh(g) * u`, with 0.5 x (1 + tanh z) written as x sigmoid(2z).
     fn geglu(&self, g: &Array, u: &Array) -> Result<Array> {
+        if self.own_kernels {
+            // One op instead of eight: 18 layers of eight dispatches each
+            // cost more per step than the arithmetic.
+            return kernels::geglu(g, u);
+        }
         const C: f32 = 1.595_769; // 2 sqrt(2 / pi)
         let g3 = ops::multiply(&ops::multiply(g, g)?, g)?;
         let inner = ops::add(g, &ops::multiply(&g3, &Array::scalar(0.044715)?)?)?;
