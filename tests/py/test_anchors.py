@@ -1,6 +1,6 @@
-"""`specd bench anchors`: our speed next to mlx-lm in one run (llama.cpp is
-left to `make bench-anchors`: its package compiles for minutes), and a missing
-anchor is an error that says how to install it, never a silent skip."""
+"""`specd bench anchors`: our speed next to mlx-lm in one run (llama.cpp's run
+is in test_anchor_engines.py), and a missing anchor is an error that says how
+to install it, never a silent skip."""
 from __future__ import annotations
 
 import json
