@@ -600,6 +600,10 @@ void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
   }
 }
 
+// Head dims the grouped AVX-512 attention (qmm::attn_group_avx512) takes: the
+// default model's 64, 128, and Gemma 3's 256.
+inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
+
 // q, k, v [1, heads, len, dim], any strides; output [1, T, H, Dv].
 struct AttnBody {
   float scale;
@@ -616,7 +620,7 @@ struct AttnBody {
   void run(const std::vector<mx::array>&, mx::array&, const AttnArgs& a) const {
 #if defined(SPECD_X86_KERNELS)
     if (isa() == Isa::Avx512 && a.q_col == 1 && a.k_col == 1 && a.v_col == 1 && a.D == a.Dv &&
-        (a.D == 64 || a.D == 128) && a.H / a.Hkv <= qmm::AttnGroup::kMaxHeads) {
+        grouped_dim(a.D) && a.H / a.Hkv <= qmm::AttnGroup::kMaxHeads) {
       grouped(a);
       return;
     }
@@ -756,7 +760,7 @@ struct RaggedAttnBody {
     const auto& sp = seqs[s];
     int rep = H / Hkv;
 #if defined(SPECD_X86_KERNELS)
-    if (isa() == Isa::Avx512 && (D == 64 || D == 128) && rep <= qmm::AttnGroup::kMaxHeads) {
+    if (isa() == Isa::Avx512 && grouped_dim(D) && rep <= qmm::AttnGroup::kMaxHeads) {
       qmm::AttnGroup g{};
       g.heads = rep;
       for (int i = 0; i < rep; i++) {

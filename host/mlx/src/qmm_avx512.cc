@@ -116,6 +116,62 @@ void attn_all(const AttnGroup& g, float* scores) {
   }
 }
 
+// Head dim 16 * DC too wide to keep the group's queries in registers (256,
+// Gemma 3): the queries are read from L1 for each key row, and the outputs
+// are built CB vectors at a time. Keys and values still stream once for the
+// group's heads. Each score and each output element sums in the same order as
+// attn_heads (the chunks in order, then the keys in order), so a row's bits
+// do not depend on the rows or heads around it.
+template <int DC, int HG, int CB>
+void attn_heads_wide(const AttnGroup& g, int h0, int hg, float* scores) {
+  const int n = g.n;
+  for (int j = 0; j < n; j++) {
+    const float* kr = g.k + j * g.k_row;
+    __m512 acc[HG];
+    __m512 k0 = _mm512_loadu_ps(kr);
+    for (int h = 0; h < hg; h++) acc[h] = _mm512_mul_ps(_mm512_loadu_ps(g.q[h0 + h]), k0);
+    for (int c = 1; c < DC; c++) {
+      __m512 k = _mm512_loadu_ps(kr + 16 * c);
+      for (int h = 0; h < hg; h++)
+        acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(g.q[h0 + h] + 16 * c), k, acc[h]);
+    }
+    for (int h = 0; h < hg; h++) scores[h * n + j] = Avx512::hsum(acc[h]) * g.scale;
+  }
+  float inv[HG];
+  for (int h = 0; h < hg; h++) {
+    float* p = scores + h * n;
+    float mx = p[0];
+    for (int j = 1; j < n; j++) mx = std::max(mx, p[j]);
+    inv[h] = 1.f / exp_sum_avx2(p, n, mx);
+  }
+  for (int c0 = 0; c0 < DC; c0 += CB) {
+    __m512 o[HG][CB];
+    for (int h = 0; h < hg; h++)
+      for (int c = 0; c < CB; c++) o[h][c] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+      const float* vr = g.v + j * g.v_row + 16 * c0;
+      __m512 v[CB];
+      for (int c = 0; c < CB; c++) v[c] = _mm512_loadu_ps(vr + 16 * c);
+      for (int h = 0; h < hg; h++) {
+        __m512 pj = _mm512_set1_ps(scores[h * n + j]);
+        for (int c = 0; c < CB; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
+      }
+    }
+    for (int h = 0; h < hg; h++)
+      for (int c = 0; c < CB; c++)
+        _mm512_storeu_ps(g.o[h0 + h] + 16 * (c0 + c),
+                         _mm512_mul_ps(o[h][c], _mm512_set1_ps(inv[h])));
+  }
+}
+
+template <int DC, int HG, int CB>
+void attn_all_wide(const AttnGroup& g, float* scores) {
+  for (int h0 = 0; h0 < g.heads; h0 += HG) {
+    int hg = std::min(HG, g.heads - h0);
+    attn_heads_wide<DC, HG, CB>(g, h0, hg, scores);
+  }
+}
+
 }  // namespace
 
 bool attn_group_avx512(const AttnGroup& g, float* scores) {
@@ -123,6 +179,7 @@ bool attn_group_avx512(const AttnGroup& g, float* scores) {
   switch (g.D) {
     case 64: attn_all<4, 3>(g, scores); return true;
     case 128: attn_all<8, 2>(g, scores); return true;
+    case 256: attn_all_wide<16, 4, 4>(g, scores); return true;
     default: return false;
   }
 }

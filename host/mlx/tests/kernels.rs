@@ -364,9 +364,17 @@ fn heads(v: &[f32], h: usize, t: usize, d: usize) -> Array {
 #[test]
 fn attention_matches_sdpa_and_is_row_invariant() {
     let mut g = Gen(50);
-    // 9 query heads over 3 kv heads of 64, as the default model.
-    let (h, hkv, d) = (9usize, 3usize, 64usize);
-    for len in [1usize, 7, 40, 300] {
+    // 9 query heads over 3 kv heads of 64, as the default model; 4 over 1
+    // of 256, as Gemma 3 270M (the wide grouped path).
+    for (h, hkv, d, len) in [
+        (9usize, 3usize, 64usize, 1usize),
+        (9, 3, 64, 7),
+        (9, 3, 64, 40),
+        (9, 3, 64, 300),
+        (4, 1, 256, 1),
+        (4, 1, 256, 40),
+        (4, 1, 256, 300),
+    ] {
         let kv_len = len + 16;
         let k = heads(&g.f32s(hkv * kv_len * d, -1.0, 1.0), hkv, kv_len, d);
         let v = heads(&g.f32s(hkv * kv_len * d, -1.0, 1.0), hkv, kv_len, d);
@@ -420,7 +428,10 @@ fn attention_matches_sdpa_and_is_row_invariant() {
                 .to_vec_f32()
                 .unwrap();
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!((a - b).abs() < 2e-5, "len {len} t {t} [{i}]: {a} vs {b}");
+                assert!(
+                    (a - b).abs() < 2e-5,
+                    "d {d} len {len} t {t} [{i}]: {a} vs {b}"
+                );
             }
             for r in 0..t {
                 assert!(
@@ -428,7 +439,7 @@ fn attention_matches_sdpa_and_is_row_invariant() {
                         .iter()
                         .zip(&singles[16 - t + r])
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "len {len}: row {r} of {t} differs from the same query alone"
+                    "d {d} len {len}: row {r} of {t} differs from the same query alone"
                 );
             }
         }
