@@ -54,12 +54,18 @@ fn plain() -> SpecOptions {
     }
 }
 
-/// Adds the test fixture `stop-below` (a 0.2 component, not a built-in).
-fn add_stop_below() {
-    let path = std::path::Path::new(specd_policy::BUILT_COMPONENTS_DIR).join("stop-below.wasm");
+/// Adds a test fixture (a 0.2 component from `plugins/fixtures`, not a
+/// built-in) under its own name.
+fn add_fixture(name: &str) {
+    let path =
+        std::path::Path::new(specd_policy::BUILT_COMPONENTS_DIR).join(format!("{name}.wasm"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let info = engine().policies.add("stop-below", &bytes).unwrap();
+    let info = engine().policies.add(name, &bytes).unwrap();
     assert_eq!(info.exports.contract, specd_policy::Contract::V0_2);
+}
+
+fn add_stop_below() {
+    add_fixture("stop-below");
 }
 
 #[test]
@@ -182,5 +188,38 @@ fn a_schedule_trapping_in_the_hook_ends_speculation_and_the_text_is_plain() {
     // Nothing drafted in the failing round was verified; plain from there.
     assert_eq!(fin.stats.drafted, 0);
     let (base, _) = run(prompt, &plain(), 16);
+    assert_eq!(fin.emitted, base.emitted);
+}
+
+#[test]
+fn a_v0_2_acceptance_policy_sees_the_draft_statistics_of_a_model_drafter() {
+    // `draft-stats` decides as greedy does, but answers out of range where a
+    // position lacks the draft entropy or top-1 that 0.2 positions carry.
+    add_fixture("draft-stats");
+    let prompt = GROUNDED[0];
+    let with = |drafter: &str| SpecOptions {
+        drafter: Some(drafter.parse().unwrap()),
+        schedule: Some("constant".into()),
+        schedule_config: Some(serde_json::json!({ "k": K })),
+        acceptance: Some("draft-stats".into()),
+        draft_max: Some(6),
+        ..Default::default()
+    };
+    let (base, _) = run(prompt, &plain(), 24);
+    // A model drafter has a distribution: the fields arrive, every round.
+    let (fin, _) = run(prompt, &with("self:4"), 24);
+    assert!(
+        fin.stats.policy_failure.is_none(),
+        "{:?}",
+        fin.stats.policy_failure
+    );
+    assert!(fin.stats.drafted > 0, "{:?}", fin.stats);
+    assert_eq!(fin.emitted, base.emitted);
+    // n-gram drafts are point masses without a distribution: the fields are
+    // absent, the fixture's answer is refused, and the text stays plain.
+    let (fin, _) = run(prompt, &with("ngram"), 24);
+    let failure = fin.stats.policy_failure.clone().expect("a policy failure");
+    let json = serde_json::to_value(&failure).unwrap();
+    assert_eq!(json["kind"], "invalid_answer", "{json}");
     assert_eq!(fin.emitted, base.emitted);
 }

@@ -967,6 +967,56 @@ macro_rules! acceptance_component {
     };
 }
 
+/// Makes a component exporting `specd:policy/acceptance@0.2.0` from an
+/// [`AcceptanceLogic`] type: as [`acceptance_component!`], but its positions
+/// carry the draft distribution's entropy and top-1 and the drafter's
+/// confidence; the WIT at `$manifest/../../../wit/0.2`.
+#[macro_export]
+macro_rules! acceptance_component_v0_2 {
+    ($logic:ty) => {
+        $crate::component_runtime!();
+        wit_bindgen::generate!({ path: "../../../wit/0.2", world: "acceptance-policy" });
+        use exports::specd::policy::acceptance as wit_acceptance;
+        struct Component;
+        struct State(::core::cell::RefCell<$logic>);
+        impl wit_acceptance::Guest for Component {
+            type Acceptor = State;
+        }
+        impl wit_acceptance::GuestAcceptor for State {
+            fn create(config: ::alloc::string::String, vocab_size: u32) -> Result<wit_acceptance::Acceptor, ::alloc::string::String> {
+                let logic = <$logic as $crate::AcceptanceLogic>::create(&config, vocab_size)?;
+                Ok(wit_acceptance::Acceptor::new(State(::core::cell::RefCell::new(logic))))
+            }
+            fn decide(&self, positions: ::alloc::vec::Vec<wit_acceptance::Position>) -> wit_acceptance::Decision {
+                let positions: ::alloc::vec::Vec<$crate::Position> = positions
+                    .iter()
+                    .map(|p| $crate::Position {
+                        token: p.token,
+                        p: p.p,
+                        q: p.q,
+                        target_argmax: p.target_argmax,
+                        entropy: p.entropy,
+                        uniform: p.uniform,
+                        draft_entropy: p.draft_entropy,
+                        draft_top1: p.draft_top1,
+                        confidence: p.confidence,
+                    })
+                    .collect();
+                let d = $crate::AcceptanceLogic::decide(&mut *self.0.borrow_mut(), &positions);
+                wit_acceptance::Decision {
+                    accepted: d.accepted,
+                    correction: match d.correction {
+                        $crate::Correction::Residual => wit_acceptance::Correction::Residual,
+                        $crate::Correction::TargetSample => wit_acceptance::Correction::TargetSample,
+                        $crate::Correction::Token(t) => wit_acceptance::Correction::Token(t),
+                    },
+                }
+            }
+        }
+        export!(Component);
+    };
+}
+
 /// Makes a component exporting `specd:policy/schedule@0.2.0` (the
 /// per-token `continue-drafting` hook, the batch context) from a
 /// [`ScheduleLogic`] type; as [`schedule_component!`], with the WIT at
