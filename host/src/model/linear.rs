@@ -129,6 +129,12 @@ impl QuantizedWeight {
             None => self.forward(&kernels::rms_norm(x, norm, eps)?),
         }
     }
+    /// The packed weights, which a rope folded into the matmul needs.
+    fn packed_for_rope(&self) -> Result<&Array> {
+        self.packed.as_ref().ok_or_else(|| {
+            specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
+        })
+    }
     /// [`QuantizedWeight::forward_normed`] with the leading output columns
     /// rotated as `rope` says, in the same op. Packed weights only.
     pub fn forward_normed_rope(
@@ -138,9 +144,7 @@ impl QuantizedWeight {
         eps: f32,
         rope: kernels::RopeSpec,
     ) -> Result<Array> {
-        let p = self.packed.as_ref().ok_or_else(|| {
-            specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
-        })?;
+        let p = self.packed_for_rope()?;
         kernels::qmatmul_packed_norm_rope(
             x,
             norm,
@@ -162,9 +166,7 @@ impl QuantizedWeight {
         rope: kernels::RopeSpec,
         positions: &[i32],
     ) -> Result<Array> {
-        let p = self.packed.as_ref().ok_or_else(|| {
-            specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
-        })?;
+        let p = self.packed_for_rope()?;
         kernels::qmatmul_packed_norm_rope_rows(
             x,
             norm,

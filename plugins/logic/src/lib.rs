@@ -923,9 +923,9 @@ macro_rules! schedule_component {
 /// [`AcceptanceLogic`] type (see [`schedule_component!`]).
 #[macro_export]
 macro_rules! acceptance_component {
-    ($logic:ty) => {
+    (@with $logic:ty, $wit:literal, |$p:ident| $draft:expr) => {
         $crate::component_runtime!();
-        wit_bindgen::generate!({ path: "../../../wit", world: "acceptance-policy" });
+        wit_bindgen::generate!({ path: $wit, world: "acceptance-policy" });
         use exports::specd::policy::acceptance as wit_acceptance;
         struct Component;
         struct State(::core::cell::RefCell<$logic>);
@@ -940,16 +940,19 @@ macro_rules! acceptance_component {
             fn decide(&self, positions: ::alloc::vec::Vec<wit_acceptance::Position>) -> wit_acceptance::Decision {
                 let positions: ::alloc::vec::Vec<$crate::Position> = positions
                     .iter()
-                    .map(|p| $crate::Position {
-                        token: p.token,
-                        p: p.p,
-                        q: p.q,
-                        target_argmax: p.target_argmax,
-                        entropy: p.entropy,
-                        uniform: p.uniform,
-                        draft_entropy: None,
-                        draft_top1: None,
-                        confidence: None,
+                    .map(|$p| {
+                        let (draft_entropy, draft_top1, confidence) = $draft;
+                        $crate::Position {
+                            token: $p.token,
+                            p: $p.p,
+                            q: $p.q,
+                            target_argmax: $p.target_argmax,
+                            entropy: $p.entropy,
+                            uniform: $p.uniform,
+                            draft_entropy,
+                            draft_top1,
+                            confidence,
+                        }
                     })
                     .collect();
                 let d = $crate::AcceptanceLogic::decide(&mut *self.0.borrow_mut(), &positions);
@@ -965,6 +968,10 @@ macro_rules! acceptance_component {
         }
         export!(Component);
     };
+    ($logic:ty) => {
+        // 0.1 positions have no draft statistics.
+        $crate::acceptance_component!(@with $logic, "../../../wit", |p| (None, None, None));
+    };
 }
 
 /// Makes a component exporting `specd:policy/acceptance@0.2.0` from an
@@ -974,46 +981,8 @@ macro_rules! acceptance_component {
 #[macro_export]
 macro_rules! acceptance_component_v0_2 {
     ($logic:ty) => {
-        $crate::component_runtime!();
-        wit_bindgen::generate!({ path: "../../../wit/0.2", world: "acceptance-policy" });
-        use exports::specd::policy::acceptance as wit_acceptance;
-        struct Component;
-        struct State(::core::cell::RefCell<$logic>);
-        impl wit_acceptance::Guest for Component {
-            type Acceptor = State;
-        }
-        impl wit_acceptance::GuestAcceptor for State {
-            fn create(config: ::alloc::string::String, vocab_size: u32) -> Result<wit_acceptance::Acceptor, ::alloc::string::String> {
-                let logic = <$logic as $crate::AcceptanceLogic>::create(&config, vocab_size)?;
-                Ok(wit_acceptance::Acceptor::new(State(::core::cell::RefCell::new(logic))))
-            }
-            fn decide(&self, positions: ::alloc::vec::Vec<wit_acceptance::Position>) -> wit_acceptance::Decision {
-                let positions: ::alloc::vec::Vec<$crate::Position> = positions
-                    .iter()
-                    .map(|p| $crate::Position {
-                        token: p.token,
-                        p: p.p,
-                        q: p.q,
-                        target_argmax: p.target_argmax,
-                        entropy: p.entropy,
-                        uniform: p.uniform,
-                        draft_entropy: p.draft_entropy,
-                        draft_top1: p.draft_top1,
-                        confidence: p.confidence,
-                    })
-                    .collect();
-                let d = $crate::AcceptanceLogic::decide(&mut *self.0.borrow_mut(), &positions);
-                wit_acceptance::Decision {
-                    accepted: d.accepted,
-                    correction: match d.correction {
-                        $crate::Correction::Residual => wit_acceptance::Correction::Residual,
-                        $crate::Correction::TargetSample => wit_acceptance::Correction::TargetSample,
-                        $crate::Correction::Token(t) => wit_acceptance::Correction::Token(t),
-                    },
-                }
-            }
-        }
-        export!(Component);
+        $crate::acceptance_component!(@with $logic, "../../../wit/0.2",
+            |p| (p.draft_entropy, p.draft_top1, p.confidence));
     };
 }
 
