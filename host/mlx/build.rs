@@ -132,6 +132,7 @@ fn main() {
         "qmm_simd.h",
         "qmm_avx2.cc",
         "qmm_avx512.cc",
+        "qmm_vnni.cc",
     ] {
         println!("cargo:rerun-if-changed=src/{f}");
     }
@@ -178,6 +179,10 @@ fn main() {
             (
                 "src/qmm_avx512.cc",
                 &["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"][..],
+            ),
+            (
+                "src/qmm_vnni.cc",
+                &["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c"][..],
             ),
         ] {
             let mut b = cc::Build::new();

@@ -13,16 +13,24 @@ pub fn default_model_path() -> PathBuf {
 
 pub fn engine() -> MutexGuard<'static, Engine> {
     static E: OnceLock<Mutex<Engine>> = OnceLock::new();
-    let m = E.get_or_init(|| {
+    default_model_engine(&E, specd::model::WeightMode::default())
+}
+
+/// The default model with 8-bit activations (`--weights int8`).
+pub fn int8_engine() -> MutexGuard<'static, Engine> {
+    static E: OnceLock<Mutex<Engine>> = OnceLock::new();
+    default_model_engine(&E, specd::model::WeightMode::Int8)
+}
+
+fn default_model_engine(
+    cell: &'static OnceLock<Mutex<Engine>>,
+    mode: specd::model::WeightMode,
+) -> MutexGuard<'static, Engine> {
+    let m = cell.get_or_init(|| {
         let policies = specd::cli::policy_host(None).expect("policy host");
         Mutex::new(
-            Engine::load(
-                "smollm2:135m",
-                &default_model_path(),
-                policies,
-                specd::model::WeightMode::default(),
-            )
-            .expect("load the default model"),
+            Engine::load("smollm2:135m", &default_model_path(), policies, mode)
+                .expect("load the default model"),
         )
     });
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -1,6 +1,6 @@
 //! Speculation on the real default model: greedy losslessness for every
 //! drafter and schedule, rotating-cache rollback, the prefix cache.
-use specd::engine::Prompt;
+use specd::engine::{Engine, Prompt};
 use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::pipeline::Finished;
@@ -15,7 +15,10 @@ fn chat(text: &str) -> Prompt {
 }
 
 fn run(prompt: &str, opts: &SpecOptions, max_tokens: usize) -> Finished {
-    let e = engine();
+    run_on(&engine(), prompt, opts, max_tokens)
+}
+
+fn run_on(e: &Engine, prompt: &str, opts: &SpecOptions, max_tokens: usize) -> Finished {
     let ids = e.encode(&chat(prompt)).unwrap();
     let params = SamplingParams::default();
     let spec = e.speculation(opts, &params).unwrap();
@@ -153,6 +156,27 @@ fn greedy_speculation_is_lossless_for_every_drafter_and_schedule() {
     }
     assert!(accepted > 0, "speculation accepted nothing at all");
     println!("greedy losslessness: {compared} comparisons, {near_ties} ended at a near-tie");
+}
+
+#[test]
+fn int8_activations_keep_greedy_speculation_lossless() {
+    // `--weights int8` changes the numbers (logits move by about 1%), not
+    // the invariance: a verify row is bitwise the plain step's row, so
+    // greedy speculation still equals plain decoding exactly.
+    let e = specd_tests::int8_engine();
+    assert!(e.model.batch_invariant());
+    let mut accepted = 0;
+    for prompt in GROUNDED.iter().take(2) {
+        let plain = run_on(&e, prompt, &plain_opts(), 48);
+        assert!(plain.emitted.len() > 4, "{prompt}");
+        for d in ["ngram", "self:4"] {
+            let spec = run_on(&e, prompt, &opts(d, "constant"), 48);
+            assert_eq!(plain.emitted, spec.emitted, "{d} on {prompt:?}");
+            assert!(spec.stats.policy_failure.is_none());
+            accepted += spec.stats.accepted;
+        }
+    }
+    assert!(accepted > 0, "speculation accepted nothing at all");
 }
 
 /// A target with a sliding window of 16, sharing the default model's weights.

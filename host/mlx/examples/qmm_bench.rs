@@ -20,8 +20,8 @@ fn time(reps: usize, f: impl Fn() -> Array) -> f64 {
 fn main() {
     println!("isa {} threads {}", kernels::isa(), kernels::threads());
     println!(
-        "{:>12} {:>4} {:>5} {:>10} {:>10} {:>10} {:>8}",
-        "shape", "bits", "rows", "ours us", "mlx-q us", "f32 us", "GB/s"
+        "{:>12} {:>4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "shape", "bits", "rows", "ours us", "int8 us", "mlx-q us", "f32 us", "GB/s"
     );
     for (n, k, bits) in [
         (1536, 576, 4),
@@ -57,12 +57,16 @@ fn main() {
         .unwrap();
         dense.eval().unwrap();
         let packed = kernels::qpack(&w, &s, &b, 32, bits as i32).unwrap();
-        for rows in [1usize, 4, 16] {
+        for rows in [1usize, 4, 8, 16] {
             let x = Array::from_f32(&vec![0.5; rows * k], &[rows as i32, k as i32]).unwrap();
             x.eval().unwrap();
             let reps = if n > 10000 { 20 } else { 200 };
             let ours = time(reps, || {
                 kernels::qmatmul_packed(&x, &packed, n as i32, 32, bits as i32).unwrap()
+            });
+            // The same weights with 8-bit activations (`--weights int8`).
+            let int8 = time(reps, || {
+                kernels::qmatmul_packed(&x, &packed, n as i32, 32, bits as i32 | 512).unwrap()
             });
             let mlxq = time(reps, || {
                 ops::quantized_matmul(&x, &w, &s, &b, true, 32, bits as i32).unwrap()
@@ -70,11 +74,12 @@ fn main() {
             let f32 = time(reps, || ops::matmul(&x, &dense).unwrap());
             let bytes = (n * k * bits / 8 + n * groups * 4) as f64;
             println!(
-                "{:>12} {:>4} {:>5} {:>10.1} {:>10.1} {:>10.1} {:>8.1}",
+                "{:>12} {:>4} {:>5} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>8.1}",
                 format!("{n}x{k}"),
                 bits,
                 rows,
                 ours,
+                int8,
                 mlxq,
                 f32,
                 bytes / ours / 1e3

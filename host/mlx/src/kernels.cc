@@ -398,7 +398,77 @@ void qmm_scalar(const QArgs& a, int cb0, int cb1) {
       }
 }
 
+// Rows of x as 8-bit blocks and their scales (qmm.h, `Args::xq`).
+void quantize_x(const float* x, int M, int K, int bits, int8_t* xq, float* xd) {
+  const bool nibbles = qmm::value_bits(bits) == 4;
+  for (int m = 0; m < M; m++)
+    for (int b = 0; b < K / 32; b++) {
+      const float* xb = x + (size_t)m * K + b * 32;
+      float amax = 0.f;
+      for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(xb[i]));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      xd[(size_t)m * (K / 32) + b] = amax / 127.f;
+      int8_t* q = xq + (size_t)m * K + b * 32;
+      for (int i = 0; i < 32; i++) {
+        // Word of 8 nibbles: even values' bytes first, then the odd ones'.
+        int at = nibbles ? (i / 8) * 8 + (i % 2) * 4 + (i % 8) / 2 : i;
+        q[at] = (int8_t)std::nearbyint(xb[i] * inv);
+      }
+    }
+}
+
+// The 8-bit activation formula (qmm_vnni.cc), one lane at a time.
+void qmm_q8_scalar(const QArgs& a, int cb0, int cb1) {
+  const int vb = qmm::value_bits(a.bits);
+  const bool f32 = qmm::scale_f32(a.bits);
+  const int groups = a.K / a.group, per = 32 / vb, dpg = a.group / per, wpb = 32 / per;
+  const int gw = qmm::group_words(a.group, a.bits), blocks = a.K / 32;
+  const uint32_t mask = (1u << vb) - 1;
+  for (int cb = cb0; cb < cb1; cb++)
+    for (int l = 0; l < qmm::kLanes && cb * qmm::kLanes + l < a.N; l++)
+      for (int m = 0; m < a.M; m++) {
+        float acc = 0.f;
+        for (int g = 0; g < groups; g++) {
+          const uint32_t* base = a.w + ((size_t)cb * groups + g) * gw;
+          float t = 0.f;
+          for (int bk = 0; bk < a.group / 32; bk++) {
+            const int blk = g * (a.group / 32) + bk;
+            const int8_t* xb = a.xq + (size_t)m * a.K + blk * 32;
+            int32_t isum = 0;
+            for (int d = 0; d < wpb; d++) {
+              uint32_t w = base[(bk * wpb + d) * qmm::kLanes + l];
+              for (int j = 0; j < per; j++) {
+                int at = vb == 4 ? d * 8 + (j % 2) * 4 + j / 2 : d * 4 + j;
+                isum += int32_t((w >> (j * vb)) & mask) * xb[at];
+              }
+            }
+            t = std::fma(float(isum), a.xd[(size_t)m * blocks + blk], t);
+          }
+          auto [s, b] = lane_scale(base + dpg * qmm::kLanes, l, f32);
+          acc = std::fma(t, s, acc);
+          acc = std::fma(b, a.xsum[(size_t)m * groups + g], acc);
+        }
+        size_t at = (size_t)m * a.N + cb * qmm::kLanes + l;
+        a.y[at] = a.r ? acc + a.r[at] : acc;
+      }
+}
+
+bool has_vnni() {
+#if defined(SPECD_X86_KERNELS)
+  static bool v = isa() == Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
+  return v;
+#else
+  return false;
+#endif
+}
+
 void qmm_range(const QArgs& a, int cb0, int cb1) {
+  if (a.xq) {
+#if defined(SPECD_X86_KERNELS)
+    if (has_vnni()) return qmm::vnni(a, cb0, cb1);
+#endif
+    return qmm_q8_scalar(a, cb0, cb1);
+  }
   switch (isa()) {
 #if defined(SPECD_X86_KERNELS)
     case Isa::Avx512: qmm::avx512(a, cb0, cb1); return;
@@ -419,7 +489,22 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
   thread_local std::vector<float> dense, xs;
   xs.resize((size_t)M * (K / group));
   const float* xd = prepare_x(x, row_off, col, M, K, group, norm_w, eps, dense, xs.data());
+  const bool q8 = (bits & qmm::kActQ8) && qmm::q8_fits(K, group, bits);
+  bits &= ~qmm::kActQ8;
   QArgs a{xd, xs.data(), w, r, y, M, N, K, group, bits};
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xqd;
+  if (q8) {
+    xq.resize((size_t)M * K);
+    xqd.resize((size_t)M * (K / 32));
+#if defined(SPECD_X86_KERNELS)
+    if (has_vnni())
+      qmm::quantize_vnni(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data());
+    else
+#endif
+      quantize_x(xd, M, K, bits, xq.data(), xqd.data());
+    a.xq = xq.data(), a.xd = xqd.data();
+  }
   int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
   size_t bytes = (size_t)N * K * qmm::value_bits(bits) / 8;
   // Chunks of 4 blocks keep the widest one-row tile whole.
@@ -937,11 +1022,11 @@ mx::array rowmajor(const mx::array& a) {
 }  // namespace
 
 namespace {
-// The quantizations the kernels take: 4 or 8 bits (| kScaleF32), groups of
-// 16k.
+// The quantizations the kernels take: 4 or 8 bits (| kScaleF32, |
+// kActQ8), groups of 16k.
 void check_bits(int32_t group_size, int32_t bits) {
   int vb = qmm::value_bits(bits);
-  if ((vb != 4 && vb != 8) || (bits & ~(0xff | qmm::kScaleF32)) != 0)
+  if ((vb != 4 && vb != 8) || (bits & ~(0xff | qmm::kScaleF32 | qmm::kActQ8)) != 0)
     throw std::invalid_argument("qmatmul supports 4 and 8 bits");
   if (group_size <= 0 || group_size % 16 != 0)
     throw std::invalid_argument("qmatmul needs group sizes of 16k");
@@ -954,7 +1039,7 @@ void check_quant(const mx::array& w, const mx::array& scales, const mx::array& b
   check_bits(group_size, bits);
   if (qmm::scale_f32(bits)) throw std::invalid_argument("qmatmul: the scale dtype says f32");
   if (w.ndim() != 2 || scales.ndim() != 2) throw std::invalid_argument("qmatmul: 2-D weights");
-  int N = w.shape(0), K = w.shape(1) * 32 / bits;
+  int N = w.shape(0), K = w.shape(1) * 32 / qmm::value_bits(bits);
   if (scales.shape(1) * group_size != K || biases.shape() != scales.shape() ||
       scales.shape(0) != N)
     throw std::invalid_argument("qmatmul: scales/biases do not match the weight");
@@ -969,6 +1054,7 @@ void check_quant(const mx::array& w, const mx::array& scales, const mx::array& b
 A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_size,
         int32_t bits) {
   check_quant(w.a, scales.a, biases.a, group_size, bits);
+  if (bits & qmm::kActQ8) throw std::invalid_argument("qpack: 8-bit activations are not a layout");
   auto wc = mx::contiguous(w.a), sc = mx::contiguous(scales.a), bc = mx::contiguous(biases.a);
   mx::eval({wc, sc, bc});
   const int N = wc.shape(0), wpc = wc.shape(1), groups = sc.shape(1);
@@ -1098,11 +1184,14 @@ A qrows_packed(const Array& packed, const Array& ids, int32_t n, int32_t group_s
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
           int32_t group_size, int32_t bits) {
   check_quant(w.a, scales.a, biases.a, group_size, bits);
+  // 8-bit activations are a property of the call, not of the layout.
+  const int act = bits & qmm::kActQ8;
+  bits &= ~qmm::kActQ8;
   if (on_gpu())
     return wrap_array(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, true, group_size, bits));
   int flag = scales.a.dtype() == mx::float32 ? qmm::kScaleF32 : 0;
   return qmatmul_packed(x, *qpack(w, scales, biases, group_size, bits), w.a.shape(0), group_size,
-                        bits | flag);
+                        bits | flag | act);
 }
 
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {

@@ -28,6 +28,9 @@ namespace specd_mlx::qmm {
 // values (Q6_K's sub-blocks) as well as multiples of 32.
 constexpr int kLanes = 16;
 constexpr int kScaleF32 = 256;
+// In a matmul's `bits` argument (not in the layout): quantize the
+// activations to 8 bits (`Args::xq`) where the layout allows it.
+constexpr int kActQ8 = 512;
 // The value width of a `bits` argument (without the scale flag).
 inline int value_bits(int bits) { return bits & 0xff; }
 inline bool scale_f32(int bits) { return (bits & kScaleF32) != 0; }
@@ -35,6 +38,12 @@ inline int group_words(int group, int bits) {
   return group * value_bits(bits) / 32 * kLanes + (scale_f32(bits) ? 2 * kLanes : kLanes);
 }
 
+// 8-bit activations (`Args::xq`, when not null): each row's 32-value blocks
+// quantized symmetrically, x ~ xd[m, b] * xq, xd = max |x| / 127 over the
+// block, xq = round(x * (127 / max |x|)) in [-127, 127]. Bytes are in the order the
+// weight words use them: with 8-bit weights the block's values in order;
+// with 4-bit weights, per word of 8 values, the even ones (the words' low
+// nibbles) then the odd ones (the high nibbles).
 struct Args {
   const float* x;     // activations [M, K], dense rows
   const float* xsum;  // per-group sums of x, [M, K / group]
@@ -42,11 +51,25 @@ struct Args {
   const float* r;     // added to y when not null: [M, N], dense rows
   float* y;           // [M, N]
   int M, N, K, group, bits;  // bits: value width, | kScaleF32 for float32 scales
+  const int8_t* xq = nullptr;  // 8-bit activations [M, K], or null: float x
+  const float* xd = nullptr;   // their scales, [M, K / 32]
 };
+
+// Whether a matmul can take 8-bit activations: 4- or 8-bit values in groups
+// of whole 32-value blocks.
+inline bool q8_fits(int K, int group, int bits) {
+  int vb = value_bits(bits);
+  return (vb == 4 || vb == 8) && group % 32 == 0 && K % group == 0;
+}
 
 // Column blocks [cb0, cb1) of y, every row.
 void avx2(const Args& a, int cb0, int cb1);
 void avx512(const Args& a, int cb0, int cb1);
+// 8-bit activations (a.xq set), AVX-512 VNNI.
+void vnni(const Args& a, int cb0, int cb1);
+// Rows of x [M, K] as 8-bit blocks and their scales (the layout above),
+// with AVX-512; the same bytes as kernels.cc's scalar `quantize_x`.
+void quantize_vnni(const float* x, int M, int K, int bits, int8_t* xq, float* xd);
 
 // Causal attention of query row t for the heads that share one kv head
 // (GQA): each key and value row is loaded once for all of them. AVX-512,

@@ -936,3 +936,169 @@ fn attention_kv_rows_orders_writes() {
     }];
     assert!(kernels::attention_kv_rows(&both, &s, h, hkv, d, scale).is_err());
 }
+
+/// The kernels' flag for 8-bit activations (`qmm.h` `kActQ8`).
+const ACT_Q8: i32 = 512;
+
+/// 8-bit activations: within the bound the activations' rounding allows of
+/// the fp32 product (each x moves by at most half its block's step,
+/// max |x| / 254), and every row bitwise equal to the row alone.
+fn check_int8(n: usize, k: usize, group: i32, bits: i32, seed: u64) {
+    let mut g = Gen(seed);
+    let q = qweight(&mut g, n, k, group, bits);
+    let dense = dequantized(&q);
+    let mut xs = g.f32s(16 * k, -2.0, 2.0);
+    // Blocks of very different scales, and one all zero.
+    for (i, v) in xs.iter_mut().enumerate() {
+        *v *= [1.0, 0.01, 30.0, 0.0][(i / 32) % 4];
+    }
+    let int8 = |x: &Array| -> Vec<f32> {
+        kernels::qmatmul(x, &q.w, &q.s, &q.b, q.group, q.bits | ACT_Q8)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap()
+    };
+    let abs_dense: Vec<f32> = dense
+        .to_vec_f32()
+        .unwrap()
+        .iter()
+        .map(|v| v.abs())
+        .collect();
+    let abs_dense = Array::from_f32(&abs_dense, &[n as i32, k as i32]).unwrap();
+    let singles: Vec<Vec<f32>> = (0..16).map(|r| int8(&rows(&xs, k, r, r + 1))).collect();
+    for m in [1, 2, 3, 4, 7, 8, 9, 16] {
+        let x = rows(&xs, k, 0, m);
+        let got = int8(&x);
+        let fp32 = ops::matmul(&x, &dense.t().unwrap())
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        // Per element: half a quantization step, max |x| / 254 over its block.
+        let step: Vec<f32> = xs[..m * k]
+            .chunks(32)
+            .flat_map(|b| {
+                let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+                std::iter::repeat_n(amax / 254.0, 32)
+            })
+            .collect();
+        let xa: Vec<f32> = xs[..m * k].iter().map(|v| v.abs()).collect();
+        let bound = |v: &[f32]| {
+            ops::matmul(
+                &Array::from_f32(v, &[m as i32, k as i32]).unwrap(),
+                &abs_dense.t().unwrap(),
+            )
+            .unwrap()
+            .to_vec_f32()
+            .unwrap()
+        };
+        let (qerr, mag) = (bound(&step), bound(&xa));
+        for i in 0..m * n {
+            let tol = 1.001 * qerr[i] + 4e-6 * (k as f32).sqrt() * mag[i] + 1e-6;
+            assert!(
+                (got[i] - fp32[i]).abs() <= tol,
+                "{n}x{k} g{group} {bits}-bit int8, {m} rows, [{}, {}]: ours {} fp32 {} (tol {tol})",
+                i / n,
+                i % n,
+                got[i],
+                fp32[i]
+            );
+        }
+        for r in 0..m {
+            assert!(
+                got[r * n..(r + 1) * n]
+                    .iter()
+                    .zip(&singles[r])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{n}x{k} g{group} {bits}-bit int8: row {r} of {m} differs from the row alone"
+            );
+        }
+    }
+}
+
+#[test]
+fn qmatmul_int8_activations() {
+    check_int8(1536, 576, 32, 4, 41);
+    check_int8(576, 1536, 32, 4, 42);
+    check_int8(200, 576, 64, 4, 43);
+    check_int8(49, 256, 32, 8, 44);
+    check_int8(300, 640, 128, 8, 45);
+}
+
+/// The 8-bit activation formula (`qmm_vnni.cc`) written out in Rust, from
+/// MLX's layout: the kernels must give exactly these bits.
+fn int8_reference(x: &[f32], m: usize, q: &QWeight) -> Vec<f32> {
+    let (bits, group) = (q.bits as usize, q.group as usize);
+    let w = q.w.to_vec_u32().unwrap();
+    let f = |a: &Array| a.as_type(Dtype::Float32).unwrap().to_vec_f32().unwrap();
+    let (s, b) = (f(&q.s), f(&q.b));
+    let n = q.w.dim(0) as usize;
+    let k = x.len() / m;
+    let (per, groups) = (32 / bits, k / group);
+    let mut y = vec![0f32; m * n];
+    for r in 0..m {
+        let xr = &x[r * k..(r + 1) * k];
+        // Blocks of 32: round(x * 127 / max) and max / 127.
+        let (mut xq, mut xd) = (vec![0i32; k], vec![0f32; k / 32]);
+        for (blk, xb) in xr.chunks(32).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            xd[blk] = amax / 127.0;
+            for (i, v) in xb.iter().enumerate() {
+                xq[blk * 32 + i] = (v * inv).round_ties_even() as i32;
+            }
+        }
+        for col in 0..n {
+            let mut acc = 0f32;
+            for g in 0..groups {
+                let mut t = 0f32;
+                let blocks = g * group / 32..(g + 1) * group / 32;
+                for (blk, d) in blocks.clone().zip(&xd[blocks]) {
+                    let isum: i32 = (blk * 32..blk * 32 + 32)
+                        .map(|i| {
+                            let word = w[col * k * bits / 32 + i / per];
+                            ((word >> ((i % per) * bits)) & ((1 << bits) - 1)) as i32 * xq[i]
+                        })
+                        .sum();
+                    t = (isum as f32).mul_add(*d, t);
+                }
+                let xsum = xr[g * group..(g + 1) * group]
+                    .iter()
+                    .fold(0f32, |a, v| a + v);
+                acc = t.mul_add(s[col * groups + g], acc);
+                acc = b[col * groups + g].mul_add(xsum, acc);
+            }
+            y[r * n + col] = acc;
+        }
+    }
+    y
+}
+
+#[test]
+fn qmatmul_int8_is_its_formula_exactly() {
+    for (n, k, group, bits, seed) in [
+        (40, 256, 32, 4, 51),
+        (33, 192, 64, 8, 52),
+        (17, 128, 128, 4, 53),
+    ] {
+        let mut g = Gen(seed);
+        let q = qweight(&mut g, n, k, group, bits);
+        for m in [1, 3, 8] {
+            let xs = g.f32s(m * k, -3.0, 3.0);
+            let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
+            let got = kernels::qmatmul(&x, &q.w, &q.s, &q.b, group, bits | ACT_Q8)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            let want = int8_reference(&xs, m, &q);
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{n}x{k} g{group} {bits}-bit, {m} rows, [{}, {}]: {a} vs {b}",
+                    i / n,
+                    i % n
+                );
+            }
+        }
+    }
+}

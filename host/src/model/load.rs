@@ -138,7 +138,7 @@ impl Tensors {
     pub fn linear(&self, base: &str) -> Result<Linear> {
         let kernel_fit = |q: &QuantizedWeight| matches!(q.bits, 4 | 8) && q.group_size % 16 == 0;
         match self.quantized(base)? {
-            Some(q) if self.mode == WeightMode::Quantized && kernel_fit(&q) => {
+            Some(q) if self.mode.quantized() && kernel_fit(&q) => {
                 // The kernels read float16 scales (GGUF's own dtype; bf16
                 // ones from MLX checkpoints convert exactly enough), or
                 // float32 ones (GGUF K-quants, which float16 cannot hold).
@@ -153,11 +153,10 @@ impl Tensors {
                     biases: src.biases.as_type(dt)?,
                     w: src.w,
                 };
-                Ok(Linear::Quantized(QuantizedWeight::new(
-                    src,
-                    q.group_size,
-                    q.bits,
-                )))
+                let mut w = QuantizedWeight::new(src, q.group_size, q.bits);
+                // Groups of 16 (Q6_K) have no 8-bit-activation kernel.
+                w.int8_activations = self.mode == WeightMode::Int8 && q.group_size % 32 == 0;
+                Ok(Linear::Quantized(w))
             }
             _ => Ok(Linear::Dense(self.dense(base)?)),
         }
@@ -337,7 +336,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         // Quantized mode is the batch-invariant path throughout; a file with
         // no quantized tensors runs there too (dense matmul rows are not
         // invariant, but attention still is).
-        own_kernels: t.mode == WeightMode::Quantized && t.any_quantized(),
+        own_kernels: t.mode.quantized() && t.any_quantized(),
         layers,
         norm: t.dense(names.norm)?,
         lm_head,
