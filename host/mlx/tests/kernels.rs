@@ -140,15 +140,20 @@ fn check_qmatmul(n: usize, k: usize, group: i32, bits: i32, seed: u64) {
                 mlx[i]
             );
         }
-        for r in 0..m {
-            assert!(
-                got[r * n..(r + 1) * n]
-                    .iter()
-                    .zip(&singles[r])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{n}x{k} g{group} {bits}-bit: row {r} of {m} differs from the row alone"
-            );
-        }
+        assert_rows_alone(&got, &singles, n, &format!("{n}x{k} g{group} {bits}-bit"));
+    }
+}
+
+/// Each row of a many-row result bitwise equals the same row computed alone.
+fn assert_rows_alone(got: &[f32], singles: &[Vec<f32>], n: usize, what: &str) {
+    let m = got.len() / n;
+    for (r, row) in got.chunks(n).enumerate() {
+        assert!(
+            row.iter()
+                .zip(&singles[r])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: row {r} of {m} differs from the row alone"
+        );
     }
 }
 
@@ -1003,15 +1008,12 @@ fn check_int8(n: usize, k: usize, group: i32, bits: i32, seed: u64) {
                 fp32[i]
             );
         }
-        for r in 0..m {
-            assert!(
-                got[r * n..(r + 1) * n]
-                    .iter()
-                    .zip(&singles[r])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{n}x{k} g{group} {bits}-bit int8: row {r} of {m} differs from the row alone"
-            );
-        }
+        assert_rows_alone(
+            &got,
+            &singles,
+            n,
+            &format!("{n}x{k} g{group} {bits}-bit int8"),
+        );
     }
 }
 
