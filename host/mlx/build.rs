@@ -130,6 +130,7 @@ fn main() {
         "kernels.cc",
         "qmm.h",
         "qmm_simd.h",
+        "qmm_tiles.h",
         "qmm_avx2.cc",
         "qmm_avx512.cc",
         "qmm_vnni.cc",

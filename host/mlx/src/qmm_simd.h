@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "qmm.h"
+#include "qmm_tiles.h"
 
 namespace specd_mlx::qmm {
 
@@ -27,6 +28,7 @@ struct Kernel {
   using Vi = typename I::Vi;
   static constexpr int W = I::W;
   static constexpr int NV = kLanes / W;  // vectors per column block
+  static constexpr int kOutputs = I::kOutputs;
 
   static constexpr int C = I::kChains;
 
@@ -99,38 +101,7 @@ struct Kernel {
         }
   }
 
-  // Rows [m, m + R) of column blocks [cb, cb1): tiles as wide as the
-  // registers allow (I::kOutputs vectors of outputs), then narrower ones.
-  template <int BITS, bool F32S, int R, int CB = I::kOutputs / (R * NV)>
-  static void row_tile(const Args& a, int cb, int cb1, int m) {
-    for (; cb + CB <= cb1; cb += CB) tile<BITS, F32S, R, CB>(a, cb, m);
-    if constexpr (CB > 1) row_tile<BITS, F32S, R, CB / 2>(a, cb, cb1, m);
-  }
-
-  template <int BITS, bool F32S>
-  static void run_bits(const Args& a, int cb0, int cb1) {
-    // A few column blocks at a time, all rows: their weights stay in cache
-    // while every row tile passes over them.
-    constexpr int step = I::kOutputs / NV;
-    for (int c0 = cb0; c0 < cb1; c0 += step) {
-      int c1 = std::min(cb1, c0 + step), m = 0;
-      if constexpr (I::kOutputs / NV >= 8)
-        for (; m + 8 <= a.M; m += 8) row_tile<BITS, F32S, 8>(a, c0, c1, m);
-      if constexpr (I::kOutputs / NV >= 4)
-        for (; m + 4 <= a.M; m += 4) row_tile<BITS, F32S, 4>(a, c0, c1, m);
-      for (; m + 2 <= a.M; m += 2) row_tile<BITS, F32S, 2>(a, c0, c1, m);
-      if (m < a.M) row_tile<BITS, F32S, 1>(a, c0, c1, m);
-    }
-  }
-
-  static void run(const Args& a, int cb0, int cb1) {
-    switch (a.bits) {
-      case 4: run_bits<4, false>(a, cb0, cb1); break;
-      case 8: run_bits<8, false>(a, cb0, cb1); break;
-      case 4 | kScaleF32: run_bits<4, true>(a, cb0, cb1); break;
-      default: run_bits<8, true>(a, cb0, cb1); break;
-    }
-  }
+  static void run(const Args& a, int cb0, int cb1) { Tiles<Kernel>::run(a, cb0, cb1); }
 };
 
 }  // namespace specd_mlx::qmm

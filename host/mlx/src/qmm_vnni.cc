@@ -20,116 +20,101 @@
 #include <algorithm>
 
 #include "qmm.h"
+#include "qmm_tiles.h"
 
 namespace specd_mlx::qmm {
 namespace {
 
 constexpr int W = 16;  // lanes = output columns of one block
 
-template <int BITS, bool F32S, int R, int CB>
-void tile(const Args& a, int cb0, int m0) {
-  constexpr int per = 32 / BITS;  // values per word
-  constexpr int wpb = 32 / per;   // words per 32-value block
-  const int groups = a.K / a.group, bpg = a.group / 32, dpg = a.group / per,
-            blocks = a.K / 32;
-  const int gw = group_words(a.group, BITS | (F32S ? kScaleF32 : 0));
-  const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
-  __m512 acc[R][CB];
-  for (int r = 0; r < R; r++)
-    for (int c = 0; c < CB; c++) acc[r][c] = _mm512_setzero_ps();
-  for (int g = 0; g < groups; g++) {
-    const uint32_t* base[CB];
-    for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
-    __m512 t[R][CB];
+struct Vnni {
+  // 8 output vectors per tile (rows x column blocks), as the float kernel:
+  // 8 int32 and 8 float accumulators leave room for the operands.
+  static constexpr int kOutputs = 8, NV = 1;
+
+  template <int BITS, bool F32S, int R, int CB>
+  static void tile(const Args& a, int cb0, int m0) {
+    constexpr int per = 32 / BITS;  // values per word
+    constexpr int wpb = 32 / per;   // words per 32-value block
+    const int groups = a.K / a.group, bpg = a.group / 32, dpg = a.group / per,
+              blocks = a.K / 32;
+    const int gw = group_words(a.group, BITS | (F32S ? kScaleF32 : 0));
+    const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
+    __m512 acc[R][CB];
     for (int r = 0; r < R; r++)
-      for (int c = 0; c < CB; c++) t[r][c] = _mm512_setzero_ps();
-    for (int bk = 0; bk < bpg; bk++) {
-      const int blk = g * bpg + bk;
-      // Row r's bytes of this block as 32-bit words (qmm.h's x order).
-      const int32_t* xw[R];
+      for (int c = 0; c < CB; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+      const uint32_t* base[CB];
+      for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
+      __m512 t[R][CB];
       for (int r = 0; r < R; r++)
-        xw[r] = reinterpret_cast<const int32_t*>(a.xq + (size_t)(m0 + r) * a.K + blk * 32);
-      __m512i s[R][CB];
-      for (int r = 0; r < R; r++)
-        for (int c = 0; c < CB; c++) s[r][c] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int d = 0; d < wpb; d++) {
-#pragma GCC unroll 8
-        for (int c = 0; c < CB; c++) {
-          __m512i wv = _mm512_loadu_si512(base[c] + (bk * wpb + d) * kLanes);
-          if constexpr (BITS == 4) {
-            __m512i lo = _mm512_and_si512(wv, nib);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi32(wv, 4), nib);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-              s[r][c] = _mm512_dpbusd_epi32(s[r][c], lo, _mm512_set1_epi32(xw[r][2 * d]));
-              s[r][c] = _mm512_dpbusd_epi32(s[r][c], hi, _mm512_set1_epi32(xw[r][2 * d + 1]));
+        for (int c = 0; c < CB; c++) t[r][c] = _mm512_setzero_ps();
+      for (int bk = 0; bk < bpg; bk++) {
+        const int blk = g * bpg + bk;
+        // Row r's bytes of this block as 32-bit words (qmm.h's x order).
+        const int32_t* xw[R];
+        for (int r = 0; r < R; r++)
+          xw[r] = reinterpret_cast<const int32_t*>(a.xq + (size_t)(m0 + r) * a.K + blk * 32);
+        __m512i s[R][CB];
+        for (int r = 0; r < R; r++)
+          for (int c = 0; c < CB; c++) s[r][c] = _mm512_setzero_si512();
+  #pragma GCC unroll 8
+        for (int d = 0; d < wpb; d++) {
+  #pragma GCC unroll 8
+          for (int c = 0; c < CB; c++) {
+            __m512i wv = _mm512_loadu_si512(base[c] + (bk * wpb + d) * kLanes);
+            if constexpr (BITS == 4) {
+              __m512i lo = _mm512_and_si512(wv, nib);
+              __m512i hi = _mm512_and_si512(_mm512_srli_epi32(wv, 4), nib);
+  #pragma GCC unroll 8
+              for (int r = 0; r < R; r++) {
+                s[r][c] = _mm512_dpbusd_epi32(s[r][c], lo, _mm512_set1_epi32(xw[r][2 * d]));
+                s[r][c] = _mm512_dpbusd_epi32(s[r][c], hi, _mm512_set1_epi32(xw[r][2 * d + 1]));
+              }
+            } else {
+  #pragma GCC unroll 8
+              for (int r = 0; r < R; r++)
+                s[r][c] = _mm512_dpbusd_epi32(s[r][c], wv, _mm512_set1_epi32(xw[r][d]));
             }
-          } else {
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-              s[r][c] = _mm512_dpbusd_epi32(s[r][c], wv, _mm512_set1_epi32(xw[r][d]));
           }
         }
+        for (int r = 0; r < R; r++) {
+          __m512 xd = _mm512_set1_ps(a.xd[(size_t)(m0 + r) * blocks + blk]);
+          for (int c = 0; c < CB; c++)
+            t[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][c]), xd, t[r][c]);
+        }
       }
-      for (int r = 0; r < R; r++) {
-        __m512 xd = _mm512_set1_ps(a.xd[(size_t)(m0 + r) * blocks + blk]);
-        for (int c = 0; c < CB; c++)
-          t[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][c]), xd, t[r][c]);
+      for (int c = 0; c < CB; c++) {
+        __m512 sc, bi;
+        if constexpr (F32S) {
+          const float* sf = reinterpret_cast<const float*>(base[c] + dpg * kLanes);
+          sc = _mm512_loadu_ps(sf), bi = _mm512_loadu_ps(sf + kLanes);
+        } else {
+          const __m256i* sb = reinterpret_cast<const __m256i*>(base[c] + dpg * kLanes);
+          sc = _mm512_cvtph_ps(_mm256_loadu_si256(sb));
+          bi = _mm512_cvtph_ps(_mm256_loadu_si256(sb + 1));
+        }
+        for (int r = 0; r < R; r++) {
+          acc[r][c] = _mm512_fmadd_ps(t[r][c], sc, acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(bi, _mm512_set1_ps(a.xsum[(size_t)(m0 + r) * groups + g]),
+                                      acc[r][c]);
+        }
       }
     }
-    for (int c = 0; c < CB; c++) {
-      __m512 sc, bi;
-      if constexpr (F32S) {
-        const float* sf = reinterpret_cast<const float*>(base[c] + dpg * kLanes);
-        sc = _mm512_loadu_ps(sf), bi = _mm512_loadu_ps(sf + kLanes);
-      } else {
-        const __m256i* sb = reinterpret_cast<const __m256i*>(base[c] + dpg * kLanes);
-        sc = _mm512_cvtph_ps(_mm256_loadu_si256(sb));
-        bi = _mm512_cvtph_ps(_mm256_loadu_si256(sb + 1));
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < CB; c++) {
+        int n = (cb0 + c) * kLanes;
+        if (n >= a.N) continue;
+        size_t at = (size_t)(m0 + r) * a.N + n;
+        int len = std::min(W, a.N - n);
+        __mmask16 k = len == W ? __mmask16(0xffff) : __mmask16((1u << len) - 1);
+        __m512 out = acc[r][c];
+        if (a.r) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(k, a.r + at));
+        _mm512_mask_storeu_ps(a.y + at, k, out);
       }
-      for (int r = 0; r < R; r++) {
-        acc[r][c] = _mm512_fmadd_ps(t[r][c], sc, acc[r][c]);
-        acc[r][c] = _mm512_fmadd_ps(bi, _mm512_set1_ps(a.xsum[(size_t)(m0 + r) * groups + g]),
-                                    acc[r][c]);
-      }
-    }
   }
-  for (int r = 0; r < R; r++)
-    for (int c = 0; c < CB; c++) {
-      int n = (cb0 + c) * kLanes;
-      if (n >= a.N) continue;
-      size_t at = (size_t)(m0 + r) * a.N + n;
-      int len = std::min(W, a.N - n);
-      __mmask16 k = len == W ? __mmask16(0xffff) : __mmask16((1u << len) - 1);
-      __m512 out = acc[r][c];
-      if (a.r) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(k, a.r + at));
-      _mm512_mask_storeu_ps(a.y + at, k, out);
-    }
-}
 
-// 8 output vectors per tile (rows x column blocks), as the float kernel:
-// 8 int32 and 8 float accumulators leave room for the operands.
-constexpr int kOutputs = 8;
-
-template <int BITS, bool F32S, int R, int CB = kOutputs / R>
-void row_tile(const Args& a, int cb, int cb1, int m) {
-  for (; cb + CB <= cb1; cb += CB) tile<BITS, F32S, R, CB>(a, cb, m);
-  if constexpr (CB > 1) row_tile<BITS, F32S, R, CB / 2>(a, cb, cb1, m);
-}
-
-template <int BITS, bool F32S>
-void run_bits(const Args& a, int cb0, int cb1) {
-  // A few column blocks at a time, all rows: their weights stay in cache
-  // while every row tile passes over them.
-  for (int c0 = cb0; c0 < cb1; c0 += kOutputs) {
-    int c1 = std::min(cb1, c0 + kOutputs), m = 0;
-    for (; m + 8 <= a.M; m += 8) row_tile<BITS, F32S, 8>(a, c0, c1, m);
-    for (; m + 4 <= a.M; m += 4) row_tile<BITS, F32S, 4>(a, c0, c1, m);
-    for (; m + 2 <= a.M; m += 2) row_tile<BITS, F32S, 2>(a, c0, c1, m);
-    if (m < a.M) row_tile<BITS, F32S, 1>(a, c0, c1, m);
-  }
-}
+};
 
 }  // namespace
 
@@ -155,13 +140,6 @@ void quantize_vnni(const float* x, int M, int K, int bits, int8_t* xq, float* xd
     }
 }
 
-void vnni(const Args& a, int cb0, int cb1) {
-  switch (a.bits) {
-    case 4: run_bits<4, false>(a, cb0, cb1); break;
-    case 8: run_bits<8, false>(a, cb0, cb1); break;
-    case 4 | kScaleF32: run_bits<4, true>(a, cb0, cb1); break;
-    default: run_bits<8, true>(a, cb0, cb1); break;
-  }
-}
+void vnni(const Args& a, int cb0, int cb1) { Tiles<Vnni>::run(a, cb0, cb1); }
 
 }  // namespace specd_mlx::qmm

@@ -1,0 +1,47 @@
+// How a quantized-matmul kernel walks y (included by qmm_simd.h and
+// qmm_vnni.cc): a few column blocks at a time, all rows, so the blocks'
+// weights stay in cache while every row tile passes over them; tiles as wide
+// as the registers allow, then narrower ones. `K` gives kOutputs (output
+// vectors per tile), NV (vectors per column block) and
+// tile<BITS, F32S, R, CB>(args, first block, first row). Tiles only decide
+// which independent chains run side by side, never a result.
+#pragma once
+#include <algorithm>
+
+#include "qmm.h"
+
+namespace specd_mlx::qmm {
+
+template <class K>
+struct Tiles {
+  template <int BITS, bool F32S, int R, int CB = K::kOutputs / (R * K::NV)>
+  static void row_tile(const Args& a, int cb, int cb1, int m) {
+    for (; cb + CB <= cb1; cb += CB) K::template tile<BITS, F32S, R, CB>(a, cb, m);
+    if constexpr (CB > 1) row_tile<BITS, F32S, R, CB / 2>(a, cb, cb1, m);
+  }
+
+  template <int BITS, bool F32S>
+  static void run_bits(const Args& a, int cb0, int cb1) {
+    constexpr int step = K::kOutputs / K::NV;
+    for (int c0 = cb0; c0 < cb1; c0 += step) {
+      int c1 = std::min(cb1, c0 + step), m = 0;
+      if constexpr (step >= 8)
+        for (; m + 8 <= a.M; m += 8) row_tile<BITS, F32S, 8>(a, c0, c1, m);
+      if constexpr (step >= 4)
+        for (; m + 4 <= a.M; m += 4) row_tile<BITS, F32S, 4>(a, c0, c1, m);
+      for (; m + 2 <= a.M; m += 2) row_tile<BITS, F32S, 2>(a, c0, c1, m);
+      if (m < a.M) row_tile<BITS, F32S, 1>(a, c0, c1, m);
+    }
+  }
+
+  static void run(const Args& a, int cb0, int cb1) {
+    switch (a.bits) {
+      case 4: run_bits<4, false>(a, cb0, cb1); break;
+      case 8: run_bits<8, false>(a, cb0, cb1); break;
+      case 4 | kScaleF32: run_bits<4, true>(a, cb0, cb1); break;
+      default: run_bits<8, true>(a, cb0, cb1); break;
+    }
+  }
+};
+
+}  // namespace specd_mlx::qmm
