@@ -57,14 +57,23 @@ impl AcceptancePre {
     }
 }
 
-enum ScheduleBindings {
+pub(crate) enum ScheduleBindings {
     V0_1(bind_schedule::SchedulePolicy),
     V0_2(bind_schedule_v0_2::SchedulePolicy),
 }
 
-enum AcceptanceBindings {
+pub(crate) enum AcceptanceBindings {
     V0_1(bind_acceptance::AcceptancePolicy),
     V0_2(bind_acceptance_v0_2::AcceptancePolicy),
+}
+
+/// A fresh instance in its own Store, its resource made by `create` and
+/// never called since: what a request starts from, made on the request
+/// path or ahead of it (`warm.rs`).
+pub(crate) struct Instance<B> {
+    store: Store<HostState>,
+    bindings: B,
+    resource: ResourceAny,
 }
 
 /// The 0.1 schedule input: the 0.2 batch context is dropped.
@@ -157,12 +166,13 @@ fn correction_v0_2(c: wa2::Correction) -> Correction {
 }
 
 /// What a request's instances need of the host: the engine, the limits,
-/// the counters and the carried state.
+/// the counters, the carried state and the instances made ahead.
 pub(crate) struct Runtime {
     pub engine: wasmtime::Engine,
     pub cfg: crate::HostConfig,
     pub metrics: Metrics,
     pub carried: Carried,
+    pub warm: crate::warm::WarmPool,
 }
 
 fn new_store(inner: &Runtime, policy: &str) -> Result<Store<HostState>, PolicyError> {
@@ -203,14 +213,18 @@ fn instantiate<B>(
     name: &str,
     instantiate: impl FnOnce(&mut Store<HostState>) -> wasmtime::Result<B>,
     create: impl FnOnce(&B, &mut Store<HostState>) -> wasmtime::Result<Result<ResourceAny, String>>,
-) -> Result<(Store<HostState>, B, ResourceAny), PolicyError> {
+) -> Result<Instance<B>, PolicyError> {
     let mut store = new_store(inner, name)?;
     let bindings = instantiate(&mut store).map_err(|e| instantiate_error(name, &store, &e))?;
     refuel(&mut store, inner.cfg.fuel_per_call);
     let created = create(&bindings, &mut store);
     store.data_mut().flush_guest_output();
     match created {
-        Ok(Ok(r)) => Ok((store, bindings, r)),
+        Ok(Ok(resource)) => Ok(Instance {
+            store,
+            bindings,
+            resource,
+        }),
         Ok(Err(msg)) => Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
         Err(e) => Err(classify(name, "create", store.data(), &e)),
     }
@@ -226,46 +240,53 @@ pub(crate) struct WasmSchedule {
     failed: Option<PolicyError>,
 }
 
+/// A schedule instance for `create(config, carried)`.
+pub(crate) fn make_schedule(
+    inner: &Runtime,
+    name: &str,
+    pre: &SchedulePre,
+    config: &str,
+    carried: Option<&[u8]>,
+) -> Result<Instance<ScheduleBindings>, PolicyError> {
+    instantiate(
+        inner,
+        name,
+        |store| {
+            Ok(match pre {
+                SchedulePre::V0_1(p) => ScheduleBindings::V0_1(p.instantiate(store)?),
+                SchedulePre::V0_2(p) => ScheduleBindings::V0_2(p.instantiate(store)?),
+            })
+        },
+        |b: &ScheduleBindings, store| match b {
+            ScheduleBindings::V0_1(b) => b
+                .specd_policy_schedule()
+                .scheduler()
+                .call_create(store, config, carried),
+            ScheduleBindings::V0_2(b) => b
+                .specd_policy_schedule()
+                .scheduler()
+                .call_create(store, config, carried),
+        },
+    )
+}
+
 impl WasmSchedule {
-    pub fn new(
+    /// The request's schedule over a fresh, never-called instance.
+    pub fn from_instance(
         inner: Arc<Runtime>,
         name: &str,
-        pre: &SchedulePre,
-        config: &str,
-        carried: Option<Vec<u8>>,
+        instance: Instance<ScheduleBindings>,
         carry_key: CarryKey,
-    ) -> Result<Self, PolicyError> {
-        let (store, bindings, resource) = instantiate(
-            &inner,
-            name,
-            |store| {
-                Ok(match pre {
-                    SchedulePre::V0_1(p) => ScheduleBindings::V0_1(p.instantiate(store)?),
-                    SchedulePre::V0_2(p) => ScheduleBindings::V0_2(p.instantiate(store)?),
-                })
-            },
-            |b: &ScheduleBindings, store| match b {
-                ScheduleBindings::V0_1(b) => b.specd_policy_schedule().scheduler().call_create(
-                    store,
-                    config,
-                    carried.as_deref(),
-                ),
-                ScheduleBindings::V0_2(b) => b.specd_policy_schedule().scheduler().call_create(
-                    store,
-                    config,
-                    carried.as_deref(),
-                ),
-            },
-        )?;
-        Ok(WasmSchedule {
+    ) -> Self {
+        WasmSchedule {
             inner,
             name: name.to_string(),
-            store,
-            bindings,
-            resource,
+            store: instance.store,
+            bindings: instance.bindings,
+            resource: instance.resource,
             carry_key,
             failed: None,
-        })
+        }
     }
 }
 
@@ -370,7 +391,11 @@ impl Schedule for WasmSchedule {
         };
         self.store.data_mut().flush_guest_output();
         match out {
-            Ok(bytes) => self.inner.carried.store(self.carry_key.clone(), bytes),
+            Ok(bytes) => {
+                self.inner.carried.store(self.carry_key.clone(), bytes);
+                // Instances made ahead with the old state are stale now.
+                self.inner.warm.poke();
+            }
             Err(e) => {
                 let err = classify(&self.name, "carry", self.store.data(), &e);
                 self.inner.metrics.failure(err.kind);
@@ -392,45 +417,55 @@ pub(crate) struct WasmAcceptance {
     scratch2: Vec<wa2::Position>,
 }
 
+/// An acceptance instance for `create(config, vocab_size)`.
+pub(crate) fn make_acceptance(
+    inner: &Runtime,
+    name: &str,
+    pre: &AcceptancePre,
+    config: &str,
+    vocab_size: u32,
+) -> Result<Instance<AcceptanceBindings>, PolicyError> {
+    instantiate(
+        inner,
+        name,
+        |store| {
+            Ok(match pre {
+                AcceptancePre::V0_1(p) => AcceptanceBindings::V0_1(p.instantiate(store)?),
+                AcceptancePre::V0_2(p) => AcceptanceBindings::V0_2(p.instantiate(store)?),
+            })
+        },
+        |b: &AcceptanceBindings, store| match b {
+            AcceptanceBindings::V0_1(b) => b
+                .specd_policy_acceptance()
+                .acceptor()
+                .call_create(store, config, vocab_size),
+            AcceptanceBindings::V0_2(b) => b
+                .specd_policy_acceptance()
+                .acceptor()
+                .call_create(store, config, vocab_size),
+        },
+    )
+}
+
 impl WasmAcceptance {
-    pub fn new(
+    /// The request's acceptance policy over a fresh, never-called instance.
+    pub fn from_instance(
         inner: Arc<Runtime>,
         name: &str,
-        pre: &AcceptancePre,
-        config: &str,
+        instance: Instance<AcceptanceBindings>,
         vocab_size: u32,
-    ) -> Result<Self, PolicyError> {
-        let (store, bindings, resource) = instantiate(
-            &inner,
-            name,
-            |store| {
-                Ok(match pre {
-                    AcceptancePre::V0_1(p) => AcceptanceBindings::V0_1(p.instantiate(store)?),
-                    AcceptancePre::V0_2(p) => AcceptanceBindings::V0_2(p.instantiate(store)?),
-                })
-            },
-            |b: &AcceptanceBindings, store| match b {
-                AcceptanceBindings::V0_1(b) => b
-                    .specd_policy_acceptance()
-                    .acceptor()
-                    .call_create(store, config, vocab_size),
-                AcceptanceBindings::V0_2(b) => b
-                    .specd_policy_acceptance()
-                    .acceptor()
-                    .call_create(store, config, vocab_size),
-            },
-        )?;
-        Ok(WasmAcceptance {
+    ) -> Self {
+        WasmAcceptance {
             inner,
             name: name.to_string(),
-            store,
-            bindings,
-            resource,
+            store: instance.store,
+            bindings: instance.bindings,
+            resource: instance.resource,
             vocab_size,
             failed: None,
             scratch: Vec::new(),
             scratch2: Vec::new(),
-        })
+        }
     }
 }
 
