@@ -81,9 +81,12 @@ struct Slot {
     cost: Duration,
     /// Requests that asked for this key (made ahead from the second on).
     requests: u64,
-    /// Making it ahead failed (it is then made on the request path, which
-    /// reports the error).
+    /// Making it ahead failed in the guest (a bad config, a trap: it would
+    /// fail again); it is then made on the request path, which reports the
+    /// error.
     failed: bool,
+    /// Making it ahead found the allocator full: not again before this.
+    retry_at: Option<Instant>,
     last_used: u64,
 }
 
@@ -95,7 +98,13 @@ struct State {
     retire: Vec<Made>,
     shutdown: bool,
     started: bool,
+    /// A request found the allocator full: nothing is made ahead before
+    /// this (the slots go to requests).
+    paused_until: Option<Instant>,
 }
+
+/// How long making ahead stays off after the allocator was found full.
+const BACKOFF: Duration = Duration::from_secs(1);
 
 struct Shared {
     state: Mutex<State>,
@@ -170,6 +179,7 @@ impl WarmPool {
     pub fn clear(&self) -> bool {
         let dropped: Vec<Ready> = {
             let mut st = self.lock();
+            st.paused_until = Some(Instant::now() + BACKOFF);
             st.slots
                 .values_mut()
                 .flat_map(|s| std::mem::take(&mut s.ready))
@@ -250,6 +260,7 @@ impl WarmPool {
                         cost,
                         requests: 1,
                         failed: false,
+                        retry_at: None,
                         last_used: tick,
                     },
                 );
@@ -390,11 +401,17 @@ fn next_job(st: &mut State, rt: &Runtime) -> Option<Job> {
     if held >= pool.total {
         return None;
     }
+    let now = Instant::now();
+    if st.paused_until.is_some_and(|t| t > now) {
+        return None;
+    }
+    let State { slots, .. } = &mut *st;
     let (key, slot) = slots
         .iter_mut()
         .filter(|(_, s)| {
             !s.building
                 && !s.failed
+                && s.retry_at.is_none_or(|t| t <= now)
                 && s.requests >= 2
                 && s.cost >= pool.threshold
                 && s.ready.len() < pool.per_key
@@ -473,7 +490,25 @@ fn refill(shared: Arc<Shared>, weak: Weak<Runtime>) {
                 break (job, retired, rt);
             }
             drop(rt);
-            st = shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+            // Backing off: look again when it ends (else: when poked).
+            let until = st
+                .slots
+                .values()
+                .filter_map(|s| s.retry_at)
+                .chain(st.paused_until)
+                .filter(|t| *t > Instant::now())
+                .min();
+            st = match until {
+                Some(t) => {
+                    let wait = t.saturating_duration_since(Instant::now());
+                    shared
+                        .wake
+                        .wait_timeout(st, wait)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+                None => shared.wake.wait(st).unwrap_or_else(PoisonError::into_inner),
+            };
         };
         drop(st);
         drop(retired);
@@ -499,6 +534,12 @@ fn refill(shared: Arc<Shared>, weak: Weak<Runtime>) {
                             made,
                             carried: job.carried,
                         });
+                        None
+                    }
+                    Err(e) if e.kind == crate::PolicyErrorKind::Instantiate => {
+                        // The allocator is full (or the like): later.
+                        slot.retry_at = Some(Instant::now() + BACKOFF);
+                        tracing::debug!(policy = %e.policy, "making an instance ahead: {}", e.message);
                         None
                     }
                     Err(e) => {
