@@ -12,6 +12,15 @@
 //!     cargo run --release -p specd-policy --example bench -- \
 //!         --policy-dir plugins/target/python --policy-dir plugins/target/js \
 //!         heuristic rejection heuristic-py rejection-py heuristic-js rejection-js
+//!
+//! Instances are made ahead of requests (`HostConfig::warm_instances`):
+//! `instantiate` is the request path's cost (taking a ready instance, or
+//! making one when none is), and `ahead` the cost of making one off the
+//! request path (what the pool spends per instance).  `--cold` runs every
+//! pair a second time, right after, on a host with making ahead off
+//! (`warm_instances: 0`): both in one run.  `--finish` ends each request
+//! with `Schedule::finish` (a learning schedule then carries new state,
+//! which makes the instances made ahead with the old state stale).
 use specd_policy::{
     native, Acceptance, HostConfig, PolicyError, PolicyHost, Position, RoundRecord, Schedule,
     ScheduleInput,
@@ -31,6 +40,13 @@ fn main() -> anyhow::Result<()> {
         policy_dirs.push(dir);
     }
     let requests: u32 = flag("--requests").map_or(Ok(200), |v| v.parse())?;
+    let switch = |args: &mut Vec<String>, name: &str| -> bool {
+        let found = args.iter().any(|a| a == name);
+        args.retain(|a| a != name);
+        found
+    };
+    let cold = switch(&mut args, "--cold");
+    let finish = switch(&mut args, "--finish");
     let pairs: Vec<(String, String)> = if args.len() >= 2 {
         args.chunks_exact(2)
             .map(|p| (p[0].clone(), p[1].clone()))
@@ -46,50 +62,58 @@ fn main() -> anyhow::Result<()> {
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect()
     };
-    let t = std::time::Instant::now();
-    let host = PolicyHost::new(HostConfig::default())?;
-    println!(
-        "PolicyHost::new ({} built-ins, each compiled on first use or loaded from the disk cache): {:.1} ms",
-        host.list().len(),
-        t.elapsed().as_secs_f64() * 1e3
-    );
-    for dir in policy_dirs {
-        let mut paths: Vec<_> = std::fs::read_dir(&dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "wasm"))
-            .collect();
-        paths.sort();
-        for path in paths {
-            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            let bytes = std::fs::read(&path)?;
-            let t = Instant::now();
-            host.add(&name, &bytes)?;
-            println!(
-                "added {name} ({} bytes): {:.1} ms (compiled, or loaded from the disk cache)",
-                bytes.len(),
-                t.elapsed().as_secs_f64() * 1e3
-            );
-        }
+    let mut hosts = vec![("warm", PolicyHost::new(HostConfig::default())?)];
+    if cold {
+        let config = HostConfig {
+            warm_instances: 0,
+            ..HostConfig::default()
+        };
+        hosts.push(("cold", PolicyHost::new(config)?));
     }
-    for (s, a) in pairs {
+    for (label, host) in &hosts {
         let t = Instant::now();
-        drop(host.schedule(&s, "{}", "bench")?);
-        drop(host.acceptance(&a, "{}", 50_000)?);
+        for dir in &policy_dirs {
+            host.add_dir(std::path::Path::new(dir))?;
+        }
         println!(
-            "{s} + {a}: first request's instantiation (both, and any lazy compile): {:.2} ms",
+            "{label} host: {} policies registered (compiled, or loaded from the disk cache) in {:.1} ms",
+            host.list().len(),
             t.elapsed().as_secs_f64() * 1e3
         );
-        let r = bench_policy_calls(&host, &s, &a, requests, 64)?;
-        println!(
-            "{s:>20} + {a:<10} instantiate {:6.1} us + {:6.1} us | call {:6.0} ns + {:6.0} ns (round {:6.0} ns) | native {} + {} ns",
-            r.schedule_instantiate_us,
-            r.acceptance_instantiate_us,
-            r.schedule_ns_per_call,
-            r.acceptance_ns_per_call,
-            r.policy_ns_per_round,
-            r.native_schedule_ns_per_call.map_or("-".into(), |v| format!("{v:.0}")),
-            r.native_acceptance_ns_per_call.map_or("-".into(), |v| format!("{v:.0}")),
-        );
+    }
+    for (s, a) in pairs {
+        for (label, host) in &hosts {
+            let t = Instant::now();
+            drop(host.schedule(&s, "{}", "bench")?);
+            drop(host.acceptance(&a, "{}", 50_000)?);
+            println!(
+                "{s} + {a} ({label}): first request's instantiation (both, and any lazy compile): {:.2} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            let before = host.metrics();
+            let r = bench_policy_calls(host, &s, &a, requests, 64, finish)?;
+            let after = host.metrics();
+            let hits = after.warm_hits - before.warm_hits;
+            let built = after.warm_built - before.warm_built;
+            let ahead_us = if built > 0 {
+                (after.warm_build_seconds - before.warm_build_seconds) / built as f64 * 1e6
+            } else {
+                0.0
+            };
+            println!(
+                "{s:>20} + {a:<12} {label:4} instantiate {:7.1} us + {:7.1} us (median {:6.1} + {:6.1}) | ready {hits:4}/{:<4} ahead {ahead_us:7.1} us/instance | call {:6.0} ns + {:6.0} ns (round {:6.0} ns) | native {} + {} ns",
+                r.schedule_instantiate_us,
+                r.acceptance_instantiate_us,
+                r.schedule_instantiate_median_us,
+                r.acceptance_instantiate_median_us,
+                2 * (requests + 3),
+                r.schedule_ns_per_call,
+                r.acceptance_ns_per_call,
+                r.policy_ns_per_round,
+                r.native_schedule_ns_per_call.map_or("-".into(), |v| format!("{v:.0}")),
+                r.native_acceptance_ns_per_call.map_or("-".into(), |v| format!("{v:.0}")),
+            );
+        }
     }
     Ok(())
 }
@@ -100,6 +124,9 @@ struct BenchReport {
     /// Per-request instantiation (Store + instance + `create`), microseconds.
     schedule_instantiate_us: f64,
     acceptance_instantiate_us: f64,
+    /// The same, medians.
+    schedule_instantiate_median_us: f64,
+    acceptance_instantiate_median_us: f64,
     /// One `next-draft-length` / `decide` call through the component, nanoseconds.
     schedule_ns_per_call: f64,
     acceptance_ns_per_call: f64,
@@ -108,6 +135,11 @@ struct BenchReport {
     /// The same policies as native Rust (when `native` has them), nanoseconds.
     native_schedule_ns_per_call: Option<f64>,
     native_acceptance_ns_per_call: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn scripted_input(round: u32, max_draft: u32) -> ScheduleInput {
@@ -185,6 +217,7 @@ fn bench_policy_calls(
     acceptance: &str,
     requests: u32,
     rounds: u32,
+    finish: bool,
 ) -> Result<BenchReport, PolicyError> {
     let requests = requests.max(1);
     let k = 6;
@@ -195,16 +228,24 @@ fn bench_policy_calls(
         drop(s);
     }
     let (mut si, mut ai, mut sc, mut ac) = (0.0, 0.0, 0.0, 0.0);
+    let (mut s_all, mut a_all) = (Vec::new(), Vec::new());
     for _ in 0..requests {
         let t = Instant::now();
         let mut s = host.schedule(schedule, "{}", "bench")?;
-        si += t.elapsed().as_nanos() as f64;
+        let ns = t.elapsed().as_nanos() as f64;
+        si += ns;
+        s_all.push(ns);
         let t = Instant::now();
         let mut a = host.acceptance(acceptance, "{}", 50_000)?;
-        ai += t.elapsed().as_nanos() as f64;
+        let ns = t.elapsed().as_nanos() as f64;
+        ai += ns;
+        a_all.push(ns);
         let (x, y) = run_rounds(s.as_mut(), a.as_mut(), rounds, k)?;
         sc += x;
         ac += y;
+        if finish {
+            s.finish();
+        }
     }
     let n = requests as f64;
     let native_pair = native::schedule(schedule, "{}", None)
@@ -225,6 +266,8 @@ fn bench_policy_calls(
     Ok(BenchReport {
         schedule_instantiate_us: si / n / 1e3,
         acceptance_instantiate_us: ai / n / 1e3,
+        schedule_instantiate_median_us: median(s_all) / 1e3,
+        acceptance_instantiate_median_us: median(a_all) / 1e3,
         schedule_ns_per_call: sc / n,
         acceptance_ns_per_call: ac / n,
         policy_ns_per_round: (sc + ac) / n,

@@ -43,6 +43,11 @@ pub(crate) struct Compiled {
 }
 
 impl Loaded {
+    /// The compiled component if it is compiled already (and compiled fine).
+    pub fn ready(&self) -> Option<&Compiled> {
+        self.compiled.get()?.as_ref().ok()
+    }
+
     /// The compiled component, compiling it now if it is not yet (once;
     /// concurrent callers wait for the first).
     pub fn compiled(&self, compiler: &Compiler) -> Result<&Compiled, CheckError> {

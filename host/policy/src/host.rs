@@ -7,7 +7,8 @@ use crate::compile::{Compiled, Compiler, Loaded};
 use crate::metrics::Metrics;
 use crate::registry::{info_of, valid_name, NameEntry, Registry};
 use crate::sandbox::{chain, HostState};
-use crate::wasm::{Runtime, WasmAcceptance, WasmSchedule};
+use crate::warm::{self, WarmKey, WarmPool};
+use crate::wasm::{make_acceptance, make_schedule, Runtime, WasmAcceptance, WasmSchedule};
 use crate::{
     Acceptance, CheckError, ConformanceConfig, ConformanceReport, HostConfig, LosslessClaim,
     MetricsSnapshot, PolicyError, PolicyErrorKind, PolicyInfo, PolicySource, RegistryError,
@@ -97,6 +98,13 @@ fn pagemap_scan_available() -> bool {
     (major, minor) >= (6, 7)
 }
 
+impl Drop for PolicyHost {
+    fn drop(&mut self) {
+        // Stops the warm-up thread (it holds the runtime only while working).
+        self.rt.warm.shutdown();
+    }
+}
+
 /// Whether one more user policy `name` of `size` bytes fits `q` (a policy
 /// already under `name` is replaced, so it does not count).
 fn check_quota(
@@ -140,6 +148,7 @@ impl PolicyHost {
             rt: Arc::new(Runtime {
                 engine,
                 carried: Carried::new(cfg.carried_state_limit_bytes),
+                warm: WarmPool::new(&cfg),
                 cfg,
                 metrics: Metrics::default(),
             }),
@@ -257,12 +266,19 @@ impl PolicyHost {
             source,
         };
         let info = info_of(name, &entry, &loaded);
+        let mut replaced = false;
         if let Some(old) = reg.names.insert(name.to_string(), entry) {
             if old.hash != hash {
                 reg.gc(&old.hash);
+                replaced = true;
             }
         }
         reg.by_hash.insert(hash, loaded);
+        if replaced {
+            // Instances made ahead of the replaced component go.
+            let live: Vec<String> = reg.by_hash.keys().cloned().collect();
+            self.rt.warm.retain_hashes(&live);
+        }
         tracing::info!(policy = name, sha256 = %info.sha256, exports = %info.exports, "policy added");
         Ok(info)
     }
@@ -298,6 +314,7 @@ impl PolicyHost {
         drop(reg);
         let live: Vec<String> = self.read().by_hash.keys().cloned().collect();
         self.rt.carried.retain_hashes(&live);
+        self.rt.warm.retain_hashes(&live);
         Ok(())
     }
 
@@ -536,8 +553,23 @@ impl PolicyHost {
         let key = (loaded.sha256.clone(), model_key.to_string(), config.clone());
         let carried = self.rt.carried.get(&key);
         let t = Instant::now();
-        let s = WasmSchedule::new(self.rt.clone(), name_or_hash, pre, &config, carried, key)
-            .map_err(|e| self.fail(e))?;
+        let wkey = WarmKey::Schedule {
+            name: name_or_hash.to_string(),
+            carry: key.clone(),
+        };
+        let instance = match warm::take_schedule(&self.rt, &wkey, carried.as_deref()) {
+            Some(i) => i,
+            None => {
+                let i = self
+                    .or_freeing_warm(|| {
+                        make_schedule(&self.rt, name_or_hash, pre, &config, carried.as_deref())
+                    })
+                    .map_err(|e| self.fail(e))?;
+                warm::note_miss(&self.rt, wkey, &loaded, t.elapsed());
+                i
+            }
+        };
+        let s = WasmSchedule::from_instance(self.rt.clone(), name_or_hash, instance, key);
         self.rt.metrics.instantiated(t.elapsed());
         Ok(Box::new(s))
     }
@@ -556,15 +588,47 @@ impl PolicyHost {
             .as_ref()
             .expect("resolved");
         let t = Instant::now();
-        let a = WasmAcceptance::new(self.rt.clone(), name_or_hash, pre, &config, vocab_size)
-            .map_err(|e| self.fail(e))?;
+        let wkey = WarmKey::Acceptance {
+            name: name_or_hash.to_string(),
+            sha256: loaded.sha256.clone(),
+            config: config.clone(),
+            vocab_size,
+        };
+        let instance = match warm::take_acceptance(&self.rt, &wkey) {
+            Some(i) => i,
+            None => {
+                let i = self
+                    .or_freeing_warm(|| {
+                        make_acceptance(&self.rt, name_or_hash, pre, &config, vocab_size)
+                    })
+                    .map_err(|e| self.fail(e))?;
+                warm::note_miss(&self.rt, wkey, &loaded, t.elapsed());
+                i
+            }
+        };
+        let a = WasmAcceptance::from_instance(self.rt.clone(), name_or_hash, instance, vocab_size);
         self.rt.metrics.instantiated(t.elapsed());
         Ok(Box::new(a))
     }
 
+    /// `make`, and once more after dropping the instances made ahead when
+    /// it could not instantiate (they hold allocator slots a request needs).
+    fn or_freeing_warm<T>(
+        &self,
+        make: impl Fn() -> Result<T, PolicyError>,
+    ) -> Result<T, PolicyError> {
+        match make() {
+            Err(e) if e.kind == PolicyErrorKind::Instantiate && self.rt.warm.clear() => make(),
+            other => other,
+        }
+    }
+
     /// Counters: calls, time in policy calls and instantiation, failures by kind.
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.rt.metrics.snapshot()
+        MetricsSnapshot {
+            warm_ready: self.rt.warm.ready() as u64,
+            ..self.rt.metrics.snapshot()
+        }
     }
 
     /// Carried schedule state for (policy, model, config), if any (for tests

@@ -86,6 +86,7 @@ pub mod native;
 mod registry;
 mod sandbox;
 pub mod validate;
+mod warm;
 mod wasm;
 
 pub use builtin::builtin_components;
@@ -188,6 +189,34 @@ pub struct HostConfig {
     /// defaulting to `~/.cache/specd`.
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
+    /// Instances made ahead of requests, ready or being made, all policies
+    /// together (each holds one of the `max_instances` slots, at most an
+    /// eighth of them); 0 turns making ahead off.  A background thread
+    /// keeps up to [`warm_per_policy`](Self::warm_per_policy) fresh,
+    /// never-used instances per (policy, config, carried state or
+    /// vocabulary), already through `create`, so a request takes one in
+    /// microseconds instead of instantiating (a Python or JavaScript
+    /// component: milliseconds).  See docs/policies.md.
+    #[serde(default = "default_warm_instances")]
+    pub warm_instances: usize,
+    /// Ready instances kept per key.
+    #[serde(default = "default_warm_per_policy")]
+    pub warm_per_policy: usize,
+    /// Only policies whose instantiation + `create` takes at least this
+    /// long (microseconds) are made ahead: Rust and C components take ~10
+    /// us, not worth a slot.
+    #[serde(default = "default_warm_threshold_us")]
+    pub warm_threshold_us: u64,
+}
+
+fn default_warm_instances() -> usize {
+    8
+}
+fn default_warm_per_policy() -> usize {
+    2
+}
+fn default_warm_threshold_us() -> u64 {
+    100
 }
 
 impl Default for HostConfig {
@@ -200,6 +229,9 @@ impl Default for HostConfig {
             max_instances: 256,
             carried_state_limit_bytes: 64 << 10,
             cache_dir: cache::default_cache_dir(),
+            warm_instances: default_warm_instances(),
+            warm_per_policy: default_warm_per_policy(),
+            warm_threshold_us: default_warm_threshold_us(),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Counters the server exports (Prometheus-friendly: monotonic totals).
 
 use crate::PolicyErrorKind;
-use prometheus::{Counter, CounterVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Counter, CounterVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -15,6 +17,10 @@ pub(crate) struct Metrics {
     acceptance_nanos: AtomicU64,
     instantiations: AtomicU64,
     instantiate_nanos: AtomicU64,
+    warm_hits: AtomicU64,
+    warm_built: AtomicU64,
+    warm_build_nanos: AtomicU64,
+    warm_discarded: AtomicU64,
     failures: [AtomicU64; 7],
 }
 
@@ -27,7 +33,25 @@ pub struct MetricsSnapshot {
     pub acceptance_seconds: f64,
     /// Per-request instances made (schedules + acceptance policies).
     pub instantiations: u64,
+    /// Time requests spent getting their instances (taken ready from the
+    /// warm pool, or made on the request path).
     pub instantiate_seconds: f64,
+    /// Of `instantiations`, those taken ready (made ahead, `warm.rs`).
+    #[serde(default)]
+    pub warm_hits: u64,
+    /// Instances made ahead, and the CPU time that took (the warm-up
+    /// thread's, off the request path: what the pool costs).
+    #[serde(default)]
+    pub warm_built: u64,
+    #[serde(default)]
+    pub warm_build_seconds: f64,
+    /// Instances made ahead and dropped unused: stale (the schedule's
+    /// carried state changed) or forgotten.
+    #[serde(default)]
+    pub warm_discarded: u64,
+    /// Instances ready now.
+    #[serde(default)]
+    pub warm_ready: u64,
     /// Failures by kind (`trap`, `timeout`, `memory_limit`, `invalid_answer`,
     /// `instantiate`, `not_found`, `config`); every kind is present.
     pub failures: BTreeMap<String, u64>,
@@ -68,6 +92,36 @@ impl MetricsSnapshot {
         )?;
         instantiate_seconds.inc_by(self.instantiate_seconds);
         r.register(Box::new(instantiate_seconds))?;
+        for (name, help, n) in [
+            (
+                "specd_policy_warm_hits_total",
+                "Per-request instances taken ready (made ahead).",
+                self.warm_hits,
+            ),
+            (
+                "specd_policy_warm_built_total",
+                "Instances made ahead of requests.",
+                self.warm_built,
+            ),
+            (
+                "specd_policy_warm_discarded_total",
+                "Instances made ahead and dropped unused (stale or forgotten).",
+                self.warm_discarded,
+            ),
+        ] {
+            let c = IntCounter::new(name, help)?;
+            c.inc_by(n);
+            r.register(Box::new(c))?;
+        }
+        let warm_seconds = Counter::new(
+            "specd_policy_warm_build_seconds_total",
+            "CPU time making instances ahead of requests (off the request path).",
+        )?;
+        warm_seconds.inc_by(self.warm_build_seconds);
+        r.register(Box::new(warm_seconds))?;
+        let warm_ready = IntGauge::new("specd_policy_warm_ready", "Instances ready now.")?;
+        warm_ready.set(self.warm_ready.min(i64::MAX as u64) as i64);
+        r.register(Box::new(warm_ready))?;
         let failures = IntCounterVec::new(
             Opts::new("specd_policy_failures_total", "Policy failures by kind."),
             &["kind"],
@@ -103,6 +157,16 @@ impl Metrics {
         self.instantiations.fetch_add(1, Relaxed);
         self.instantiate_nanos.fetch_add(nanos(d), Relaxed);
     }
+    pub fn warm_hit(&self) {
+        self.warm_hits.fetch_add(1, Relaxed);
+    }
+    pub fn warm_built(&self, d: Duration) {
+        self.warm_built.fetch_add(1, Relaxed);
+        self.warm_build_nanos.fetch_add(nanos(d), Relaxed);
+    }
+    pub fn warm_discarded(&self) {
+        self.warm_discarded.fetch_add(1, Relaxed);
+    }
     pub fn failure(&self, kind: PolicyErrorKind) {
         self.failures[kind.index()].fetch_add(1, Relaxed);
     }
@@ -114,6 +178,11 @@ impl Metrics {
             acceptance_seconds: self.acceptance_nanos.load(Relaxed) as f64 * 1e-9,
             instantiations: self.instantiations.load(Relaxed),
             instantiate_seconds: self.instantiate_nanos.load(Relaxed) as f64 * 1e-9,
+            warm_hits: self.warm_hits.load(Relaxed),
+            warm_built: self.warm_built.load(Relaxed),
+            warm_build_seconds: self.warm_build_nanos.load(Relaxed) as f64 * 1e-9,
+            warm_discarded: self.warm_discarded.load(Relaxed),
+            warm_ready: 0,
             failures: PolicyErrorKind::ALL
                 .iter()
                 .map(|k| {

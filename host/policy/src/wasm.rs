@@ -25,144 +25,156 @@ use bind_schedule::exports::specd::policy::schedule as ws;
 use bind_schedule_v0_2::exports::specd::policy::schedule as ws2;
 use wasmtime::component::InstancePre;
 
-/// A compiled schedule, pre-instantiated, at its contract version.
-pub(crate) enum SchedulePre {
-    V0_1(bind_schedule::SchedulePolicyPre<HostState>),
-    V0_2(bind_schedule_v0_2::SchedulePolicyPre<HostState>),
+/// One value per contract version (pre-instantiated bindings, instance
+/// bindings): the versions' wit-bindgen types differ, the code over them is
+/// one, through [`both!`].
+pub(crate) enum PerVersion<A, B> {
+    V0_1(A),
+    V0_2(B),
 }
+
+/// `both!(x, b => expr)`: `expr` with `b` bound to whichever version `x`
+/// holds; `both!(map x, b => expr)` wraps the result in that same version.
+/// The arms are written once and type-checked per version (e.g. `lower()`
+/// picks the version's input type there).
+macro_rules! both {
+    (map $x:expr, $b:ident => $e:expr) => {
+        match $x {
+            PerVersion::V0_1($b) => PerVersion::V0_1($e),
+            PerVersion::V0_2($b) => PerVersion::V0_2($e),
+        }
+    };
+    ($x:expr, $b:ident => $e:expr) => {
+        match $x {
+            PerVersion::V0_1($b) => $e,
+            PerVersion::V0_2($b) => $e,
+        }
+    };
+}
+
+/// A compiled schedule, pre-instantiated, at its contract version.
+pub(crate) type SchedulePre = PerVersion<
+    bind_schedule::SchedulePolicyPre<HostState>,
+    bind_schedule_v0_2::SchedulePolicyPre<HostState>,
+>;
+/// A compiled acceptance policy, pre-instantiated, at its contract version.
+pub(crate) type AcceptancePre = PerVersion<
+    bind_acceptance::AcceptancePolicyPre<HostState>,
+    bind_acceptance_v0_2::AcceptancePolicyPre<HostState>,
+>;
+pub(crate) type ScheduleBindings =
+    PerVersion<bind_schedule::SchedulePolicy, bind_schedule_v0_2::SchedulePolicy>;
+pub(crate) type AcceptanceBindings =
+    PerVersion<bind_acceptance::AcceptancePolicy, bind_acceptance_v0_2::AcceptancePolicy>;
 
 impl SchedulePre {
     pub fn new(contract: Contract, pre: InstancePre<HostState>) -> wasmtime::Result<Self> {
         Ok(match contract {
-            Contract::V0_1 => SchedulePre::V0_1(bind_schedule::SchedulePolicyPre::new(pre)?),
-            Contract::V0_2 => SchedulePre::V0_2(bind_schedule_v0_2::SchedulePolicyPre::new(pre)?),
+            Contract::V0_1 => PerVersion::V0_1(bind_schedule::SchedulePolicyPre::new(pre)?),
+            Contract::V0_2 => PerVersion::V0_2(bind_schedule_v0_2::SchedulePolicyPre::new(pre)?),
         })
     }
-}
-
-/// A compiled acceptance policy, pre-instantiated, at its contract version.
-pub(crate) enum AcceptancePre {
-    V0_1(bind_acceptance::AcceptancePolicyPre<HostState>),
-    V0_2(bind_acceptance_v0_2::AcceptancePolicyPre<HostState>),
 }
 
 impl AcceptancePre {
     pub fn new(contract: Contract, pre: InstancePre<HostState>) -> wasmtime::Result<Self> {
         Ok(match contract {
-            Contract::V0_1 => AcceptancePre::V0_1(bind_acceptance::AcceptancePolicyPre::new(pre)?),
+            Contract::V0_1 => PerVersion::V0_1(bind_acceptance::AcceptancePolicyPre::new(pre)?),
             Contract::V0_2 => {
-                AcceptancePre::V0_2(bind_acceptance_v0_2::AcceptancePolicyPre::new(pre)?)
+                PerVersion::V0_2(bind_acceptance_v0_2::AcceptancePolicyPre::new(pre)?)
             }
         })
     }
 }
 
-enum ScheduleBindings {
-    V0_1(bind_schedule::SchedulePolicy),
-    V0_2(bind_schedule_v0_2::SchedulePolicy),
+/// A fresh instance in its own Store, its resource made by `create` and
+/// never called since: what a request starts from, made on the request
+/// path or ahead of it (`warm.rs`).
+pub(crate) struct Instance<B> {
+    store: Store<HostState>,
+    bindings: B,
+    resource: ResourceAny,
 }
 
-enum AcceptanceBindings {
-    V0_1(bind_acceptance::AcceptancePolicy),
-    V0_2(bind_acceptance_v0_2::AcceptancePolicy),
+/// A host contract type as one version's wit-bindgen type (for 0.1, the
+/// 0.2 fields are dropped).
+trait Lower<W> {
+    fn lower(&self) -> W;
 }
 
-/// The 0.1 schedule input: the 0.2 batch context is dropped.
-fn input_v0_1(input: &ScheduleInput) -> ws::ScheduleInput {
-    ws::ScheduleInput {
-        round: input.round,
-        generated: input.generated,
-        budget_left: input.budget_left,
-        max_draft: input.max_draft,
-        recent: input
-            .recent_window()
-            .iter()
-            .map(|r| ws::RoundRecord {
-                drafted: r.drafted,
-                accepted: r.accepted,
-                draft_seconds: r.draft_seconds,
-                verify_seconds: r.verify_seconds,
-            })
-            .collect(),
-        position_acceptance: input.position_acceptance.clone(),
-        draft_seconds_per_token: input.draft_seconds_per_token,
-        verify_seconds_by_len: input.verify_seconds_by_len.clone(),
-    }
+/// The schedule input in version `$w`'s types, with the fields only that
+/// version has (`$extra`).
+macro_rules! lower_schedule_input {
+    ($w:ident $(, $extra:ident)*) => {
+        impl Lower<$w::ScheduleInput> for ScheduleInput {
+            fn lower(&self) -> $w::ScheduleInput {
+                $w::ScheduleInput {
+                    round: self.round,
+                    generated: self.generated,
+                    budget_left: self.budget_left,
+                    max_draft: self.max_draft,
+                    recent: self
+                        .recent_window()
+                        .iter()
+                        .map(|r| $w::RoundRecord {
+                            drafted: r.drafted,
+                            accepted: r.accepted,
+                            draft_seconds: r.draft_seconds,
+                            verify_seconds: r.verify_seconds,
+                        })
+                        .collect(),
+                    position_acceptance: self.position_acceptance.clone(),
+                    draft_seconds_per_token: self.draft_seconds_per_token,
+                    verify_seconds_by_len: self.verify_seconds_by_len.clone(),
+                    $($extra: self.$extra,)*
+                }
+            }
+        }
+    };
 }
+lower_schedule_input!(ws);
+lower_schedule_input!(ws2, batch_sequences, batch_rows_planned);
 
-fn input_v0_2(input: &ScheduleInput) -> ws2::ScheduleInput {
-    ws2::ScheduleInput {
-        round: input.round,
-        generated: input.generated,
-        budget_left: input.budget_left,
-        max_draft: input.max_draft,
-        recent: input
-            .recent_window()
-            .iter()
-            .map(|r| ws2::RoundRecord {
-                drafted: r.drafted,
-                accepted: r.accepted,
-                draft_seconds: r.draft_seconds,
-                verify_seconds: r.verify_seconds,
-            })
-            .collect(),
-        position_acceptance: input.position_acceptance.clone(),
-        draft_seconds_per_token: input.draft_seconds_per_token,
-        verify_seconds_by_len: input.verify_seconds_by_len.clone(),
-        batch_sequences: input.batch_sequences,
-        batch_rows_planned: input.batch_rows_planned,
-    }
-}
+/// A position in version `$w`'s types (0.2 adds the draft statistics), and
+/// its correction back into the host's.
+macro_rules! lower_position {
+    ($w:ident $(, $extra:ident)*) => {
+        impl Lower<$w::Position> for Position {
+            fn lower(&self) -> $w::Position {
+                $w::Position {
+                    token: self.token,
+                    p: self.p,
+                    q: self.q,
+                    target_argmax: self.target_argmax,
+                    entropy: self.entropy,
+                    uniform: self.uniform,
+                    $($extra: self.$extra,)*
+                }
+            }
+        }
 
-/// The 0.1 position: the 0.2 draft statistics are dropped.
-fn position_v0_1(p: &Position) -> wa::Position {
-    wa::Position {
-        token: p.token,
-        p: p.p,
-        q: p.q,
-        target_argmax: p.target_argmax,
-        entropy: p.entropy,
-        uniform: p.uniform,
-    }
+        impl From<$w::Correction> for Correction {
+            fn from(c: $w::Correction) -> Correction {
+                match c {
+                    $w::Correction::Residual => Correction::Residual,
+                    $w::Correction::TargetSample => Correction::TargetSample,
+                    $w::Correction::Token(t) => Correction::Token(t),
+                }
+            }
+        }
+    };
 }
-
-fn position_v0_2(p: &Position) -> wa2::Position {
-    wa2::Position {
-        token: p.token,
-        p: p.p,
-        q: p.q,
-        target_argmax: p.target_argmax,
-        entropy: p.entropy,
-        uniform: p.uniform,
-        draft_entropy: p.draft_entropy,
-        draft_top1: p.draft_top1,
-        confidence: p.confidence,
-    }
-}
-
-fn correction_v0_1(c: wa::Correction) -> Correction {
-    match c {
-        wa::Correction::Residual => Correction::Residual,
-        wa::Correction::TargetSample => Correction::TargetSample,
-        wa::Correction::Token(t) => Correction::Token(t),
-    }
-}
-
-fn correction_v0_2(c: wa2::Correction) -> Correction {
-    match c {
-        wa2::Correction::Residual => Correction::Residual,
-        wa2::Correction::TargetSample => Correction::TargetSample,
-        wa2::Correction::Token(t) => Correction::Token(t),
-    }
-}
+lower_position!(wa);
+lower_position!(wa2, draft_entropy, draft_top1, confidence);
 
 /// What a request's instances need of the host: the engine, the limits,
-/// the counters and the carried state.
+/// the counters, the carried state and the instances made ahead.
 pub(crate) struct Runtime {
     pub engine: wasmtime::Engine,
     pub cfg: crate::HostConfig,
     pub metrics: Metrics,
     pub carried: Carried,
+    pub warm: crate::warm::WarmPool,
 }
 
 fn new_store(inner: &Runtime, policy: &str) -> Result<Store<HostState>, PolicyError> {
@@ -203,14 +215,18 @@ fn instantiate<B>(
     name: &str,
     instantiate: impl FnOnce(&mut Store<HostState>) -> wasmtime::Result<B>,
     create: impl FnOnce(&B, &mut Store<HostState>) -> wasmtime::Result<Result<ResourceAny, String>>,
-) -> Result<(Store<HostState>, B, ResourceAny), PolicyError> {
+) -> Result<Instance<B>, PolicyError> {
     let mut store = new_store(inner, name)?;
     let bindings = instantiate(&mut store).map_err(|e| instantiate_error(name, &store, &e))?;
     refuel(&mut store, inner.cfg.fuel_per_call);
     let created = create(&bindings, &mut store);
     store.data_mut().flush_guest_output();
     match created {
-        Ok(Ok(r)) => Ok((store, bindings, r)),
+        Ok(Ok(resource)) => Ok(Instance {
+            store,
+            bindings,
+            resource,
+        }),
         Ok(Err(msg)) => Err(PolicyError::new(name, PolicyErrorKind::Config, msg)),
         Err(e) => Err(classify(name, "create", store.data(), &e)),
     }
@@ -226,46 +242,44 @@ pub(crate) struct WasmSchedule {
     failed: Option<PolicyError>,
 }
 
+/// A schedule instance for `create(config, carried)`.
+pub(crate) fn make_schedule(
+    inner: &Runtime,
+    name: &str,
+    pre: &SchedulePre,
+    config: &str,
+    carried: Option<&[u8]>,
+) -> Result<Instance<ScheduleBindings>, PolicyError> {
+    instantiate(
+        inner,
+        name,
+        |store| Ok(both!(map pre, p => p.instantiate(store)?)),
+        |b: &ScheduleBindings, store| {
+            both!(b, b => b
+                .specd_policy_schedule()
+                .scheduler()
+                .call_create(store, config, carried))
+        },
+    )
+}
+
 impl WasmSchedule {
-    pub fn new(
+    /// The request's schedule over a fresh, never-called instance.
+    pub fn from_instance(
         inner: Arc<Runtime>,
         name: &str,
-        pre: &SchedulePre,
-        config: &str,
-        carried: Option<Vec<u8>>,
+        instance: Instance<ScheduleBindings>,
         carry_key: CarryKey,
-    ) -> Result<Self, PolicyError> {
-        let (store, bindings, resource) = instantiate(
-            &inner,
-            name,
-            |store| {
-                Ok(match pre {
-                    SchedulePre::V0_1(p) => ScheduleBindings::V0_1(p.instantiate(store)?),
-                    SchedulePre::V0_2(p) => ScheduleBindings::V0_2(p.instantiate(store)?),
-                })
-            },
-            |b: &ScheduleBindings, store| match b {
-                ScheduleBindings::V0_1(b) => b.specd_policy_schedule().scheduler().call_create(
-                    store,
-                    config,
-                    carried.as_deref(),
-                ),
-                ScheduleBindings::V0_2(b) => b.specd_policy_schedule().scheduler().call_create(
-                    store,
-                    config,
-                    carried.as_deref(),
-                ),
-            },
-        )?;
-        Ok(WasmSchedule {
+    ) -> Self {
+        WasmSchedule {
             inner,
             name: name.to_string(),
-            store,
-            bindings,
-            resource,
+            store: instance.store,
+            bindings: instance.bindings,
+            resource: instance.resource,
             carry_key,
             failed: None,
-        })
+        }
     }
 }
 
@@ -290,16 +304,10 @@ impl Schedule for WasmSchedule {
         }
         let t = Instant::now();
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = match &self.bindings {
-            ScheduleBindings::V0_1(b) => b
-                .specd_policy_schedule()
-                .scheduler()
-                .call_next_draft_length(&mut self.store, self.resource, &input_v0_1(input)),
-            ScheduleBindings::V0_2(b) => b
-                .specd_policy_schedule()
-                .scheduler()
-                .call_next_draft_length(&mut self.store, self.resource, &input_v0_2(input)),
-        };
+        let out = both!(&self.bindings, b => b
+            .specd_policy_schedule()
+            .scheduler()
+            .call_next_draft_length(&mut self.store, self.resource, &input.lower()));
         self.store.data_mut().flush_guest_output();
         self.inner.metrics.schedule_call(t.elapsed());
         let result = match out {
@@ -313,14 +321,14 @@ impl Schedule for WasmSchedule {
     }
 
     fn has_draft_hook(&self) -> bool {
-        matches!(self.bindings, ScheduleBindings::V0_2(_))
+        matches!(self.bindings, PerVersion::V0_2(_))
     }
 
     fn continue_drafting(&mut self, step: &DraftStep) -> Result<bool, PolicyError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        let ScheduleBindings::V0_2(b) = &self.bindings else {
+        let PerVersion::V0_2(b) = &self.bindings else {
             // Contract 0.1 has no hook: its schedules always draft k.
             return Ok(true);
         };
@@ -358,19 +366,17 @@ impl Schedule for WasmSchedule {
             return;
         }
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
-        let out = match &self.bindings {
-            ScheduleBindings::V0_1(b) => b
-                .specd_policy_schedule()
-                .scheduler()
-                .call_carry(&mut self.store, self.resource),
-            ScheduleBindings::V0_2(b) => b
-                .specd_policy_schedule()
-                .scheduler()
-                .call_carry(&mut self.store, self.resource),
-        };
+        let out = both!(&self.bindings, b => b
+            .specd_policy_schedule()
+            .scheduler()
+            .call_carry(&mut self.store, self.resource));
         self.store.data_mut().flush_guest_output();
         match out {
-            Ok(bytes) => self.inner.carried.store(self.carry_key.clone(), bytes),
+            Ok(bytes) => {
+                self.inner.carried.store(self.carry_key.clone(), bytes);
+                // Instances made ahead with the old state are stale now.
+                self.inner.warm.poke();
+            }
             Err(e) => {
                 let err = classify(&self.name, "carry", self.store.data(), &e);
                 self.inner.metrics.failure(err.kind);
@@ -392,45 +398,46 @@ pub(crate) struct WasmAcceptance {
     scratch2: Vec<wa2::Position>,
 }
 
+/// An acceptance instance for `create(config, vocab_size)`.
+pub(crate) fn make_acceptance(
+    inner: &Runtime,
+    name: &str,
+    pre: &AcceptancePre,
+    config: &str,
+    vocab_size: u32,
+) -> Result<Instance<AcceptanceBindings>, PolicyError> {
+    instantiate(
+        inner,
+        name,
+        |store| Ok(both!(map pre, p => p.instantiate(store)?)),
+        |b: &AcceptanceBindings, store| {
+            both!(b, b => b
+                .specd_policy_acceptance()
+                .acceptor()
+                .call_create(store, config, vocab_size))
+        },
+    )
+}
+
 impl WasmAcceptance {
-    pub fn new(
+    /// The request's acceptance policy over a fresh, never-called instance.
+    pub fn from_instance(
         inner: Arc<Runtime>,
         name: &str,
-        pre: &AcceptancePre,
-        config: &str,
+        instance: Instance<AcceptanceBindings>,
         vocab_size: u32,
-    ) -> Result<Self, PolicyError> {
-        let (store, bindings, resource) = instantiate(
-            &inner,
-            name,
-            |store| {
-                Ok(match pre {
-                    AcceptancePre::V0_1(p) => AcceptanceBindings::V0_1(p.instantiate(store)?),
-                    AcceptancePre::V0_2(p) => AcceptanceBindings::V0_2(p.instantiate(store)?),
-                })
-            },
-            |b: &AcceptanceBindings, store| match b {
-                AcceptanceBindings::V0_1(b) => b
-                    .specd_policy_acceptance()
-                    .acceptor()
-                    .call_create(store, config, vocab_size),
-                AcceptanceBindings::V0_2(b) => b
-                    .specd_policy_acceptance()
-                    .acceptor()
-                    .call_create(store, config, vocab_size),
-            },
-        )?;
-        Ok(WasmAcceptance {
+    ) -> Self {
+        WasmAcceptance {
             inner,
             name: name.to_string(),
-            store,
-            bindings,
-            resource,
+            store: instance.store,
+            bindings: instance.bindings,
+            resource: instance.resource,
             vocab_size,
             failed: None,
             scratch: Vec::new(),
             scratch2: Vec::new(),
-        })
+        }
     }
 }
 
@@ -456,21 +463,23 @@ impl Acceptance for WasmAcceptance {
         let t = Instant::now();
         refuel(&mut self.store, self.inner.cfg.fuel_per_call);
         let out = match &self.bindings {
-            AcceptanceBindings::V0_1(b) => {
+            PerVersion::V0_1(b) => {
                 self.scratch.clear();
-                self.scratch.extend(positions.iter().map(position_v0_1));
+                self.scratch
+                    .extend(positions.iter().map(Lower::<wa::Position>::lower));
                 b.specd_policy_acceptance()
                     .acceptor()
                     .call_decide(&mut self.store, self.resource, &self.scratch)
-                    .map(|d| (d.accepted, correction_v0_1(d.correction)))
+                    .map(|d| (d.accepted, d.correction.into()))
             }
-            AcceptanceBindings::V0_2(b) => {
+            PerVersion::V0_2(b) => {
                 self.scratch2.clear();
-                self.scratch2.extend(positions.iter().map(position_v0_2));
+                self.scratch2
+                    .extend(positions.iter().map(Lower::<wa2::Position>::lower));
                 b.specd_policy_acceptance()
                     .acceptor()
                     .call_decide(&mut self.store, self.resource, &self.scratch2)
-                    .map(|d| (d.accepted, correction_v0_2(d.correction)))
+                    .map(|d| (d.accepted, d.correction.into()))
             }
         };
         self.store.data_mut().flush_guest_output();
