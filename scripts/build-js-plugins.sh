@@ -25,15 +25,14 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TOOL=build-js-plugins
+# shellcheck source=scripts/policy-build-lib.sh
+source "$ROOT/scripts/policy-build-lib.sh"
 OUT=${1:-$ROOT/plugins/target/js}
 TOOLS=$ROOT/plugins/target/componentize-js
 
-mkdir -p "$OUT" "$ROOT/plugins/target"
-exec 9>"$ROOT/plugins/target/.build-js-plugins.lock"
-flock 9
+lock_out "$OUT"
 OUT=$(cd "$OUT" && pwd)
-
-die() { echo "build-js-plugins: $*" >&2; exit 1; }
 
 command -v node >/dev/null && command -v npm >/dev/null \
     || die "needs Node.js >= 18 and npm (Debian: apt-get install nodejs npm)"
@@ -58,25 +57,10 @@ for dir in "$ROOT"/plugins/js/*/; do
     has_s=0 has_a=0
     grep -Eq '^export const schedule\b' "$src" && has_s=1
     grep -Eq '^export const acceptance\b' "$src" && has_a=1
-    case "$has_s$has_a" in
-        11) world=policy ;;
-        10) world=schedule-policy ;;
-        01) world=acceptance-policy ;;
-        *) die "$src exports neither \`schedule\` nor \`acceptance\` (export const ...)" ;;
-    esac
-    if [[ -f "$out" ]]; then
-        stale=$(find "$dir" "$ROOT/wit" "${BASH_SOURCE[0]}" -newer "$out" \( -name '*.js' -o -name '*.wit' -o -name '*.sh' \) -print -quit)
-        [[ -z "$stale" ]] && continue
-    fi
-    t0=$(date +%s%N)
-    if ! node "$cli" "$src" --wit "$ROOT/wit" --world-name "$world" -d http fetch-event \
-        -o "$out.tmp" >"$OUT/$name-js.log" 2>&1; then
-        cat "$OUT/$name-js.log" >&2
-        rm -f "$out.tmp"
-        die "componentize-js failed for $src"
-    fi
-    mv "$out.tmp" "$out"
-    built=$((built + 1))
-    echo "build-js-plugins: $out ($(stat -c %s "$out") bytes) in $((($(date +%s%N) - t0) / 1000000)) ms" >&2
+    world=$(world_of $has_s $has_a)
+    [[ -n "$world" ]] || die "$src exports neither \`schedule\` nor \`acceptance\` (export const ...)"
+    up_to_date "$out" "$dir" '*.js' && continue
+    build "$out" "$OUT/$name-js.log" "componentize-js for $src" \
+        node "$cli" "$src" --wit "$ROOT/wit" --world-name "$world" -d http fetch-event -o "$out.tmp"
 done
 [[ $built -gt 0 ]] || echo "build-js-plugins: up to date ($OUT)" >&2

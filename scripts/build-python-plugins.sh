@@ -21,17 +21,16 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TOOL=build-python-plugins
+# shellcheck source=scripts/policy-build-lib.sh
+source "$ROOT/scripts/policy-build-lib.sh"
 COMPONENTIZE_PY_VERSION=0.25.1
 PYTHON=${PYTHON:-python3}
 OUT=${1:-$ROOT/plugins/target/python}
 VENV=$ROOT/plugins/target/componentize-py
 
-mkdir -p "$OUT" "$ROOT/plugins/target"
-exec 9>"$ROOT/plugins/target/.build-python-plugins.lock"
-flock 9
+lock_out "$OUT"
 OUT=$(cd "$OUT" && pwd)
-
-die() { echo "build-python-plugins: $*" >&2; exit 1; }
 
 tool="$VENV/bin/componentize-py"
 if [[ ! -x "$tool" ]] || [[ "$("$VENV/bin/python" -m pip show componentize-py 2>/dev/null | sed -n 's/^Version: //p')" != "$COMPONENTIZE_PY_VERSION" ]]; then
@@ -47,29 +46,16 @@ for dir in "$ROOT"/plugins/python/*/; do
     has_s=0 has_a=0
     [[ -f "$dir/schedule.py" ]] && has_s=1
     [[ -f "$dir/acceptance.py" ]] && has_a=1
-    case "$has_s$has_a" in
-        11) world=policy app=schedule ;;
-        10) world=schedule-policy app=schedule ;;
-        01) world=acceptance-policy app=acceptance ;;
-        *) die "$dir has neither schedule.py nor acceptance.py" ;;
-    esac
-    if [[ -f "$out" ]]; then
-        stale=$(find "$dir" "$ROOT/wit" "${BASH_SOURCE[0]}" -newer "$out" \( -name '*.py' -o -name '*.wit' -o -name '*.sh' \) -print -quit)
-        [[ -z "$stale" ]] && continue
-    fi
-    t0=$(date +%s%N)
+    world=$(world_of $has_s $has_a)
+    [[ -n "$world" ]] || die "$dir has neither schedule.py nor acceptance.py"
+    # componentize-py names the module to start from; with both, schedule.
+    app=$([[ $has_s == 1 ]] && echo schedule || echo acceptance)
+    up_to_date "$out" "$dir" '*.py' && continue
     # Built from a copy: componentize-py writes __pycache__ beside the sources.
     src="$ROOT/plugins/target/python-src/$name"
     rm -rf "$src" && mkdir -p "$src" && cp "$dir"/*.py "$src"/
     # -q: no "Component built successfully"; errors still go to stderr.
-    if ! "$tool" -q -d "$ROOT/wit" -w "$world" componentize \
-        -p "$src" "$app" -o "$out.tmp" >"$OUT/$name-py.log" 2>&1; then
-        cat "$OUT/$name-py.log" >&2
-        rm -f "$out.tmp"
-        die "componentize-py failed for $dir"
-    fi
-    mv "$out.tmp" "$out"
-    built=$((built + 1))
-    echo "build-python-plugins: $out ($(stat -c %s "$out") bytes) in $((($(date +%s%N) - t0) / 1000000)) ms" >&2
+    build "$out" "$OUT/$name-py.log" "componentize-py for $dir" \
+        "$tool" -q -d "$ROOT/wit" -w "$world" componentize -p "$src" "$app" -o "$out.tmp"
 done
 [[ $built -gt 0 ]] || echo "build-python-plugins: up to date ($OUT)" >&2

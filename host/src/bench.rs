@@ -70,7 +70,7 @@ fn run_one(
     let spec = e.speculation_in(tenant, opts, params)?;
     let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
     settings.record = record.is_some();
-    let fin = e.generate_uncached(&ids, &settings, spec, &mut |_| true)?;
+    let fin = e.generate(None, &ids, &settings, spec, &mut |_| true)?;
     if let Some(p) = record {
         crate::trace::write(p, e, &settings, &fin)?;
     }
@@ -99,11 +99,15 @@ pub fn decode(e: &Engine, max_tokens: usize) -> Result<DecodeReport> {
     };
     // Warm up (first-touch allocations), then measure.
     let settings = e.settings(params.clone(), Some(8), vec![]);
-    e.generate_uncached(&ids, &settings, None, &mut |_| true)?;
+    e.generate(None, &ids, &settings, None, &mut |_| true)?;
     let settings = e.settings(params.clone(), Some(max_tokens), vec![]);
-    let fin = e.generate_uncached(&ids, &settings, e.speculation(&none, &params)?, &mut |_| {
-        true
-    })?;
+    let fin = e.generate(
+        None,
+        &ids,
+        &settings,
+        e.speculation(&none, &params)?,
+        &mut |_| true,
+    )?;
     Ok(DecodeReport {
         prompt_tokens: fin.stats.prompt_tokens,
         generated_tokens: fin.stats.generated_tokens,

@@ -20,6 +20,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use crate::request::Prompt;
+use crate::request::ValidatedRequest;
+
+/// A request ready to run ([`Engine::prepare`]): a caller adds its hooks
+/// (trace, logprobs, a format's constraint) to `settings`.
+pub struct Prepared {
+    pub settings: Settings,
+    /// `None`: plain decoding.
+    pub spec: Option<Speculation>,
+}
 
 pub struct Engine {
     /// The name requests use (a store name, or the path given).
@@ -216,50 +225,28 @@ impl Engine {
         }))
     }
 
-    /// Runs a request, reusing the longest cached prefix of its prompt, and
-    /// caches its committed tokens for the next.
+    /// What `req` runs with: the drafter and policies it names, built for
+    /// its tenant, and its settings. `req` was checked when it was built
+    /// ([`crate::request`]); an error here is a name only the engine can
+    /// resolve (a policy, a draft model), and refuses the request.
+    pub fn prepare(&self, req: &ValidatedRequest) -> Result<Prepared> {
+        let spec = self.speculation_in(&req.tenant, &req.spec, &req.params)?;
+        let mut settings = self.settings(req.params.clone(), req.max_tokens, req.stop.clone());
+        settings.record = req.trace_rounds;
+        Ok(Prepared { settings, spec })
+    }
+
+    /// Runs a request. With a `tenant` (`""`: shared) it starts from the
+    /// longest prefix of its prompt that tenant's earlier requests left in
+    /// the prefix cache, and leaves its committed tokens there for the next;
+    /// `None` runs without the prefix cache.
     pub fn generate(
         &self,
-        prompt: &[u32],
-        settings: &Settings,
-        spec: Option<Speculation>,
-        sink: &mut Sink<'_>,
-    ) -> Result<Finished> {
-        self.run(prompt, settings, spec, sink, Some(""))
-    }
-
-    /// [`generate`](Self::generate) with `tenant`'s part of the prefix
-    /// cache: it reuses only what that tenant's requests left.
-    pub fn generate_in(
-        &self,
-        tenant: &str,
-        prompt: &[u32],
-        settings: &Settings,
-        spec: Option<Speculation>,
-        sink: &mut Sink<'_>,
-    ) -> Result<Finished> {
-        self.run(prompt, settings, spec, sink, Some(tenant))
-    }
-
-    /// Runs a request without the prefix cache.
-    pub fn generate_uncached(
-        &self,
-        prompt: &[u32],
-        settings: &Settings,
-        spec: Option<Speculation>,
-        sink: &mut Sink<'_>,
-    ) -> Result<Finished> {
-        self.run(prompt, settings, spec, sink, None)
-    }
-
-    fn run(
-        &self,
-        prompt: &[u32],
-        settings: &Settings,
-        spec: Option<Speculation>,
-        sink: &mut Sink<'_>,
-        // The prefix cache's tenant; `None`: no prefix cache.
         tenant: Option<&str>,
+        prompt: &[u32],
+        settings: &Settings,
+        spec: Option<Speculation>,
+        sink: &mut Sink<'_>,
     ) -> Result<Finished> {
         let (mut target, cached) = self.target_for(tenant, prompt);
         let fin = pipeline::generate(

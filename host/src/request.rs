@@ -20,6 +20,15 @@ pub enum Prompt {
     ChatWithTools(Vec<specd_text::ChatMessage>, Vec<serde_json::Value>),
 }
 
+impl Prompt {
+    /// One user turn, after a system message where `system` gives one.
+    pub fn user_turn(system: Option<String>, text: String) -> Prompt {
+        let system = system.map(specd_text::ChatMessage::system);
+        let user = specd_text::ChatMessage::user(text);
+        Prompt::Chat(system.into_iter().chain([user]).collect())
+    }
+}
+
 /// A request that passed every check a front end can make (the prompt's
 /// length against the context is the worker's, once it is tokenized).
 #[derive(Debug, Clone)]
@@ -160,25 +169,55 @@ impl StopField {
 }
 
 /// The sampling and speculation fields both APIs share, as sent (Ollama:
-/// inside `options`; OpenAI: at the top level of the body).
-#[derive(Deserialize, Debug, Default, Clone)]
+/// inside `options`; OpenAI: at the top level of the body). The sampling
+/// fields are also `specd generate`'s and `specd bench spec`'s flags, so the
+/// command line goes through the same checks; it takes the speculation flags
+/// typed ([`SpecOptions`]) and the stop strings as its own repeatable flag.
+#[derive(Deserialize, clap::Args, Debug, Default, Clone)]
 #[serde(default)]
 pub struct RequestOptions {
+    /// 0: greedy (argmax) [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
+    /// 0 disables [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<i64>,
+    /// 1 disables [default: 1].
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
+    /// 0 disables [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
     pub min_p: Option<f32>,
+    /// 1 disables [default: 1].
+    #[arg(long, allow_negative_numbers = true)]
     pub repeat_penalty: Option<f32>,
+    /// Recent tokens the penalties look at; -1: all [default: 64].
+    #[arg(long, allow_negative_numbers = true)]
     pub repeat_last_n: Option<i64>,
+    /// Subtracted once from every token seen in the last 64 (OpenAI's
+    /// presence_penalty) [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
     pub presence_penalty: Option<f32>,
+    /// Subtracted per occurrence in the last 64 tokens (OpenAI's
+    /// frequency_penalty) [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
+    /// The sampling seed; negative: a fresh one [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
     pub seed: Option<i64>,
+    #[arg(skip)]
     pub stop: Option<StopField>,
+    #[arg(skip)]
     pub drafter: Option<String>,
+    #[arg(skip)]
     pub schedule: Option<String>,
+    #[arg(skip)]
     pub acceptance: Option<String>,
+    #[arg(skip)]
     pub draft_max: Option<i64>,
+    #[arg(skip)]
     pub schedule_config: Option<Value>,
+    #[arg(skip)]
     pub acceptance_config: Option<Value>,
 }
 
@@ -187,6 +226,15 @@ fn nonempty(s: &Option<String>, field: &'static str) -> Result<Option<String>, R
         Some(s) if s.trim().is_empty() => Err(RequestError::Empty { field }),
         s => Ok(s.clone()),
     }
+}
+
+/// What is left to check of speculation options that arrive typed (the
+/// command line's flags, parsed by clap with the same [`DrafterSpec`] and
+/// JSON-object parsers): the policy names.
+pub fn checked(o: SpecOptions) -> Result<SpecOptions, RequestError> {
+    nonempty(&o.schedule, "schedule")?;
+    nonempty(&o.acceptance, "acceptance")?;
+    Ok(o)
 }
 
 /// A policy config: a JSON object, or a string holding one.

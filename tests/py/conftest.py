@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specd_paths import MODEL, ROOT, model_path, server_bin  # noqa: F401  (re-exported)
+from specd_paths import GEMMA, MODEL, ROOT, model_path, server_bin  # noqa: F401  (re-exported)
 
 
 def free_port() -> int:
@@ -110,3 +110,12 @@ def start_server(tmp_path_factory):
 def server(start_server) -> Server:
     """One server (default settings) shared by a test module."""
     return start_server()
+
+
+@pytest.fixture(scope="module")
+def gemma_path() -> Path:
+    """The Gemma 3 model (test_gemma*.py), fetched when missing."""
+    try:
+        return model_path(GEMMA)
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"{GEMMA}: {e}")

@@ -160,70 +160,43 @@ BASE = dict(
     max_position_embeddings=4096,
 )
 
-# The architectures under test: mlx-lm module, config.json, tokenizer.
+
+def arch(module: str, split, chat, **config) -> dict:
+    """An architecture under test: its mlx-lm module, its config.json (BASE
+    and `config`), its tokenizer's split and chat template."""
+    return dict(module=module, config=dict(**BASE, **config), split=split, chat=chat)
+
+
+# The architectures under test.
 ARCHS = {
-    "qwen2": dict(
-        module="qwen2",
-        config=dict(
-            **BASE,
-            model_type="qwen2",
-            num_key_value_heads=2,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            tie_word_embeddings=True,
-            # As Qwen2.5's configs carry them: a window that is off.
-            sliding_window=4096,
-            use_sliding_window=False,
-        ),
-        split=QWEN2_SPLIT,
-        chat=CHATML,
+    "qwen2": arch(
+        "qwen2", QWEN2_SPLIT, CHATML,
+        model_type="qwen2", num_key_value_heads=2, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=True,
+        # As Qwen2.5's configs carry them: a window that is off.
+        sliding_window=4096, use_sliding_window=False,
     ),
-    "qwen3": dict(
-        module="qwen3",
-        config=dict(
-            **BASE,
-            model_type="qwen3",
-            num_key_value_heads=2,
-            # Not hidden / heads (32): Qwen3's own head size.
-            head_dim=64,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            tie_word_embeddings=False,
-            attention_bias=False,
-        ),
-        split=QWEN2_SPLIT,
-        chat=CHATML,
+    "qwen3": arch(
+        "qwen3", QWEN2_SPLIT, CHATML,
+        model_type="qwen3", num_key_value_heads=2,
+        # Not hidden / heads (32): Qwen3's own head size.
+        head_dim=64,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        attention_bias=False,
     ),
-    "mistral": dict(
-        module="llama",
-        config=dict(
-            **BASE,
-            model_type="mistral",
-            num_key_value_heads=1,
-            rms_norm_eps=1e-5,
-            rope_theta=10000.0,
-            tie_word_embeddings=False,
-            # specd attends through a rotating cache of this size; the test
-            # sequences stay inside it, where it equals full attention.
-            sliding_window=4096,
-        ),
-        split=GPT2_SPLIT,
-        chat=None,
+    "mistral": arch(
+        "llama", GPT2_SPLIT, None,
+        model_type="mistral", num_key_value_heads=1, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False,
+        # specd attends through a rotating cache of this size; the test
+        # sequences stay inside it, where it equals full attention.
+        sliding_window=4096,
     ),
     # llama with attention_bias: biases on q, k, v and o.
-    "llama-bias": dict(
-        module="llama",
-        config=dict(
-            **BASE,
-            model_type="llama",
-            num_key_value_heads=4,
-            rms_norm_eps=1e-5,
-            rope_theta=500000.0,
-            tie_word_embeddings=True,
-            attention_bias=True,
-        ),
-        split=GPT2_SPLIT,
-        chat=CHATML,
+    "llama-bias": arch(
+        "llama", GPT2_SPLIT, CHATML,
+        model_type="llama", num_key_value_heads=4, rms_norm_eps=1e-5,
+        rope_theta=500000.0, tie_word_embeddings=True, attention_bias=True,
     ),
 }
 

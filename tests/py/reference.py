@@ -91,6 +91,21 @@ def _field(reader, key, default=None):
     return v
 
 
+def attention(q, k, v, mask) -> np.ndarray:
+    """Grouped-query attention of `q` [T, heads, d] over `k`, `v` [T,
+    kv_heads, d] under the additive `mask` [T, T]: [T, heads * d]."""
+    T, nh, hd = q.shape
+    rep = nh // k.shape[1]
+    o = np.empty((T, nh, hd))
+    for head in range(nh):
+        kv = head // rep
+        s = q[:, head, :] @ k[:, kv, :].T / np.sqrt(hd) + mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        o[:, head, :] = s @ v[:, kv, :]
+    return o.reshape(T, nh * hd)
+
+
 class Reference:
     """The model in float64 numpy arrays."""
 
@@ -147,15 +162,8 @@ class Reference:
             v = (h @ self.w(p + "attn_v.weight").T).reshape(T, nkv, hd)
             q = self.rope_interleaved(q, pos)
             k = self.rope_interleaved(k, pos)
-            rep = nh // nkv
-            o = np.empty((T, nh, hd))
-            for head in range(nh):
-                kv = head // rep
-                s = q[:, head, :] @ k[:, kv, :].T / np.sqrt(hd) + causal
-                s = np.exp(s - s.max(axis=-1, keepdims=True))
-                s /= s.sum(axis=-1, keepdims=True)
-                o[:, head, :] = s @ v[:, kv, :]
-            x = x + o.reshape(T, nh * hd) @ self.w(p + "attn_output.weight").T
+            o = attention(q, k, v, causal)
+            x = x + o @ self.w(p + "attn_output.weight").T
             h = self.rms_norm(x, self.w(p + "ffn_norm.weight"))
             g = h @ self.w(p + "ffn_gate.weight").T
             u = h @ self.w(p + "ffn_up.weight").T

@@ -98,15 +98,7 @@ class Gemma3Reference:
             v = (h @ self.w(p + "attn_v.weight").T).reshape(T, nkv, hd)
             q = self.rope(self.rms(q, self.w(p + "attn_q_norm.weight")), pos, base)
             k = self.rope(self.rms(k, self.w(p + "attn_k_norm.weight")), pos, base)
-            rep = nh // nkv
-            o = np.empty((T, nh, hd))
-            for head in range(nh):
-                kv = head // rep
-                s = q[:, head, :] @ k[:, kv, :].T / np.sqrt(hd) + mask
-                s = np.exp(s - s.max(axis=-1, keepdims=True))
-                s /= s.sum(axis=-1, keepdims=True)
-                o[:, head, :] = s @ v[:, kv, :]
-            o = o.reshape(T, nh * hd) @ self.w(p + "attn_output.weight").T
+            o = reference.attention(q, k, v, mask) @ self.w(p + "attn_output.weight").T
             x = x + self.rms(o, self.w(p + "post_attention_norm.weight"))
             h = self.rms(x, self.w(p + "ffn_norm.weight"))
             g = h @ self.w(p + "ffn_gate.weight").T

@@ -16,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2:135m"
+# The second architecture's model (Gemma 3).
+GEMMA = "gemma3:270m"
 
 
 def server_bin() -> Path:
@@ -25,6 +27,14 @@ def server_bin() -> Path:
     if not target.is_absolute():
         target = ROOT / target
     return target / "release" / "specd"
+
+
+def run(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Runs the specd binary with `args` (str()-ed), capturing its output."""
+    exe = server_bin()
+    if not exe.is_file():
+        raise FileNotFoundError(f"{exe} is missing: build it first (cargo build --release -p specd)")
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
 @functools.cache

@@ -30,27 +30,13 @@ sys.path.insert(0, str(HERE))
 
 import reference_gemma3  # noqa: E402
 from compare import assert_logits_close, assert_same_greedy, mlx_lm_greedy  # noqa: E402
-from specd_paths import model_path, server_bin  # noqa: E402
+from specd_paths import run as specd  # noqa: E402
 
-GEMMA = "gemma3:270m"
 # As tests/py/test_foundation.py (float32 against float64 on the same weights).
 LOGITS_ATOL = 1e-3
 NEAR_TIE = 0.01
 
 
-def specd(*args, timeout=600) -> subprocess.CompletedProcess:
-    exe = server_bin()
-    if not exe.is_file():
-        pytest.fail(f"specd binary {exe} is missing: build it first (make test does)")
-    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def gemma_path() -> Path:
-    try:
-        return model_path(GEMMA)
-    except Exception as e:  # noqa: BLE001
-        pytest.fail(f"{GEMMA}: {e}")
 
 
 def kernel_weights(gguf_file: Path, tensor: str, cols: int, tmp: Path, rows: int | None = None) -> np.ndarray:

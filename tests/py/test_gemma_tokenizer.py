@@ -19,7 +19,6 @@ Environment: SPECD_BIN and SPECD_HOME, as in specd_paths.py.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,9 +27,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from specd_paths import model_path, server_bin  # noqa: E402
-
-GEMMA = "gemma3:270m"
+from specd_paths import run as run_specd  # noqa: E402
 
 # 40 strings: ASCII, whitespace runs, newlines, digits, unicode (accents,
 # CJK, scripts without spaces, emoji, combining marks), byte fallback
@@ -80,22 +77,10 @@ STRINGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gemma_path() -> Path:
-    try:
-        return model_path(GEMMA)
-    except Exception as e:  # noqa: BLE001
-        pytest.fail(f"{GEMMA}: {e}")
-
-
 def specd_ids(gguf: Path, texts: list[str], tmp: Path) -> list[list[int]]:
-    exe = server_bin()
-    if not exe.is_file():
-        pytest.fail(f"specd binary {exe} is missing: build it first (make test does)")
     inp, out = tmp / "texts.json", tmp / "ids.json"
     inp.write_text(json.dumps(texts))
-    p = subprocess.run([str(exe), "debug", "tokenize", "--model", str(gguf), "--input", str(inp), "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    p = run_specd("debug", "tokenize", "--model", gguf, "--input", inp, "--json", out, timeout=300)
     assert p.returncode == 0, p.stderr
     return json.loads(out.read_text())
 

@@ -114,7 +114,7 @@ fn solo_tokens(
 ) -> Vec<u32> {
     let spec = e.speculation(opts, params).unwrap();
     let settings = e.settings(params.clone(), Some(n), vec![]);
-    e.generate_uncached(prompt, &settings, spec, &mut |_| true)
+    e.generate(None, prompt, &settings, spec, &mut |_| true)
         .unwrap()
         .log
 }

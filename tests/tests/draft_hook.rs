@@ -26,7 +26,7 @@ fn run(prompt: &str, opts: &SpecOptions, max_tokens: usize) -> (Finished, Record
     let mut settings = e.settings(params, Some(max_tokens), vec![]);
     settings.record = true;
     let fin = e
-        .generate_uncached(&ids, &settings, spec, &mut |_| true)
+        .generate(None, &ids, &settings, spec, &mut |_| true)
         .unwrap();
     let header = specd::trace::header(&e, &settings, &fin).unwrap();
     let rec = Recorded {

@@ -17,7 +17,7 @@ fn run(e: &specd::engine::Engine, ids: &[u32], spec: SpecOptions) -> Finished {
     let params = SamplingParams::default();
     let spec = e.speculation(&spec, &params).unwrap();
     let settings = e.settings(params, Some(MAX_TOKENS), vec![]);
-    e.generate_uncached(ids, &settings, spec, &mut |_| true)
+    e.generate(None, ids, &settings, spec, &mut |_| true)
         .unwrap()
 }
 

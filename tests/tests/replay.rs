@@ -44,7 +44,7 @@ fn record(prompt: &str, opts: SpecOptions, params: SamplingParams) -> Vec<Record
     let mut settings = e.settings(params, Some(64), vec![]);
     settings.record = true;
     let fin = e
-        .generate_uncached(&ids, &settings, spec, &mut |_| true)
+        .generate(None, &ids, &settings, spec, &mut |_| true)
         .unwrap();
     assert!(!fin.trace.is_empty());
     let dir = std::env::temp_dir().join(format!("specd-replay-{}", std::process::id()));

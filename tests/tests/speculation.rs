@@ -23,7 +23,7 @@ fn run_on(e: &Engine, prompt: &str, opts: &SpecOptions, max_tokens: usize) -> Fi
     let params = SamplingParams::default();
     let spec = e.speculation(opts, &params).unwrap();
     let settings = e.settings(params, Some(max_tokens), vec![]);
-    e.generate_uncached(&ids, &settings, spec, &mut |_| true)
+    e.generate(None, &ids, &settings, spec, &mut |_| true)
         .unwrap()
 }
 
@@ -267,6 +267,7 @@ fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
     let settings = e.settings(params.clone(), Some(24), vec![]);
     let none = plain_opts();
     e.generate(
+        Some(""),
         &first,
         &settings,
         e.speculation(&none, &params).unwrap(),
@@ -275,6 +276,7 @@ fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
     .unwrap();
     let cached = e
         .generate(
+            Some(""),
             &second,
             &settings,
             e.speculation(&none, &params).unwrap(),
@@ -286,7 +288,8 @@ fn prefix_cache_prefills_only_new_tokens_and_changes_nothing() {
         "reused exactly the shared prefix"
     );
     let fresh = e
-        .generate_uncached(
+        .generate(
+            None,
             &second,
             &settings,
             e.speculation(&none, &params).unwrap(),

@@ -60,9 +60,7 @@ impl Run<'_> {
             pieces += !piece.is_empty() as usize;
             cancel_after.is_none_or(|n| pieces < n)
         };
-        let fin = e
-            .generate_uncached(&ids, &settings, spec, &mut sink)
-            .unwrap();
+        let fin = e.generate(None, &ids, &settings, spec, &mut sink).unwrap();
         assert!(fin.stats.policy_failure.is_none());
         fin
     }

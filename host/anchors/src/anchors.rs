@@ -244,7 +244,8 @@ fn run_ours(e: &Engine, decode_ids: &[u32], long_ids: &[u32], o: &Options) -> Re
     };
     let decode = |n: usize| {
         let settings = e.settings(params.clone(), Some(n), vec![]);
-        e.generate_uncached(
+        e.generate(
+            None,
             decode_ids,
             &settings,
             e.speculation(&none, &params)?,

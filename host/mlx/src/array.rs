@@ -76,6 +76,39 @@ pub(crate) fn wrap(
     Ok(Array(r?))
 }
 
+/// An argument as the shim takes it: an [`Array`] as its C++ array, plain
+/// values as they are ([`shim_fns`]).
+pub(crate) trait Shim {
+    type Ffi;
+    fn shim(self) -> Self::Ffi;
+}
+
+impl<'a> Shim for &'a Array {
+    type Ffi = &'a ffi::Array;
+    fn shim(self) -> &'a ffi::Array {
+        &self.0
+    }
+}
+
+macro_rules! shim_as_is {
+    ($($t:ty),*) => {$(
+        impl Shim for $t {
+            type Ffi = $t;
+            fn shim(self) -> $t {
+                self
+            }
+        }
+    )*};
+}
+shim_as_is!(i32, f32, bool);
+
+impl<'a> Shim for &'a [i32] {
+    type Ffi = &'a [i32];
+    fn shim(self) -> &'a [i32] {
+        self
+    }
+}
+
 /// Several arrays handed to MLX at once (eval, concatenate).
 pub(crate) fn list<'a>(xs: impl IntoIterator<Item = &'a Array>) -> cxx::UniquePtr<ffi::ArrayList> {
     let mut l = ffi::new_list();

@@ -3,20 +3,11 @@ use crate::array::wrap;
 use crate::bridge::ffi;
 use crate::{Array, Result};
 
-pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
-    wrap(ffi::rms_norm(&x.0, &weight.0, eps))
-}
+shim_fns! {
+pub fn rms_norm(x: &Array, weight: &Array, eps: f32);
 /// Rotary embedding of the last axis; `offset` is the position of the
 /// first row along axis -2.
-pub fn rope(
-    x: &Array,
-    dims: i32,
-    traditional: bool,
-    base: f32,
-    scale: f32,
-    offset: i32,
-) -> Result<Array> {
-    wrap(ffi::rope(&x.0, dims, traditional, base, scale, offset))
+pub fn rope(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32);
 }
 /// Attention mask for [`scaled_dot_product_attention`].
 pub enum Mask<'a> {

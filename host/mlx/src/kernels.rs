@@ -6,92 +6,35 @@ use crate::array::wrap;
 use crate::bridge::ffi;
 use crate::{Array, Result};
 
+shim_fns! {
 /// `x @ dequantize(w)^T` over MLX affine-quantized weights `w`
 /// (`[out, in * bits / 32]` uint32, 4 or 8 bits), with float16 `scales`
 /// and `biases` (`[out, in / group_size]`); `x` is `[..., in]`, the result
 /// float32 `[..., out]`. On CPU this packs the weights on every call: a
 /// model packs once with [`qpack`] and calls [`qmatmul_packed`].
-pub fn qmatmul(
-    x: &Array,
-    w: &Array,
-    scales: &Array,
-    biases: &Array,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    wrap(ffi::qmatmul(
-        &x.0, &w.0, &scales.0, &biases.0, group_size, bits,
-    ))
-}
+pub fn qmatmul(x: &Array, w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32);
 /// The CPU kernels' layout of MLX affine-quantized weights (16 output
 /// columns to a vector; see `qmm.h`), computed now: pack once at load.
 /// Float32 `scales` and `biases` give the float32-scale layout: the packed
 /// calls then take `bits | 256` (`qmm.h` `kScaleF32`). Groups are 16k.
-pub fn qpack(
-    w: &Array,
-    scales: &Array,
-    biases: &Array,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    wrap(ffi::qpack(&w.0, &scales.0, &biases.0, group_size, bits))
-}
+pub fn qpack(w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32);
 /// Rows `ids` (1-D integers) of `n` packed weight rows, dequantized to
 /// float32 `[len(ids), in]`: an embedding lookup. An id past `n` gives
 /// a zero row. CPU only.
-pub fn qrows_packed(
-    packed: &Array,
-    ids: &Array,
-    n: i32,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    wrap(ffi::qrows_packed(&packed.0, &ids.0, n, group_size, bits))
-}
+pub fn qrows_packed(packed: &Array, ids: &Array, n: i32, group_size: i32, bits: i32);
 /// [`qmatmul`] over weights packed by [`qpack`]; `n` is the number of
 /// output features. CPU only.
-pub fn qmatmul_packed(
-    x: &Array,
-    packed: &Array,
-    n: i32,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    wrap(ffi::qmatmul_packed(&x.0, &packed.0, n, group_size, bits))
-}
+pub fn qmatmul_packed(x: &Array, packed: &Array, n: i32, group_size: i32, bits: i32);
 /// `residual + qmatmul_packed(x, ...)` in one op (the sum rounds as
 /// `ops::add` would); `residual` is shaped like the output. CPU only.
 pub fn qmatmul_packed_add(
-    x: &Array,
-    packed: &Array,
-    n: i32,
-    group_size: i32,
-    bits: i32,
-    residual: &Array,
-) -> Result<Array> {
-    wrap(ffi::qmatmul_packed_add(
-        &x.0,
-        &packed.0,
-        n,
-        group_size,
-        bits,
-        &residual.0,
-    ))
-}
+    x: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array,
+);
 /// `qmatmul_packed(rms_norm(x, norm_w, eps), ...)` in one op (the norm
 /// rounds as [`rms_norm`] does). CPU only.
 pub fn qmatmul_packed_norm(
-    x: &Array,
-    norm_w: &Array,
-    eps: f32,
-    packed: &Array,
-    n: i32,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    wrap(ffi::qmatmul_packed_norm(
-        &x.0, &norm_w.0, eps, &packed.0, n, group_size, bits,
-    ))
+    x: &Array, norm_w: &Array, eps: f32, packed: &Array, n: i32, group_size: i32, bits: i32,
+);
 }
 /// How [`qmatmul_packed_norm_rope`] rotates its output.
 #[derive(Debug, Clone, Copy)]
@@ -164,12 +107,12 @@ pub fn qmatmul_packed_norm_rope_rows(
         positions,
     ))
 }
+shim_fns! {
 /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
 /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads), returned
 /// heads last, `[1, T, heads, d]` (so `[1, T, heads * d]` is a free
 /// reshape). With `causal`, query row t sees keys `0..=L - T + t`.
-pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Result<Array> {
-    wrap(ffi::attention(&q.0, &k.0, &v.0, scale, causal))
+pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool);
 }
 /// One sequence's part of [`attention_kv_rows`].
 pub struct KvRows<'a> {
@@ -229,38 +172,18 @@ pub fn kv_alloc(old: Option<&Array>, keep: i32, heads: i32, cap: i32, dim: i32) 
     };
     wrap(ffi::kv_alloc(&o.0, has, keep, heads, cap, dim))
 }
+shim_fns! {
 /// RMS norm over the last axis in one op (MLX's CPU `fast::rms_norm`
 /// is its unfused fallback, several ops).
-pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
-    wrap(ffi::rms_norm_rows(&x.0, &weight.0, eps))
-}
+pub fn rms_norm(x: &Array, weight: &Array, eps: f32) as rms_norm_rows;
 /// Rotary embedding of `x` `[B, T, heads, d]` (rows at positions
 /// `offset..offset + T`), returned as `[B, heads, T, d]`: the reshape
 /// to heads and the rope in one op.
-pub fn rope_heads(
-    x: &Array,
-    dims: i32,
-    traditional: bool,
-    base: f32,
-    scale: f32,
-    offset: i32,
-) -> Result<Array> {
-    wrap(ffi::rope_heads(
-        &x.0,
-        dims,
-        traditional,
-        base,
-        scale,
-        offset,
-    ))
-}
+pub fn rope_heads(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32);
 /// `silu(g) * u` in one op.
-pub fn swiglu(g: &Array, u: &Array) -> Result<Array> {
-    wrap(ffi::swiglu(&g.0, &u.0))
-}
+pub fn swiglu(g: &Array, u: &Array);
 /// `gelu_tanh(g) * u` in one op (Gemma's GeGLU).
-pub fn geglu(g: &Array, u: &Array) -> Result<Array> {
-    wrap(ffi::geglu(&g.0, &u.0))
+pub fn geglu(g: &Array, u: &Array);
 }
 /// Threads the kernels use (`SPECD_THREADS`, default: all cores).
 pub fn threads() -> i32 {

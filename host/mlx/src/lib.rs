@@ -6,6 +6,23 @@
 //! MLX's CPU matmul then costs ~1.5x for 8 rows instead of ~8x (see
 //! `specd bench blas`).
 
+/// Wrappers over shim functions that take arrays and plain values and
+/// return an array: each hands its arguments on (an [`Array`] as its C++
+/// array, see [`array::Shim`]), turns a C++ exception into [`Exception`]
+/// and wraps the result, so a wrapper is its signature alone. The shim
+/// function has the wrapper's name unless `as NAME` says otherwise.
+macro_rules! shim_fns {
+    ($( $(#[$m:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(as $ffi:ident)?; )*) => {$(
+        shim_fns!(@one $(#[$m])* $name ($($arg: $ty),*) [$($ffi)? $name]);
+    )*};
+    (@one $(#[$m:meta])* $name:ident ($($arg:ident: $ty:ty),*) [$ffi:ident $($_same:ident)?]) => {
+        $(#[$m])*
+        pub fn $name($($arg: $ty),*) -> $crate::Result<$crate::Array> {
+            $crate::array::wrap($crate::bridge::ffi::$ffi($($crate::array::Shim::shim($arg)),*))
+        }
+    };
+}
+
 mod array;
 mod bridge;
 pub mod fast;

@@ -27,42 +27,19 @@ unary!(exp => exp, log => log, sqrt => sqrt, rsqrt => rsqrt, negative => negativ
        sigmoid => sigmoid, silu => silu, square => square);
 reduce!(logsumexp => logsumexp, argmax => argmax, max => max, sum => sum, mean => mean);
 
-pub fn r#where(cond: &Array, a: &Array, b: &Array) -> Result<Array> {
-    wrap(ffi::where_(&cond.0, &a.0, &b.0))
-}
-pub fn softmax(a: &Array, axis: i32, precise: bool) -> Result<Array> {
-    wrap(ffi::softmax(&a.0, axis, precise))
+shim_fns! {
+pub fn r#where(cond: &Array, a: &Array, b: &Array) as where_;
+pub fn softmax(a: &Array, axis: i32, precise: bool);
+/// Gathers `indices` (an integer array) along `axis`.
+pub fn take(a: &Array, indices: &Array, axis: i32);
+/// Expands MLX affine-quantized weights (`w` packed, per-group scales and
+/// biases) back to floating point.
+pub fn dequantize(w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32);
+pub fn quantized_matmul(
+    x: &Array, w: &Array, scales: &Array, biases: &Array, transpose: bool, group_size: i32,
+    bits: i32,
+);
 }
 pub fn concatenate(xs: &[&Array], axis: i32) -> Result<Array> {
     wrap(ffi::concatenate(&list(xs.iter().copied()), axis))
-}
-/// Gathers `indices` (an integer array) along `axis`.
-pub fn take(a: &Array, indices: &Array, axis: i32) -> Result<Array> {
-    wrap(ffi::take(&a.0, &indices.0, axis))
-}
-/// Expands MLX affine-quantized weights (`w` packed, per-group scales and
-/// biases) back to floating point.
-pub fn dequantize(
-    w: &Array,
-    scales: &Array,
-    biases: &Array,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    wrap(ffi::dequantize(
-        &w.0, &scales.0, &biases.0, group_size, bits,
-    ))
-}
-pub fn quantized_matmul(
-    x: &Array,
-    w: &Array,
-    scales: &Array,
-    biases: &Array,
-    transpose: bool,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    wrap(ffi::quantized_matmul(
-        &x.0, &w.0, &scales.0, &biases.0, transpose, group_size, bits,
-    ))
 }

@@ -146,9 +146,7 @@ impl super::LayerCache for KvCache {
         Vec::new()
     }
     fn restore(&mut self, snap: &super::Snapshot) {
-        self.keys = Some(snap.keys.clone());
-        self.values = Some(snap.values.clone());
-        self.offset = snap.offset;
+        (self.keys, self.values, self.offset) = snap.held();
         self.own = None;
     }
     fn state(&self) -> Vec<&Array> {

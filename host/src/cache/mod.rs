@@ -38,6 +38,18 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// What a cache holds once restored to this snapshot: its keys, values
+    /// and offset.
+    pub fn held(&self) -> (Option<Array>, Option<Array>, usize) {
+        (
+            Some(self.keys.clone()),
+            Some(self.values.clone()),
+            self.offset,
+        )
+    }
+}
+
 impl Drop for Snapshot {
     fn drop(&mut self) {
         self.live.fetch_sub(1, Ordering::SeqCst);

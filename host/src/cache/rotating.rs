@@ -128,9 +128,7 @@ impl LayerCache for RotatingCache {
 
     fn restore(&mut self, snap: &Snapshot) {
         RESTORES.fetch_add(1, Ordering::Relaxed);
-        self.keys = Some(snap.keys.clone());
-        self.values = Some(snap.values.clone());
-        self.offset = snap.offset;
+        (self.keys, self.values, self.offset) = snap.held();
     }
 
     fn state(&self) -> Vec<&Array> {
@@ -142,10 +140,11 @@ impl LayerCache for RotatingCache {
     }
 
     fn boxed_clone(&self) -> Box<dyn LayerCache> {
-        let mut c = RotatingCache::new(self.window);
-        c.keys = self.keys.clone();
-        c.values = self.values.clone();
-        c.offset = self.offset;
-        Box::new(c)
+        Box::new(RotatingCache {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            offset: self.offset,
+            ..RotatingCache::new(self.window)
+        })
     }
 }

@@ -1,5 +1,5 @@
 //! `specd bench`: decode speed, BLAS scaling, speculation.
-use super::generate::{load_engine, SamplingArgs, SpecArgs};
+use super::generate::{load_engine, sampling_params, SpecArgs};
 use super::ModelArg;
 use crate::model::WeightMode;
 use anyhow::{Context, Result};
@@ -40,7 +40,7 @@ pub enum BenchCmd {
         #[arg(long)]
         draft_max: Option<usize>,
         #[command(flatten)]
-        sampling: SamplingArgs,
+        sampling: crate::request::RequestOptions,
         #[arg(long)]
         policy_dir: Option<PathBuf>,
         /// Append every speculative run's rounds to this JSONL trace.
@@ -244,8 +244,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
                 ..Default::default()
             };
             let e = load_engine(&model.model, &spec_args, weights)?;
-            let params = sampling.params();
-            params.validate()?;
+            let params = sampling_params(&sampling)?;
             let list = comma_list;
             let acceptances = acceptances.unwrap_or_else(|| {
                 if params.greedy() {

@@ -195,7 +195,7 @@ pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
                 text.push_str(s);
                 true
             };
-            let fin = engine.generate(&prompt, &settings, None, &mut sink)?;
+            let fin = engine.generate(Some(""), &prompt, &settings, None, &mut sink)?;
             let generated = &fin.log[prompt.len()..];
             write_json(
                 &a.json,

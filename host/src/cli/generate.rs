@@ -1,54 +1,20 @@
 //! `specd generate`.
 use super::{policy_host, ModelArg};
-use crate::engine::{Engine, Prompt};
+use crate::engine::{Engine, Prepared, Prompt};
 use crate::model::WeightMode;
 use crate::options::SpecOptions;
+use crate::request::{RequestError, RequestOptions, ValidatedRequest};
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
 use clap::Args;
-use specd_text::ChatMessage;
 use std::io::Write;
 use std::path::PathBuf;
 
-/// Sampling and speculation flags shared by generate and bench.
-#[derive(Args, Clone, Debug)]
-pub struct SamplingArgs {
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
-    pub top_p: f32,
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
-    pub min_p: f32,
-    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Subtracted once from every token seen in the last 64 (OpenAI's
-    /// presence_penalty).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    /// Subtracted per occurrence in the last 64 tokens (OpenAI's
-    /// frequency_penalty).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
-    pub frequency_penalty: f32,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-}
-
-impl SamplingArgs {
-    pub fn params(&self) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed: self.seed,
-            ..Default::default()
-        }
-    }
+/// The command line's sampling parameters: what the flags (the HTTP APIs'
+/// fields, [`RequestOptions`]) set, greedy defaults (seed 0) for the rest,
+/// checked as an HTTP request's are.
+pub fn sampling_params(flags: &RequestOptions) -> Result<SamplingParams, RequestError> {
+    flags.sampling(&SamplingParams::default(), false)
 }
 
 /// Speculation flags of `generate` and `bench`.
@@ -89,7 +55,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub stop: Vec<String>,
     #[command(flatten)]
-    pub sampling: SamplingArgs,
+    pub sampling: RequestOptions,
     #[command(flatten)]
     pub spec: SpecArgs,
     /// Write the final stats as JSON here.
@@ -111,25 +77,36 @@ pub fn load_engine(model: &str, spec: &SpecArgs, weights: WeightMode) -> Result<
 
 pub fn prompt_of(chat: bool, system: Option<&str>, text: &str) -> Prompt {
     if chat {
-        let mut m = Vec::new();
-        if let Some(s) = system {
-            m.push(ChatMessage::system(s));
-        }
-        m.push(ChatMessage::user(text));
-        Prompt::Chat(m)
+        Prompt::user_turn(system.map(str::to_string), text.to_string())
     } else {
         Prompt::Raw(text.to_string())
     }
 }
 
+impl GenerateArgs {
+    /// The request these flags make, through the checks an HTTP request's
+    /// fields go through.
+    pub fn request(&self) -> Result<ValidatedRequest, RequestError> {
+        Ok(ValidatedRequest {
+            prompt: prompt_of(self.chat, self.system.as_deref(), &self.prompt),
+            params: sampling_params(&self.sampling)?,
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            spec: crate::request::checked(self.spec.options.clone())?,
+            trace_rounds: false,
+            tenant: String::new(),
+            logprobs: None,
+            format: None,
+            prompt_logprobs: false,
+        })
+    }
+}
+
 pub fn run(a: GenerateArgs, weights: WeightMode) -> Result<()> {
-    let params = a.sampling.params();
-    params.validate()?;
-    let options = a.spec.options.clone();
+    let req = a.request()?;
     let engine = load_engine(&a.model.model, &a.spec, weights)?;
-    let prompt = engine.encode(&prompt_of(a.chat, a.system.as_deref(), &a.prompt))?;
-    let spec = engine.speculation(&options, &params)?;
-    let mut settings = engine.settings(params, a.max_tokens, a.stop.clone());
+    let prompt = engine.encode(&req.prompt)?;
+    let Prepared { mut settings, spec } = engine.prepare(&req)?;
     settings.record = a.record.is_some();
     let mut out = std::io::stdout().lock();
     let mut sink = |s: &str| {
@@ -145,7 +122,7 @@ pub fn run(a: GenerateArgs, weights: WeightMode) -> Result<()> {
         }
         true
     };
-    let fin = engine.generate(&prompt, &settings, spec, &mut sink)?;
+    let fin = engine.generate(Some(&req.tenant), &prompt, &settings, spec, &mut sink)?;
     let _ = writeln!(out);
     let s = &fin.stats;
     eprintln!(

@@ -102,12 +102,15 @@ impl QuantizedWeight {
             int8_activations: false,
         }
     }
-    /// The kernels' `bits` argument for the packed layout: the value width,
-    /// with the float32-scales and 8-bit-activation flags.
-    fn kbits(&self) -> i32 {
-        self.bits
+    /// The packed kernels' weight arguments: the packed weights, the output
+    /// features, the group size and `bits` (the value width with the
+    /// float32-scales and 8-bit-activation flags); `None` where not packed.
+    fn packed(&self) -> Option<(&Array, i32, i32, i32)> {
+        let bits = self.bits
             | if self.f32_scales { SCALE_F32 } else { 0 }
-            | if self.int8_activations { ACT_Q8 } else { 0 }
+            | if self.int8_activations { ACT_Q8 } else { 0 };
+        let p = self.packed.as_ref()?;
+        Some((p, self.out_features, self.group_size, bits))
     }
     pub fn out_features(&self) -> i32 {
         self.out_features
@@ -137,22 +140,15 @@ impl QuantizedWeight {
     /// `forward(rms_norm(x, norm, eps))` in one op where packed (the norm as
     /// `kernels::rms_norm` rounds it).
     pub fn forward_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
-        match &self.packed {
-            Some(p) => kernels::qmatmul_packed_norm(
-                x,
-                norm,
-                eps,
-                p,
-                self.out_features,
-                self.group_size,
-                self.kbits(),
-            ),
+        match self.packed() {
+            Some((p, n, g, b)) => kernels::qmatmul_packed_norm(x, norm, eps, p, n, g, b),
             None => self.forward(&kernels::rms_norm(x, norm, eps)?),
         }
     }
-    /// The packed weights, which a rope folded into the matmul needs.
-    fn packed_for_rope(&self) -> Result<&Array> {
-        self.packed.as_ref().ok_or_else(|| {
+    /// The packed weights' arguments, which a rope folded into the matmul
+    /// needs.
+    fn packed_for_rope(&self) -> Result<(&Array, i32, i32, i32)> {
+        self.packed().ok_or_else(|| {
             specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
         })
     }
@@ -165,17 +161,8 @@ impl QuantizedWeight {
         eps: f32,
         rope: kernels::RopeSpec,
     ) -> Result<Array> {
-        let p = self.packed_for_rope()?;
-        kernels::qmatmul_packed_norm_rope(
-            x,
-            norm,
-            eps,
-            p,
-            self.out_features,
-            self.group_size,
-            self.kbits(),
-            rope,
-        )
+        let (p, n, g, b) = self.packed_for_rope()?;
+        kernels::qmatmul_packed_norm_rope(x, norm, eps, p, n, g, b, rope)
     }
     /// [`QuantizedWeight::forward_normed_rope`] over the rows of several
     /// sequences: row t rotated for `positions[t]` (`rope.offset` unused).
@@ -187,38 +174,19 @@ impl QuantizedWeight {
         rope: kernels::RopeSpec,
         positions: &[i32],
     ) -> Result<Array> {
-        let p = self.packed_for_rope()?;
-        kernels::qmatmul_packed_norm_rope_rows(
-            x,
-            norm,
-            eps,
-            p,
-            self.out_features,
-            self.group_size,
-            self.kbits(),
-            rope,
-            positions,
-        )
+        let (p, n, g, b) = self.packed_for_rope()?;
+        kernels::qmatmul_packed_norm_rope_rows(x, norm, eps, p, n, g, b, rope, positions)
     }
     /// `residual + forward(x)`, in one op where packed.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
-        match &self.packed {
-            Some(p) => kernels::qmatmul_packed_add(
-                x,
-                p,
-                self.out_features,
-                self.group_size,
-                self.kbits(),
-                residual,
-            ),
+        match self.packed() {
+            Some((p, n, g, b)) => kernels::qmatmul_packed_add(x, p, n, g, b, residual),
             None => ops::add(residual, &self.forward(x)?),
         }
     }
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        match &self.packed {
-            Some(p) => {
-                kernels::qmatmul_packed(x, p, self.out_features, self.group_size, self.kbits())
-            }
+        match self.packed() {
+            Some((p, n, g, b)) => kernels::qmatmul_packed(x, p, n, g, b),
             None => {
                 let src = self.source("forward")?;
                 kernels::qmatmul(
@@ -234,8 +202,8 @@ impl QuantizedWeight {
     }
     /// Rows `ids` dequantized to float32 (an embedding lookup).
     pub fn rows(&self, ids: &Array) -> Result<Array> {
-        if let Some(p) = &self.packed {
-            return kernels::qrows_packed(p, ids, self.out_features, self.group_size, self.kbits());
+        if let Some((p, n, g, b)) = self.packed() {
+            return kernels::qrows_packed(p, ids, n, g, b);
         }
         let src = self.source("embedding lookup")?;
         let f = |a: &Array| -> Result<Array> { ops::take(a, ids, 0)?.as_type(Dtype::Float32) };

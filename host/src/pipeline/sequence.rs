@@ -58,7 +58,8 @@ impl<'a> Sequence<'a> {
         spec: Option<Speculation>,
         sink: Box<Sink<'a>>,
     ) -> Result<Sequence<'a>> {
-        settings.params.validate()?;
+        // Checked once, where the request was built (`crate::request`).
+        debug_assert!(settings.params.validate().is_ok());
         if prompt.is_empty() {
             bail!("the prompt is empty");
         }

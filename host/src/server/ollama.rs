@@ -367,12 +367,7 @@ pub async fn generate(
     let prompt = if b.raw {
         Prompt::Raw(prompt_text)
     } else {
-        let mut m = Vec::new();
-        if let Some(s) = b.system.filter(|s| !s.is_empty()) {
-            m.push(ChatMessage::system(s));
-        }
-        m.push(ChatMessage::user(prompt_text));
-        Prompt::Chat(m)
+        Prompt::user_turn(b.system.filter(|s| !s.is_empty()), prompt_text)
     };
     let options = OllamaOptions::parse(b.options, state.model.context_length)?;
     // /api/generate has no tools: none to force.

@@ -408,12 +408,11 @@ fn prepare<'e>(
             ));
         }
     }
-    let spec = match engine.speculation_in(&req.tenant, &req.spec, &req.params) {
-        Ok(s) => s,
+    let crate::engine::Prepared { mut settings, spec } = match engine.prepare(&req) {
+        Ok(p) => p,
         Err(e) => return refuse(format!("{e:#}")),
     };
-    let mut settings = engine.settings(req.params.clone(), req.max_tokens, req.stop.clone());
-    settings.record = req.trace_rounds || record.is_some();
+    settings.record |= record.is_some();
     if req.trace_rounds {
         // Each round goes out as it ends, so a client can plot it live.
         let tx = reply.clone();

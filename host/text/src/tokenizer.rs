@@ -136,6 +136,26 @@ fn max_id_plus_one(t: &tokenizers::Tokenizer) -> usize {
     model.max(added).map_or(0, |m| m as usize + 1)
 }
 
+/// Appends the ids of `more` that `ids` does not hold yet, in order.
+fn push_new(ids: &mut Vec<u32>, more: impl IntoIterator<Item = u32>) {
+    for id in more {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+}
+
+/// The BPE model of `builder`, with `unk` as its unknown token.
+fn build_bpe(builder: tokenizers::models::bpe::BpeBuilder, unk: Option<String>) -> Result<BPE> {
+    let builder = match unk {
+        Some(u) => builder.unk_token(u),
+        None => builder,
+    };
+    builder
+        .build()
+        .map_err(|e| anyhow!("cannot build the BPE model: {e}"))
+}
+
 fn tk_err(e: tokenizers::Error) -> anyhow::Error {
     anyhow!("{e}")
 }
@@ -206,13 +226,8 @@ fn byte_level_tokenizer(
             .ok_or_else(|| anyhow!("merge {i} '{m}' in 'tokenizer.ggml.merges' has no space"))?;
         merges.push((a.to_string(), b.to_string()));
     }
-    let mut bpe = BPE::builder().vocab_and_merges(vocab, merges);
-    if let Some(u) = unk_id {
-        bpe = bpe.unk_token(spelled[u as usize].clone());
-    }
-    let bpe = bpe
-        .build()
-        .map_err(|e| anyhow!("cannot build the BPE model: {e}"))?;
+    let unk = unk_id.map(|u| spelled[u as usize].clone());
+    let bpe = build_bpe(BPE::builder().vocab_and_merges(vocab, merges), unk)?;
 
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
@@ -281,16 +296,11 @@ fn spm_tokenizer(
         .iter()
         .map(|&(_, _, a, b)| (tokens[a as usize].clone(), tokens[b as usize].clone()))
         .collect();
-    let mut bpe = BPE::builder()
+    let builder = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .byte_fallback(true)
         .fuse_unk(true);
-    if let Some(u) = unk_id {
-        bpe = bpe.unk_token(tokens[u as usize].clone());
-    }
-    let bpe = bpe
-        .build()
-        .map_err(|e| anyhow!("cannot build the BPE model: {e}"))?;
+    let bpe = build_bpe(builder, unk_id.map(|u| tokens[u as usize].clone()))?;
     let mut inner = tokenizers::Tokenizer::new(bpe);
     let replace = Replace::new(" ", "\u{2581}").map_err(|e| anyhow!("normalizer: {e}"))?;
     let normalizer: NormalizerWrapper = if space_prefix {
@@ -500,10 +510,7 @@ impl Tokenizer {
             inner.with_post_processor(Some(ByteLevel::new(false, false, false)));
         }
 
-        let mut eos = vec![];
-        for id in [eos_id, eot_id, eom_id].into_iter().flatten() {
-            eos.push(id);
-        }
+        let eos: Vec<u32> = [eos_id, eot_id, eom_id].into_iter().flatten().collect();
         let chat_template = if meta.contains("tokenizer.chat_template") {
             Some(meta.get_str("tokenizer.chat_template")?.to_string())
         } else {
@@ -511,52 +518,43 @@ impl Tokenizer {
         };
         let ctx_key = format!("{}.context_length", meta.architecture().unwrap_or("llama"));
         let model_max_length = meta.get_u64(&ctx_key).ok();
-        Ok(Self::finish(
+        Ok(Tokenizer {
             inner,
-            Some(tokens),
             bos_id,
-            eos,
+            eos_ids: eos,
             pad_id,
             unk_id,
             add_bos,
             add_eos,
             chat_template,
             model_max_length,
-        ))
+            vocab_size: 0,
+            byte_table: None,
+        }
+        .finish(Some(tokens)))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn finish(
-        inner: tokenizers::Tokenizer,
-        id_tokens: Option<&[String]>,
-        bos_id: Option<u32>,
-        mut eos: Vec<u32>,
-        pad_id: Option<u32>,
-        unk_id: Option<u32>,
-        add_bos: bool,
-        add_eos: bool,
-        chat_template: Option<String>,
-        model_max_length: Option<u64>,
-    ) -> Tokenizer {
+    /// Completes a tokenizer whose source facts are set: the end-of-generation
+    /// ids llama.cpp's rule adds, the vocabulary size and the byte table.
+    /// `id_tokens`: the source's own token list, where it has one.
+    fn finish(mut self, id_tokens: Option<&[String]>) -> Tokenizer {
+        let inner = &self.inner;
         // Every special token named like an end-of-turn/end-of-text marker
         // also ends generation (llama.cpp's rule).
         let added = inner.get_added_tokens_decoder();
-        let mut extra: BTreeSet<u32> = BTreeSet::new();
-        for (id, tok) in &added {
-            if tok.special && END_OF_GENERATION_TOKENS.contains(&tok.content.as_str()) {
-                extra.insert(*id);
-            }
-        }
-        for id in extra {
-            if !eos.contains(&id) {
-                eos.push(id);
-            }
-        }
+        let extra: BTreeSet<u32> = added
+            .iter()
+            .filter(|(_, tok)| {
+                tok.special && END_OF_GENERATION_TOKENS.contains(&tok.content.as_str())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        push_new(&mut self.eos_ids, extra);
         let mut seen = BTreeSet::new();
-        eos.retain(|id| seen.insert(*id));
+        self.eos_ids.retain(|id| seen.insert(*id));
 
-        let vocab_size = max_id_plus_one(&inner);
-        let byte_table = match inner.get_decoder() {
+        let vocab_size = max_id_plus_one(inner);
+        self.byte_table = match inner.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => {
                 let mut bytes = Vec::with_capacity(vocab_size);
                 let mut special = Vec::with_capacity(vocab_size);
@@ -567,34 +565,15 @@ impl Tokenizer {
                         Some(t) => t.get(id as usize).cloned(),
                         None => inner.id_to_token(id),
                     };
-                    match text {
-                        Some(t) => {
-                            special.push(added.get(&id).is_some_and(|a| a.special));
-                            bytes.push(byte_level_bytes(&t));
-                        }
-                        None => {
-                            special.push(false);
-                            bytes.push(vec![]);
-                        }
-                    }
+                    special.push(text.is_some() && added.get(&id).is_some_and(|a| a.special));
+                    bytes.push(text.map_or_else(Vec::new, |t| byte_level_bytes(&t)));
                 }
                 Some(ByteTable { bytes, special })
             }
             _ => None,
         };
-        Tokenizer {
-            inner,
-            bos_id,
-            eos_ids: eos,
-            pad_id,
-            unk_id,
-            add_bos,
-            add_eos,
-            chat_template,
-            model_max_length,
-            vocab_size,
-            byte_table,
-        }
+        self.vocab_size = vocab_size;
+        self
     }
 
     /// Load a tokenizer.json file alone (no config: no chat template, eos ids
@@ -619,11 +598,7 @@ impl Tokenizer {
         let mut eos_extra = vec![];
         for f in ["generation_config.json", "config.json"] {
             if let Some(v) = read_json(&dir.join(f))? {
-                for id in json_ids(v.get("eos_token_id")) {
-                    if !eos_extra.contains(&id) {
-                        eos_extra.push(id);
-                    }
-                }
+                push_new(&mut eos_extra, json_ids(v.get("eos_token_id")));
             }
         }
         let jinja = dir.join("chat_template.jinja");
@@ -659,15 +634,8 @@ impl Tokenizer {
                 .and_then(|s| inner.token_to_id(&s))
         };
         let bos_id = tok_id("bos_token");
-        let mut eos = vec![];
-        if let Some(e) = tok_id("eos_token") {
-            eos.push(e);
-        }
-        for id in eos_extra.unwrap_or_default() {
-            if !eos.contains(&id) {
-                eos.push(id);
-            }
-        }
+        let mut eos: Vec<u32> = tok_id("eos_token").into_iter().collect();
+        push_new(&mut eos, eos_extra.unwrap_or_default());
         let pad_id = tok_id("pad_token");
         let unk_id = tok_id("unk_token");
         let chat_template = template_file.or_else(|| {
@@ -699,18 +667,20 @@ impl Tokenizer {
             && with.first() == bos_id.as_ref()
             && without.first() != bos_id.as_ref();
         let add_eos = with.len() > without.len() && with.last().is_some_and(|l| eos.contains(l));
-        Self::finish(
+        Tokenizer {
             inner,
-            None,
             bos_id,
-            eos,
+            eos_ids: eos,
             pad_id,
             unk_id,
             add_bos,
             add_eos,
             chat_template,
             model_max_length,
-        )
+            vocab_size: 0,
+            byte_table: None,
+        }
+        .finish(None)
     }
 
     /// Encode text. Special tokens written in the text (e.g. `<|im_start|>`)
