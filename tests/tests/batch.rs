@@ -405,3 +405,51 @@ fn the_chi_square_test_tells_different_distributions_apart() {
     let (apart, df) = chi_square(&a, &sample([100, 40, 30, 30]), 10);
     assert!(apart > chi_square_critical_001(df), "{apart}");
 }
+
+/// A model drafter's cache follows the committed log, so a request with
+/// `self:N` reserves its N layers' KV per token besides the target's; an
+/// n-gram drafter holds none.
+#[test]
+fn a_model_drafters_cache_counts_in_the_kv_budget() {
+    let e = engine();
+    let prompt = e
+        .encode(&chat("Name three colors of the rainbow."))
+        .unwrap();
+    let reserved = |drafter: &str| {
+        let mut sched = Scheduler::new(&e, BatchLimits::default());
+        let params = SamplingParams::default();
+        let opts = SpecOptions {
+            drafter: Some(drafter.parse().unwrap()),
+            ..Default::default()
+        };
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: prompt.clone(),
+            settings: e.settings(params.clone(), Some(4), vec![]),
+            spec: e.speculation(&opts, &params).unwrap(),
+            sink: Box::new(|_: &str| true),
+            done: Box::new(|r| {
+                r.unwrap();
+            }),
+        });
+        assert_eq!(sched.running(), 1);
+        let bytes = sched.kv_bytes();
+        while !sched.is_idle() {
+            sched.step(&mut || true);
+        }
+        bytes
+    };
+    let layers = e.model.config.num_hidden_layers;
+    // Both speculate, so both hold the same tokens; only self:8 has a cache.
+    let (ngram, self8) = (reserved("ngram"), reserved("self:8"));
+    let per_token = kv_bytes_per_token(&e.model.config);
+    assert!(
+        ngram % per_token == 0 && ngram / per_token >= prompt.len() - 1,
+        "an n-gram drafter holds no KV: {ngram} bytes"
+    );
+    assert_eq!(
+        self8 * layers,
+        ngram * (layers + 8),
+        "self:8 holds 8 of the target's {layers} layers per token"
+    );
+}
