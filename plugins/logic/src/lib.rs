@@ -297,8 +297,9 @@ impl ScheduleLogic for HeuristicTransient {
 /// the k with the highest tokens(k) / cost(k), the smallest on ties; 0 (a
 /// plain step) when speculation does not pay.  With no verify timing at all
 /// yet it answers min(`initial`, K) (config `{"initial": 4, "prior": 0.6}`).
-/// After [`PROBE_AFTER`] plain answers in a row it drafts 2 once (a probe),
-/// and waits twice as long before each further probe of the request.
+/// After [`PROBE_AFTER`] plain answers in a row it drafts 2 (a probe) until
+/// a round has drafted (a drafter may have nothing to propose), and waits
+/// twice as long before each further probe of the request.
 ///
 /// It learns across requests through its carried state (see
 /// [`ThroughputCarry`]): per draft position, the rounds that reached it and
@@ -336,6 +337,10 @@ pub struct Throughput {
     /// doubled after each probe (a probe in a batch of many costs rows
     /// that rarely pay).
     pub probe_after: u32,
+    /// A probe was answered and has not drafted yet: a drafter with
+    /// nothing to propose (an n-gram without a match) drafts nothing, which
+    /// measures nothing, so the probe goes on until a round drafted.
+    pub probing: bool,
     /// What earlier requests left (counts scaled at `create`); fixed for
     /// the request.
     pub carry: ThroughputCarry,
@@ -634,6 +639,7 @@ impl ScheduleLogic for Throughput {
             prior: c.prior,
             zeros: 0,
             probe_after: PROBE_AFTER,
+            probing: false,
             carry,
             own: ThroughputCarry::default(),
         })
@@ -644,6 +650,9 @@ impl ScheduleLogic for Throughput {
         if input.round > 0 {
             if let Some(last) = input.recent.last() {
                 self.own.add_round(last.drafted, last.accepted);
+                if last.drafted > 0 {
+                    self.probing = false;
+                }
             }
         }
         self.learn_timing(input);
@@ -674,8 +683,12 @@ impl ScheduleLogic for Throughput {
             }
         }
         if best.0 == 0 {
+            if self.probing {
+                return 2.min(kmax);
+            }
             self.zeros += 1;
             if self.zeros >= self.probe_after {
+                self.probing = true;
                 self.zeros = 0;
                 self.probe_after = self.probe_after.saturating_mul(2);
                 return 2.min(kmax);
