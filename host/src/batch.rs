@@ -12,11 +12,15 @@
 //! pass the budget, the most recently admitted request is preempted: its KV
 //! is dropped, it goes back to the front of the line, and it is re-prefilled
 //! from its committed log when it resumes (same tokens, later). A request
-//! running alone is never preempted. Drafter caches (`self:N`) are not
-//! counted.
+//! running alone is never preempted. A model drafter's cache (`self:N`,
+//! `model:NAME`) follows the committed log, so a request with one reserves
+//! and holds its bytes per token too ([`request_kv_bytes_per_token`]); a
+//! preempted request's drafter cache is not dropped (it is rewound when the
+//! request resumes) and is not counted while it waits.
 use crate::engine::Engine;
 use crate::model::LlamaConfig;
 use crate::model::Logits;
+use crate::options::DrafterSpec;
 use crate::pipeline::PREFILL_CHUNK;
 use crate::pipeline::{Finished, Sequence, Settings, Sink};
 use crate::speculation::target::{forward_batch, StepRows};
@@ -45,6 +49,27 @@ pub struct BatchLimits {
 /// Bytes of KV cache one token takes: float32 keys and values, every layer.
 pub fn kv_bytes_per_token(c: &LlamaConfig) -> usize {
     c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4
+}
+
+/// Bytes of KV cache one token of a request takes: the target's, plus its
+/// drafter's when the drafter is a model (`drafter`: its name as
+/// [`crate::speculation::Drafter::name`] gives it): `self:N` holds the
+/// target's first N layers, `model:NAME` that draft model's. Model-free
+/// drafters (n-gram, suffix) hold no KV.
+pub fn request_kv_bytes_per_token(engine: &Engine, drafter: Option<&str>) -> usize {
+    let c = &engine.model.config;
+    let target = kv_bytes_per_token(c);
+    let draft = match drafter.and_then(|d| d.parse::<DrafterSpec>().ok()) {
+        Some(DrafterSpec::SelfLayers(n)) => {
+            target * n.min(c.num_hidden_layers) / c.num_hidden_layers.max(1)
+        }
+        Some(DrafterSpec::Model(name)) => engine
+            .drafts
+            .get(&name)
+            .map_or(0, |m| kv_bytes_per_token(&m.config)),
+        _ => 0,
+    };
+    target + draft
 }
 
 /// The default KV budget: a quarter of the machine's memory (4 GiB where
@@ -88,6 +113,8 @@ pub struct Admitted<'e> {
 struct Active<'e> {
     /// Admission order.
     id: u64,
+    /// KV bytes per token of its caches, its drafter's included.
+    per_token: usize,
     seq: Sequence<'e>,
     target: LlamaTarget,
     tenant: Option<String>,
@@ -129,7 +156,7 @@ pub struct Scheduler<'e> {
     /// Admitted but not running (yet, or again), in order.
     waiting: VecDeque<Waiting<'e>>,
     next_id: u64,
-    /// KV bytes of one token.
+    /// KV bytes of one token of the target (the reserved share is in these).
     per_token: usize,
     /// What one more row adds to a step, learnt from the steps run.
     curve: StepCurve,
@@ -162,7 +189,7 @@ impl<'e> Scheduler<'e> {
     pub fn kv_bytes(&self) -> usize {
         self.active
             .iter()
-            .map(|a| (a.seq.kv_tokens() + 1) * self.per_token)
+            .map(|a| (a.seq.kv_tokens() + 1) * a.per_token)
             .sum()
     }
 
@@ -174,11 +201,11 @@ impl<'e> Scheduler<'e> {
         })
     }
 
-    /// Whether `tokens` more fit in the budget.
-    fn fits(&self, tokens: usize) -> bool {
+    /// Whether `bytes` more fit in the budget.
+    fn fits(&self, bytes: usize) -> bool {
         self.limits
             .kv_budget
-            .is_none_or(|b| self.kv_bytes() + tokens * self.per_token <= b)
+            .is_none_or(|b| self.kv_bytes() + bytes <= b)
     }
 
     /// Starts or resumes waiting requests, in order, while they fit: each
@@ -189,10 +216,17 @@ impl<'e> Scheduler<'e> {
             let Some(front) = self.waiting.front() else {
                 break;
             };
-            let need = match front {
-                Waiting::Fresh(a) => a.prompt.len(),
-                Waiting::Preempted(a) => a.seq.kv_tokens() + a.seq.max_round_rows(),
-            } + self.share_tokens();
+            let (tokens, per_token) = match front {
+                Waiting::Fresh(a) => (
+                    a.prompt.len(),
+                    request_kv_bytes_per_token(
+                        self.engine,
+                        a.spec.as_ref().map(|s| s.drafter.name()).as_deref(),
+                    ),
+                ),
+                Waiting::Preempted(a) => (a.seq.kv_tokens() + a.seq.max_round_rows(), a.per_token),
+            };
+            let need = tokens * per_token + self.share_tokens() * self.per_token;
             if !self.active.is_empty() && !self.fits(need) {
                 break;
             }
@@ -226,7 +260,7 @@ impl<'e> Scheduler<'e> {
             let peak: usize = self
                 .active
                 .iter()
-                .map(|a| (a.seq.kv_tokens() + Self::step_rows(a)) * self.per_token)
+                .map(|a| (a.seq.kv_tokens() + Self::step_rows(a)) * a.per_token)
                 .sum();
             if peak <= budget {
                 break;
@@ -259,6 +293,10 @@ impl<'e> Scheduler<'e> {
     fn start(&mut self, a: Admitted<'e>) {
         let id = self.next_id;
         self.next_id += 1;
+        let per_token = request_kv_bytes_per_token(
+            self.engine,
+            a.spec.as_ref().map(|s| s.drafter.name()).as_deref(),
+        );
         let (mut target, cached) = self.engine.target_for(a.tenant.as_deref(), &a.prompt);
         match Sequence::new(
             &mut target,
@@ -271,6 +309,7 @@ impl<'e> Scheduler<'e> {
         ) {
             Ok(seq) => self.active.push(Active {
                 id,
+                per_token,
                 seq,
                 target,
                 tenant: a.tenant,

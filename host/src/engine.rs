@@ -199,11 +199,12 @@ impl Engine {
                 .map_or(PolicyConfig::Text("{}"), PolicyConfig::Json)
         }
         // Carried state is kept per (policy, model key, config): the tenant
-        // goes into the model key.
+        // and the drafter go into the model key (what a schedule learns of
+        // acceptance is the drafter's: n-gram and self:N differ widely).
         let model_key = if tenant.is_empty() {
-            self.name.clone()
+            format!("{}#drafter={spec}", self.name)
         } else {
-            format!("{}#tenant={tenant}", self.name)
+            format!("{}#drafter={spec}#tenant={tenant}", self.name)
         };
         let schedule = self
             .policies

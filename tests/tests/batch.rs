@@ -208,3 +208,246 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
         "the stats count every preemption"
     );
 }
+
+/// The chi-square statistic of a 2 x C table (two samples' counts over the
+/// same categories) and its degrees of freedom. Categories are the tokens
+/// both samples together drew at least `min` times; the rest are pooled.
+fn chi_square(a: &[u32], b: &[u32], min: usize) -> (f64, usize) {
+    use std::collections::BTreeMap;
+    let mut counts: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+    for &t in a {
+        counts.entry(t).or_default().0 += 1.0;
+    }
+    for &t in b {
+        counts.entry(t).or_default().1 += 1.0;
+    }
+    let mut cells: Vec<(f64, f64)> = Vec::new();
+    let mut rest = (0.0, 0.0);
+    for (_, (x, y)) in counts {
+        if x + y >= min as f64 {
+            cells.push((x, y));
+        } else {
+            rest.0 += x;
+            rest.1 += y;
+        }
+    }
+    if rest.0 + rest.1 > 0.0 {
+        cells.push(rest);
+    }
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let n = na + nb;
+    let stat = cells
+        .iter()
+        .map(|&(x, y)| {
+            let col = x + y;
+            let (ea, eb) = (col * na / n, col * nb / n);
+            (x - ea).powi(2) / ea + (y - eb).powi(2) / eb
+        })
+        .sum();
+    (stat, cells.len().saturating_sub(1))
+}
+
+/// The chi-square critical value at significance 0.001 (Wilson-Hilferty:
+/// within 3% of the exact quantile for df >= 2, above it at small df).
+fn chi_square_critical_001(df: usize) -> f64 {
+    let d = df.max(1) as f64;
+    let z = 3.090; // standard normal quantile of 0.999
+    let c = 2.0 / (9.0 * d);
+    d * (1.0 - c + z * c.sqrt()).powi(3)
+}
+
+/// Runs `seeds` seeded sampled requests of `n` tokens, all at once through
+/// the scheduler (`batch` at a time) or one by one; returns each one's
+/// generated tokens, and how many steps it shared and drafts it verified.
+fn sampled_runs(
+    e: &specd::engine::Engine,
+    prompt: &[u32],
+    temperature: f32,
+    seeds: std::ops::Range<u64>,
+    n: usize,
+    batch: Option<usize>,
+) -> Vec<(Vec<u32>, u64, u64)> {
+    let opts = SpecOptions {
+        drafter: Some("self:8".parse().unwrap()),
+        schedule: Some("throughput".into()),
+        ..Default::default()
+    };
+    let params = |seed| SamplingParams {
+        temperature,
+        seed,
+        ..Default::default()
+    };
+    let generated = |f: specd::pipeline::Finished| {
+        (
+            f.log[prompt.len()..].to_vec(),
+            f.stats.batch_steps,
+            f.stats.drafted,
+        )
+    };
+    let Some(width) = batch else {
+        return seeds
+            .map(|s| {
+                let p = params(s);
+                let spec = e.speculation(&opts, &p).unwrap();
+                let settings = e.settings(p, Some(n), vec![]);
+                generated(e.generate(prompt, &settings, spec, &mut |_| true).unwrap())
+            })
+            .collect();
+    };
+    let out = Rc::new(RefCell::new(Vec::new()));
+    let mut sched = Scheduler::new(
+        e,
+        BatchLimits {
+            max_sequences: width,
+            ..Default::default()
+        },
+    );
+    for s in seeds {
+        let p = params(s);
+        let o = out.clone();
+        sched.admit(Admitted {
+            tenant: Some(String::new()),
+            prompt: prompt.to_vec(),
+            settings: e.settings(p.clone(), Some(n), vec![]),
+            spec: e.speculation(&opts, &p).unwrap(),
+            sink: Box::new(|_: &str| true),
+            done: Box::new(move |r| o.borrow_mut().push((s, generated(r.unwrap())))),
+        });
+        // Admission is bounded by the width: run steps until there is room.
+        while !sched.has_room() {
+            sched.step(&mut || false);
+        }
+    }
+    while !sched.is_idle() {
+        sched.step(&mut || false);
+    }
+    let mut v = out.take();
+    v.sort_by_key(|(s, _)| *s);
+    v.into_iter().map(|(_, r)| r).collect()
+}
+
+/// `throughput` picks k from timings, so under load a seeded sampled
+/// request may run other rounds than alone and draw other tokens; what must
+/// hold is the distribution (rejection sampling is lossless whatever k).
+/// The tokens after the first (the ones speculation drafts) of many seeds
+/// run 8 at a time are compared with those of the same seeds run alone,
+/// position by position, by a chi-square test of homogeneity at
+/// significance 0.001 each (0.005 for the five together).
+#[test]
+fn throughput_under_load_keeps_the_solo_token_distribution() {
+    let e = engine();
+    let prompt = e
+        .encode(&Prompt::Raw("My favourite animal is the".into()))
+        .unwrap();
+    let (seeds, n) = (0..200u64, 6usize);
+    let solo = sampled_runs(&e, &prompt, 1.0, seeds.clone(), n, None);
+    let batched = sampled_runs(&e, &prompt, 1.0, seeds, n, Some(8));
+    assert!(
+        batched.iter().all(|(_, shared, _)| *shared > 0),
+        "every batched request shared steps"
+    );
+    let drafted = |runs: &[(Vec<u32>, u64, u64)]| runs.iter().map(|r| r.2).sum::<u64>();
+    let differ = solo
+        .iter()
+        .zip(&batched)
+        .filter(|(a, b)| a.0 != b.0)
+        .count();
+    eprintln!(
+        "drafts: solo {} batched {}; {differ} of {} seeds drew other tokens batched",
+        drafted(&solo),
+        drafted(&batched),
+        solo.len()
+    );
+    // How many seeds ran other rounds depends on the timings (with what
+    // `throughput` carries across requests it rarely drafts `self:8` here);
+    // the distribution must match whatever it is.
+    let at = |runs: &[(Vec<u32>, u64, u64)], i: usize| -> Vec<u32> {
+        runs.iter().filter_map(|r| r.0.get(i).copied()).collect()
+    };
+    for i in 1..n {
+        let (stat, df) = chi_square(&at(&solo, i), &at(&batched, i), 10);
+        let crit = chi_square_critical_001(df);
+        eprintln!("position {i}: chi-square {stat:.1} (df {df}, critical {crit:.1})");
+        assert!(df >= 2, "position {i}: too few categories to test");
+        assert!(
+            stat < crit,
+            "position {i}: the batched tokens' distribution differs from the solo one (chi-square {stat:.1} >= {crit:.1}, df {df})"
+        );
+    }
+}
+
+/// The test statistic and its threshold: equal samples pass, samples from
+/// clearly different distributions fail, and the critical values are the
+/// tabulated ones within 3%.
+#[test]
+fn the_chi_square_test_tells_different_distributions_apart() {
+    for (df, exact) in [
+        (2, 13.816),
+        (5, 20.515),
+        (8, 26.124),
+        (10, 29.588),
+        (20, 45.315),
+    ] {
+        let c = chi_square_critical_001(df);
+        assert!((c / exact - 1.0).abs() < 0.03, "df {df}: {c} vs {exact}");
+    }
+    // 200 draws each over 4 tokens: the same counts, then 50% against 25%.
+    let sample = |w: [u32; 4]| -> Vec<u32> {
+        (0..4u32)
+            .flat_map(|t| std::iter::repeat_n(t, w[t as usize] as usize))
+            .collect()
+    };
+    let a = sample([50, 50, 50, 50]);
+    let (same, df) = chi_square(&a, &a, 10);
+    assert_eq!((same, df), (0.0, 3));
+    let (apart, df) = chi_square(&a, &sample([100, 40, 30, 30]), 10);
+    assert!(apart > chi_square_critical_001(df), "{apart}");
+}
+
+/// A model drafter's cache follows the committed log, so a request with
+/// `self:N` reserves its N layers' KV per token besides the target's; an
+/// n-gram drafter holds none.
+#[test]
+fn a_model_drafters_cache_counts_in_the_kv_budget() {
+    let e = engine();
+    let prompt = e
+        .encode(&chat("Name three colors of the rainbow."))
+        .unwrap();
+    let reserved = |drafter: &str| {
+        let mut sched = Scheduler::new(&e, BatchLimits::default());
+        let params = SamplingParams::default();
+        let opts = SpecOptions {
+            drafter: Some(drafter.parse().unwrap()),
+            ..Default::default()
+        };
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: prompt.clone(),
+            settings: e.settings(params.clone(), Some(4), vec![]),
+            spec: e.speculation(&opts, &params).unwrap(),
+            sink: Box::new(|_: &str| true),
+            done: Box::new(|r| {
+                r.unwrap();
+            }),
+        });
+        assert_eq!(sched.running(), 1);
+        let bytes = sched.kv_bytes();
+        while !sched.is_idle() {
+            sched.step(&mut || true);
+        }
+        bytes
+    };
+    let layers = e.model.config.num_hidden_layers;
+    // Both speculate, so both hold the same tokens; only self:8 has a cache.
+    let (ngram, self8) = (reserved("ngram"), reserved("self:8"));
+    let per_token = kv_bytes_per_token(&e.model.config);
+    assert!(
+        ngram % per_token == 0 && ngram / per_token >= prompt.len() - 1,
+        "an n-gram drafter holds no KV: {ngram} bytes"
+    );
+    assert_eq!(
+        self8 * layers,
+        ngram * (layers + 8),
+        "self:8 holds 8 of the target's {layers} layers per token"
+    );
+}

@@ -399,20 +399,29 @@ fn prepare<'e>(
             prompt.len()
         ));
     }
-    if let Some(budget) = cfg.batch.kv_budget {
-        let need = (prompt.len() + 1) * crate::batch::kv_bytes_per_token(&engine.model.config);
-        if need > budget {
-            return refuse(format!(
-                "the prompt is {} tokens, whose KV cache ({need} bytes) is over this server's kv_budget of {budget} bytes",
-                prompt.len()
-            ));
-        }
-    }
     let crate::engine::Prepared { mut settings, spec } = match engine.prepare(&req) {
         Ok(p) => p,
         Err(e) => return refuse(format!("{e:#}")),
     };
     settings.record |= record.is_some();
+    if let Some(budget) = cfg.batch.kv_budget {
+        // A model drafter's cache grows with the target's: counted too.
+        let drafter = spec.as_ref().map(|s| s.drafter.name());
+        let need = (prompt.len() + 1)
+            * crate::batch::request_kv_bytes_per_token(engine, drafter.as_deref());
+        if need > budget {
+            return refuse(format!(
+                "the prompt is {} tokens, whose KV cache ({need} bytes{}) is over this server's kv_budget of {budget} bytes",
+                prompt.len(),
+                match &drafter {
+                    Some(d) if d.starts_with("self:") || d.starts_with("model:") => {
+                        format!(", the {d} drafter's included")
+                    }
+                    _ => String::new(),
+                }
+            ));
+        }
+    }
     if req.trace_rounds {
         // Each round goes out as it ends, so a client can plot it live.
         let tx = reply.clone();

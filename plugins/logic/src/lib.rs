@@ -297,18 +297,195 @@ impl ScheduleLogic for HeuristicTransient {
 /// the k with the highest tokens(k) / cost(k), the smallest on ties; 0 (a
 /// plain step) when speculation does not pay.  With no verify timing at all
 /// yet it answers min(`initial`, K) (config `{"initial": 4, "prior": 0.6}`).
+/// After [`PROBE_AFTER`] plain answers in a row it drafts 2 (a probe) until
+/// a round has drafted (a drafter may have nothing to propose), and waits
+/// twice as long before each further probe of the request.
+///
+/// It learns across requests through its carried state (see
+/// [`ThroughputCarry`]): per draft position, the rounds that reached it and
+/// kept it, and the timing it measured (plain-step seconds, seconds per
+/// extra verify row, drafter seconds per token).  A request's first rounds
+/// then start from what earlier requests saw instead of `initial` and the
+/// prior, which matters most for short requests: a request of 48 tokens
+/// otherwise ends before it has measured its own acceptance.
+///
+/// - Acceptance: a_i blends this request's estimate with the carried one,
+///   weighted by the rounds behind each: (n_i * own_i + m_i * carried_i) /
+///   (n_i + m_i), n_i the rounds of this request that reached position i,
+///   m_i the carried rounds (scaled down at `create` to at most
+///   [`CARRY_WEIGHT`] at position 0, so a request's own rounds soon
+///   dominate).
+/// - Timing: where this request has measured fewer than two verify lengths,
+///   the unmeasured ones come from the carried line (plain + k * per-row,
+///   anchored on its one measured length when it has one) instead of
+///   `initial` or a flat line.  With two or more, lengths below the
+///   shortest measured follow the slope of the two shortest (not flat).
+///
+/// Without carried state it decides exactly as described in the first
+/// paragraph.  Concurrent requests each carry the state they started from
+/// plus their own rounds; the last to finish is what the next request
+/// starts from.
 #[derive(Clone, Debug)]
 pub struct Throughput {
     pub initial: u32,
     pub prior: f64,
-    /// Rounds in a row it answered 0; after `PROBE_AFTER` it drafts a
+    /// Rounds in a row it answered 0; after `probe_after` it drafts a
     /// little again, so one bad early round cannot switch speculation off for
     /// the rest of the request (with k = 0 nothing new is ever measured).
     pub zeros: u32,
+    /// Plain answers in a row before the next probe: [`PROBE_AFTER`],
+    /// doubled after each probe (a probe in a batch of many costs rows
+    /// that rarely pay).
+    pub probe_after: u32,
+    /// A probe was answered and has not drafted yet: a drafter with
+    /// nothing to propose (an n-gram without a match) drafts nothing, which
+    /// measures nothing, so the probe goes on until a round drafted.
+    pub probing: bool,
+    /// What earlier requests left (counts scaled at `create`); fixed for
+    /// the request.
+    pub carry: ThroughputCarry,
+    /// What this request saw: its rounds' counts and its latest timing,
+    /// carried on together with `carry`.
+    pub own: ThroughputCarry,
 }
 
-/// Consecutive plain rounds before a probe.
+/// Consecutive plain rounds before a probe (the first; then doubled).
 pub const PROBE_AFTER: u32 = 8;
+
+/// Most carried rounds (at draft position 0) a request starts from: the
+/// weight of what earlier requests saw against this request's own rounds.
+pub const CARRY_WEIGHT: f64 = 8.0;
+
+/// Draft positions carried at most.
+const CARRY_POSITIONS: usize = 32;
+
+/// `throughput`'s carried state: format version 1 byte; positions n (1
+/// byte); n times reached and kept (f32 LE each); then plain-step seconds,
+/// seconds per extra verify row and drafter seconds per token (f64 LE
+/// each, 0 = unknown).  Bytes in any other shape are ignored.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThroughputCarry {
+    pub reached: Vec<f64>,
+    pub kept: Vec<f64>,
+    pub plain_seconds: f64,
+    pub row_seconds: f64,
+    pub draft_seconds: f64,
+}
+
+const THROUGHPUT_CARRY_VERSION: u8 = 1;
+
+/// A timing: the newer where known (> 0).
+fn newer(new: f64, old: f64) -> f64 {
+    if new > 0.0 {
+        new
+    } else {
+        old
+    }
+}
+
+impl ThroughputCarry {
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let (&version, rest) = bytes.split_first()?;
+        let (&n, rest) = rest.split_first()?;
+        let n = n as usize;
+        if version != THROUGHPUT_CARRY_VERSION || rest.len() != n * 8 + 24 {
+            return None;
+        }
+        let f32_at = |i: usize| {
+            let v = f32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]]) as f64;
+            (v.is_finite() && v >= 0.0).then_some(v)
+        };
+        let f64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&rest[i..i + 8]);
+            let v = f64::from_le_bytes(b);
+            if v.is_finite() && v >= 0.0 {
+                v
+            } else {
+                0.0
+            }
+        };
+        let mut c = ThroughputCarry::default();
+        for i in 0..n {
+            let (r, k) = (f32_at(8 * i)?, f32_at(8 * i + 4)?);
+            c.reached.push(r);
+            c.kept.push(k.min(r));
+        }
+        c.plain_seconds = f64_at(8 * n);
+        c.row_seconds = f64_at(8 * n + 8);
+        c.draft_seconds = f64_at(8 * n + 16);
+        Some(c)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let n = self.reached.len().min(CARRY_POSITIONS);
+        let mut out = Vec::with_capacity(2 + n * 8 + 24);
+        out.push(THROUGHPUT_CARRY_VERSION);
+        out.push(n as u8);
+        for i in 0..n {
+            out.extend_from_slice(&(self.reached[i] as f32).to_le_bytes());
+            out.extend_from_slice(&(self.kept[i] as f32).to_le_bytes());
+        }
+        for v in [self.plain_seconds, self.row_seconds, self.draft_seconds] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Scales the counts so that position 0 holds at most `weight` rounds
+    /// (the ratios, i.e. the acceptance estimates, stay).
+    fn scale_to(&mut self, weight: f64) {
+        let first = self.reached.first().copied().unwrap_or(0.0);
+        if first > weight {
+            let f = weight / first;
+            self.reached.iter_mut().for_each(|x| *x *= f);
+            self.kept.iter_mut().for_each(|x| *x *= f);
+        }
+    }
+
+    /// The carried acceptance at `i` and its weight in rounds.
+    fn acceptance(&self, i: usize) -> Option<(f64, f64)> {
+        let r = *self.reached.get(i)?;
+        // Laplace-smoothed as the host's estimate is.
+        (r > 0.0).then(|| ((self.kept[i] + 1.0) / (r + 2.0), r))
+    }
+
+    /// Counts one finished round as the host does: a position is reached
+    /// when every draft before it was kept.
+    fn add_round(&mut self, drafted: u32, accepted: u32) {
+        let n = (drafted as usize).min(CARRY_POSITIONS);
+        if self.reached.len() < n {
+            self.reached.resize(n, 0.0);
+            self.kept.resize(n, 0.0);
+        }
+        for i in 0..n {
+            self.reached[i] += 1.0;
+            if (i as u32) < accepted {
+                self.kept[i] += 1.0;
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Both sets of counts together; the timing `other` measured where
+    /// it did, else `self`'s.
+    fn plus(&self, other: &ThroughputCarry) -> ThroughputCarry {
+        let n = self.reached.len().max(other.reached.len());
+        let at = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
+        ThroughputCarry {
+            reached: (0..n)
+                .map(|i| at(&self.reached, i) + at(&other.reached, i))
+                .collect(),
+            kept: (0..n)
+                .map(|i| at(&self.kept, i) + at(&other.kept, i))
+                .collect(),
+            plain_seconds: newer(other.plain_seconds, self.plain_seconds),
+            row_seconds: newer(other.row_seconds, self.row_seconds),
+            draft_seconds: newer(other.draft_seconds, self.draft_seconds),
+        }
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -358,68 +535,171 @@ pub fn estimate_verify(measured: &[f64], k: usize) -> Option<f64> {
     }
 }
 
+/// The measured lengths of `measured` (seconds > 0), shortest first.
+fn measured_lengths(measured: &[f64]) -> Vec<(usize, f64)> {
+    measured
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.is_finite() && **t > 0.0)
+        .map(|(j, t)| (j, *t))
+        .collect()
+}
+
+impl Throughput {
+    /// Verify seconds of every k in 0..=kmax (`None`: nothing to go on).
+    fn verify_curve(&self, measured: &[f64], kmax: u32) -> Option<Vec<f64>> {
+        let own = measured_lengths(measured);
+        let (plain, row) = (self.carry.plain_seconds, self.carry.row_seconds);
+        match own.as_slice() {
+            // One length: the carried slope through it, never below a
+            // tenth of it (a slope learnt in a bigger batch must not make
+            // the plain step look free).
+            [(j, t)] if row > 0.0 => Some(
+                (0..=kmax)
+                    .map(|k| (t + row * (k as f64 - *j as f64)).max(0.1 * t))
+                    .collect(),
+            ),
+            [] if plain > 0.0 => Some((0..=kmax).map(|k| plain + row * k as f64).collect()),
+            // Two or more lengths: this request's own line; below the
+            // shortest measured it goes on down with the slope of the two
+            // shortest (flat there would make drafting look free).
+            [(lo, tl), (next, tn), ..] => {
+                let slope = ((tn - tl) / (next - lo) as f64).max(0.0);
+                (0..=kmax)
+                    .map(|k| {
+                        let k = k as usize;
+                        if k < *lo {
+                            Some((tl - slope * (lo - k) as f64).max(0.1 * tl))
+                        } else {
+                            estimate_verify(measured, k)
+                        }
+                    })
+                    .collect()
+            }
+            // Nothing carried: one length is taken as flat, none as unknown.
+            _ => (0..=kmax)
+                .map(|k| estimate_verify(measured, k as usize))
+                .collect(),
+        }
+    }
+
+    /// Remembers this request's timing for the requests after it.
+    fn learn_timing(&mut self, input: &ScheduleInput) {
+        let own = measured_lengths(&input.verify_seconds_by_len);
+        if let (Some(&(lo, tl)), Some(&(hi, th))) = (own.first(), own.last()) {
+            if hi > lo {
+                self.own.row_seconds = ((th - tl) / (hi - lo) as f64).max(0.0);
+            }
+            // Only longer rounds measured: back down the slope known best.
+            let row = newer(self.own.row_seconds, self.carry.row_seconds);
+            self.own.plain_seconds = if lo == 0 {
+                tl
+            } else {
+                (tl - row * lo as f64).max(0.1 * tl)
+            };
+        }
+        let d = input.draft_seconds_per_token;
+        if d.is_finite() && d > 0.0 {
+            self.own.draft_seconds = d;
+        }
+    }
+
+    /// a_i: this request's estimate blended with the carried one.
+    fn acceptance(&self, input: &ScheduleInput, i: usize) -> f64 {
+        let clean = |a: f64| {
+            if a.is_finite() {
+                a.clamp(0.0, 1.0)
+            } else {
+                self.prior
+            }
+        };
+        let own = input.position_acceptance.get(i).copied().map(clean);
+        let n = self.own.reached.get(i).copied().unwrap_or(0.0);
+        match (own, self.carry.acceptance(i)) {
+            (Some(a), Some((c, m))) if n > 0.0 => (n * a + m * c) / (n + m),
+            (_, Some((c, _))) => c,
+            (Some(a), None) => a,
+            (None, None) => self.prior,
+        }
+    }
+}
+
 impl ScheduleLogic for Throughput {
-    fn create(config: &str, _carried: Option<&[u8]>) -> Result<Self, String> {
+    fn create(config: &str, carried: Option<&[u8]>) -> Result<Self, String> {
         let c: ThroughputConfig = parse_config(config)?;
         if !(0.0..=1.0).contains(&c.prior) {
             return Err("bad config: prior must be within [0, 1]".into());
         }
+        let mut carry = carried
+            .and_then(ThroughputCarry::decode)
+            .unwrap_or_default();
+        carry.scale_to(CARRY_WEIGHT);
         Ok(Throughput {
             initial: c.initial,
             prior: c.prior,
             zeros: 0,
+            probe_after: PROBE_AFTER,
+            probing: false,
+            carry,
+            own: ThroughputCarry::default(),
         })
     }
     fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
+        // The previous round (as `heuristic` reads it): counted for the
+        // blend and for the requests after this one.
+        if input.round > 0 {
+            if let Some(last) = input.recent.last() {
+                self.own.add_round(last.drafted, last.accepted);
+                if last.drafted > 0 {
+                    self.probing = false;
+                }
+            }
+        }
+        self.learn_timing(input);
         let kmax = input.max_draft.min(input.budget_left.saturating_sub(1));
         if kmax == 0 {
             return 0;
         }
-        if estimate_verify(&input.verify_seconds_by_len, 0).is_none() {
+        let Some(verify) = self.verify_curve(&input.verify_seconds_by_len, kmax) else {
             return self.initial.min(kmax);
-        }
-        let draft = if input.draft_seconds_per_token.is_finite() {
-            input.draft_seconds_per_token.max(0.0)
-        } else {
-            0.0
         };
+        let draft =
+            if input.draft_seconds_per_token.is_finite() && input.draft_seconds_per_token > 0.0 {
+                input.draft_seconds_per_token
+            } else {
+                self.carry.draft_seconds
+            };
         let mut best = (0u32, f64::NEG_INFINITY);
         let (mut tokens, mut reach) = (1.0f64, 1.0f64);
         for k in 0..=kmax {
             if k > 0 {
-                let i = (k - 1) as usize;
-                let a = input
-                    .position_acceptance
-                    .get(i)
-                    .copied()
-                    .unwrap_or(self.prior);
-                let a = if a.is_finite() {
-                    a.clamp(0.0, 1.0)
-                } else {
-                    self.prior
-                };
-                reach *= a;
+                reach *= self.acceptance(input, (k - 1) as usize);
                 tokens += reach;
             }
-            let Some(verify) = estimate_verify(&input.verify_seconds_by_len, k as usize) else {
-                break;
-            };
-            let cost = k as f64 * draft + verify;
+            let cost = k as f64 * draft + verify[k as usize];
             let rate = tokens / cost;
             if rate > best.1 * (1.0 + 1e-9) {
                 best = (k, rate);
             }
         }
         if best.0 == 0 {
+            if self.probing {
+                return 2.min(kmax);
+            }
             self.zeros += 1;
-            if self.zeros >= PROBE_AFTER {
+            if self.zeros >= self.probe_after {
+                self.probing = true;
                 self.zeros = 0;
+                self.probe_after = self.probe_after.saturating_mul(2);
                 return 2.min(kmax);
             }
         } else {
             self.zeros = 0;
         }
         best.0
+    }
+    fn carry(&self) -> Option<Vec<u8>> {
+        Some(self.carry.plus(&self.own).encode())
     }
 }
 
