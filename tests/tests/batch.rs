@@ -290,7 +290,10 @@ fn sampled_runs(
                 let p = params(s);
                 let spec = e.speculation(&opts, &p).unwrap();
                 let settings = e.settings(p, Some(n), vec![]);
-                generated(e.generate(prompt, &settings, spec, &mut |_| true).unwrap())
+                generated(
+                    e.generate(Some(""), prompt, &settings, spec, &mut |_| true)
+                        .unwrap(),
+                )
             })
             .collect();
     };
