@@ -410,3 +410,32 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
     }
     Ok(res)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The device's argmax and margin are the host's, ties (first index)
+    /// and rows without a number included.
+    #[test]
+    fn device_argmax_answers_as_the_host() {
+        let rows: [[f32; 5]; 5] = [
+            [0.5, 2.0, 1.0, -3.0, 1.5],
+            [1.0, 3.0, 0.5, 3.0, 0.0],
+            [f32::NAN, 1.0, 2.0, 0.0, 1.5],
+            [-1.0, -2.0, -0.5, -0.25, -4.0],
+            [f32::NEG_INFINITY, 0.0, f32::INFINITY, 1.0, f32::INFINITY],
+        ];
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        let logits = Array::from_f32(&flat, &[5, 5]).unwrap();
+        let stats = DeviceArgmax::queue(&logits).unwrap();
+        specd_mlx::eval(&[&stats.values, &logits]).unwrap();
+        let got = stats.read(&logits).unwrap();
+        for (i, (r, g)) in rows.iter().zip(&got).enumerate() {
+            let want = RowArgmax::of(r);
+            assert_eq!(want.argmax, g.argmax, "row {i}");
+            assert_eq!(want.margin.to_bits(), g.margin.to_bits(), "row {i}");
+        }
+        assert_eq!(got[1].argmax, 1, "a tie goes to the first index");
+    }
+}
