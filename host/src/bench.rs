@@ -57,7 +57,9 @@ pub fn user_turn(e: &Engine, text: &str) -> Prompt {
 }
 
 /// Runs one prompt. `tenant` scopes what the suffix drafter learns from
-/// earlier runs, so configs never draft from each other's outputs.
+/// earlier runs, so configs never draft from each other's outputs. `light`:
+/// light rounds ([`crate::pipeline::Settings::light_rounds`]).
+#[allow(clippy::too_many_arguments)]
 fn run_one(
     e: &Engine,
     tenant: &str,

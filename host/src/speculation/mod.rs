@@ -44,7 +44,9 @@ pub struct RoundOutcome {
     /// Top-2 logit margin of the target at each committed position.
     pub margins: Vec<f32>,
     /// The target's raw logits and final distribution at each committed
-    /// position (moved out, not copied: what logprobs are computed from).
+    /// position (moved out, not copied: what logprobs are computed from);
+    /// empty after an argmax-only verify ([`VerifyRows::Argmax`]), which
+    /// only requests that read no logprobs get.
     pub rows: Vec<Vec<f32>>,
     pub dists: Vec<Distribution>,
 }

@@ -94,8 +94,8 @@ impl RowDists {
     /// drawn then, on either kind).
     pub fn sample(&self, i: usize, params: &SamplingParams, rng: &mut Rng) -> u32 {
         match self {
-            RowDists::Full(d) if !params.greedy() => d[i].sample_with(rng.uniform()),
-            _ => self.argmax(i),
+            RowDists::Full(d) => d[i].draw(params, rng),
+            RowDists::Greedy(a) => a[i].argmax,
         }
     }
 
