@@ -404,7 +404,8 @@ pub fn table(cells: &[Cell]) -> String {
     }
     let timed: Vec<&Cell> = cells.iter().filter(|c| !c.round_ms.is_empty()).collect();
     if let Some(first) = timed.first() {
-        s += &format!("\n{:<53}", "ms per round");
+        // Indented: only the cells' lines start with their suite.
+        s += &format!("\n{:<55}", "ms per round");
         for (n, _) in &first.round_ms {
             s += &format!(" {n:>8}");
         }
@@ -414,7 +415,7 @@ pub fn table(cells: &[Cell]) -> String {
                 "{} {}/{}/{} {}",
                 c.suite, c.drafter, c.schedule, c.acceptance, c.rounds
             );
-            s += &format!("{name:<53}");
+            s += &format!("  {name:<53}");
             for (_, ms) in &c.round_ms {
                 s += &format!(" {ms:>8.3}");
             }
