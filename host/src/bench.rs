@@ -5,6 +5,7 @@ use crate::engine::{Engine, Prompt};
 use crate::options::{DrafterSpec, SpecOptions};
 use crate::pipeline::Finished;
 use crate::sampling::SamplingParams;
+use crate::speculation::RoundPhases;
 use anyhow::Result;
 use serde::Serialize;
 use specd_text::ChatMessage;
@@ -56,7 +57,9 @@ pub fn user_turn(e: &Engine, text: &str) -> Prompt {
 }
 
 /// Runs one prompt. `tenant` scopes what the suffix drafter learns from
-/// earlier runs, so configs never draft from each other's outputs.
+/// earlier runs, so configs never draft from each other's outputs. `light`:
+/// light rounds ([`crate::pipeline::Settings::light_rounds`]).
+#[allow(clippy::too_many_arguments)]
 fn run_one(
     e: &Engine,
     tenant: &str,
@@ -65,11 +68,13 @@ fn run_one(
     params: &SamplingParams,
     max_tokens: usize,
     record: Option<&std::path::Path>,
+    light: bool,
 ) -> Result<Finished> {
     let ids = e.encode(&user_turn(e, prompt))?;
     let spec = e.speculation_in(tenant, opts, params)?;
     let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
     settings.record = record.is_some();
+    settings.light_rounds = light;
     let fin = e.generate(None, &ids, &settings, spec, &mut |_| true)?;
     if let Some(p) = record {
         crate::trace::write(p, e, &settings, &fin)?;
@@ -129,6 +134,7 @@ struct Acc {
     policy_seconds: f64,
     /// Runs whose tokens equal the plain run's.
     same: usize,
+    phases: RoundPhases,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -152,6 +158,10 @@ pub struct Cell {
     pub policy_share: f64,
     pub identical_to_plain: usize,
     pub runs: usize,
+    /// `light` or `full` rounds ([`crate::pipeline::Settings::light_rounds`]).
+    pub rounds: String,
+    /// Milliseconds per round in each part of it (empty for plain).
+    pub round_ms: Vec<(String, f64)>,
 }
 
 pub struct SpecBench {
@@ -165,16 +175,26 @@ pub struct SpecBench {
     pub suites: Vec<(String, Vec<String>)>,
     /// Append every run's rounds to this trace file.
     pub record: Option<std::path::PathBuf>,
+    /// Round kinds, each a config of its own: light (true) and/or full
+    /// (false) rounds; empty: the default's.
+    pub rounds: Vec<bool>,
 }
 
 /// Every drafter x schedule x acceptance against plain decoding, per suite,
 /// prompt by prompt and interleaved, repeated.
 pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result<Vec<Cell>> {
     let mut configs = Vec::new();
+    let rounds = if b.rounds.is_empty() {
+        vec![crate::pipeline::light_rounds_default()]
+    } else {
+        b.rounds.clone()
+    };
     for d in &b.drafters {
         for s in &b.schedules {
             for a in &b.acceptances {
-                configs.push((d.clone(), s.clone(), a.clone()));
+                for &r in &rounds {
+                    configs.push((d.clone(), s.clone(), a.clone(), r));
+                }
             }
         }
     }
@@ -195,7 +215,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                     drafter: Some(DrafterSpec::None),
                     ..Default::default()
                 };
-                let plain = run_one(e, "plain", p, &none, &b.params, b.max_tokens, None)?;
+                let plain = run_one(e, "plain", p, &none, &b.params, b.max_tokens, None, true)?;
                 done += 1;
                 progress(&format!(
                     "[{done}/{total}] {suite} repeat {} plain: {:.1} tok/s",
@@ -204,7 +224,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 ));
                 plain_tokens += plain.stats.generated_tokens;
                 plain_seconds += plain.stats.decode_seconds;
-                for (i, (d, s, a)) in configs.iter().enumerate() {
+                for (i, (d, s, a, light)) in configs.iter().enumerate() {
                     let opts = SpecOptions {
                         drafter: Some(d.parse()?),
                         schedule: Some(s.clone()),
@@ -220,11 +240,13 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                         &b.params,
                         b.max_tokens,
                         b.record.as_deref(),
+                        *light,
                     )?;
                     done += 1;
                     progress(&format!(
-                        "[{done}/{total}] {suite} repeat {} {d}/{s}/{a}: {:.1} tok/s, acceptance {:.2}",
+                        "[{done}/{total}] {suite} repeat {} {d}/{s}/{a} {}: {:.1} tok/s, acceptance {:.2}",
                         r + 1,
+                        round_kind(*light),
                         f.stats.decode_tps(),
                         f.stats.acceptance_rate
                     ));
@@ -240,6 +262,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                     c.rounds += f.stats.rounds;
                     c.policy_seconds += f.stats.policy_seconds;
                     c.same += (f.emitted == plain.emitted) as usize;
+                    c.phases.add(&f.stats.phases);
                 }
             }
         }
@@ -267,8 +290,10 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
             policy_share: 0.0,
             identical_to_plain: prompts.len() * b.repeats,
             runs: prompts.len() * b.repeats,
+            rounds: "-".into(),
+            round_ms: Vec::new(),
         });
-        for (i, (d, s, a)) in configs.iter().enumerate() {
+        for (i, (d, s, a, light)) in configs.iter().enumerate() {
             let Acc {
                 tokens,
                 seconds,
@@ -278,6 +303,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 rounds,
                 policy_seconds: policy,
                 same,
+                phases,
             } = acc[i].clone();
             sp.sort_by(|x, y| x.total_cmp(y));
             let tps = if seconds > 0.0 {
@@ -305,20 +331,51 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 policy_share: ratio(policy, seconds),
                 identical_to_plain: same,
                 runs: prompts.len() * b.repeats,
+                rounds: round_kind(*light).into(),
+                round_ms: round_ms(&phases, seconds),
             });
         }
     }
     Ok(cells)
 }
 
-/// A readable table of the cells.
+fn round_kind(light: bool) -> &'static str {
+    if light {
+        "light"
+    } else {
+        "full"
+    }
+}
+
+/// Milliseconds per round in each part, and `other`: what the decode time
+/// (`seconds`) spent outside the parts.
+fn round_ms(p: &RoundPhases, seconds: f64) -> Vec<(String, f64)> {
+    let per_round = |x: f64| {
+        if p.rounds > 0 {
+            x * 1e3 / p.rounds as f64
+        } else {
+            0.0
+        }
+    };
+    let parts = p.parts();
+    let measured: f64 = parts.iter().map(|x| x.1).sum();
+    parts
+        .iter()
+        .map(|&(n, x)| (n.to_string(), per_round(x)))
+        .chain([("other".to_string(), per_round(seconds - measured))])
+        .collect()
+}
+
+/// A readable table of the cells, then where each speculative cell's
+/// rounds spent their time (ms per round).
 pub fn table(cells: &[Cell]) -> String {
     let mut s = format!(
-        "{:<9} {:<10} {:<20} {:<10} {:>8} {:>8} {:>22} {:>7} {:>8} {:>7} {:>7} {:>6}\n",
+        "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8} {:>8} {:>22} {:>7} {:>8} {:>7} {:>7} {:>6}\n",
         "suite",
         "drafter",
         "schedule",
         "accept",
+        "rounds",
         "tok/s",
         "speedup",
         "min/med/max",
@@ -330,11 +387,12 @@ pub fn table(cells: &[Cell]) -> String {
     );
     for c in cells {
         s += &format!(
-            "{:<9} {:<10} {:<20} {:<10} {:>8.1} {:>7.2}x {:>6.2}/{:>6.2}/{:>6.2}x {:>7.2} {:>8.2} {:>7.2} {:>6.3}% {:>3}/{:<2}\n",
+            "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8.1} {:>7.2}x {:>6.2}/{:>6.2}/{:>6.2}x {:>7.2} {:>8.2} {:>7.2} {:>6.3}% {:>3}/{:<2}\n",
             c.suite,
             c.drafter,
             c.schedule,
             c.acceptance,
+            c.rounds,
             c.tokens_per_second,
             c.speedup,
             c.speedup_min,
@@ -347,6 +405,26 @@ pub fn table(cells: &[Cell]) -> String {
             c.identical_to_plain,
             c.runs
         );
+    }
+    let timed: Vec<&Cell> = cells.iter().filter(|c| !c.round_ms.is_empty()).collect();
+    if let Some(first) = timed.first() {
+        // Indented: only the cells' lines start with their suite.
+        s += &format!("\n{:<55}", "ms per round");
+        for (n, _) in &first.round_ms {
+            s += &format!(" {n:>8}");
+        }
+        s += "\n";
+        for c in timed {
+            let name = format!(
+                "{} {}/{}/{} {}",
+                c.suite, c.drafter, c.schedule, c.acceptance, c.rounds
+            );
+            s += &format!("  {name:<53}");
+            for (_, ms) in &c.round_ms {
+                s += &format!(" {ms:>8.3}");
+            }
+            s += "\n";
+        }
     }
     s
 }

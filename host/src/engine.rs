@@ -328,6 +328,7 @@ impl Engine {
             on_round: None,
             logprobs: None,
             constraint: None,
+            light_rounds: crate::pipeline::light_rounds_default(),
         }
     }
 }

@@ -52,6 +52,12 @@ pub enum BenchCmd {
         /// Draw the speedup of every cell (SVG).
         #[arg(long)]
         svg: Option<PathBuf>,
+        /// Speculative rounds, comma-separated: light (argmax-only verify
+        /// rows for greedy requests), full (every row to the host); both:
+        /// each config runs both ways, interleaved. Default: light unless
+        /// SPECD_LIGHT_ROUNDS=0.
+        #[arg(long)]
+        rounds: Option<String>,
     },
     /// Our plain greedy speed next to mlx-lm and llama.cpp (same tokens, same
     /// threads, one run), and our verify cost curve. Runs the `specd-anchors`
@@ -238,6 +244,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             json,
             record,
             svg,
+            rounds,
         } => {
             let spec_args = SpecArgs {
                 policy_dir,
@@ -263,6 +270,20 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
                 params,
                 suites: suites(&prompts)?,
                 record,
+                rounds: rounds
+                    .as_deref()
+                    .map(|r| {
+                        list(r)
+                            .iter()
+                            .map(|k| match k.as_str() {
+                                "light" => Ok(true),
+                                "full" => Ok(false),
+                                _ => anyhow::bail!("--rounds: {k:?} is neither light nor full"),
+                            })
+                            .collect::<Result<Vec<_>>>()
+                    })
+                    .transpose()?
+                    .unwrap_or_default(),
             };
             let cells = crate::bench::spec(&e, &b, &mut |m| eprintln!("{m}"))?;
             print!("{}", crate::bench::table(&cells));

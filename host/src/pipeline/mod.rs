@@ -58,6 +58,9 @@ pub struct Stats {
     pub policy_failure: Option<crate::speculation::PolicyFailure>,
     /// Bytes the policies printed past their output cap (dropped, not logged).
     pub policy_output_dropped: u64,
+    /// Where the rounds' time went (not a stats key).
+    #[serde(skip)]
+    pub phases: crate::speculation::RoundPhases,
     /// Committed positions whose top-2 target logit margin was under 0.01.
     pub near_ties: usize,
     /// Steps the request ran batched with at least one other request.
@@ -92,6 +95,7 @@ impl Stats {
             policy_seconds: c.policy_seconds,
             policy_failure: c.policy_failure,
             policy_output_dropped: c.policy_output_dropped,
+            phases: c.phases,
             near_ties: 0,
             batch_steps: 0,
             batch_max_sequences: 0,
@@ -156,6 +160,21 @@ pub struct Settings {
     pub logprobs: Option<(LogprobRequest, LogprobHook)>,
     /// Structured output (rounds only, never the pipelined path).
     pub constraint: Option<crate::sampling::SharedConstraint>,
+    /// Light speculative rounds: the verify of a plain greedy request
+    /// computes each row's argmax and top-2 margin on the device and copies
+    /// back only those, not rows x vocabulary floats (requests that sample,
+    /// penalise, ask for logprobs or follow a grammar read the rows as
+    /// before). Off: every row is copied back and transformed on the host.
+    /// Same tokens, stats, trace and caches either way. Default
+    /// [`light_rounds_default`].
+    pub light_rounds: bool,
+}
+
+/// Light rounds unless `SPECD_LIGHT_ROUNDS=0` (to measure one against the
+/// other with one build; `specd bench spec --rounds light,full` runs both).
+pub fn light_rounds_default() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPECD_LIGHT_ROUNDS").map_or(true, |v| v != "0"))
 }
 
 /// The outcome besides the streamed text.

@@ -5,7 +5,9 @@
 //! through the same code, so a request's tokens do not depend on which.
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng};
-use crate::speculation::{BatchContext, RoundPlan, SpecState, Speculation, Target};
+use crate::speculation::{
+    BatchContext, RoundPlan, SpecState, Speculation, Target, VerifyMode, VerifyRows,
+};
 use anyhow::{bail, Result};
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
 use std::time::Instant;
@@ -78,6 +80,7 @@ impl<'a> Sequence<'a> {
         target.rewind(cached)?;
         let mut state = SpecState::new(spec);
         state.constraint = settings.constraint.clone();
+        state.mode = verify_mode(settings);
         if settings.record {
             state.trace = Some(Vec::new());
         }
@@ -271,14 +274,17 @@ impl<'a> Sequence<'a> {
         Ok((&plan.rows, plan.drafted() > 0))
     }
 
-    /// Ends the planned round with its verify's logits `rows` (the forward
-    /// took `verify_seconds`): decide, roll back, stream what was committed.
+    /// Ends the planned round with its verify's `rows` (every row's logits,
+    /// or their argmax where [`Sequence::verify_mode`] asked for that; the
+    /// forward took `verify_seconds`): decide, roll back, stream what was
+    /// committed.
     pub fn complete(
         &mut self,
         target: &mut dyn Target,
-        rows: Vec<Vec<f32>>,
+        rows: impl Into<VerifyRows>,
         verify_seconds: f64,
     ) -> Result<()> {
+        let rows = rows.into();
         let Some(plan) = self.plan.take() else {
             bail!("a round completed without a plan");
         };
@@ -298,13 +304,17 @@ impl<'a> Sequence<'a> {
             (hook.0)(t);
         }
         // Record the whole round before streaming any of it.
+        let t = Instant::now();
         self.log.extend_from_slice(&round.tokens);
         self.near_ties += round.margins.iter().filter(|&&m| m < 0.01).count();
         self.margins.extend_from_slice(&round.margins);
         for (i, &tok) in round.tokens.iter().enumerate() {
             if let Some((req, hook)) = &self.settings.logprobs {
                 if !self.em.tokenizer.is_eos(tok) {
-                    (hook.0)(&token_logprob(&round.rows[i], &round.dists[i], tok, req));
+                    let (Some(row), Some(dist)) = (round.rows.get(i), round.dists.get(i)) else {
+                        bail!("logprobs asked of a round that kept no rows");
+                    };
+                    (hook.0)(&token_logprob(row, dist, tok, req));
                 }
             }
             self.done = self.em.push(tok);
@@ -315,18 +325,25 @@ impl<'a> Sequence<'a> {
         if self.done.is_none() {
             self.done = self.em.probe();
         }
+        self.state.counters.phases.emit += t.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    /// What this request's verify copies back ([`Settings::light_rounds`]).
+    pub fn verify_mode(&self) -> VerifyMode {
+        self.state.mode
     }
 
     /// One round alone: plan, verify on `target`, complete.
     pub fn step(&mut self, target: &mut dyn Target) -> Result<()> {
         self.joined_step(1);
-        let (rows, all) = self.plan(target, BatchContext::default())?;
+        let (rows, _) = self.plan(target, BatchContext::default())?;
         let rows = rows.to_vec();
         let t = Instant::now();
-        let logits = target.forward(&rows, all)?;
+        let verified = target.verify(&rows, self.state.mode)?;
         let vt = t.elapsed().as_secs_f64();
-        self.complete(target, logits, vt)
+        self.state.add_forward_times(target.take_forward_times());
+        self.complete(target, verified, vt)
     }
 
     /// Prompt + committed tokens so far.
@@ -376,5 +393,21 @@ impl<'a> Sequence<'a> {
             margins: self.margins,
             trace,
         }
+    }
+}
+
+/// What the verify of a request's rounds copies back under `settings`:
+/// only each row's argmax for light rounds of a plain greedy request that
+/// nothing else reads the rows of (logprobs) or masks (a grammar); every
+/// row otherwise.
+fn verify_mode(settings: &Settings) -> VerifyMode {
+    if settings.light_rounds
+        && settings.params.plain_greedy()
+        && settings.logprobs.is_none()
+        && settings.constraint.is_none()
+    {
+        VerifyMode::Argmax
+    } else {
+        VerifyMode::Rows
     }
 }

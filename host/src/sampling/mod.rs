@@ -189,6 +189,16 @@ impl Distribution {
     pub fn sample_with(&self, u: f32) -> u32 {
         sample_index(&self.probs, u).unwrap_or(self.argmax)
     }
+
+    /// The token `params` picks: the argmax when greedy (no uniform drawn),
+    /// else a draw with the next uniform of `rng`.
+    pub fn draw(&self, params: &SamplingParams, rng: &mut Rng) -> u32 {
+        if params.greedy() {
+            self.argmax
+        } else {
+            self.sample_with(rng.uniform())
+        }
+    }
 }
 
 /// Index `i` with the cumulative mass first exceeding `u * total`.

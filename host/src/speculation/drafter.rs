@@ -222,11 +222,7 @@ impl Drafter for ModelDrafter {
         for i in 0..k {
             let logits = rows.pop().expect("one logits row");
             let d = distribution(&logits, params, &history);
-            let tok = if params.greedy() {
-                d.argmax
-            } else {
-                d.sample_with(rng.uniform())
-            };
+            let tok = d.draw(params, rng);
             let (entropy, top1) = if params.greedy() {
                 softmax_stats(&logits)
             } else {

@@ -5,20 +5,21 @@
 //! the host validates and owns all randomness.
 pub mod drafter;
 pub mod history;
+pub mod rows;
 pub mod stats;
 pub mod suffix;
 pub mod target;
 
 pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
 pub use history::ScheduleHistory;
-pub use stats::{PolicyFailure, SpecCounters};
+pub use rows::{RowArgmax, VerifyRows};
+pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
-pub use target::{LlamaTarget, Target};
+pub use target::{LlamaTarget, Target, VerifyMode};
 
-use crate::sampling::{
-    distribution, sample_index, Distribution, Rng, SamplingParams, SharedConstraint,
-};
+use crate::sampling::{distribution, Distribution, Rng, SamplingParams, SharedConstraint};
 use anyhow::Result;
+use rows::RowDists;
 use serde::{Deserialize, Serialize};
 use specd_policy::{
     Acceptance, Correction, Decision, DraftStep, PolicyError, Position, Schedule, ScheduleInput,
@@ -43,7 +44,9 @@ pub struct RoundOutcome {
     /// Top-2 logit margin of the target at each committed position.
     pub margins: Vec<f32>,
     /// The target's raw logits and final distribution at each committed
-    /// position (moved out, not copied: what logprobs are computed from).
+    /// position (moved out, not copied: what logprobs are computed from);
+    /// empty after an argmax-only verify ([`VerifyRows::Argmax`]), which
+    /// only requests that read no logprobs get.
     pub rows: Vec<Vec<f32>>,
     pub dists: Vec<Distribution>,
 }
@@ -101,6 +104,9 @@ pub struct SpecState {
     /// Structured output: drafts are cut to what the grammar allows and
     /// every verify row is masked before the policies see it.
     pub constraint: Option<SharedConstraint>,
+    /// How [`SpecState::round`] runs its verify (the pipeline sets it from
+    /// the request: argmax-only rows for plain greedy requests).
+    pub mode: VerifyMode,
 }
 
 impl SpecState {
@@ -121,6 +127,7 @@ impl SpecState {
             history: ScheduleHistory::new(n - 1),
             batch: BatchContext::default(),
             constraint: None,
+            mode: VerifyMode::default(),
         }
     }
 
@@ -196,9 +203,18 @@ impl SpecState {
             BatchContext::default(),
         )?;
         let t = Instant::now();
-        let rows = target.forward(&plan.rows, plan.drafted() > 0)?;
+        let rows = target.verify(&plan.rows, self.mode)?;
         let vt = t.elapsed().as_secs_f64();
+        self.add_forward_times(target.take_forward_times());
         self.complete(plan, rows, vt, target, log, params, rng)
+    }
+
+    /// Counts a verify forward's parts into the round phases.
+    pub fn add_forward_times(&mut self, f: ForwardTimes) {
+        let p = &mut self.counters.phases;
+        p.build += f.build;
+        p.device += f.device;
+        p.readback += f.readback;
     }
 
     /// The first half of a round, up to its verify: the schedule picks k,
@@ -248,7 +264,9 @@ impl SpecState {
                     .expect("checked")
                     .schedule
                     .next_draft_length(&input);
-                self.counters.policy_seconds += t.elapsed().as_secs_f64();
+                let st = t.elapsed().as_secs_f64();
+                self.counters.policy_seconds += st;
+                self.counters.phases.schedule += st;
                 // Validated by the policy host (`specd_policy::validate`).
                 match r {
                     Ok(v) => k = v as usize,
@@ -297,6 +315,8 @@ impl SpecState {
             dt = (t.elapsed().as_secs_f64() - hook_seconds).max(0.0);
             self.counters.draft_seconds += dt;
             self.counters.policy_seconds += hook_seconds;
+            self.counters.phases.draft += dt;
+            self.counters.phases.schedule += hook_seconds;
             if let Some(e) = hook_error {
                 // The schedule failed mid-draft: nothing drafted is verified
                 // (this round is a plain step, and so is the rest).
@@ -338,7 +358,7 @@ impl SpecState {
     pub fn complete(
         &mut self,
         plan: RoundPlan,
-        rows: Vec<Vec<f32>>,
+        rows: VerifyRows,
         verify_seconds: f64,
         target: &mut dyn Target,
         log: &[u32],
@@ -363,19 +383,27 @@ impl SpecState {
             rows.len()
         );
         let vt = verify_seconds;
-        let mut rows = rows;
-        if let Some(c) = &self.constraint {
-            c.lock().mask_rows(&mut rows, &draft.tokens)?;
-        }
         self.counters.verify_seconds += vt;
-        let mut history = log.to_vec();
-        let mut dists: Vec<Distribution> = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter().enumerate() {
-            dists.push(distribution(row, params, &history));
-            if i < kd {
-                history.push(draft.tokens[i]);
+        let t = Instant::now();
+        let (mut rows, dists) = match rows {
+            VerifyRows::Logits(mut rows) => {
+                if let Some(c) = &self.constraint {
+                    c.lock().mask_rows(&mut rows, &draft.tokens)?;
+                }
+                let dists = full_dists(&rows, &draft.tokens, log, params);
+                (rows, dists)
             }
-        }
+            VerifyRows::Argmax(a) => {
+                // Only what a plain greedy distribution is: no transform
+                // to apply, no mask, nothing sampled.
+                anyhow::ensure!(
+                    params.plain_greedy() && self.constraint.is_none(),
+                    "argmax-only verify rows for a request whose rows need transforms"
+                );
+                (Vec::new(), RowDists::Greedy(a))
+            }
+        };
+        self.counters.phases.rows += t.elapsed().as_secs_f64();
 
         // 4. Decide.
         let mut out = RoundOutcome {
@@ -390,10 +418,10 @@ impl SpecState {
                     let tok = draft.tokens[i];
                     Position {
                         token: tok,
-                        p: dists[i].p(tok),
+                        p: dists.p(i, tok),
                         q: draft.q[i].q(tok),
-                        target_argmax: dists[i].argmax,
-                        entropy: dists[i].entropy,
+                        target_argmax: dists.argmax(i),
+                        entropy: dists.entropy(i),
                         uniform: rng.uniform(),
                         draft_entropy: draft.entropy.get(i).copied(),
                         draft_top1: draft.top1.get(i).copied(),
@@ -415,7 +443,9 @@ impl SpecState {
                     "no speculation to decide with",
                 )),
             };
-            self.counters.policy_seconds += t.elapsed().as_secs_f64();
+            let at = t.elapsed().as_secs_f64();
+            self.counters.policy_seconds += at;
+            self.counters.phases.accept += at;
             // Validated by the policy host (`specd_policy::validate`).
             match r {
                 Ok(d) => decision = Some(d),
@@ -426,34 +456,34 @@ impl SpecState {
             None => {
                 // A plain step (or a failed policy: keep none of the drafts).
                 out.accepted = 0;
-                sample(&dists[0], params, rng)
+                dists.sample(0, params, rng)
             }
             Some(d) => {
                 let n = d.accepted as usize;
                 out.accepted = n;
                 out.tokens.extend_from_slice(&draft.tokens[..n]);
-                out.margins.extend(dists[..n].iter().map(|d| d.margin));
+                out.margins.extend((0..n).map(|i| dists.margin(i)));
                 if n == kd {
-                    sample(&dists[kd], params, rng)
+                    dists.sample(kd, params, rng)
                 } else {
                     match d.correction {
                         Correction::Token(t) => t,
-                        Correction::TargetSample => sample(&dists[n], params, rng),
+                        Correction::TargetSample => dists.sample(n, params, rng),
                         Correction::Residual => {
-                            residual(&dists[n], &draft.q[n], draft.tokens[n], params, rng)
+                            dists.residual(n, &draft.q[n], draft.tokens[n], params, rng)
                         }
                     }
                 }
             }
         };
-        out.margins.push(dists[out.accepted].margin);
+        out.margins.push(dists.margin(out.accepted));
         out.tokens.push(next);
-        let (mut rows, mut dists) = (rows, dists);
         rows.truncate(out.tokens.len());
-        dists.truncate(out.tokens.len());
-        (out.rows, out.dists) = (rows, dists);
+        out.rows = rows;
+        out.dists = dists.into_committed(out.tokens.len());
 
         // 5. Roll back to what was kept: the pending token plus accepted drafts.
+        let t = Instant::now();
         target.rewind(before + 1 + out.accepted)?;
         if let Some(c) = &self.constraint {
             c.lock().commit(&out.tokens)?;
@@ -463,6 +493,8 @@ impl SpecState {
                 spec.drafter.commit(log.len(), kd, out.accepted)?;
             }
         }
+        self.counters.phases.rollback += t.elapsed().as_secs_f64();
+        self.counters.phases.rounds += 1;
 
         // 6. What the schedule learns.
         self.counters.rounds += 1;
@@ -525,37 +557,18 @@ impl RoundPlan {
     }
 }
 
-fn sample(d: &Distribution, params: &SamplingParams, rng: &mut Rng) -> u32 {
-    if params.greedy() {
-        d.argmax
-    } else {
-        d.sample_with(rng.uniform())
-    }
-}
-
-/// Samples norm(max(0, p - q)): what speculative sampling draws after a
-/// rejection, so the output keeps the target distribution.
-fn residual(
-    p: &Distribution,
-    q: &DraftProb,
-    token: u32,
-    params: &SamplingParams,
-    rng: &mut Rng,
-) -> u32 {
-    if params.greedy() {
-        return p.argmax;
-    }
-    let mut r = p.probs.clone();
-    match q {
-        DraftProb::PointMass => r[token as usize] = 0.0,
-        DraftProb::Dist(qd) => {
-            for (x, qv) in r.iter_mut().zip(&qd.probs) {
-                *x = (*x - qv).max(0.0);
-            }
+/// Every row's distribution after the request's transforms, each row's
+/// penalties counting the drafts before it as history.
+fn full_dists(rows: &[Vec<f32>], drafts: &[u32], log: &[u32], params: &SamplingParams) -> RowDists {
+    let mut history = log.to_vec();
+    let mut dists: Vec<Distribution> = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        dists.push(distribution(row, params, &history));
+        if let Some(&d) = drafts.get(i) {
+            history.push(d);
         }
     }
-    let u = rng.uniform();
-    sample_index(&r, u).unwrap_or_else(|| p.sample_with(u))
+    RowDists::Full(dists)
 }
 
 #[cfg(test)]

@@ -35,4 +35,75 @@ pub struct SpecCounters {
     pub policy_failure: Option<PolicyFailure>,
     /// Bytes the policies printed past their output cap (dropped, not logged).
     pub policy_output_dropped: u64,
+    /// Where the rounds' time went (not a stats key).
+    #[serde(skip)]
+    pub phases: RoundPhases,
+}
+
+/// Where a request's rounds spent their time, in seconds summed over its
+/// rounds (`specd bench spec` prints it per round). Not a stats key: these
+/// are for measuring the round, and the figures overlap where the target
+/// overlaps its work (`build` runs while `device` already computes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RoundPhases {
+    /// Rounds the figures cover.
+    pub rounds: u64,
+    /// Asking the schedule (its draft hook included).
+    pub schedule: f64,
+    /// The drafter, without the hook.
+    pub draft: f64,
+    /// Building the verify forward's graph (host side).
+    pub build: f64,
+    /// Waiting for the verify forward after it was built.
+    pub device: f64,
+    /// Copying the rows (or their argmax) to the host.
+    pub readback: f64,
+    /// The host's transforms per row (masks, penalties, temperature,
+    /// top-k/p, min-p) into distributions.
+    pub rows: f64,
+    /// Asking the acceptance policy.
+    pub accept: f64,
+    /// Rolling the caches back, the grammar's and the drafter's commit.
+    pub rollback: f64,
+    /// Streaming the committed tokens: detokenizing, stop strings, the sink.
+    pub emit: f64,
+}
+
+impl RoundPhases {
+    /// Adds `o`'s figures to these.
+    pub fn add(&mut self, o: &RoundPhases) {
+        self.rounds += o.rounds;
+        self.schedule += o.schedule;
+        self.draft += o.draft;
+        self.build += o.build;
+        self.device += o.device;
+        self.readback += o.readback;
+        self.rows += o.rows;
+        self.accept += o.accept;
+        self.rollback += o.rollback;
+        self.emit += o.emit;
+    }
+
+    /// The figures as (name, seconds), in a round's order.
+    pub fn parts(&self) -> [(&'static str, f64); 9] {
+        [
+            ("schedule", self.schedule),
+            ("draft", self.draft),
+            ("build", self.build),
+            ("device", self.device),
+            ("readback", self.readback),
+            ("rows", self.rows),
+            ("accept", self.accept),
+            ("rollback", self.rollback),
+            ("emit", self.emit),
+        ]
+    }
+}
+
+/// What one verify forward's time went to ([`super::Target::take_forward_times`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ForwardTimes {
+    pub build: f64,
+    pub device: f64,
+    pub readback: f64,
 }

@@ -1,13 +1,27 @@
 //! What a round needs from a model: forward new tokens after what its
 //! caches hold, get logits rows back as plain numbers, and roll back.
 //! [`LlamaTarget`] is the real thing; tests script fakes with one-hot logits.
+use super::rows::{RowArgmax, VerifyRows};
+use super::stats::ForwardTimes;
 use crate::cache::{LayerCache, Snapshot};
 use crate::model::llama::BatchRows;
 use crate::model::{no_probe, Llama, Logits};
 use crate::sampling::argmax_margin;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use specd_mlx::{ops, Array};
 use std::sync::Arc;
+use std::time::Instant;
+
+/// What a round's verify forward copies back ([`Target::verify`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VerifyMode {
+    /// Every row's logits.
+    #[default]
+    Rows,
+    /// Only each row's argmax and top-2 margin, computed on the device (what
+    /// a plain greedy round reads).
+    Argmax,
+}
 
 pub trait Target: Send {
     fn vocab_size(&self) -> usize;
@@ -16,6 +30,22 @@ pub trait Target: Send {
     /// Forwards `tokens` after the cached ones; returns logits for every new
     /// position when `all`, else only for the last.
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>>;
+    /// A round's verify: forwards `tokens` after the cached ones (logits of
+    /// every new position) and returns what `mode` asks for. The default
+    /// reads the rows through [`Target::forward`].
+    fn verify(&mut self, tokens: &[u32], mode: VerifyMode) -> Result<VerifyRows> {
+        let rows = self.forward(tokens, tokens.len() > 1)?;
+        Ok(if mode == VerifyMode::Argmax {
+            VerifyRows::Argmax(rows.iter().map(|r| RowArgmax::of(r)).collect())
+        } else {
+            VerifyRows::Logits(rows)
+        })
+    }
+    /// What the last [`Target::verify`] or [`Target::forward`] spent its time
+    /// on, where the target measures it (zeros otherwise).
+    fn take_forward_times(&mut self) -> ForwardTimes {
+        ForwardTimes::default()
+    }
     /// Forwards without computing logits (prefill).
     fn prefill(&mut self, tokens: &[u32]) -> Result<()>;
     /// Rolls the caches back to `offset` tokens: in place where possible,
@@ -52,6 +82,8 @@ pub struct LlamaTarget {
     pub n_layers: usize,
     /// Per layer, what the forwards since the last rewind snapshotted.
     snapshots: Vec<Vec<Snapshot>>,
+    /// The last forward's times.
+    times: ForwardTimes,
 }
 
 impl LlamaTarget {
@@ -68,6 +100,7 @@ impl LlamaTarget {
             caches,
             n_layers,
             snapshots: Vec::new(),
+            times: ForwardTimes::default(),
         }
     }
 
@@ -78,6 +111,7 @@ impl LlamaTarget {
             caches,
             n_layers,
             snapshots: Vec::new(),
+            times: ForwardTimes::default(),
         }
     }
 
@@ -148,6 +182,22 @@ impl LlamaTarget {
         Ok(produced)
     }
 
+    /// Evaluates `logits` (built since `t`) and copies every row to the host.
+    fn read_rows(&mut self, logits: Array, t: Instant) -> Result<Vec<Vec<f32>>> {
+        let built = t.elapsed().as_secs_f64();
+        logits.eval()?;
+        let device = t.elapsed().as_secs_f64() - built;
+        let v = logits.to_vec_f32()?;
+        let vocab = self.vocab_size();
+        let rows = v.chunks(vocab).map(|c| c.to_vec()).collect();
+        self.times = ForwardTimes {
+            build: built,
+            device,
+            readback: t.elapsed().as_secs_f64() - built - device,
+        };
+        Ok(rows)
+    }
+
     fn eval_caches(&self) -> Result<()> {
         let state: Vec<&specd_mlx::Array> = self.caches.iter().flat_map(|c| c.state()).collect();
         specd_mlx::eval(&state)?;
@@ -166,13 +216,45 @@ impl Target for LlamaTarget {
 
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>> {
         let which = if all { Logits::All } else { Logits::Last };
+        let t = Instant::now();
         let logits = self
             .model
             .forward_layers(tokens, &mut self.caches, self.n_layers, which)?;
         self.collect_snapshots();
-        let v = logits.to_vec_f32()?;
-        let vocab = self.vocab_size();
-        Ok(v.chunks(vocab).map(|c| c.to_vec()).collect())
+        self.read_rows(logits, t)
+    }
+
+    fn verify(&mut self, tokens: &[u32], mode: VerifyMode) -> Result<VerifyRows> {
+        let which = if tokens.len() > 1 {
+            Logits::All
+        } else {
+            Logits::Last
+        };
+        let t = Instant::now();
+        let logits = self
+            .model
+            .forward_layers(tokens, &mut self.caches, self.n_layers, which)?;
+        self.collect_snapshots();
+        if mode == VerifyMode::Rows {
+            return Ok(VerifyRows::Logits(self.read_rows(logits, t)?));
+        }
+        let stats = DeviceArgmax::queue(&logits)?;
+        let built = t.elapsed().as_secs_f64();
+        // The logits are evaluated with the statistics and kept (for a
+        // tied row, read back whole); one sync, one small copy.
+        specd_mlx::eval(&[&stats.values, &logits])?;
+        let device = t.elapsed().as_secs_f64() - built;
+        let rows = stats.read(&logits)?;
+        self.times = ForwardTimes {
+            build: built,
+            device,
+            readback: t.elapsed().as_secs_f64() - built - device,
+        };
+        Ok(VerifyRows::Argmax(rows))
+    }
+
+    fn take_forward_times(&mut self) -> ForwardTimes {
+        std::mem::take(&mut self.times)
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
@@ -229,6 +311,56 @@ impl Target for LlamaTarget {
     }
 }
 
+/// Per row of logits `[n, vocab]`, queued on the device as `values`
+/// `[n, 4]`: the argmax (as a float: exact below 2^24, which every
+/// vocabulary is), the largest logit, the largest at any other index, and
+/// the logit at the argmax. Only these `4n` numbers are copied back.
+struct DeviceArgmax {
+    values: Array,
+}
+
+impl DeviceArgmax {
+    fn queue(logits: &Array) -> Result<DeviceArgmax> {
+        let (n, vocab) = (logits.dim(0), logits.dim(1));
+        anyhow::ensure!(vocab < 1 << 24, "a vocabulary of {vocab} tokens");
+        let argmax = ops::argmax(logits, -1, false)?.reshape(&[n, 1])?;
+        let at = ops::equal(&Array::arange(0, vocab)?.reshape(&[1, vocab])?, &argmax)?;
+        let ninf = Array::scalar(f32::NEG_INFINITY)?;
+        let row_max = |a: &Array| -> Result<Array> { Ok(ops::max(a, -1, true)?) };
+        let top = row_max(logits)?;
+        let second = row_max(&ops::r#where(&at, &ninf, logits)?)?;
+        let own = row_max(&ops::r#where(&at, logits, &ninf)?)?;
+        let index = argmax.as_type(specd_mlx::Dtype::Float32)?;
+        let values = ops::concatenate(&[&index, &top, &second, &own], 1)?;
+        Ok(DeviceArgmax { values })
+    }
+
+    /// The rows' argmax and margin, as [`argmax_margin`] gives them on the
+    /// host. A row whose largest logit is not unique (a tie: which index
+    /// wins is the host's rule, the first) or not a number is read back
+    /// whole and decided on the host.
+    fn read(&self, logits: &Array) -> Result<Vec<RowArgmax>> {
+        let v = self.values.to_vec_f32()?;
+        let vocab = logits.dim(1);
+        v.chunks(4)
+            .enumerate()
+            .map(|(i, r)| {
+                let (argmax, top, second, own) = (r[0] as u32, r[1], r[2], r[3]);
+                let margin = top - second;
+                if margin > 0.0 && own == top {
+                    return Ok(RowArgmax { argmax, margin });
+                }
+                let r = i as i32;
+                let row = logits
+                    .slice(&[r, 0], &[r + 1, vocab])?
+                    .to_vec_f32()
+                    .context("reading a tied row back")?;
+                Ok(RowArgmax::of(&row))
+            })
+            .collect()
+    }
+}
+
 /// One sequence's part of a batched step ([`forward_batch`]).
 pub struct StepRows<'a> {
     pub target: &'a mut LlamaTarget,
@@ -277,4 +409,33 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
         });
     }
     Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The device's argmax and margin are the host's, ties (first index)
+    /// and rows without a number included.
+    #[test]
+    fn device_argmax_answers_as_the_host() {
+        let rows: [[f32; 5]; 5] = [
+            [0.5, 2.0, 1.0, -3.0, 1.5],
+            [1.0, 3.0, 0.5, 3.0, 0.0],
+            [f32::NAN, 1.0, 2.0, 0.0, 1.5],
+            [-1.0, -2.0, -0.5, -0.25, -4.0],
+            [f32::NEG_INFINITY, 0.0, f32::INFINITY, 1.0, f32::INFINITY],
+        ];
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        let logits = Array::from_f32(&flat, &[5, 5]).unwrap();
+        let stats = DeviceArgmax::queue(&logits).unwrap();
+        specd_mlx::eval(&[&stats.values, &logits]).unwrap();
+        let got = stats.read(&logits).unwrap();
+        for (i, (r, g)) in rows.iter().zip(&got).enumerate() {
+            let want = RowArgmax::of(r);
+            assert_eq!(want.argmax, g.argmax, "row {i}");
+            assert_eq!(want.margin.to_bits(), g.margin.to_bits(), "row {i}");
+        }
+        assert_eq!(got[1].argmax, 1, "a tie goes to the first index");
+    }
 }

@@ -180,6 +180,7 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
         on_round: None,
         logprobs: None,
         constraint: None,
+        light_rounds: true,
     }
 }
 
