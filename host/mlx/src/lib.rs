@@ -80,6 +80,14 @@ mod tests {
         assert_eq!(a.t().unwrap().shape(), vec![3, 2]);
         let s = a.slice(&[0, 1], &[2, 3]).unwrap();
         assert_eq!(s.to_vec_f32().unwrap(), vec![2., 3., 5., 6.]);
+        // Strided views read back in logical order; a row slice where it lies.
+        assert_eq!(
+            a.t().unwrap().to_vec_f32().unwrap(),
+            vec![1., 4., 2., 5., 3., 6.]
+        );
+        let row = a.slice(&[1, 0], &[2, 3]).unwrap();
+        row.eval().unwrap();
+        assert_eq!(row.to_vec_f32().unwrap(), vec![4., 5., 6.]);
     }
 
     #[test]

@@ -36,8 +36,13 @@ mx::Dtype to_dtype(uint8_t d) {
 template <typename T>
 void copy_out(const Array& x, rust::Slice<T> out, mx::Dtype want) {
   mx::array a = x.a.dtype() == want ? x.a : mx::astype(x.a, want);
-  a = mx::contiguous(a);
+  // An evaluated row-contiguous array is read where it lies: a contiguous
+  // node would be one more graph to schedule and wait for per read.
   a.eval();
+  if (!a.flags().row_contiguous) {
+    a = mx::contiguous(a);
+    a.eval();
+  }
   if (out.size() != a.size())
     throw std::invalid_argument("output buffer has " + std::to_string(out.size()) +
                                 " elements, array has " + std::to_string(a.size()));
