@@ -67,6 +67,41 @@ void avx512(const Args& a, int cb0, int cb1) { Kernel<Avx512>::run(a, cb0, cb1);
 
 namespace {
 
+// Per head of the group: its scores turned into exp(score - max) in place,
+// and 1 / their sum in inv[h].
+template <int HG>
+void softmax_heads(float* scores, int n, int hg, float* inv) {
+  for (int h = 0; h < hg; h++) {
+    float* p = scores + h * n;
+    float mx = p[0];
+    for (int j = 1; j < n; j++) mx = std::max(mx, p[j]);
+    inv[h] = 1.f / exp_sum_avx2(p, n, mx);
+  }
+}
+
+// Output vectors [c0, c0 + CB) of each head: sum_j p_j v_j in key order,
+// times 1 / sum.
+template <int HG, int CB>
+void weigh_values(const AttnGroup& g, int h0, int hg, const float* scores, const float* inv,
+                  int c0) {
+  const int n = g.n;
+  __m512 o[HG][CB];
+  for (int h = 0; h < hg; h++)
+    for (int c = 0; c < CB; c++) o[h][c] = _mm512_setzero_ps();
+  for (int j = 0; j < n; j++) {
+    const float* vr = g.v + j * g.v_row + 16 * c0;
+    __m512 v[CB];
+    for (int c = 0; c < CB; c++) v[c] = _mm512_loadu_ps(vr + 16 * c);
+    for (int h = 0; h < hg; h++) {
+      __m512 pj = _mm512_set1_ps(scores[h * n + j]);
+      for (int c = 0; c < CB; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
+    }
+  }
+  for (int h = 0; h < hg; h++)
+    for (int c = 0; c < CB; c++)
+      _mm512_storeu_ps(g.o[h0 + h] + 16 * (c0 + c), _mm512_mul_ps(o[h][c], _mm512_set1_ps(inv[h])));
+}
+
 // Heads [h0, h0 + HG) of the group, head dim 16 * DC.
 template <int DC, int HG>
 void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
@@ -85,35 +120,8 @@ void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
     }
   }
   float inv[HG];
-  for (int h = 0; h < hg; h++) {
-    float* p = scores + h * n;
-    float mx = p[0];
-    for (int j = 1; j < n; j++) mx = std::max(mx, p[j]);
-    inv[h] = 1.f / exp_sum_avx2(p, n, mx);
-  }
-  __m512 o[HG][DC];
-  for (int h = 0; h < hg; h++)
-    for (int c = 0; c < DC; c++) o[h][c] = _mm512_setzero_ps();
-  for (int j = 0; j < n; j++) {
-    const float* vr = g.v + j * g.v_row;
-    __m512 v[DC];
-    for (int c = 0; c < DC; c++) v[c] = _mm512_loadu_ps(vr + 16 * c);
-    for (int h = 0; h < hg; h++) {
-      __m512 pj = _mm512_set1_ps(scores[h * n + j]);
-      for (int c = 0; c < DC; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
-    }
-  }
-  for (int h = 0; h < hg; h++)
-    for (int c = 0; c < DC; c++)
-      _mm512_storeu_ps(g.o[h0 + h] + 16 * c, _mm512_mul_ps(o[h][c], _mm512_set1_ps(inv[h])));
-}
-
-template <int DC, int HG>
-void attn_all(const AttnGroup& g, float* scores) {
-  for (int h0 = 0; h0 < g.heads; h0 += HG) {
-    int hg = std::min(HG, g.heads - h0);
-    attn_heads<DC, HG>(g, h0, hg, scores);
-  }
+  softmax_heads<HG>(scores, n, hg, inv);
+  weigh_values<HG, DC>(g, h0, hg, scores, inv, 0);
 }
 
 // Head dim 16 * DC too wide to keep the group's queries in registers (256,
@@ -138,38 +146,15 @@ void attn_heads_wide(const AttnGroup& g, int h0, int hg, float* scores) {
     for (int h = 0; h < hg; h++) scores[h * n + j] = Avx512::hsum(acc[h]) * g.scale;
   }
   float inv[HG];
-  for (int h = 0; h < hg; h++) {
-    float* p = scores + h * n;
-    float mx = p[0];
-    for (int j = 1; j < n; j++) mx = std::max(mx, p[j]);
-    inv[h] = 1.f / exp_sum_avx2(p, n, mx);
-  }
-  for (int c0 = 0; c0 < DC; c0 += CB) {
-    __m512 o[HG][CB];
-    for (int h = 0; h < hg; h++)
-      for (int c = 0; c < CB; c++) o[h][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n; j++) {
-      const float* vr = g.v + j * g.v_row + 16 * c0;
-      __m512 v[CB];
-      for (int c = 0; c < CB; c++) v[c] = _mm512_loadu_ps(vr + 16 * c);
-      for (int h = 0; h < hg; h++) {
-        __m512 pj = _mm512_set1_ps(scores[h * n + j]);
-        for (int c = 0; c < CB; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
-      }
-    }
-    for (int h = 0; h < hg; h++)
-      for (int c = 0; c < CB; c++)
-        _mm512_storeu_ps(g.o[h0 + h] + 16 * (c0 + c),
-                         _mm512_mul_ps(o[h][c], _mm512_set1_ps(inv[h])));
-  }
+  softmax_heads<HG>(scores, n, hg, inv);
+  for (int c0 = 0; c0 < DC; c0 += CB) weigh_values<HG, CB>(g, h0, hg, scores, inv, c0);
 }
 
-template <int DC, int HG, int CB>
-void attn_all_wide(const AttnGroup& g, float* scores) {
-  for (int h0 = 0; h0 < g.heads; h0 += HG) {
-    int hg = std::min(HG, g.heads - h0);
-    attn_heads_wide<DC, HG, CB>(g, h0, hg, scores);
-  }
+// Every head of the group, HG at a time, through `heads`.
+template <int HG>
+void attn_all(const AttnGroup& g, float* scores,
+              void (*heads)(const AttnGroup&, int, int, float*)) {
+  for (int h0 = 0; h0 < g.heads; h0 += HG) heads(g, h0, std::min(HG, g.heads - h0), scores);
 }
 
 }  // namespace
@@ -177,9 +162,9 @@ void attn_all_wide(const AttnGroup& g, float* scores) {
 bool attn_group_avx512(const AttnGroup& g, float* scores) {
   if (g.heads > AttnGroup::kMaxHeads) return false;
   switch (g.D) {
-    case 64: attn_all<4, 3>(g, scores); return true;
-    case 128: attn_all<8, 2>(g, scores); return true;
-    case 256: attn_all_wide<16, 4, 4>(g, scores); return true;
+    case 64: attn_all<3>(g, scores, attn_heads<4, 3>); return true;
+    case 128: attn_all<2>(g, scores, attn_heads<8, 2>); return true;
+    case 256: attn_all<4>(g, scores, attn_heads_wide<16, 4, 4>); return true;
     default: return false;
   }
 }
