@@ -400,7 +400,7 @@ void qmm_scalar(const QArgs& a, int cb0, int cb1) {
 
 // Rows of x as 8-bit blocks and their scales (qmm.h, `Args::xq`).
 void quantize_x(const float* x, int M, int K, int bits, int8_t* xq, float* xd) {
-  const bool nibbles = qmm::value_bits(bits) == 4;
+  const int vb = qmm::value_bits(bits);
   for (int m = 0; m < M; m++)
     for (int b = 0; b < K / 32; b++) {
       const float* xb = x + (size_t)m * K + b * 32;
@@ -409,11 +409,7 @@ void quantize_x(const float* x, int M, int K, int bits, int8_t* xq, float* xd) {
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       xd[(size_t)m * (K / 32) + b] = amax / 127.f;
       int8_t* q = xq + (size_t)m * K + b * 32;
-      for (int i = 0; i < 32; i++) {
-        // Word of 8 nibbles: even values' bytes first, then the odd ones'.
-        int at = nibbles ? (i / 8) * 8 + (i % 2) * 4 + (i % 8) / 2 : i;
-        q[at] = (int8_t)std::nearbyint(xb[i] * inv);
-      }
+      for (int i = 0; i < 32; i++) q[qmm::q8_byte(i, vb)] = (int8_t)std::nearbyint(xb[i] * inv);
     }
 }
 
@@ -438,8 +434,7 @@ void qmm_q8_scalar(const QArgs& a, int cb0, int cb1) {
             for (int d = 0; d < wpb; d++) {
               uint32_t w = base[(bk * wpb + d) * qmm::kLanes + l];
               for (int j = 0; j < per; j++) {
-                int at = vb == 4 ? d * 8 + (j % 2) * 4 + j / 2 : d * 4 + j;
-                isum += int32_t((w >> (j * vb)) & mask) * xb[at];
+                isum += int32_t((w >> (j * vb)) & mask) * xb[qmm::q8_byte(d * per + j, vb)];
               }
             }
             t = std::fma(float(isum), a.xd[(size_t)m * blocks + blk], t);

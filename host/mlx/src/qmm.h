@@ -55,6 +55,12 @@ struct Args {
   const float* xd = nullptr;   // their scales, [M, K / 32]
 };
 
+// Where value i (0..31) of a block stands among the block's 8-bit
+// activations (the order above).
+inline int q8_byte(int i, int value_bits) {
+  return value_bits == 4 ? (i / 8) * 8 + (i % 2) * 4 + (i % 8) / 2 : i;
+}
+
 // Whether a matmul can take 8-bit activations: 4- or 8-bit values in groups
 // of whole 32-value blocks.
 inline bool q8_fits(int K, int group, int bits) {
