@@ -129,9 +129,17 @@ fn compiled_components_are_cached_on_disk_and_bad_files_are_ignored() {
     assert_eq!(cache_files(&dir), files);
 
     // Garbage and truncated artifacts are ignored, recompiled and rewritten.
-    std::fs::write(&files[0], b"not a compiled component").unwrap();
+    // Replaced, not rewritten in place: an earlier host's instances made
+    // ahead may still map the old file, and truncating a mapped file is a
+    // SIGBUS for them (the cache itself always writes by rename).
+    let replace = |f: &Path, bytes: &[u8]| {
+        let tmp = f.with_extension("tmp-test");
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, f).unwrap();
+    };
+    replace(&files[0], b"not a compiled component");
     let half = std::fs::read(&files[1]).unwrap();
-    std::fs::write(&files[1], &half[..half.len() / 2]).unwrap();
+    replace(&files[1], &half[..half.len() / 2]);
     assert_eq!(decisions(&host_with_cache(Some(dir.clone()))), first);
     let rewritten: Vec<u64> = files.iter().map(|f| f.metadata().unwrap().len()).collect();
     assert_eq!(rewritten, sizes);
