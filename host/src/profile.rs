@@ -17,18 +17,44 @@ pub struct Profile {
     /// Of a whole step: building the lazy graph (host side, before eval).
     pub build_ms: f64,
     pub parts: Vec<(String, f64)>,
+    /// CPU ms of the process per part, in `parts`' order (threads spinning
+    /// for work included): on a shared machine wall time counts others'
+    /// work too; with `SPECD_THREADS=1` this is the part's own work.
+    pub cpu: Vec<f64>,
 }
 
-/// Adds `ms` to part `name`, keeping parts in first-seen order.
-fn add_part(parts: &mut Vec<(String, f64)>, name: &str, ms: f64) {
-    match parts.iter_mut().find(|(n, _)| n == name) {
-        Some(p) => p.1 += ms,
-        None => parts.push((name.to_string(), ms)),
+/// Adds `ms` (and `cpu_ms`) to part `name`, keeping parts in first-seen
+/// order.
+fn add_part(parts: &mut Vec<(String, f64)>, cpu: &mut Vec<f64>, name: &str, ms: f64, cpu_ms: f64) {
+    match parts.iter().position(|(n, _)| n == name) {
+        Some(i) => {
+            parts[i].1 += ms;
+            cpu[i] += cpu_ms;
+        }
+        None => {
+            parts.push((name.to_string(), ms));
+            cpu.push(cpu_ms);
+        }
     }
 }
 
-/// Profiles `steps` decode steps after a `context`-token prefill.
-pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
+/// CPU ms of this process so far, all threads (0 where unknown).
+fn cpu_ms() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
+        return 0.0;
+    }
+    t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 * 1e-6
+}
+
+/// Profiles `steps` forwards of `rows` new tokens each (1: a plain decode
+/// step; more: a speculative verify, every row's logits) after a
+/// `context`-token prefill.
+pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<Profile> {
     let prompt: Vec<u32> = (0..context as u32)
         .map(|i| 100 + (i * 37) % 20000)
         .collect();
@@ -37,7 +63,12 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
     let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
     specd_mlx::eval(&state)?;
     let params = SamplingParams::default();
-    let tok = 200u32;
+    let toks: Vec<u32> = (0..rows.max(1) as u32).map(|i| 200 + i).collect();
+    let which = if toks.len() > 1 {
+        crate::model::Logits::All
+    } else {
+        crate::model::Logits::Last
+    };
 
     // Whole steps.
     let rewind = |caches: &mut Vec<Box<dyn LayerCache>>| {
@@ -49,10 +80,12 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
     for i in 0..steps + 2 {
         rewind(&mut caches);
         let t = Instant::now();
-        let lazy = m.forward(&[tok], &mut caches, crate::model::Logits::Last)?;
+        let lazy = m.forward(&toks, &mut caches, which)?;
         let built = t.elapsed().as_secs_f64() * 1e3;
         let l = lazy.to_vec_f32()?;
-        let _ = distribution(&l, &params, &prompt);
+        for row in l.chunks(l.len() / toks.len().max(1)) {
+            let _ = distribution(row, &params, &prompt);
+        }
         if i >= 2 {
             step_ms += t.elapsed().as_secs_f64() * 1e3;
             build_ms += built;
@@ -64,35 +97,36 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
     // Part by part: the model's own forward, evaluated and timed at every
     // part boundary it reports.
     let mut parts: Vec<(String, f64)> = Vec::new();
+    let mut cpu: Vec<f64> = Vec::new();
     for _ in 0..steps {
         rewind(&mut caches);
-        let mut last = Instant::now();
+        let (mut last, mut last_cpu) = (Instant::now(), cpu_ms());
         let mut probe = |name: &'static str, outs: &[&Array]| -> specd_mlx::Result<()> {
             specd_mlx::eval(outs)?;
-            let now = Instant::now();
-            add_part(&mut parts, name, (now - last).as_secs_f64() * 1e3);
-            last = now;
+            let (now, now_cpu) = (Instant::now(), cpu_ms());
+            let ms = (now - last).as_secs_f64() * 1e3;
+            add_part(&mut parts, &mut cpu, name, ms, now_cpu - last_cpu);
+            (last, last_cpu) = (now, now_cpu);
             Ok(())
         };
-        let h = m.hidden_probed(&[tok], &mut caches, m.layers.len(), &mut probe)?;
-        let logits = m.head_probed(&h, crate::model::Logits::Last, &mut probe)?;
-        let t0 = Instant::now();
+        let h = m.hidden_probed(&toks, &mut caches, m.layers.len(), &mut probe)?;
+        let logits = m.head_probed(&h, which, &mut probe)?;
+        let (t0, c0) = (Instant::now(), cpu_ms());
         let l = logits.to_vec_f32()?;
-        add_part(
-            &mut parts,
-            "logits to host",
-            t0.elapsed().as_secs_f64() * 1e3,
-        );
-        let t0 = Instant::now();
-        let _ = distribution(&l, &params, &prompt);
-        add_part(
-            &mut parts,
-            "sampling (host)",
-            t0.elapsed().as_secs_f64() * 1e3,
-        );
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        add_part(&mut parts, &mut cpu, "logits to host", ms, cpu_ms() - c0);
+        let (t0, c0) = (Instant::now(), cpu_ms());
+        for row in l.chunks(l.len() / toks.len().max(1)) {
+            let _ = distribution(row, &params, &prompt);
+        }
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        add_part(&mut parts, &mut cpu, "sampling (host)", ms, cpu_ms() - c0);
     }
     for p in &mut parts {
         p.1 /= steps as f64;
+    }
+    for c in &mut cpu {
+        *c /= steps as f64;
     }
     let quantized = m.layers.iter().any(|l| l.q.is_quantized());
     let path = format!(
@@ -111,28 +145,39 @@ pub fn profile(m: &Llama, context: usize, steps: usize) -> Result<Profile> {
         step_ms,
         build_ms,
         parts,
+        cpu,
     })
 }
 
 pub fn report(p: &Profile) -> String {
     let sum: f64 = p.parts.iter().map(|(_, v)| v).sum();
     let mut s = format!("weights: {}\n", p.path);
+    let cpu_sum: f64 = p.cpu.iter().sum();
     s += &format!(
-        "{:<26} {:>9} {:>7}\n",
-        "part (evaluated alone)", "ms/step", "share"
+        "{:<28} {:>9} {:>7} {:>9}\n",
+        "part (evaluated alone)", "ms/step", "share", "cpu ms"
     );
-    for (n, v) in &p.parts {
-        s += &format!("{:<26} {:>9.3} {:>6.1}%\n", n, v, 100.0 * v / sum.max(1e-9));
+    for ((n, v), c) in p.parts.iter().zip(&p.cpu) {
+        s += &format!(
+            "{:<28} {:>9.3} {:>6.1}% {:>9.3}\n",
+            n,
+            v,
+            100.0 * v / sum.max(1e-9),
+            c
+        );
     }
-    s += &format!("{:<26} {:>9.3}\n", "sum of parts", sum);
     s += &format!(
-        "{:<26} {:>9.3}   ({:.1} tok/s)\n",
+        "{:<28} {:>9.3} {:>7} {:>9.3}\n",
+        "sum of parts", sum, "", cpu_sum
+    );
+    s += &format!(
+        "{:<28} {:>9.3}   ({:.1} tok/s)\n",
         "one whole step",
         p.step_ms,
         1e3 / p.step_ms
     );
     s += &format!(
-        "{:<26} {:>9.3}   (host side; plain greedy decoding overlaps it with the previous step)\n",
+        "{:<28} {:>9.3}   (host side; plain greedy decoding overlaps it with the previous step)\n",
         "  of which graph building", p.build_ms
     );
     let ratio = 100.0 * p.step_ms / sum.max(1e-9);

@@ -273,3 +273,22 @@ def test_pull_path_is_the_store_path(binary):
     home = Path(os.environ.get("SPECD_HOME") or Path.home() / ".cache" / "specd")
     assert path == home / "models" / "smollm2-135m" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path == model_path()
+
+
+def test_profile_breaks_a_verify_into_parts(binary, gguf_path):
+    """`specd profile --rows 4` profiles a 4-row verify forward part by part:
+    every part has a wall and a CPU time, and the head is among them."""
+    p = run_specd("profile", "--model", gguf_path, "--rows", "4", "--steps", "2", "--context", "16", check=True)
+    lines = p.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("part (evaluated alone)"))
+    assert "cpu ms" in lines[header], lines[header]
+    parts = {}
+    for line in lines[header + 1 :]:
+        if line.startswith("sum of parts"):
+            break
+        name, ms, share, cpu = line[:28].strip(), *line[28:].split()
+        parts[name] = (float(ms), float(cpu))
+    assert "final norm + lm head" in parts and "cache update + attention" in parts, parts
+    assert all(ms > 0 and cpu >= 0 for ms, cpu in parts.values()), parts
+    whole = next(line for line in lines if line.startswith("one whole step"))
+    assert float(whole[28:].split()[0]) > 0, whole

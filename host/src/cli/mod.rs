@@ -56,7 +56,7 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
-    /// Where the time of one plain decode step goes.
+    /// Where the time of one plain decode step (or one verify) goes.
     Profile {
         #[command(flatten)]
         model: ModelArg,
@@ -65,6 +65,10 @@ enum Command {
         context: usize,
         #[arg(long, default_value_t = 10)]
         steps: usize,
+        /// New tokens per forward: 1 is a plain decode step, more a
+        /// speculative verify of that many rows (every row's logits).
+        #[arg(long, default_value_t = 1)]
+        rows: usize,
     },
     /// Replay a trace (`--record`) under other policies, without a model.
     Replay(replay::ReplayArgs),
@@ -303,10 +307,11 @@ pub fn main() -> Result<()> {
             model,
             context,
             steps,
+            rows,
         } => {
             let path = crate::store::Store::default().resolve(&model.model, false)?;
             let (m, _) = crate::model::load_model_with(&path, weights)?;
-            let p = crate::profile::profile(&m, context.max(1), steps.max(1))?;
+            let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
             print!("{}", crate::profile::report(&p));
             Ok(())
         }
