@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -200,3 +202,51 @@ def test_mlx_lm_on_converted_gemma_matches_specd_greedy(gemma_path, mlx_lm_gemma
     assert list(tokenizer.encode(text)) == prompt_ids, "the converted tokenizer encodes the prompt differently"
     mlx_ids, margins = mlx_lm_greedy(model, prompt_ids, GREEDY_TOKENS, GEMMA_EOS)
     assert_same_greedy(mlx_ids, margins, specd_ids, NEAR_TIE)
+
+
+# Gemma requests in one server: different drafters, schedules, a seeded
+# sampled one (no drafter, so its rounds are those of its solo run).
+GEMMA_MIX = [
+    ("The capital of France is", {"num_predict": 16, "drafter": "none"}),
+    ("def fibonacci(n):\n    ", {"num_predict": 20, "drafter": "ngram", "schedule": "throughput"}),
+    ("red green blue red green blue red green", {"num_predict": 18, "drafter": "ngram",
+                                                  "schedule": "constant", "schedule_config": {"k": 3}}),
+    ("Once upon a time", {"num_predict": 14, "temperature": 0.8, "seed": 5, "drafter": "none"}),
+]
+
+
+def test_gemma_requests_share_steps_and_keep_their_solo_tokens(start_server, gemma_path):
+    """Gemma 3's layers (sliding-window attention, q/k norms) run in the
+    continuous-batching step: concurrent requests share steps and each gets
+    exactly its solo tokens."""
+    from conftest import GEMMA
+
+    server = start_server("--model", GEMMA)
+
+    def generate(i: int) -> dict:
+        prompt, options = GEMMA_MIX[i]
+        r = httpx.post(server.url + "/api/generate", timeout=300,
+                       json={"model": GEMMA, "prompt": prompt, "raw": True, "stream": False,
+                             "options": {"temperature": 0, **options}})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    solo = [generate(i) for i in range(len(GEMMA_MIX))]
+    together: list = [None] * len(GEMMA_MIX)
+    barrier = threading.Barrier(len(GEMMA_MIX))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        together[i] = generate(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(GEMMA_MIX))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    for i, (alone, batched) in enumerate(zip(solo, together)):
+        assert batched is not None, f"request {i} did not finish"
+        assert batched["context"] == alone["context"], f"request {i} ({GEMMA_MIX[i][1]}) changed in a batch"
+        assert batched["speculation"]["policy_failure"] is None
+    shared = [r["speculation"]["batch_steps"] for r in together]
+    assert all(s > 0 for s in shared), shared

@@ -1,12 +1,16 @@
 //! Gemma 3 270M end to end: speculation past the sliding window stays
 //! token-identical to plain decoding, through snapshot restores of the
-//! rotating caches after they wrapped. (Its own test binary: the restore
-//! counter is process-wide.)
+//! rotating caches after they wrapped; a batched step gives every sequence
+//! bitwise its solo rows. (Its own test binary: the restore counter is
+//! process-wide.)
 use specd::cache::rotating;
 use specd::engine::Prompt;
+use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::pipeline::Finished;
 use specd::sampling::SamplingParams;
+use specd::speculation::target::{forward_batch, StepRows};
+use specd::speculation::{LlamaTarget, Target};
 use specd_tests::{gemma_engine, GROUNDED};
 
 /// Prompt tokens: with the output, past the 512-token window by far.
@@ -73,6 +77,87 @@ fn speculation_past_the_sliding_window_equals_plain_decoding() {
         assert!(
             restores > 0,
             "{drafter}: no rollback went through a snapshot after the window wrapped"
+        );
+    }
+}
+
+fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter()
+        .map(|r| r.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// Gemma's layers in a continuous-batching step: local layers attend
+/// through a sliding window over rotating caches, so the step mixes
+/// sequences before the window, past it (the cache wrapped), and one whose
+/// verify rows cross the window's edge.
+#[test]
+fn a_batched_step_gives_every_gemma_sequence_its_solo_rows_bitwise() {
+    let e = gemma_engine();
+    let window = e.model.config.sliding_window.expect("gemma3 has a window");
+    let text = GROUNDED.join("\n\n").repeat(8);
+    let ids = e.encode(&Prompt::Raw(text)).unwrap();
+    assert!(ids.len() > window + 120, "{} prompt tokens", ids.len());
+    // (tokens cached before the step, rows in the step, logits), each
+    // sequence reading the prompt from its own start.
+    let plan = [
+        (window + 80, 5, Some(Logits::All)),
+        (20, 1, Some(Logits::Last)),
+        (0, 9, None),
+        (window - 4, 9, Some(Logits::All)),
+    ];
+    let start = |i: usize| 7 * i;
+    let fresh = |i: usize| {
+        let mut t = LlamaTarget::new(e.model.clone());
+        t.prefill(&ids[start(i)..start(i) + plan[i].0]).unwrap();
+        t
+    };
+    let rows = |i: usize| {
+        let (c, n, _) = plan[i];
+        &ids[start(i) + c..start(i) + c + n]
+    };
+    let next = |i: usize| ids[start(i) + plan[i].0 + plan[i].1];
+    let mut solo = Vec::new();
+    let mut solo_next = Vec::new();
+    for (i, &(_, _, which)) in plan.iter().enumerate() {
+        let mut t = fresh(i);
+        match which {
+            Some(w) => solo.push(t.forward(rows(i), w == Logits::All).unwrap()),
+            None => {
+                t.prefill(rows(i)).unwrap();
+                solo.push(Vec::new());
+            }
+        }
+        solo_next.push(t.forward(&[next(i)], false).unwrap());
+    }
+    let mut targets: Vec<LlamaTarget> = (0..plan.len()).map(fresh).collect();
+    let mut parts: Vec<StepRows<'_>> = targets
+        .iter_mut()
+        .enumerate()
+        .map(|(i, t)| StepRows {
+            target: t,
+            tokens: rows(i),
+            logits: plan[i].2,
+        })
+        .collect();
+    let batched = forward_batch(&e.model, &mut parts).unwrap();
+    drop(parts);
+    for (i, t) in targets.iter_mut().enumerate() {
+        let (c, n, _) = plan[i];
+        assert_eq!(
+            t.offset(),
+            c + n,
+            "sequence {i}'s caches advanced by its rows"
+        );
+        assert_eq!(batched[i].len(), solo[i].len(), "sequence {i}'s row count");
+        assert!(
+            bits(&batched[i]) == bits(&solo[i]),
+            "sequence {i}: batched rows differ from its solo rows"
+        );
+        let after = t.forward(&[next(i)], false).unwrap();
+        assert!(
+            bits(&after) == bits(&solo_next[i]),
+            "sequence {i}: the caches a batched step left differ from its solo ones"
         );
     }
 }

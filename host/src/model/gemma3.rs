@@ -95,31 +95,62 @@ impl Llama {
         ops::multiply(&ops::multiply(g, &s)?, u)
     }
 
-    /// Layer `i` of a Gemma 3 model.
+    /// Layer `i` of a Gemma 3 model over the rows of one or more sequences
+    /// (continuous batching): `x` `[1, T, hidden]` holds sequence s's rows
+    /// at `spans[s]` (first row, rows), `caches[s]` its cache of this
+    /// layer. The norms and matmuls run over every row at once (the weights
+    /// stream once per step); the q/k norms, rope, cache update and windowed
+    /// attention per sequence, at its own positions, as alone. Every op is
+    /// row-wise or per sequence, so with batch-invariant weights a
+    /// sequence's rows are bitwise those of its forward alone; alone is one
+    /// span over all of `x`.
     pub(crate) fn gemma3_layer(
         &self,
         i: usize,
         l: &Layer,
         n: &GemmaNorms,
         x: &Array,
-        cache: &mut Box<dyn LayerCache>,
+        caches: &mut [&mut Box<dyn LayerCache>],
+        spans: &[(i32, i32)],
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
         let c = &self.config;
         let t = x.dim(1);
-        let offset = cache.offset() as i32;
         let (nh, nkv, hd) = self.head_counts();
         // Gemma's layers carry no bias and keep their q/k norms in
         // `GemmaNorms`: this is the plain norm + q/k/v matmul.
         let (q, k, v) = self.qkv_rows(l, x, probe)?;
         let base = c.rope_base(i);
-        let q = self.rope_with(&self.heads_normed(&q, nh, &n.q_norm)?, base, offset)?;
-        let k = self.rope_with(&self.heads_normed(&k, nkv, &n.k_norm)?, base, offset)?;
-        let v = v.reshape(&[1, t, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
-        probe("q/k norms + rope", &[&q, &k])?;
-        let (k, v) = cache.update(&k, &v)?;
         let window = c.sliding_window.filter(|_| c.is_local(i));
-        let o = self.windowed_attention(&q, &k, &v, window)?;
+        let mut outs = Vec::with_capacity(spans.len());
+        for (cache, &(a, rows)) in caches.iter_mut().zip(spans) {
+            // One sequence's rows (all of them alone: no slice op).
+            let part = |y: &Array| {
+                if rows == t {
+                    Ok(y.clone())
+                } else {
+                    y.slice(&[0, a, 0], &[1, a + rows, y.dim(2)])
+                }
+            };
+            let offset = cache.offset() as i32;
+            let q = self.rope_with(&self.heads_normed(&part(&q)?, nh, &n.q_norm)?, base, offset)?;
+            let k = self.rope_with(
+                &self.heads_normed(&part(&k)?, nkv, &n.k_norm)?,
+                base,
+                offset,
+            )?;
+            let v = part(&v)?
+                .reshape(&[1, rows, nkv, hd])?
+                .transpose(&[0, 2, 1, 3])?;
+            probe("q/k norms + rope", &[&q, &k])?;
+            let (k, v) = cache.update(&k, &v)?;
+            outs.push(self.windowed_attention(&q, &k, &v, window)?);
+        }
+        let o = if outs.len() == 1 {
+            outs.pop().expect("one")
+        } else {
+            ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
+        };
         probe("attention", &[&o])?;
         let o = l.o.forward(&o)?;
         let x = ops::add(x, &self.rms_norm(&o, &n.post_attn)?)?;

@@ -180,28 +180,33 @@ impl Llama {
     ) -> Result<Array> {
         assert!(caches.len() >= n_layers, "one cache per layer");
         let t = ids.dim(0);
-        let mut x = self
-            .embed
-            .rows(ids)?
-            .reshape(&[1, t, self.config.hidden_size as i32])?;
+        let mut x = self.embedded(ids)?;
         probe("embedding", &[&x])?;
-        if self.config.arch == Arch::Gemma3 {
-            x = ops::multiply(
-                &x,
-                &Array::scalar(super::gemma3::embed_scale(&self.config))?,
-            )?;
-        }
         for (i, (layer, cache)) in self.layers[..n_layers]
             .iter()
             .zip(caches.iter_mut())
             .enumerate()
         {
             x = match &layer.gemma {
-                Some(g) => self.gemma3_layer(i, layer, g, &x, cache, probe)?,
+                Some(g) => self.gemma3_layer(i, layer, g, &x, &mut [cache], &[(0, t)], probe)?,
                 None => self.layer(layer, &x, cache, probe)?,
             };
         }
         Ok(x)
+    }
+
+    /// The embedding rows of token ids `[T]`, as `[1, T, hidden]` (scaled
+    /// by sqrt(hidden) for Gemma 3).
+    fn embedded(&self, ids: &Array) -> Result<Array> {
+        let x = self
+            .embed
+            .rows(ids)?
+            .reshape(&[1, ids.dim(0), self.config.hidden_size as i32])?;
+        if self.config.arch != Arch::Gemma3 {
+            return Ok(x);
+        }
+        let scale = Array::scalar(super::gemma3::embed_scale(&self.config))?;
+        ops::multiply(&x, &scale)
     }
 
     /// Final norm and the vocabulary projection.
@@ -548,22 +553,13 @@ impl Llama {
     /// the rope in and every cache is a plain [`KvCache`], a layer is a
     /// fixed handful of ops whatever the number of sequences: the cache
     /// writes and every sequence's attention are one op
-    /// (`kernels::attention_kv_rows`), the same one a lone forward runs. With [`Llama::batch_invariant`]
+    /// (`kernels::attention_kv_rows`), the same one a lone forward runs.
+    /// Gemma 3's layers run their q/k norms, rope and windowed attention per
+    /// sequence ([`Llama::gemma3_layer`]). With [`Llama::batch_invariant`]
     /// weights every sequence's logits are bitwise those of a forward of it
     /// alone. Returns, per sequence, its logits (`None` where it asked for
     /// none: a prefill chunk).
     pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<Vec<Option<Array>>> {
-        if self.config.arch != super::Arch::Llama {
-            // Gemma 3's layers have no batched path yet: each sequence runs
-            // its own forward (the same tokens as alone, without the gain).
-            return seqs
-                .iter_mut()
-                .map(|s| {
-                    let l = self.forward(s.tokens, s.caches, s.logits.unwrap_or(Logits::Last))?;
-                    Ok(s.logits.map(|_| l))
-                })
-                .collect();
-        }
         let n_layers = self.layers.len();
         let mut tokens = Vec::new();
         let mut spans = Vec::with_capacity(seqs.len());
@@ -576,9 +572,16 @@ impl Llama {
         let t = tokens.len() as i32;
         let d = self.config.hidden_size as i32;
         let ids = Array::from_u32(&tokens, &[t])?;
-        let mut x = self.embed.rows(&ids)?.reshape(&[1, t, d])?;
+        let mut x = self.embedded(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = self.layer_batch(layer, &x, i, seqs, &spans)?;
+            x = match &layer.gemma {
+                Some(g) => {
+                    let mut caches: Vec<&mut Box<dyn LayerCache>> =
+                        seqs.iter_mut().map(|s| &mut s.caches[i]).collect();
+                    self.gemma3_layer(i, layer, g, &x, &mut caches, &spans, &mut no_probe)?
+                }
+                None => self.layer_batch(layer, &x, i, seqs, &spans)?,
+            };
         }
         // The head over the rows asked for only, in one matmul.
         let mut picked = Vec::new();
