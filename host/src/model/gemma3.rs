@@ -30,6 +30,10 @@ pub fn embed_scale(c: &LlamaConfig) -> f32 {
     f32::from_bits(r & 0xffff_0000)
 }
 
+/// One sequence's part of a Gemma 3 layer: its cache of the layer, and its
+/// rows (first, count) among the step's.
+pub(crate) type SeqSpan<'a> = (&'a mut Box<dyn LayerCache>, (i32, i32));
+
 impl Llama {
     /// `[1, T, n * hd]` as heads `[1, T, n, hd]`, each RMS-normed by `w`.
     fn heads_normed(&self, y: &Array, n: i32, w: &Array) -> Result<Array> {
@@ -97,8 +101,8 @@ impl Llama {
 
     /// Layer `i` of a Gemma 3 model over the rows of one or more sequences
     /// (continuous batching): `x` `[1, T, hidden]` holds sequence s's rows
-    /// at `spans[s]` (first row, rows), `caches[s]` its cache of this
-    /// layer. The norms and matmuls run over every row at once (the weights
+    /// at `seqs[s].1` (first row, rows), `seqs[s].0` being its cache of
+    /// this layer. The norms and matmuls run over every row at once (the weights
     /// stream once per step); the q/k norms, rope, cache update and windowed
     /// attention per sequence, at its own positions, as alone. Every op is
     /// row-wise or per sequence, so with batch-invariant weights a
@@ -110,8 +114,7 @@ impl Llama {
         l: &Layer,
         n: &GemmaNorms,
         x: &Array,
-        caches: &mut [&mut Box<dyn LayerCache>],
-        spans: &[(i32, i32)],
+        seqs: &mut [SeqSpan<'_>],
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
         let c = &self.config;
@@ -122,8 +125,9 @@ impl Llama {
         let (q, k, v) = self.qkv_rows(l, x, probe)?;
         let base = c.rope_base(i);
         let window = c.sliding_window.filter(|_| c.is_local(i));
-        let mut outs = Vec::with_capacity(spans.len());
-        for (cache, &(a, rows)) in caches.iter_mut().zip(spans) {
+        let mut outs = Vec::with_capacity(seqs.len());
+        for (cache, (a, rows)) in seqs.iter_mut() {
+            let (a, rows) = (*a, *rows);
             // One sequence's rows (all of them alone: no slice op).
             let part = |y: &Array| {
                 if rows == t {

@@ -188,7 +188,7 @@ impl Llama {
             .enumerate()
         {
             x = match &layer.gemma {
-                Some(g) => self.gemma3_layer(i, layer, g, &x, &mut [cache], &[(0, t)], probe)?,
+                Some(g) => self.gemma3_layer(i, layer, g, &x, &mut [(cache, (0, t))], probe)?,
                 None => self.layer(layer, &x, cache, probe)?,
             };
         }
@@ -576,9 +576,12 @@ impl Llama {
         for (i, layer) in self.layers.iter().enumerate() {
             x = match &layer.gemma {
                 Some(g) => {
-                    let mut caches: Vec<&mut Box<dyn LayerCache>> =
-                        seqs.iter_mut().map(|s| &mut s.caches[i]).collect();
-                    self.gemma3_layer(i, layer, g, &x, &mut caches, &spans, &mut no_probe)?
+                    let mut parts: Vec<_> = seqs
+                        .iter_mut()
+                        .zip(&spans)
+                        .map(|(s, &span)| (&mut s.caches[i], span))
+                        .collect();
+                    self.gemma3_layer(i, layer, g, &x, &mut parts, &mut no_probe)?
                 }
                 None => self.layer_batch(layer, &x, i, seqs, &spans)?,
             };
