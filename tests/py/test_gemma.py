@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE))
 
 import reference_gemma3  # noqa: E402
 from compare import assert_logits_close, assert_same_greedy, mlx_lm_greedy  # noqa: E402
+from specd_paths import GEMMA  # noqa: E402
 from specd_paths import run as specd  # noqa: E402
 
 # As tests/py/test_foundation.py (float32 against float64 on the same weights).
@@ -219,8 +220,6 @@ def test_gemma_requests_share_steps_and_keep_their_solo_tokens(start_server, gem
     """Gemma 3's layers (sliding-window attention, q/k norms) run in the
     continuous-batching step: concurrent requests share steps and each gets
     exactly its solo tokens."""
-    from conftest import GEMMA
-
     server = start_server("--model", GEMMA)
 
     def generate(i: int) -> dict:
