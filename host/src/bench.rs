@@ -155,6 +155,13 @@ pub struct Cell {
     pub acceptance_rate: f64,
     pub mean_accepted: f64,
     pub mean_draft: f64,
+    /// Draft length the schedule asked for, per round (`mean_draft` is what
+    /// the drafter proposed of it).
+    pub mean_asked: f64,
+    /// Per draft position, while any round reached it: the share of rounds
+    /// reaching it (every draft before it kept) that kept it, and how many
+    /// reached it.
+    pub position_acceptance: Vec<(f64, u64)>,
     pub policy_share: f64,
     pub identical_to_plain: usize,
     pub runs: usize,
@@ -287,6 +294,8 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
             acceptance_rate: 0.0,
             mean_accepted: 0.0,
             mean_draft: 0.0,
+            mean_asked: 0.0,
+            position_acceptance: Vec::new(),
             policy_share: 0.0,
             identical_to_plain: prompts.len() * b.repeats,
             runs: prompts.len() * b.repeats,
@@ -328,6 +337,8 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 acceptance_rate: ratio(accepted as f64, drafted as f64),
                 mean_accepted: ratio(accepted as f64, rounds as f64),
                 mean_draft: ratio(drafted as f64, rounds as f64),
+                mean_asked: ratio(phases.drafts.asked as f64, rounds as f64),
+                position_acceptance: phases.drafts.acceptance(),
                 policy_share: ratio(policy, seconds),
                 identical_to_plain: same,
                 runs: prompts.len() * b.repeats,
@@ -414,7 +425,7 @@ pub fn table(cells: &[Cell]) -> String {
             s += &format!(" {n:>8}");
         }
         s += "\n";
-        for c in timed {
+        for c in &timed {
             let name = format!(
                 "{} {}/{}/{} {}",
                 c.suite, c.drafter, c.schedule, c.acceptance, c.rounds
@@ -425,6 +436,35 @@ pub fn table(cells: &[Cell]) -> String {
             }
             s += "\n";
         }
+        s += &position_table(&timed);
+    }
+    s
+}
+
+/// Positions shown in the acceptance table.
+const SHOWN_POSITIONS: usize = 8;
+
+/// Per cell: k asked and drafted per round, then the acceptance at each
+/// draft position among the rounds that reached it (rounds in brackets).
+fn position_table(cells: &[&Cell]) -> String {
+    let mut s = format!(
+        "\n{:<55} {:>6} {:>6}",
+        "acceptance per draft position", "asked", "draft"
+    );
+    for i in 1..=SHOWN_POSITIONS {
+        s += &format!(" {:>10}", format!("#{i}"));
+    }
+    s += "\n";
+    for c in cells {
+        let name = format!(
+            "{} {}/{}/{} {}",
+            c.suite, c.drafter, c.schedule, c.acceptance, c.rounds
+        );
+        s += &format!("  {name:<53} {:>6.2} {:>6.2}", c.mean_asked, c.mean_draft);
+        for &(a, n) in c.position_acceptance.iter().take(SHOWN_POSITIONS) {
+            s += &format!(" {:>10}", format!("{a:.2} ({n})"));
+        }
+        s += "\n";
     }
     s
 }

@@ -113,7 +113,8 @@ pub struct NgramDrafter {
 impl Default for NgramDrafter {
     fn default() -> Self {
         NgramDrafter {
-            min_n: 1,
+            // As `ngram` (crate::options::DEFAULT_DRAFTER).
+            min_n: 2,
             max_n: 4,
             max_proposal: 64,
         }
@@ -316,5 +317,14 @@ mod tests {
         assert_eq!(d.lookup(&[5, 6], 3), Vec::<u32>::new());
         // proposals stop at the end of the log
         assert_eq!(d.lookup(&[4, 5, 4], 5), vec![5, 4]);
+    }
+
+    #[test]
+    fn default_ngram_needs_two_matching_tokens() {
+        let d = NgramDrafter::default();
+        // Only "3" recurs: a one-token match drafts nothing.
+        assert_eq!(d.lookup(&[1, 3, 4, 5, 2, 3], 4), Vec::<u32>::new());
+        // "2 3" recurs: what followed it.
+        assert_eq!(d.lookup(&[2, 3, 4, 5, 6, 2, 3], 3), vec![4, 5, 6]);
     }
 }

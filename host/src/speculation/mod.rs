@@ -495,6 +495,7 @@ impl SpecState {
         }
         self.counters.phases.rollback += t.elapsed().as_secs_f64();
         self.counters.phases.rounds += 1;
+        self.counters.phases.drafts.round(k, kd, out.accepted);
 
         // 6. What the schedule learns.
         self.counters.rounds += 1;

@@ -67,6 +67,58 @@ pub struct RoundPhases {
     pub rollback: f64,
     /// Streaming the committed tokens: detokenizing, stop strings, the sink.
     pub emit: f64,
+    /// What the schedule asked and what the drafter and acceptance made of it.
+    pub drafts: DraftCounts,
+}
+
+/// Draft positions tracked by [`DraftCounts`]; later ones count in the last.
+pub const COUNTED_POSITIONS: usize = 16;
+
+/// Per round: the k the schedule asked, the tokens drafted, and per draft
+/// position how often a round reached it (every draft before it kept) and
+/// kept it. This splits a round that verified little into the schedule
+/// (small k), the drafter (drafted < k) and acceptance (reached, not kept).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DraftCounts {
+    pub asked: u64,
+    pub drafted: u64,
+    pub reached: [u64; COUNTED_POSITIONS],
+    pub kept: [u64; COUNTED_POSITIONS],
+}
+
+impl DraftCounts {
+    /// Counts one round: `k` asked, `drafted` proposed, the first
+    /// `accepted` kept.
+    pub fn round(&mut self, k: usize, drafted: usize, accepted: usize) {
+        self.asked += k as u64;
+        self.drafted += drafted as u64;
+        for i in 0..drafted.min(COUNTED_POSITIONS) {
+            self.reached[i] += 1;
+            if i >= accepted {
+                break;
+            }
+            self.kept[i] += 1;
+        }
+    }
+
+    pub fn add(&mut self, o: &DraftCounts) {
+        self.asked += o.asked;
+        self.drafted += o.drafted;
+        for i in 0..COUNTED_POSITIONS {
+            self.reached[i] += o.reached[i];
+            self.kept[i] += o.kept[i];
+        }
+    }
+
+    /// Per position while any round reached it: (kept / reached, reached).
+    pub fn acceptance(&self) -> Vec<(f64, u64)> {
+        self.reached
+            .iter()
+            .zip(&self.kept)
+            .take_while(|(r, _)| **r > 0)
+            .map(|(&r, &k)| (k as f64 / r as f64, r))
+            .collect()
+    }
 }
 
 impl RoundPhases {
@@ -82,6 +134,7 @@ impl RoundPhases {
         self.accept += o.accept;
         self.rollback += o.rollback;
         self.emit += o.emit;
+        self.drafts.add(&o.drafts);
     }
 
     /// The figures as (name, seconds), in a round's order.
@@ -106,4 +159,24 @@ pub struct ForwardTimes {
     pub build: f64,
     pub device: f64,
     pub readback: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draft_counts_reach_a_position_only_past_kept_ones() {
+        let mut c = DraftCounts::default();
+        c.round(4, 3, 1); // kept the first, lost the second: the third unreached
+        c.round(4, 0, 0); // the drafter had nothing
+        c.round(2, 2, 2);
+        assert_eq!((c.asked, c.drafted), (10, 5));
+        assert_eq!(c.acceptance(), vec![(1.0, 2), (0.5, 2)]);
+        let mut d = DraftCounts::default();
+        d.round(20, 20, 20); // past the counted positions: no overflow
+        c.add(&d);
+        assert_eq!(c.reached[COUNTED_POSITIONS - 1], 1);
+        assert_eq!(c.acceptance()[0], (1.0, 3));
+    }
 }
