@@ -16,7 +16,7 @@
 //! (llama.cpp's converter adds the one), so the norms here are plain RMS
 //! norms over the file's weights. The matmuls, norms and attention are the
 //! llama path's batch-invariant kernels.
-use super::llama::{GemmaNorms, Layer, Llama, Probe};
+use super::llama::{Layer, Llama, PostNorms, Probe};
 use super::LlamaConfig;
 use crate::cache::LayerCache;
 use specd_mlx::{fast, kernels, ops, Array, Result};
@@ -31,12 +31,6 @@ pub fn embed_scale(c: &LlamaConfig) -> f32 {
 }
 
 impl Llama {
-    /// `[1, T, n * hd]` as heads `[1, T, n, hd]`, each RMS-normed by `w`.
-    fn heads_normed(&self, y: &Array, n: i32, w: &Array) -> Result<Array> {
-        let (t, hd) = (y.dim(1), self.config.head_dim as i32);
-        self.rms_norm(&y.reshape(&[1, t, n, hd])?, w)
-    }
-
     /// Heads `[1, T, n, hd]` rotated for positions `offset..` with `base`,
     /// returned as `[1, n, T, hd]` (NEOX layout: Gemma's GGUF q/k are not
     /// permuted).
@@ -100,7 +94,7 @@ impl Llama {
         &self,
         i: usize,
         l: &Layer,
-        n: &GemmaNorms,
+        n: &PostNorms,
         x: &Array,
         cache: &mut Box<dyn LayerCache>,
         probe: &mut Probe<'_>,
@@ -109,12 +103,12 @@ impl Llama {
         let t = x.dim(1);
         let offset = cache.offset() as i32;
         let (nh, nkv, hd) = self.head_counts();
-        // Gemma's layers carry no bias and keep their q/k norms in
-        // `GemmaNorms`: this is the plain norm + q/k/v matmul.
+        // The norm, the q/k/v matmul and the per-head q/k norms, as llama's.
         let (q, k, v) = self.qkv_rows(l, x, probe)?;
         let base = c.rope_base(i);
-        let q = self.rope_with(&self.heads_normed(&q, nh, &n.q_norm)?, base, offset)?;
-        let k = self.rope_with(&self.heads_normed(&k, nkv, &n.k_norm)?, base, offset)?;
+        let heads = |y: &Array, n: i32| y.reshape(&[1, t, n, hd]);
+        let q = self.rope_with(&heads(&q, nh)?, base, offset)?;
+        let k = self.rope_with(&heads(&k, nkv)?, base, offset)?;
         let v = v.reshape(&[1, t, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
         probe("q/k norms + rope", &[&q, &k])?;
         let (k, v) = cache.update(&k, &v)?;
@@ -122,7 +116,7 @@ impl Llama {
         let o = self.windowed_attention(&q, &k, &v, window)?;
         probe("attention", &[&o])?;
         let o = l.o.forward(&o)?;
-        let x = ops::add(x, &self.rms_norm(&o, &n.post_attn)?)?;
+        let x = ops::add(x, &self.rms_norm(&o, &n.attn)?)?;
         probe("o matmul + post-norm + residual", &[&x])?;
 
         let (g, u) = match &l.gate_up {
@@ -142,7 +136,7 @@ impl Llama {
         let gu = self.geglu(&g, &u)?;
         probe("norm + gate/up matmuls + geglu", &[&gu])?;
         let d = l.down.forward(&gu)?;
-        let x = ops::add(&x, &self.rms_norm(&d, &n.post_ffn)?)?;
+        let x = ops::add(&x, &self.rms_norm(&d, &n.ffn)?)?;
         probe("down matmul + post-norm + residual", &[&x])?;
         Ok(x)
     }

@@ -33,23 +33,21 @@ pub struct Layer {
     /// The output projection's bias (llama/Qwen3 `attention_bias`).
     pub o_bias: Option<Array>,
     /// Per-head RMS norm weights `[head_dim]` of q and k, applied before
-    /// rope (Qwen3).
+    /// rope (Qwen3, Gemma 3).
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
-    /// Gemma 3's extra norms ([`super::gemma3`]); `None` for llama.
-    pub gemma: Option<GemmaNorms>,
+    /// Gemma 3's norms on the attention and MLP outputs
+    /// ([`super::gemma3`]); `None` for llama.
+    pub post_norms: Option<PostNorms>,
 }
 
-/// Gemma 3's per-layer norms beyond llama's two (GGUF weights: Gemma's
-/// `1 + w` already folded in by the converter).
+/// Gemma 3's norms on the attention output and on the MLP output, before
+/// the residual (GGUF weights: Gemma's `1 + w` already folded in by the
+/// converter).
 #[derive(Clone)]
-pub struct GemmaNorms {
-    /// Over each head of q and of k, before the rope.
-    pub q_norm: Array,
-    pub k_norm: Array,
-    /// On the attention output and on the MLP output, before the residual.
-    pub post_attn: Array,
-    pub post_ffn: Array,
+pub struct PostNorms {
+    pub attn: Array,
+    pub ffn: Array,
 }
 
 /// Called with a part's name and outputs as a forward builds them.
@@ -67,14 +65,6 @@ pub enum Logits {
     Last,
     /// Every new position (a speculative verify).
     All,
-}
-
-/// Whether attention runs through `kernels::attention_kv_rows` where it can
-/// (the default). `SPECD_KV_ROWS=0` turns it off for the per-sequence ops it
-/// replaced, to measure one against the other with one build.
-fn kv_rows_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECD_KV_ROWS").map_or(true, |v| v != "0"))
 }
 
 /// One sequence's part of [`Llama::forward_batch`].
@@ -100,6 +90,11 @@ pub struct Llama {
     pub norm: Array,
     /// `None` when the head is tied to the embedding.
     pub lm_head: Option<Linear>,
+    /// Whether attention runs through `kernels::attention_kv_rows` where it
+    /// can (true when loaded); false: the per-sequence ops it replaced, to
+    /// measure one against the other with one build
+    /// ([`crate::engine::Switches`]).
+    pub kv_rows: bool,
 }
 
 impl Llama {
@@ -196,8 +191,8 @@ impl Llama {
             .zip(caches.iter_mut())
             .enumerate()
         {
-            x = match &layer.gemma {
-                Some(g) => self.gemma3_layer(i, layer, g, &x, cache, probe)?,
+            x = match &layer.post_norms {
+                Some(p) => self.gemma3_layer(i, layer, p, &x, cache, probe)?,
                 None => self.layer(layer, &x, cache, probe)?,
             };
         }
@@ -424,7 +419,7 @@ impl Llama {
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
         let offset = cache.offset() as i32;
-        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv().filter(|_| kv_rows_on())) {
+        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv().filter(|_| self.kv_rows)) {
             // One sequence is a batch of one: the same two ops as
             // `layer_batch`, so a sequence's rows round alike alone and batched.
             let y = f.forward_normed_rope(
@@ -663,7 +658,7 @@ impl Llama {
                 .iter_mut()
                 .filter_map(|s| s.caches[li].as_kv())
                 .collect();
-            if kvs.len() == n_seqs && kv_rows_on() {
+            if kvs.len() == n_seqs && self.kv_rows {
                 // Every cache a plain one: all the sequences' cache writes
                 // and attention in one op, as alone (`layer`).
                 let rows: Vec<i32> = spans.iter().map(|&(_, n)| n).collect();
@@ -725,8 +720,8 @@ impl Llama {
             for lin in l.qkv.iter().chain(&l.gate_up) {
                 w.extend(lin.arrays());
             }
-            if let Some(g) = &l.gemma {
-                w.extend([&g.q_norm, &g.k_norm, &g.post_attn, &g.post_ffn]);
+            if let Some(p) = &l.post_norms {
+                w.extend([&p.attn, &p.ffn]);
             }
         }
         w
