@@ -119,20 +119,7 @@ impl Llama {
         let x = ops::add(x, &self.rms_norm(&o, &n.attn)?)?;
         probe("o matmul + post-norm + residual", &[&x])?;
 
-        let (g, u) = match &l.gate_up {
-            Some(f) => {
-                let y = self.norm_linear(&x, &l.ffn_norm, f)?;
-                let m = y.dim(2) / 2;
-                (
-                    y.slice(&[0, 0, 0], &[1, t, m])?,
-                    y.slice(&[0, 0, m], &[1, t, 2 * m])?,
-                )
-            }
-            None => {
-                let h = self.rms_norm(&x, &l.ffn_norm)?;
-                (l.gate.forward(&h)?, l.up.forward(&h)?)
-            }
-        };
+        let (g, u) = self.gate_up(l, &x)?;
         let gu = self.geglu(&g, &u)?;
         probe("norm + gate/up matmuls + geglu", &[&gu])?;
         let d = l.down.forward(&gu)?;

@@ -504,9 +504,27 @@ impl Llama {
         Ok(o)
     }
 
+    /// The MLP's input norm and its gate and up matmuls (one fused matmul
+    /// where the layer has it) over `x` `[1, T, hidden]`.
+    pub(super) fn gate_up(&self, l: &Layer, x: &Array) -> Result<(Array, Array)> {
+        Ok(match &l.gate_up {
+            Some(f) => {
+                let y = self.norm_linear(x, &l.ffn_norm, f)?;
+                let (t, n) = (y.dim(1), y.dim(2) / 2);
+                (
+                    y.slice(&[0, 0, 0], &[1, t, n])?,
+                    y.slice(&[0, 0, n], &[1, t, 2 * n])?,
+                )
+            }
+            None => {
+                let h = self.rms_norm(x, &l.ffn_norm)?;
+                (l.gate.forward(&h)?, l.up.forward(&h)?)
+            }
+        })
+    }
+
     /// A layer after attention: `o` matmul + residual, then the MLP.
     fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
-        let t = x.dim(1);
         let x = l.o.forward_add(o, x)?;
         let x = match &l.o_bias {
             Some(b) => ops::add(&x, b)?,
@@ -514,20 +532,7 @@ impl Llama {
         };
         probe("o matmul + residual", &[&x])?;
 
-        let (g, u) = match &l.gate_up {
-            Some(f) => {
-                let y = self.norm_linear(&x, &l.ffn_norm, f)?;
-                let n = y.dim(2) / 2;
-                (
-                    y.slice(&[0, 0, 0], &[1, t, n])?,
-                    y.slice(&[0, 0, n], &[1, t, 2 * n])?,
-                )
-            }
-            None => {
-                let h = self.rms_norm(&x, &l.ffn_norm)?;
-                (l.gate.forward(&h)?, l.up.forward(&h)?)
-            }
-        };
+        let (g, u) = self.gate_up(l, &x)?;
         probe("norm + gate/up matmuls", &[&g, &u])?;
         let gu = self.swiglu(&g, &u)?;
         probe("silu * up", &[&gu])?;
