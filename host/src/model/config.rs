@@ -41,7 +41,7 @@ pub struct LlamaConfig {
     /// A bias on the output projection (`attention_bias` in llama/Qwen3).
     #[serde(default)]
     pub o_bias: bool,
-    /// RMS norms over each q and k head before rope (Qwen3).
+    /// RMS norms over each q and k head before rope (Qwen3, Gemma 3).
     #[serde(default)]
     pub qk_norm: bool,
     /// Gemma 3: every `n`-th layer is global, the others local (windowed);
