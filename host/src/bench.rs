@@ -192,7 +192,7 @@ pub struct SpecBench {
 pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result<Vec<Cell>> {
     let mut configs = Vec::new();
     let rounds = if b.rounds.is_empty() {
-        vec![crate::pipeline::light_rounds_default()]
+        vec![e.switches.light_rounds]
     } else {
         b.rounds.clone()
     };

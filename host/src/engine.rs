@@ -48,6 +48,29 @@ pub struct Engine {
     pub suffix: Arc<Mutex<SuffixCorpus>>,
     /// How the weights are held (`--weights`).
     pub weights: WeightMode,
+    /// Which of two implementations some steps take ([`Engine::set_switches`]).
+    pub switches: Switches,
+}
+
+/// Switches between two implementations of one step, to measure one against
+/// the other with one build. The defaults are the faster paths; the CLI
+/// sets them (hidden flags), the model and the pipeline read no environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switches {
+    /// Attention as one op per layer over every sequence's cache rows
+    /// ([`Llama::kv_rows`]); off: the per-sequence ops it replaced.
+    pub kv_rows: bool,
+    /// Requests' default for [`Settings::light_rounds`].
+    pub light_rounds: bool,
+}
+
+impl Default for Switches {
+    fn default() -> Switches {
+        Switches {
+            kv_rows: true,
+            light_rounds: true,
+        }
+    }
 }
 
 /// Default bound of the prefix cache.
@@ -93,13 +116,27 @@ impl Engine {
             prefix: Mutex::new(PrefixCache::new(PREFIX_CACHE_BYTES)),
             suffix: Arc::new(Mutex::new(SuffixCorpus::new(SUFFIX_CORPUS_BYTES))),
             weights,
+            switches: Switches::default(),
         })
+    }
+
+    /// Sets the switches of this engine and its models; before it serves
+    /// (a model already shared is an error).
+    pub fn set_switches(&mut self, switches: Switches) -> Result<()> {
+        for m in std::iter::once(&mut self.model).chain(self.drafts.values_mut()) {
+            Arc::get_mut(m)
+                .context("switches are set before the engine serves")?
+                .kv_rows = switches.kv_rows;
+        }
+        self.switches = switches;
+        Ok(())
     }
 
     /// Registers a draft model (it must share the tokenizer's vocabulary).
     pub fn add_draft_model(&mut self, name: &str, path: &Path) -> Result<()> {
-        let (m, _) = load_model_with(path, self.weights)
+        let (mut m, _) = load_model_with(path, self.weights)
             .with_context(|| format!("loading draft model {name}"))?;
+        m.kv_rows = self.switches.kv_rows;
         if m.config.vocab_size != self.model.config.vocab_size {
             bail!(
                 "draft model {name} has vocabulary {} but the target has {}",
@@ -328,7 +365,7 @@ impl Engine {
             on_round: None,
             logprobs: None,
             constraint: None,
-            light_rounds: crate::pipeline::light_rounds_default(),
+            light_rounds: self.switches.light_rounds,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod cache;
 pub mod cli;
 pub mod engine;
+pub mod latency;
 pub mod model;
 pub mod options;
 pub mod pipeline;

@@ -524,7 +524,7 @@ pub fn table(reports: &[ReplayReport]) -> String {
 
 /// SVG charts (plotters, SVG backend, no font dependencies).
 pub mod charts {
-    use super::ReplayReport;
+    use super::{ReplayReport, ReplayedRound};
     use anyhow::{anyhow, Result};
     use plotters::prelude::*;
 
@@ -617,24 +617,13 @@ pub mod charts {
             let root = SVGBackend::with_string(&mut out, (1000, 700)).into_drawing_area();
             root.fill(&WHITE).map_err(e)?;
             let (top, bottom) = root.split_vertically(350);
-            let k: Vec<(String, Vec<f64>)> = reports
-                .iter()
-                .map(|r| {
-                    (
-                        label(r),
-                        r.per_round.iter().map(|x| x.drafted as f64).collect(),
-                    )
-                })
-                .collect();
-            let a: Vec<(String, Vec<f64>)> = reports
-                .iter()
-                .map(|r| {
-                    (
-                        label(r),
-                        r.per_round.iter().map(|x| x.accepted as f64).collect(),
-                    )
-                })
-                .collect();
+            // One series per report: `f` of each of its rounds.
+            let series = |f: fn(&ReplayedRound) -> f64| -> Vec<(String, Vec<f64>)> {
+                let per = |r: &ReplayReport| r.per_round.iter().map(f).collect();
+                reports.iter().map(|r| (label(r), per(r))).collect()
+            };
+            let k = series(|x| x.drafted as f64);
+            let a = series(|x| x.accepted as f64);
             lines(&top, "draft length per round", "drafted", &k)?;
             lines(&bottom, "accepted drafts per round", "accepted", &a)?;
             root.present().map_err(e)?;

@@ -6,31 +6,25 @@
 use crate::batch::{Admitted, BatchLimits, Scheduler};
 use crate::bench::{GROUNDED, OPEN};
 use crate::engine::{Engine, Prompt};
+use crate::latency::Latency;
 use crate::options::{DrafterSpec, SpecOptions};
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
 
-#[derive(Debug, Clone, Serialize)]
+/// A row as `--json` writes it; `specd-anchors --serve` reads it back
+/// (fields it lacks default).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ServeRow {
     /// `greedy` or `sampled`.
     pub mode: String,
     pub drafter: String,
-    pub concurrency: usize,
-    pub tokens: usize,
-    pub seconds: f64,
-    /// Aggregate, from submission to the last token.
-    pub tokens_per_second: f64,
-    /// Aggregate while decoding: streamed pieces after each request's
-    /// first, from the first first piece to the last piece.
-    pub decode_tokens_per_second: f64,
-    pub ttft_p50: f64,
-    pub ttft_p99: f64,
-    pub itl_p50: f64,
-    pub itl_p99: f64,
+    #[serde(flatten)]
+    pub latency: Latency,
     /// Most requests one step held.
     pub max_batch: u64,
     /// Scheduler steps (a pipelined run of one request alone counts once)
@@ -54,23 +48,6 @@ pub struct ServeBench {
     pub temperatures: Vec<f32>,
     pub max_tokens: usize,
     pub repeats: usize,
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let i = ((v.len() - 1) as f64 * p).round() as usize;
-    v[i]
-}
-
-#[derive(Default)]
-struct Timing {
-    first: Option<f64>,
-    last: Option<Instant>,
-    gaps: Vec<f64>,
-    pieces: usize,
 }
 
 /// Request `i`'s raw text to continue: long answers, rarely an early end of
@@ -101,7 +78,8 @@ fn one(
     );
     let results = Rc::new(RefCell::new(Vec::new()));
     let t0 = Instant::now();
-    let timings: Vec<Rc<RefCell<Timing>>> = (0..n).map(|_| Rc::default()).collect();
+    // Per request, its non-empty pieces' seconds since submission.
+    let timings: Vec<Rc<RefCell<Vec<f64>>>> = (0..n).map(|_| Rc::default()).collect();
     for (i, timing) in timings.iter().enumerate() {
         let text = request_text(i);
         let prompt = e.encode(&Prompt::Raw(text))?;
@@ -115,14 +93,7 @@ fn one(
         let t = timing.clone();
         let sink = Box::new(move |s: &str| {
             if !s.is_empty() {
-                let mut t = t.borrow_mut();
-                let now = Instant::now();
-                match t.last {
-                    None => t.first = Some((now - t0).as_secs_f64()),
-                    Some(l) => t.gaps.push((now - l).as_secs_f64()),
-                }
-                t.last = Some(now);
-                t.pieces += 1;
+                t.borrow_mut().push(t0.elapsed().as_secs_f64());
             }
             true
         });
@@ -155,30 +126,7 @@ fn one(
         drafted += f.stats.drafted;
         accepted += f.stats.accepted;
     }
-    // Decode throughput: text pieces after each request's first, over the
-    // time from the first request's first piece to the last one's last.
-    let from = timings
-        .iter()
-        .filter_map(|t| t.borrow().first)
-        .fold(f64::INFINITY, f64::min);
-    let to = timings
-        .iter()
-        .filter_map(|t| t.borrow().last.map(|l| (l - t0).as_secs_f64()))
-        .fold(0.0, f64::max);
-    let pieces: usize = timings
-        .iter()
-        .map(|t| t.borrow().pieces.saturating_sub(1))
-        .sum();
-    let decode_tps = if to > from {
-        pieces as f64 / (to - from)
-    } else {
-        0.0
-    };
-    let mut ttft: Vec<f64> = timings.iter().filter_map(|t| t.borrow().first).collect();
-    let mut itl: Vec<f64> = timings
-        .iter()
-        .flat_map(|t| t.borrow().gaps.clone())
-        .collect();
+    let streams: Vec<Vec<f64>> = timings.iter().map(|t| t.take()).collect();
     Ok(ServeRow {
         mode: if temperature > 0.0 {
             "sampled"
@@ -190,15 +138,7 @@ fn one(
             .drafter
             .as_ref()
             .map_or("none".into(), |d| d.to_string()),
-        concurrency: n,
-        tokens,
-        seconds,
-        tokens_per_second: tokens as f64 / seconds,
-        decode_tokens_per_second: decode_tps,
-        ttft_p50: percentile(&mut ttft, 0.5),
-        ttft_p99: percentile(&mut ttft, 0.99),
-        itl_p50: percentile(&mut itl, 0.5),
-        itl_p99: percentile(&mut itl, 0.99),
+        latency: Latency::of(n, tokens, seconds, &streams),
         max_batch,
         steps,
         step_seconds,
@@ -229,23 +169,17 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
             ServeRow {
                 mode: "decode".into(),
                 drafter: "none".into(),
-                concurrency: 1,
-                tokens: d.generated_tokens,
-                seconds: d.generated_tokens as f64 / d.decode_tps.max(1e-9),
-                tokens_per_second: d.decode_tps,
-                decode_tokens_per_second: d.decode_tps,
-                ttft_p50: 0.0,
-                ttft_p99: 0.0,
-                itl_p50: 0.0,
-                itl_p99: 0.0,
+                latency: Latency {
+                    concurrency: 1,
+                    tokens: d.generated_tokens,
+                    seconds: d.generated_tokens as f64 / d.decode_tps.max(1e-9),
+                    tokens_per_second: d.decode_tps,
+                    decode_tokens_per_second: d.decode_tps,
+                    ..Default::default()
+                },
                 max_batch: 1,
-                steps: 0,
-                step_seconds: 0.0,
-                step_rows: 0,
-                rounds: 0,
-                drafted: 0,
-                accepted: 0,
                 repeats: 1,
+                ..Default::default()
             },
         );
         for &temp in &b.temperatures {
@@ -268,28 +202,28 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
 }
 
 fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
-    match rows
-        .iter_mut()
-        .find(|x| x.mode == r.mode && x.drafter == r.drafter && x.concurrency == r.concurrency)
-    {
+    match rows.iter_mut().find(|x| {
+        x.mode == r.mode && x.drafter == r.drafter && x.latency.concurrency == r.latency.concurrency
+    }) {
         Some(x) => {
-            x.tokens += r.tokens;
-            x.seconds += r.seconds;
+            let (l, rl) = (&mut x.latency, &r.latency);
+            l.tokens += rl.tokens;
+            l.seconds += rl.seconds;
             x.steps += r.steps;
             x.step_seconds += r.step_seconds;
             x.step_rows += r.step_rows;
             x.rounds += r.rounds;
             x.drafted += r.drafted;
             x.accepted += r.accepted;
-            x.tokens_per_second = x.tokens as f64 / x.seconds;
+            l.tokens_per_second = l.tokens as f64 / l.seconds;
             // Decode rates of repeats: their mean.
-            x.decode_tokens_per_second = (x.decode_tokens_per_second * x.repeats as f64
-                + r.decode_tokens_per_second)
+            l.decode_tokens_per_second = (l.decode_tokens_per_second * x.repeats as f64
+                + rl.decode_tokens_per_second)
                 / (x.repeats + 1) as f64;
             x.repeats += 1;
             x.max_batch = x.max_batch.max(r.max_batch);
-            (x.ttft_p50, x.ttft_p99, x.itl_p50, x.itl_p99) =
-                (r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99);
+            (l.ttft_p50, l.ttft_p99, l.itl_p50, l.itl_p99) =
+                (rl.ttft_p50, rl.ttft_p99, rl.itl_p50, rl.itl_p99);
         }
         None => rows.push(r),
     }
@@ -321,10 +255,12 @@ pub fn table(rows: &[ServeRow]) -> String {
         "k",
         "acc"
     );
-    for r in rows {
+    for row in rows {
+        let r = &row.latency;
         let base = rows
             .iter()
-            .find(|x| x.mode == r.mode && x.drafter == r.drafter && x.concurrency == 1);
+            .find(|x| x.mode == row.mode && x.drafter == row.drafter && x.latency.concurrency == 1)
+            .map(|b| &b.latency);
         let (x, itl) = base.map_or((1.0, 1.0), |b| {
             (
                 r.decode_tokens_per_second / b.decode_tokens_per_second.max(1e-9),
@@ -338,10 +274,10 @@ pub fn table(rows: &[ServeRow]) -> String {
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
             "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2}\n",
-            r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
-            r.itl_p50, r.itl_p99, itl, r.max_batch, r.steps, per(1e3 * r.step_seconds, r.steps as f64),
-            per(r.step_rows as f64, r.steps as f64), per(r.drafted as f64, r.rounds as f64),
-            per(r.accepted as f64, r.drafted as f64)
+            row.mode, row.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
+            r.itl_p50, r.itl_p99, itl, row.max_batch, row.steps, per(1e3 * row.step_seconds, row.steps as f64),
+            per(row.step_rows as f64, row.steps as f64), per(row.drafted as f64, row.rounds as f64),
+            per(row.accepted as f64, row.drafted as f64)
         );
     }
     s

@@ -12,35 +12,23 @@
 //! of it in the server binary.
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use specd::latency::Latency;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// One concurrency's result (the fields of `bench serve`'s rows).
+/// One concurrency's result, in the latency fields of `bench serve`'s rows.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServeAnchorRow {
     pub engine: String,
-    pub concurrency: usize,
-    pub tokens: usize,
-    pub seconds: f64,
-    pub tokens_per_second: f64,
-    pub decode_tokens_per_second: f64,
-    pub ttft_p50: f64,
-    pub ttft_p99: f64,
-    pub itl_p50: f64,
-    pub itl_p99: f64,
+    #[serde(flatten)]
+    pub latency: Latency,
 }
 
-/// specd's rows as `bench serve --json` writes them (the fields used here).
-#[derive(Debug, Clone, Deserialize)]
-pub struct OursRow {
-    pub mode: String,
-    pub drafter: String,
-    pub concurrency: usize,
-    pub tokens_per_second: f64,
-}
+/// specd's rows as `bench serve --json` writes them.
+pub use specd::serve_bench::ServeRow as OursRow;
 
 pub struct ServeOptions {
     pub python: PathBuf,
@@ -214,14 +202,6 @@ fn stream_completion(port: u16, prompt: &str, max_tokens: usize, t0: Instant) ->
     Ok(out)
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 /// `n` requests at once, as `bench serve` submits its batch.
 fn one(port: u16, n: usize, max_tokens: usize) -> Result<ServeAnchorRow> {
     let t0 = Instant::now();
@@ -240,40 +220,10 @@ fn one(port: u16, n: usize, max_tokens: usize) -> Result<ServeAnchorRow> {
     }
     let seconds = t0.elapsed().as_secs_f64();
     let tokens: usize = streams.iter().map(|s| s.tokens).sum();
-    let mut ttft: Vec<f64> = streams
-        .iter()
-        .filter_map(|s| s.pieces.first())
-        .copied()
-        .collect();
-    let mut itl: Vec<f64> = streams
-        .iter()
-        .flat_map(|s| s.pieces.windows(2).map(|w| w[1] - w[0]))
-        .collect();
-    let first = ttft.iter().copied().fold(f64::INFINITY, f64::min);
-    let last = streams
-        .iter()
-        .filter_map(|s| s.pieces.last())
-        .copied()
-        .fold(0.0, f64::max);
-    let after_first: usize = streams
-        .iter()
-        .map(|s| s.pieces.len().saturating_sub(1))
-        .sum();
+    let pieces: Vec<Vec<f64>> = streams.into_iter().map(|s| s.pieces).collect();
     Ok(ServeAnchorRow {
         engine: "mlx-lm".into(),
-        concurrency: n,
-        tokens,
-        seconds,
-        tokens_per_second: tokens as f64 / seconds.max(1e-9),
-        decode_tokens_per_second: if last > first {
-            after_first as f64 / (last - first)
-        } else {
-            0.0
-        },
-        ttft_p50: percentile(&mut ttft, 0.5),
-        ttft_p99: percentile(&mut ttft, 0.99),
-        itl_p50: percentile(&mut itl, 0.5),
-        itl_p99: percentile(&mut itl, 0.99),
+        latency: Latency::of(n, tokens, seconds, &pieces),
     })
 }
 
@@ -319,12 +269,13 @@ pub fn table(rows: &[ServeAnchorRow], ours: &[OursRow]) -> String {
         "specd tok/s",
         "specd/mlx-lm"
     );
-    for r in rows {
-        let o = ours
-            .iter()
-            .find(|x| x.mode == "greedy" && x.drafter == "none" && x.concurrency == r.concurrency);
+    for row in rows {
+        let r = &row.latency;
+        let o = ours.iter().map(|x| (x, &x.latency)).find(|(x, l)| {
+            x.mode == "greedy" && x.drafter == "none" && l.concurrency == r.concurrency
+        });
         let (ot, ratio) = match o {
-            Some(o) if r.tokens_per_second > 0.0 => (
+            Some((_, o)) if r.tokens_per_second > 0.0 => (
                 format!("{:.1}", o.tokens_per_second),
                 format!("{:.2}x", o.tokens_per_second / r.tokens_per_second),
             ),
@@ -332,7 +283,7 @@ pub fn table(rows: &[ServeAnchorRow], ours: &[OursRow]) -> String {
         };
         s += &format!(
             "{:<8} {:>4} {:>7} {:>9.1} {:>10.1} {:>8.0}ms {:>8.0}ms {:>8.1}ms {:>8.1}ms   {:>12} {:>12}\n",
-            r.engine,
+            row.engine,
             r.concurrency,
             r.tokens,
             r.tokens_per_second,
@@ -361,24 +312,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles_of_sorted_and_empty() {
-        assert_eq!(percentile(&mut [3.0, 1.0, 2.0], 0.5), 2.0);
-        assert_eq!(percentile(&mut [], 0.99), 0.0);
-    }
-
-    #[test]
     fn the_table_puts_specd_next_to_mlx_lm_per_n() {
         let row = |n, tps| ServeAnchorRow {
             engine: "mlx-lm".into(),
-            concurrency: n,
-            tokens: 48 * n,
-            seconds: 1.0,
-            tokens_per_second: tps,
-            decode_tokens_per_second: tps,
-            ttft_p50: 0.1,
-            ttft_p99: 0.2,
-            itl_p50: 0.01,
-            itl_p99: 0.02,
+            latency: Latency {
+                concurrency: n,
+                tokens: 48 * n,
+                seconds: 1.0,
+                tokens_per_second: tps,
+                decode_tokens_per_second: tps,
+                ttft_p50: 0.1,
+                ttft_p99: 0.2,
+                itl_p50: 0.01,
+                itl_p99: 0.02,
+            },
         };
         let ours: Vec<OursRow> = serde_json::from_str(
             r#"[{"mode":"greedy","drafter":"none","concurrency":1,"tokens_per_second":50.0,

@@ -13,35 +13,21 @@ use wasmtime_wasi::{
     HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
 };
 
-pub(crate) mod bind_schedule {
-    wasmtime::component::bindgen!({
-        path: "../../wit",
-        world: "schedule-policy",
-    });
+/// A module of wasmtime's bindings of one world of one contract version.
+macro_rules! bindings {
+    ($module:ident, $wit:tt, $world:tt) => {
+        pub(crate) mod $module {
+            wasmtime::component::bindgen!({ path: $wit, world: $world });
+        }
+    };
 }
 
-pub(crate) mod bind_acceptance {
-    wasmtime::component::bindgen!({
-        path: "../../wit",
-        world: "acceptance-policy",
-    });
-}
-
+bindings!(bind_schedule, "../../wit", "schedule-policy");
+bindings!(bind_acceptance, "../../wit", "acceptance-policy");
 // Contract 0.2 (`wit/0.2`).  Both versions' bindings live side by side;
 // `wasm.rs` converts each to the one set of contract types.
-pub(crate) mod bind_schedule_v0_2 {
-    wasmtime::component::bindgen!({
-        path: "../../wit/0.2",
-        world: "schedule-policy",
-    });
-}
-
-pub(crate) mod bind_acceptance_v0_2 {
-    wasmtime::component::bindgen!({
-        path: "../../wit/0.2",
-        world: "acceptance-policy",
-    });
-}
+bindings!(bind_schedule_v0_2, "../../wit/0.2", "schedule-policy");
+bindings!(bind_acceptance_v0_2, "../../wit/0.2", "acceptance-policy");
 
 /// Store data of one request's instance.
 pub(crate) struct HostState {

@@ -1,7 +1,7 @@
 //! `specd bench`: decode speed, BLAS scaling, speculation.
 use super::generate::{load_engine, sampling_params, SpecArgs};
+use super::Load;
 use super::ModelArg;
-use crate::model::WeightMode;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -55,7 +55,7 @@ pub enum BenchCmd {
         /// Speculative rounds, comma-separated: light (argmax-only verify
         /// rows for greedy requests), full (every row to the host); both:
         /// each config runs both ways, interleaved. Default: light unless
-        /// SPECD_LIGHT_ROUNDS=0.
+        /// `--light-rounds off` (SPECD_LIGHT_ROUNDS=0).
         #[arg(long)]
         rounds: Option<String>,
     },
@@ -144,13 +144,13 @@ fn comma_list(s: &str) -> Vec<String> {
         .collect()
 }
 
-pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
+pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
     match cmd {
         BenchCmd::Blas { iters } => blas(iters),
         BenchCmd::Anchors { mut args } => {
             // The global --weights reaches it as its own flag.
             if !args.iter().any(|a| a.starts_with("--weights")) {
-                args.extend(["--weights".to_string(), weights.name().to_string()]);
+                args.extend(["--weights".to_string(), load.weights.name().to_string()]);
             }
             let exe = std::env::current_exe().context("finding the specd binary")?;
             let anchors = exe.with_file_name("specd-anchors");
@@ -179,7 +179,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             steps_only,
             anchor,
         } => {
-            let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
+            let e = load_engine(&model.model, &SpecArgs::default(), load)?;
             let parse = |s: &str, what: &str| -> Result<Vec<f64>> {
                 comma_list(s)
                     .iter()
@@ -222,7 +222,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
             Ok(())
         }
         BenchCmd::Decode { model, max_tokens } => {
-            let e = load_engine(&model.model, &SpecArgs::default(), weights)?;
+            let e = load_engine(&model.model, &SpecArgs::default(), load)?;
             let r = crate::bench::decode(&e, max_tokens)?;
             println!(
                 "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s",
@@ -250,7 +250,7 @@ pub fn run(cmd: BenchCmd, weights: WeightMode) -> Result<()> {
                 policy_dir,
                 ..Default::default()
             };
-            let e = load_engine(&model.model, &spec_args, weights)?;
+            let e = load_engine(&model.model, &spec_args, load)?;
             let params = sampling_params(&sampling)?;
             let list = comma_list;
             let acceptances = acceptances.unwrap_or_else(|| {

@@ -16,10 +16,10 @@
 //!   the kernels) and writes the weights the kernels run on, read back from
 //!   the packed layout, as little-endian float32 `[rows, cols]`.
 use super::generate::{load_engine, prompt_of, SpecArgs};
+use super::Load;
 use super::ModelArg;
 use crate::engine::Engine;
 use crate::model::Logits;
-use crate::model::WeightMode;
 use crate::sampling::SamplingParams;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -97,8 +97,8 @@ pub struct GenIdsArgs {
     prompt: String,
 }
 
-fn engine(model: &str, weights: WeightMode) -> Result<Engine> {
-    load_engine(model, &SpecArgs::default(), weights)
+fn engine(model: &str, load: Load) -> Result<Engine> {
+    load_engine(model, &SpecArgs::default(), load)
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
@@ -106,10 +106,10 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
+pub fn run(cmd: DebugCmd, load: Load) -> Result<()> {
     match cmd {
         DebugCmd::Logits(a) => {
-            let engine = engine(&a.model.model, weights)?;
+            let engine = engine(&a.model.model, load)?;
             let ids = match (&a.ids, &a.prompt) {
                 (Some(ids), None) => ids.clone(),
                 (None, Some(p)) => engine.encode(&prompt_of(a.chat, None, p))?,
@@ -159,7 +159,7 @@ pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
             write_json(&a.json, &serde_json::json!(ids))
         }
         DebugCmd::Weights(a) => {
-            let (t, _) = crate::model::load::read_gguf(&a.gguf, weights)?;
+            let (t, _) = crate::model::load::read_gguf(&a.gguf, load.weights)?;
             let base = a.tensor.strip_suffix(".weight").unwrap_or(&a.tensor);
             let lin = t.linear(base)?.pack(false)?;
             let [n, k] = lin.shape();
@@ -183,7 +183,7 @@ pub fn run(cmd: DebugCmd, weights: WeightMode) -> Result<()> {
             Ok(())
         }
         DebugCmd::Generate(a) => {
-            let engine = engine(&a.model.model, weights)?;
+            let engine = engine(&a.model.model, load)?;
             let prompt = engine.encode(&prompt_of(a.chat, None, &a.prompt))?;
             let params = SamplingParams {
                 temperature: 0.0,

@@ -1,7 +1,7 @@
 //! `specd generate`.
+use super::Load;
 use super::{policy_host, ModelArg};
 use crate::engine::{Engine, Prepared, Prompt};
-use crate::model::WeightMode;
 use crate::options::SpecOptions;
 use crate::request::{RequestError, RequestOptions, ValidatedRequest};
 use crate::sampling::SamplingParams;
@@ -67,10 +67,11 @@ pub struct GenerateArgs {
     pub prompt: String,
 }
 
-pub fn load_engine(model: &str, spec: &SpecArgs, weights: WeightMode) -> Result<Engine> {
+pub fn load_engine(model: &str, spec: &SpecArgs, load: Load) -> Result<Engine> {
     let path = crate::store::Store::default().resolve(model, false)?;
     let policies = policy_host(spec.policy_dir.as_deref())?;
-    let mut engine = Engine::load(model, &path, policies, weights)?;
+    let mut engine = Engine::load(model, &path, policies, load.weights)?;
+    engine.set_switches(load.switches)?;
     spec.register_draft_model(&mut engine)?;
     Ok(engine)
 }
@@ -102,9 +103,9 @@ impl GenerateArgs {
     }
 }
 
-pub fn run(a: GenerateArgs, weights: WeightMode) -> Result<()> {
+pub fn run(a: GenerateArgs, load: Load) -> Result<()> {
     let req = a.request()?;
-    let engine = load_engine(&a.model.model, &a.spec, weights)?;
+    let engine = load_engine(&a.model.model, &a.spec, load)?;
     let prompt = engine.encode(&req.prompt)?;
     let Prepared { mut settings, spec } = engine.prepare(&req)?;
     settings.record = a.record.is_some();

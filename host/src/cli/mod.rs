@@ -26,6 +26,37 @@ struct Cli {
     /// SPECD_WEIGHTS.
     #[arg(long, global = true, value_parser = parse_weights)]
     weights: Option<crate::model::WeightMode>,
+    /// `off`: attention as the per-sequence ops that one op per layer over
+    /// every sequence's cache rows replaced (to measure one against the
+    /// other). Same as SPECD_KV_ROWS=0.
+    #[arg(long, global = true, hide = true, value_name = "on|off", value_parser = parse_on_off)]
+    kv_rows: Option<bool>,
+    /// `off`: every speculative verify copies its rows back whole (the
+    /// default for requests; `bench spec --rounds` picks per run). Same as
+    /// SPECD_LIGHT_ROUNDS=0.
+    #[arg(long, global = true, hide = true, value_name = "on|off", value_parser = parse_on_off)]
+    light_rounds: Option<bool>,
+}
+
+/// What every command that loads a model takes from the global flags.
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub weights: crate::model::WeightMode,
+    pub switches: crate::engine::Switches,
+}
+
+fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is not on or off")),
+    }
+}
+
+/// The flag, else the environment variable (for A/B runs: read here, once;
+/// the model and the pipeline read none), else on.
+fn switch(flag: Option<bool>, var: &str) -> bool {
+    flag.unwrap_or_else(|| std::env::var(var).map_or(true, |v| v != "0"))
 }
 
 fn parse_weights(s: &str) -> std::result::Result<crate::model::WeightMode, String> {
@@ -183,9 +214,16 @@ pub fn main() -> Result<()> {
             _ => crate::model::WeightMode::default(),
         },
     };
+    let load = Load {
+        weights,
+        switches: crate::engine::Switches {
+            kv_rows: switch(cli.kv_rows, "SPECD_KV_ROWS"),
+            light_rounds: switch(cli.light_rounds, "SPECD_LIGHT_ROUNDS"),
+        },
+    };
     match cli.command {
-        Command::Generate(a) => generate::run(a, weights),
-        Command::Serve(a) => crate::server::run(a, weights),
+        Command::Generate(a) => generate::run(a, load),
+        Command::Serve(a) => crate::server::run(a, load),
         Command::Pull { name, path } => {
             let store = crate::store::Store::default();
             let k = crate::store::Store::known_or_err(&name)?;
@@ -302,7 +340,7 @@ pub fn main() -> Result<()> {
             );
             Ok(())
         }
-        Command::Bench(b) => bench::run(b, weights),
+        Command::Bench(b) => bench::run(b, load),
         Command::Profile {
             model,
             context,
@@ -310,12 +348,13 @@ pub fn main() -> Result<()> {
             rows,
         } => {
             let path = crate::store::Store::default().resolve(&model.model, false)?;
-            let (m, _) = crate::model::load_model_with(&path, weights)?;
+            let (mut m, _) = crate::model::load_model_with(&path, weights)?;
+            m.kv_rows = load.switches.kv_rows;
             let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
             print!("{}", crate::profile::report(&p));
             Ok(())
         }
         Command::Replay(a) => replay::run(a),
-        Command::Debug(d) => debug::run(d, weights),
+        Command::Debug(d) => debug::run(d, load),
     }
 }

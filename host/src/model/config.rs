@@ -41,7 +41,7 @@ pub struct LlamaConfig {
     /// A bias on the output projection (`attention_bias` in llama/Qwen3).
     #[serde(default)]
     pub o_bias: bool,
-    /// RMS norms over each q and k head before rope (Qwen3).
+    /// RMS norms over each q and k head before rope (Qwen3, Gemma 3).
     #[serde(default)]
     pub qk_norm: bool,
     /// Gemma 3: every `n`-th layer is global, the others local (windowed);
@@ -58,7 +58,50 @@ pub struct LlamaConfig {
 /// options above.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
 
+/// Where a source keeps the shape every llama-family config states: the
+/// hidden size, layers, heads, key/value heads (default: as many as heads),
+/// the MLP's width and the norms' epsilon (default 1e-5).
+struct ShapeKeys {
+    hidden: &'static str,
+    layers: &'static str,
+    heads: &'static str,
+    kv_heads: &'static str,
+    ffn: &'static str,
+    eps: &'static str,
+}
+
 impl LlamaConfig {
+    /// The fields [`ShapeKeys`] names, read with `int` and `float`; every
+    /// other field as a plain llama's, for the caller to set.
+    fn shape(
+        k: &ShapeKeys,
+        int: &dyn Fn(&str) -> Result<usize>,
+        float: &dyn Fn(&str) -> Option<f64>,
+    ) -> Result<LlamaConfig> {
+        let (hidden, heads) = (int(k.hidden)?, int(k.heads)?);
+        Ok(LlamaConfig {
+            arch: Arch::Llama,
+            hidden_size: hidden,
+            num_hidden_layers: int(k.layers)?,
+            num_attention_heads: heads,
+            num_key_value_heads: int(k.kv_heads).unwrap_or(heads),
+            head_dim: hidden / heads.max(1),
+            intermediate_size: int(k.ffn)?,
+            vocab_size: 0,
+            rms_norm_eps: float(k.eps).unwrap_or(1e-5) as f32,
+            rope_theta: 10000.0,
+            rope_traditional: false,
+            max_position_embeddings: 2048,
+            tie_word_embeddings: false,
+            sliding_window: None,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+        })
+    }
+
     /// From GGUF metadata (numbers as decimal text, as specd-mlx returns them).
     pub fn from_gguf(meta: &HashMap<String, String>, has_output: bool) -> Result<Self> {
         let arch = meta
@@ -76,39 +119,38 @@ impl LlamaConfig {
             v.parse::<f64>()
                 .with_context(|| format!("GGUF metadata {key} = {v:?} is not a number"))
         };
-        let heads = num("attention.head_count")? as usize;
-        let hidden = num("embedding_length")? as usize;
+        let shape = LlamaConfig::shape(
+            &ShapeKeys {
+                hidden: "embedding_length",
+                layers: "block_count",
+                heads: "attention.head_count",
+                kv_heads: "attention.head_count_kv",
+                ffn: "feed_forward_length",
+                eps: "attention.layer_norm_rms_epsilon",
+            },
+            &|k| Ok(num(k)? as usize),
+            &|k| num(k).ok(),
+        )?;
         let vocab = match num("vocab_size") {
             Ok(v) => v as usize,
             Err(_) => 0, // filled from the embedding's shape by the loader
         };
-        let head_dim = num("rope.dimension_count")
-            .map(|v| v as usize)
-            .unwrap_or(hidden / heads.max(1));
         let gemma = arch == "gemma3";
         // Gemma 3 (llama.cpp's reading of its GGUF): head dim from
         // attention.key_length, a global layer every 6th, local rope base
-        // 10000, NEOX (rotate-half) rope on unpermuted q/k.
+        // 10000, NEOX (rotate-half) rope on unpermuted q/k, q/k norms.
         let head_dim = if gemma {
             num("attention.key_length")? as usize
         } else {
-            head_dim
+            num("rope.dimension_count").map_or(shape.head_dim, |v| v as usize)
         };
         Ok(LlamaConfig {
             arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
-            hidden_size: hidden,
-            num_hidden_layers: num("block_count")? as usize,
-            num_attention_heads: heads,
-            num_key_value_heads: num("attention.head_count_kv")
-                .map(|v| v as usize)
-                .unwrap_or(heads),
             head_dim,
-            intermediate_size: num("feed_forward_length")? as usize,
             vocab_size: vocab,
-            rms_norm_eps: num("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f32,
             rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
             rope_traditional: !gemma,
-            max_position_embeddings: num("context_length").map(|v| v as usize).unwrap_or(2048),
+            max_position_embeddings: num("context_length").map_or(2048, |v| v as usize),
             tie_word_embeddings: !has_output,
             sliding_window: if gemma {
                 Some(num("attention.sliding_window")? as usize)
@@ -117,9 +159,8 @@ impl LlamaConfig {
             },
             sliding_window_pattern: gemma.then_some(6),
             rope_local_theta: gemma.then_some(10000.0),
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: false,
+            qk_norm: gemma,
+            ..shape
         })
     }
 
@@ -183,16 +224,24 @@ impl LlamaConfig {
         if flag("mlp_bias")? {
             bail!("config.json's mlp_bias = true is not supported");
         }
-        let heads = get("num_attention_heads")? as usize;
-        let hidden = get("hidden_size")? as usize;
+        let shape = LlamaConfig::shape(
+            &ShapeKeys {
+                hidden: "hidden_size",
+                layers: "num_hidden_layers",
+                heads: "num_attention_heads",
+                kv_heads: "num_key_value_heads",
+                ffn: "intermediate_size",
+                eps: "rms_norm_eps",
+            },
+            &|k| Ok(get(k)? as usize),
+            &|k| v[k].as_f64(),
+        )?;
         let head_dim = match model_type {
             // Qwen2 has no head_dim of its own (HF and mlx-lm both divide).
-            "qwen2" => hidden / heads.max(1),
+            "qwen2" => shape.head_dim,
             // Qwen3's may differ from hidden / heads; mlx-lm requires it.
             "qwen3" => get("head_dim")? as usize,
-            _ => get("head_dim")
-                .map(|x| x as usize)
-                .unwrap_or(hidden / heads.max(1)),
+            _ => get("head_dim").map_or(shape.head_dim, |x| x as usize),
         };
         let attention_bias = flag("attention_bias")?;
         // Qwen configs carry a sliding_window that applies only with
@@ -215,30 +264,19 @@ impl LlamaConfig {
             (None, _) => 10000.0,
         };
         Ok(LlamaConfig {
-            arch: Arch::Llama,
-            hidden_size: hidden,
-            num_hidden_layers: get("num_hidden_layers")? as usize,
-            num_attention_heads: heads,
-            num_key_value_heads: get("num_key_value_heads")
-                .map(|x| x as usize)
-                .unwrap_or(heads),
             head_dim,
-            intermediate_size: get("intermediate_size")? as usize,
             vocab_size: get("vocab_size")? as usize,
-            rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-5) as f32,
             rope_theta: rope_theta as f32,
             rope_traditional: flag("rope_traditional")?,
             max_position_embeddings: get("max_position_embeddings")
-                .map(|x| x as usize)
-                .unwrap_or(if qwen { 32768 } else { 2048 }),
+                .map_or(if qwen { 32768 } else { 2048 }, |x| x as usize),
             // Unsaid, the file decides: without lm_head the head is tied.
             tie_word_embeddings: flag("tie_word_embeddings")?,
             sliding_window,
             qkv_bias: model_type == "qwen2" || attention_bias,
             o_bias: model_type != "qwen2" && attention_bias,
             qk_norm: model_type == "qwen3",
-            sliding_window_pattern: None,
-            rope_local_theta: None,
+            ..shape
         })
     }
 

@@ -16,7 +16,7 @@
 //! (llama.cpp's converter adds the one), so the norms here are plain RMS
 //! norms over the file's weights. The matmuls, norms and attention are the
 //! llama path's batch-invariant kernels.
-use super::llama::{GemmaNorms, Layer, Llama, Probe};
+use super::llama::{Layer, Llama, PostNorms, Probe};
 use super::LlamaConfig;
 use crate::cache::LayerCache;
 use specd_mlx::{fast, kernels, ops, Array, Result};
@@ -35,12 +35,6 @@ pub fn embed_scale(c: &LlamaConfig) -> f32 {
 pub(crate) type SeqSpan<'a> = (&'a mut Box<dyn LayerCache>, (i32, i32));
 
 impl Llama {
-    /// `[1, T, n * hd]` as heads `[1, T, n, hd]`, each RMS-normed by `w`.
-    fn heads_normed(&self, y: &Array, n: i32, w: &Array) -> Result<Array> {
-        let (t, hd) = (y.dim(1), self.config.head_dim as i32);
-        self.rms_norm(&y.reshape(&[1, t, n, hd])?, w)
-    }
-
     /// Heads `[1, T, n, hd]` rotated for positions `offset..` with `base`,
     /// returned as `[1, n, T, hd]` (NEOX layout: Gemma's GGUF q/k are not
     /// permuted).
@@ -102,9 +96,10 @@ impl Llama {
     /// Layer `i` of a Gemma 3 model over the rows of one or more sequences
     /// (continuous batching): `x` `[1, T, hidden]` holds sequence s's rows
     /// at `seqs[s].1` (first row, rows), `seqs[s].0` being its cache of
-    /// this layer. The norms and matmuls run over every row at once (the weights
-    /// stream once per step); the q/k norms, rope, cache update and windowed
-    /// attention per sequence, at its own positions, as alone. Every op is
+    /// this layer. The norms (q/k's per head included) and matmuls run over
+    /// every row at once (the weights stream once per step); the rope, cache
+    /// update and windowed attention per sequence, at its own positions, as
+    /// alone. Every op is
     /// row-wise or per sequence, so with batch-invariant weights a
     /// sequence's rows are bitwise those of its forward alone; alone is one
     /// span over all of `x`.
@@ -112,7 +107,7 @@ impl Llama {
         &self,
         i: usize,
         l: &Layer,
-        n: &GemmaNorms,
+        n: &PostNorms,
         x: &Array,
         seqs: &mut [SeqSpan<'_>],
         probe: &mut Probe<'_>,
@@ -120,8 +115,7 @@ impl Llama {
         let c = &self.config;
         let t = x.dim(1);
         let (nh, nkv, hd) = self.head_counts();
-        // Gemma's layers carry no bias and keep their q/k norms in
-        // `GemmaNorms`: this is the plain norm + q/k/v matmul.
+        // The norm, the q/k/v matmul and the per-head q/k norms, as llama's.
         let (q, k, v) = self.qkv_rows(l, x, probe)?;
         let base = c.rope_base(i);
         let window = c.sliding_window.filter(|_| c.is_local(i));
@@ -137,12 +131,9 @@ impl Llama {
                 }
             };
             let offset = cache.offset() as i32;
-            let q = self.rope_with(&self.heads_normed(&part(&q)?, nh, &n.q_norm)?, base, offset)?;
-            let k = self.rope_with(
-                &self.heads_normed(&part(&k)?, nkv, &n.k_norm)?,
-                base,
-                offset,
-            )?;
+            let heads = |y: &Array, n: i32| part(y)?.reshape(&[1, rows, n, hd]);
+            let q = self.rope_with(&heads(&q, nh)?, base, offset)?;
+            let k = self.rope_with(&heads(&k, nkv)?, base, offset)?;
             let v = part(&v)?
                 .reshape(&[1, rows, nkv, hd])?
                 .transpose(&[0, 2, 1, 3])?;
@@ -157,27 +148,14 @@ impl Llama {
         };
         probe("attention", &[&o])?;
         let o = l.o.forward(&o)?;
-        let x = ops::add(x, &self.rms_norm(&o, &n.post_attn)?)?;
+        let x = ops::add(x, &self.rms_norm(&o, &n.attn)?)?;
         probe("o matmul + post-norm + residual", &[&x])?;
 
-        let (g, u) = match &l.gate_up {
-            Some(f) => {
-                let y = self.norm_linear(&x, &l.ffn_norm, f)?;
-                let m = y.dim(2) / 2;
-                (
-                    y.slice(&[0, 0, 0], &[1, t, m])?,
-                    y.slice(&[0, 0, m], &[1, t, 2 * m])?,
-                )
-            }
-            None => {
-                let h = self.rms_norm(&x, &l.ffn_norm)?;
-                (l.gate.forward(&h)?, l.up.forward(&h)?)
-            }
-        };
+        let (g, u) = self.gate_up(l, &x)?;
         let gu = self.geglu(&g, &u)?;
         probe("norm + gate/up matmuls + geglu", &[&gu])?;
         let d = l.down.forward(&gu)?;
-        let x = ops::add(&x, &self.rms_norm(&d, &n.post_ffn)?)?;
+        let x = ops::add(&x, &self.rms_norm(&d, &n.ffn)?)?;
         probe("down matmul + post-norm + residual", &[&x])?;
         Ok(x)
     }

@@ -33,23 +33,21 @@ pub struct Layer {
     /// The output projection's bias (llama/Qwen3 `attention_bias`).
     pub o_bias: Option<Array>,
     /// Per-head RMS norm weights `[head_dim]` of q and k, applied before
-    /// rope (Qwen3).
+    /// rope (Qwen3, Gemma 3).
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
-    /// Gemma 3's extra norms ([`super::gemma3`]); `None` for llama.
-    pub gemma: Option<GemmaNorms>,
+    /// Gemma 3's norms on the attention and MLP outputs
+    /// ([`super::gemma3`]); `None` for llama.
+    pub post_norms: Option<PostNorms>,
 }
 
-/// Gemma 3's per-layer norms beyond llama's two (GGUF weights: Gemma's
-/// `1 + w` already folded in by the converter).
+/// Gemma 3's norms on the attention output and on the MLP output, before
+/// the residual (GGUF weights: Gemma's `1 + w` already folded in by the
+/// converter).
 #[derive(Clone)]
-pub struct GemmaNorms {
-    /// Over each head of q and of k, before the rope.
-    pub q_norm: Array,
-    pub k_norm: Array,
-    /// On the attention output and on the MLP output, before the residual.
-    pub post_attn: Array,
-    pub post_ffn: Array,
+pub struct PostNorms {
+    pub attn: Array,
+    pub ffn: Array,
 }
 
 /// Called with a part's name and outputs as a forward builds them.
@@ -67,14 +65,6 @@ pub enum Logits {
     Last,
     /// Every new position (a speculative verify).
     All,
-}
-
-/// Whether attention runs through `kernels::attention_kv_rows` where it can
-/// (the default). `SPECD_KV_ROWS=0` turns it off for the per-sequence ops it
-/// replaced, to measure one against the other with one build.
-fn kv_rows_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECD_KV_ROWS").map_or(true, |v| v != "0"))
 }
 
 /// One sequence's part of [`Llama::forward_batch`].
@@ -100,6 +90,11 @@ pub struct Llama {
     pub norm: Array,
     /// `None` when the head is tied to the embedding.
     pub lm_head: Option<Linear>,
+    /// Whether attention runs through `kernels::attention_kv_rows` where it
+    /// can (true when loaded); false: the per-sequence ops it replaced, to
+    /// measure one against the other with one build
+    /// ([`crate::engine::Switches`]).
+    pub kv_rows: bool,
 }
 
 impl Llama {
@@ -187,8 +182,8 @@ impl Llama {
             .zip(caches.iter_mut())
             .enumerate()
         {
-            x = match &layer.gemma {
-                Some(g) => self.gemma3_layer(i, layer, g, &x, &mut [(cache, (0, t))], probe)?,
+            x = match &layer.post_norms {
+                Some(p) => self.gemma3_layer(i, layer, p, &x, &mut [(cache, (0, t))], probe)?,
                 None => self.layer(layer, &x, cache, probe)?,
             };
         }
@@ -429,7 +424,7 @@ impl Llama {
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
         let offset = cache.offset() as i32;
-        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv().filter(|_| kv_rows_on())) {
+        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv().filter(|_| self.kv_rows)) {
             // One sequence is a batch of one: the same two ops as
             // `layer_batch`, so a sequence's rows round alike alone and batched.
             let y = f.forward_normed_rope(
@@ -514,9 +509,27 @@ impl Llama {
         Ok(o)
     }
 
+    /// The MLP's input norm and its gate and up matmuls (one fused matmul
+    /// where the layer has it) over `x` `[1, T, hidden]`.
+    pub(super) fn gate_up(&self, l: &Layer, x: &Array) -> Result<(Array, Array)> {
+        Ok(match &l.gate_up {
+            Some(f) => {
+                let y = self.norm_linear(x, &l.ffn_norm, f)?;
+                let (t, n) = (y.dim(1), y.dim(2) / 2);
+                (
+                    y.slice(&[0, 0, 0], &[1, t, n])?,
+                    y.slice(&[0, 0, n], &[1, t, 2 * n])?,
+                )
+            }
+            None => {
+                let h = self.rms_norm(x, &l.ffn_norm)?;
+                (l.gate.forward(&h)?, l.up.forward(&h)?)
+            }
+        })
+    }
+
     /// A layer after attention: `o` matmul + residual, then the MLP.
     fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
-        let t = x.dim(1);
         let x = l.o.forward_add(o, x)?;
         let x = match &l.o_bias {
             Some(b) => ops::add(&x, b)?,
@@ -524,20 +537,7 @@ impl Llama {
         };
         probe("o matmul + residual", &[&x])?;
 
-        let (g, u) = match &l.gate_up {
-            Some(f) => {
-                let y = self.norm_linear(&x, &l.ffn_norm, f)?;
-                let n = y.dim(2) / 2;
-                (
-                    y.slice(&[0, 0, 0], &[1, t, n])?,
-                    y.slice(&[0, 0, n], &[1, t, 2 * n])?,
-                )
-            }
-            None => {
-                let h = self.rms_norm(&x, &l.ffn_norm)?;
-                (l.gate.forward(&h)?, l.up.forward(&h)?)
-            }
-        };
+        let (g, u) = self.gate_up(l, &x)?;
         probe("norm + gate/up matmuls", &[&g, &u])?;
         let gu = self.swiglu(&g, &u)?;
         probe("silu * up", &[&gu])?;
@@ -574,7 +574,7 @@ impl Llama {
         let ids = Array::from_u32(&tokens, &[t])?;
         let mut x = self.embedded(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = match &layer.gemma {
+            x = match &layer.post_norms {
                 Some(g) => {
                     let mut parts: Vec<_> = seqs
                         .iter_mut()
@@ -669,7 +669,7 @@ impl Llama {
                 .iter_mut()
                 .filter_map(|s| s.caches[li].as_kv())
                 .collect();
-            if kvs.len() == n_seqs && kv_rows_on() {
+            if kvs.len() == n_seqs && self.kv_rows {
                 // Every cache a plain one: all the sequences' cache writes
                 // and attention in one op, as alone (`layer`).
                 let rows: Vec<i32> = spans.iter().map(|&(_, n)| n).collect();
@@ -731,8 +731,8 @@ impl Llama {
             for lin in l.qkv.iter().chain(&l.gate_up) {
                 w.extend(lin.arrays());
             }
-            if let Some(g) = &l.gemma {
-                w.extend([&g.q_norm, &g.k_norm, &g.post_attn, &g.post_ffn]);
+            if let Some(p) = &l.post_norms {
+                w.extend([&p.attn, &p.ffn]);
             }
         }
         w

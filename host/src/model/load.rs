@@ -5,7 +5,7 @@
 //! 4 and 8, groups not a multiple of 32) is dequantized either way.
 use super::ggml;
 use super::linear::{Linear, QuantSource, QuantizedWeight, WeightMode};
-use super::llama::{GemmaNorms, Layer};
+use super::llama::{Layer, PostNorms};
 use super::{Arch, Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, ops, Array, Dtype};
@@ -313,12 +313,10 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
             o_bias: config.o_bias.then(|| bias(names.o)).transpose()?,
             q_norm: qk_norm(names.q_norm)?,
             k_norm: qk_norm(names.k_norm)?,
-            gemma: match config.arch {
-                Arch::Gemma3 => Some(GemmaNorms {
-                    q_norm: t.dense(&n("attn_q_norm"))?,
-                    k_norm: t.dense(&n("attn_k_norm"))?,
-                    post_attn: t.dense(&n("post_attention_norm"))?,
-                    post_ffn: t.dense(&n("post_ffw_norm"))?,
+            post_norms: match config.arch {
+                Arch::Gemma3 => Some(PostNorms {
+                    attn: t.dense(&n("post_attention_norm"))?,
+                    ffn: t.dense(&n("post_ffw_norm"))?,
                 }),
                 Arch::Llama => None,
             },
@@ -340,6 +338,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         layers,
         norm: t.dense(names.norm)?,
         lm_head,
+        kv_rows: true,
     };
     check_shapes(&model)?;
     // Packed (and q/k/v, gate/up fused) for the CPU kernels; MLX's GPU

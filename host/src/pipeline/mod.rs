@@ -166,15 +166,8 @@ pub struct Settings {
     /// penalise, ask for logprobs or follow a grammar read the rows as
     /// before). Off: every row is copied back and transformed on the host.
     /// Same tokens, stats, trace and caches either way. Default
-    /// [`light_rounds_default`].
+    /// [`crate::engine::Switches::light_rounds`].
     pub light_rounds: bool,
-}
-
-/// Light rounds unless `SPECD_LIGHT_ROUNDS=0` (to measure one against the
-/// other with one build; `specd bench spec --rounds light,full` runs both).
-pub fn light_rounds_default() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPECD_LIGHT_ROUNDS").map_or(true, |v| v != "0"))
 }
 
 /// The outcome besides the streamed text.

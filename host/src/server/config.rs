@@ -275,6 +275,8 @@ pub struct ServerConfig {
     pub record: Option<PathBuf>,
     /// How the model's weights are held (the global `--weights`).
     pub weights: crate::model::WeightMode,
+    /// The global `--kv-rows`, `--light-rounds`.
+    pub switches: crate::engine::Switches,
     pub access: AccessConfig,
     pub limits: Limits,
     /// Continuous batching: requests at once, prefill rows per step.
@@ -408,6 +410,7 @@ impl ServerConfig {
             policy_limits,
             record: a.record.clone(),
             weights: crate::model::WeightMode::default(),
+            switches: Default::default(),
             access,
             limits,
             batch,

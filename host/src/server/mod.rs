@@ -109,9 +109,9 @@ pub fn router(state: State) -> Router {
 }
 
 /// Runs the server until SIGINT/SIGTERM.
-pub fn run(args: ServeArgs, weights: crate::model::WeightMode) -> Result<()> {
+pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
     let mut cfg = ServerConfig::from_args(&args)?;
-    cfg.weights = weights;
+    (cfg.weights, cfg.switches) = (load.weights, load.switches);
     let policies =
         Arc::new(PolicyHost::new(cfg.policy_limits.clone()).context("starting the policy host")?);
     std::fs::create_dir_all(&cfg.policy_dir)

@@ -356,8 +356,7 @@ pub async fn generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
-    let v: Value = parse_body(body)?;
-    fields::check(&v, &fields::OLLAMA_GENERATE, "").map_err(ApiError::field)?;
+    let v = fields::read(body, &fields::OLLAMA_GENERATE)?;
     let b: GenerateBody = api::from_value(v, "")?;
     let model = check_model(&state, &b.model)?;
     let prompt_text = b.prompt.unwrap_or_default();
@@ -397,8 +396,7 @@ pub async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
-    let v: Value = parse_body(body)?;
-    fields::check(&v, &fields::OLLAMA_CHAT, "").map_err(ApiError::field)?;
+    let v = fields::read(body, &fields::OLLAMA_CHAT)?;
     if let Some(Value::Array(ms)) = v.get("messages") {
         for (i, m) in ms.iter().enumerate() {
             fields::check(m, &fields::OLLAMA_MESSAGE, &format!("messages[{i}]."))

@@ -1,7 +1,7 @@
 //! OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions,
 //! /v1/models. Speculation fields go at the top level of the body.
 use super::access::Caller;
-use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
+use super::api::{self, ApiError, CommonOptions, Flavor};
 use super::fields;
 use super::tools::{self, Tools};
 use super::worker::{LogprobEntry, Msg};
@@ -362,8 +362,7 @@ pub async fn chat_completions(
     caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v: Value = parse_body(body).map_err(oa)?;
-    fields::check(&v, &fields::OPENAI_CHAT, "").map_err(|e| oa(ApiError::field(e)))?;
+    let v = fields::read(body, &fields::OPENAI_CHAT).map_err(oa)?;
     if let Some(Value::Array(ms)) = v.get("messages") {
         for (i, m) in ms.iter().enumerate() {
             fields::check(m, &fields::OPENAI_MESSAGE, &format!("messages[{i}]."))
@@ -466,8 +465,7 @@ pub async fn completions(
     caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v: Value = parse_body(body).map_err(oa)?;
-    fields::check(&v, &fields::OPENAI_COMPLETIONS, "").map_err(|e| oa(ApiError::field(e)))?;
+    let v = fields::read(body, &fields::OPENAI_COMPLETIONS).map_err(oa)?;
     let b: CompletionBody = api::from_value(v.clone(), "").map_err(oa)?;
     let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
     let model = check_model(&state, &b.model).map_err(oa)?;

@@ -38,6 +38,13 @@ fn bad(field: &str, message: impl Into<String>) -> ApiError {
     e
 }
 
+/// The `function` object of a tool or a tool call (`at` names it).
+fn function_of<'a>(v: &'a Value, at: &str) -> Result<&'a Value, ApiError> {
+    v.get("function")
+        .filter(|f| f.is_object())
+        .ok_or_else(|| bad(&format!("{at}.function"), "must be an object"))
+}
+
 /// The name of `tools[i]`, checking its shape:
 /// `{"type": "function", "function": {"name", "description"?, "parameters"?}}`.
 fn tool_name(t: &Value, i: usize) -> Result<String, ApiError> {
@@ -51,10 +58,7 @@ fn tool_name(t: &Value, i: usize) -> Result<String, ApiError> {
             ))
         }
     }
-    let f = t
-        .get("function")
-        .filter(|f| f.is_object())
-        .ok_or_else(|| bad(&format!("{field}.function"), "must be an object"))?;
+    let f = function_of(t, &field)?;
     let name = f
         .get("name")
         .and_then(Value::as_str)
@@ -302,10 +306,7 @@ pub fn message_calls(v: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
         .enumerate()
         .map(|(j, c)| {
             let at = format!("{field}[{j}]");
-            let f = c
-                .get("function")
-                .filter(|f| f.is_object())
-                .ok_or_else(|| bad(&format!("{at}.function"), "must be an object"))?;
+            let f = function_of(c, &at)?;
             let name = f
                 .get("name")
                 .and_then(Value::as_str)

@@ -221,6 +221,7 @@ fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelI
     let path = store.resolve(&cfg.model, false)?;
     let mut engine = Engine::load(&cfg.model, &path, policies, cfg.weights)
         .with_context(|| format!("loading model {}", cfg.model))?;
+    engine.set_switches(cfg.switches)?;
     for (name, p) in &cfg.draft_models {
         let dp = store.resolve(p, false)?;
         engine.add_draft_model(name, &dp)?;

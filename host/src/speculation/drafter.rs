@@ -47,6 +47,15 @@ pub struct Draft {
 }
 
 impl Draft {
+    /// `tokens` proposed as certain (a lookup, not a distribution).
+    pub fn point_mass(tokens: Vec<u32>) -> Draft {
+        Draft {
+            q: vec![DraftProb::PointMass; tokens.len()],
+            tokens,
+            ..Default::default()
+        }
+    }
+
     /// Keeps the first `n` tokens (and their statistics).
     pub fn truncate(&mut self, n: usize) {
         self.tokens.truncate(n);
@@ -152,13 +161,7 @@ impl Drafter for NgramDrafter {
         "ngram".into()
     }
     fn propose(&mut self, log: &[u32], k: usize, _: &SamplingParams, _: &mut Rng) -> Result<Draft> {
-        let tokens = self.lookup(log, k);
-        let q = tokens.iter().map(|_| DraftProb::PointMass).collect();
-        Ok(Draft {
-            tokens,
-            q,
-            ..Default::default()
-        })
+        Ok(Draft::point_mass(self.lookup(log, k)))
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())

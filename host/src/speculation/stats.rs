@@ -125,30 +125,31 @@ impl RoundPhases {
     /// Adds `o`'s figures to these.
     pub fn add(&mut self, o: &RoundPhases) {
         self.rounds += o.rounds;
-        self.schedule += o.schedule;
-        self.draft += o.draft;
-        self.build += o.build;
-        self.device += o.device;
-        self.readback += o.readback;
-        self.rows += o.rows;
-        self.accept += o.accept;
-        self.rollback += o.rollback;
-        self.emit += o.emit;
+        let mut o = *o;
+        for ((_, a), (_, b)) in self.parts_mut().into_iter().zip(o.parts_mut()) {
+            *a += *b;
+        }
         self.drafts.add(&o.drafts);
     }
 
     /// The figures as (name, seconds), in a round's order.
     pub fn parts(&self) -> [(&'static str, f64); 9] {
+        let mut c = *self;
+        c.parts_mut().map(|(n, v)| (n, *v))
+    }
+
+    /// Each figure with its name, in a round's order: the one list of them.
+    fn parts_mut(&mut self) -> [(&'static str, &mut f64); 9] {
         [
-            ("schedule", self.schedule),
-            ("draft", self.draft),
-            ("build", self.build),
-            ("device", self.device),
-            ("readback", self.readback),
-            ("rows", self.rows),
-            ("accept", self.accept),
-            ("rollback", self.rollback),
-            ("emit", self.emit),
+            ("schedule", &mut self.schedule),
+            ("draft", &mut self.draft),
+            ("build", &mut self.build),
+            ("device", &mut self.device),
+            ("readback", &mut self.readback),
+            ("rows", &mut self.rows),
+            ("accept", &mut self.accept),
+            ("rollback", &mut self.rollback),
+            ("emit", &mut self.emit),
         ]
     }
 }

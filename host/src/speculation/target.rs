@@ -182,20 +182,51 @@ impl LlamaTarget {
         Ok(produced)
     }
 
-    /// Evaluates `logits` (built since `t`) and copies every row to the host.
-    fn read_rows(&mut self, logits: Array, t: Instant) -> Result<Vec<Vec<f32>>> {
+    /// Starts the clock and builds the forward of `tokens` (the `which`
+    /// rows' logits), then takes the caches' snapshots.
+    fn build(&mut self, tokens: &[u32], which: Logits) -> Result<(Array, Instant)> {
+        let t = Instant::now();
+        let logits = self
+            .model
+            .forward_layers(tokens, &mut self.caches, self.n_layers, which)?;
+        self.collect_snapshots();
+        Ok((logits, t))
+    }
+
+    /// Runs `eval` (the wait for the device) then `read` (the copy to the
+    /// host), and records them as [`ForwardTimes`] with the build since `t`.
+    fn timed<T>(
+        &mut self,
+        t: Instant,
+        eval: impl FnOnce() -> Result<()>,
+        read: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
         let built = t.elapsed().as_secs_f64();
-        logits.eval()?;
+        eval()?;
         let device = t.elapsed().as_secs_f64() - built;
-        let v = logits.to_vec_f32()?;
-        let vocab = self.vocab_size();
-        let rows = v.chunks(vocab).map(|c| c.to_vec()).collect();
+        let out = read()?;
         self.times = ForwardTimes {
             build: built,
             device,
             readback: t.elapsed().as_secs_f64() - built - device,
         };
-        Ok(rows)
+        Ok(out)
+    }
+
+    /// Evaluates `logits` (built since `t`) and copies every row to the host.
+    fn read_rows(&mut self, logits: Array, t: Instant) -> Result<Vec<Vec<f32>>> {
+        let vocab = self.vocab_size();
+        self.timed(
+            t,
+            || Ok(logits.eval()?),
+            || {
+                Ok(logits
+                    .to_vec_f32()?
+                    .chunks(vocab)
+                    .map(|c| c.to_vec())
+                    .collect())
+            },
+        )
     }
 
     fn eval_caches(&self) -> Result<()> {
@@ -215,12 +246,7 @@ impl Target for LlamaTarget {
     }
 
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>> {
-        let which = if all { Logits::All } else { Logits::Last };
-        let t = Instant::now();
-        let logits = self
-            .model
-            .forward_layers(tokens, &mut self.caches, self.n_layers, which)?;
-        self.collect_snapshots();
+        let (logits, t) = self.build(tokens, if all { Logits::All } else { Logits::Last })?;
         self.read_rows(logits, t)
     }
 
@@ -230,26 +256,18 @@ impl Target for LlamaTarget {
         } else {
             Logits::Last
         };
-        let t = Instant::now();
-        let logits = self
-            .model
-            .forward_layers(tokens, &mut self.caches, self.n_layers, which)?;
-        self.collect_snapshots();
+        let (logits, t) = self.build(tokens, which)?;
         if mode == VerifyMode::Rows {
             return Ok(VerifyRows::Logits(self.read_rows(logits, t)?));
         }
         let stats = DeviceArgmax::queue(&logits)?;
-        let built = t.elapsed().as_secs_f64();
         // The logits are evaluated with the statistics and kept (for a
         // tied row, read back whole); one sync, one small copy.
-        specd_mlx::eval(&[&stats.values, &logits])?;
-        let device = t.elapsed().as_secs_f64() - built;
-        let rows = stats.read(&logits)?;
-        self.times = ForwardTimes {
-            build: built,
-            device,
-            readback: t.elapsed().as_secs_f64() - built - device,
-        };
+        let rows = self.timed(
+            t,
+            || Ok(specd_mlx::eval(&[&stats.values, &logits])?),
+            || stats.read(&logits),
+        )?;
         Ok(VerifyRows::Argmax(rows))
     }
 

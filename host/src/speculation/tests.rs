@@ -131,12 +131,7 @@ impl Drafter for ScriptedDrafter {
                 right
             });
         }
-        let q = tokens.iter().map(|_| DraftProb::PointMass).collect();
-        Ok(Draft {
-            tokens,
-            q,
-            ..Default::default()
-        })
+        Ok(Draft::point_mass(tokens))
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())

@@ -1149,9 +1149,11 @@ macro_rules! component_runtime {
 /// ```
 #[macro_export]
 macro_rules! schedule_component {
-    ($logic:ty) => {
+    // `$batch`: the batch context `(sequences, rows planned)` from the input
+    // `$i`; `$extra`: the exports a later contract adds.
+    (@with $logic:ty, $wit:literal, |$i:ident| $batch:expr, { $($extra:tt)* }) => {
         $crate::component_runtime!();
-        wit_bindgen::generate!({ path: "../../../wit", world: "schedule-policy" });
+        wit_bindgen::generate!({ path: $wit, world: "schedule-policy" });
         use exports::specd::policy::schedule as wit_schedule;
         struct Component;
         struct State(::core::cell::RefCell<$logic>);
@@ -1166,13 +1168,14 @@ macro_rules! schedule_component {
                 let logic = <$logic as $crate::ScheduleLogic>::create(&config, carried.as_deref())?;
                 Ok(wit_schedule::Scheduler::new(State(::core::cell::RefCell::new(logic))))
             }
-            fn next_draft_length(&self, i: wit_schedule::ScheduleInput) -> u32 {
+            fn next_draft_length(&self, $i: wit_schedule::ScheduleInput) -> u32 {
+                let (batch_sequences, batch_rows_planned) = $batch;
                 let input = $crate::ScheduleInput {
-                    round: i.round,
-                    generated: i.generated,
-                    budget_left: i.budget_left,
-                    max_draft: i.max_draft,
-                    recent: i
+                    round: $i.round,
+                    generated: $i.generated,
+                    budget_left: $i.budget_left,
+                    max_draft: $i.max_draft,
+                    recent: $i
                         .recent
                         .iter()
                         .map(|r| $crate::RoundRecord {
@@ -1182,20 +1185,24 @@ macro_rules! schedule_component {
                             verify_seconds: r.verify_seconds,
                         })
                         .collect(),
-                    position_acceptance: i.position_acceptance,
-                    draft_seconds_per_token: i.draft_seconds_per_token,
-                    verify_seconds_by_len: i.verify_seconds_by_len,
-                    // Not in contract 0.1.
-                    batch_sequences: 0,
-                    batch_rows_planned: 0,
+                    position_acceptance: $i.position_acceptance,
+                    draft_seconds_per_token: $i.draft_seconds_per_token,
+                    verify_seconds_by_len: $i.verify_seconds_by_len,
+                    batch_sequences,
+                    batch_rows_planned,
                 };
                 $crate::ScheduleLogic::next_draft_length(&mut *self.0.borrow_mut(), &input)
             }
             fn carry(&self) -> Option<::alloc::vec::Vec<u8>> {
                 $crate::ScheduleLogic::carry(&*self.0.borrow())
             }
+            $($extra)*
         }
         export!(Component);
+    };
+    ($logic:ty) => {
+        // Contract 0.1 has no batch context and no per-token hook.
+        $crate::schedule_component!(@with $logic, "../../../wit", |i| (0, 0), {});
     };
 }
 
@@ -1273,46 +1280,8 @@ macro_rules! acceptance_component_v0_2 {
 #[macro_export]
 macro_rules! schedule_component_v0_2 {
     ($logic:ty) => {
-        $crate::component_runtime!();
-        wit_bindgen::generate!({ path: "../../../wit/0.2", world: "schedule-policy" });
-        use exports::specd::policy::schedule as wit_schedule;
-        struct Component;
-        struct State(::core::cell::RefCell<$logic>);
-        impl wit_schedule::Guest for Component {
-            type Scheduler = State;
-        }
-        impl wit_schedule::GuestScheduler for State {
-            fn create(
-                config: ::alloc::string::String,
-                carried: Option<::alloc::vec::Vec<u8>>,
-            ) -> Result<wit_schedule::Scheduler, ::alloc::string::String> {
-                let logic = <$logic as $crate::ScheduleLogic>::create(&config, carried.as_deref())?;
-                Ok(wit_schedule::Scheduler::new(State(::core::cell::RefCell::new(logic))))
-            }
-            fn next_draft_length(&self, i: wit_schedule::ScheduleInput) -> u32 {
-                let input = $crate::ScheduleInput {
-                    round: i.round,
-                    generated: i.generated,
-                    budget_left: i.budget_left,
-                    max_draft: i.max_draft,
-                    recent: i
-                        .recent
-                        .iter()
-                        .map(|r| $crate::RoundRecord {
-                            drafted: r.drafted,
-                            accepted: r.accepted,
-                            draft_seconds: r.draft_seconds,
-                            verify_seconds: r.verify_seconds,
-                        })
-                        .collect(),
-                    position_acceptance: i.position_acceptance,
-                    draft_seconds_per_token: i.draft_seconds_per_token,
-                    verify_seconds_by_len: i.verify_seconds_by_len,
-                    batch_sequences: i.batch_sequences,
-                    batch_rows_planned: i.batch_rows_planned,
-                };
-                $crate::ScheduleLogic::next_draft_length(&mut *self.0.borrow_mut(), &input)
-            }
+        $crate::schedule_component!(@with $logic, "../../../wit/0.2",
+            |i| (i.batch_sequences, i.batch_rows_planned), {
             fn continue_drafting(&self, s: wit_schedule::DraftStep) -> bool {
                 let step = $crate::DraftStep {
                     index: s.index,
@@ -1324,10 +1293,6 @@ macro_rules! schedule_component_v0_2 {
                 };
                 $crate::ScheduleLogic::continue_drafting(&mut *self.0.borrow_mut(), &step)
             }
-            fn carry(&self) -> Option<::alloc::vec::Vec<u8>> {
-                $crate::ScheduleLogic::carry(&*self.0.borrow())
-            }
-        }
-        export!(Component);
+        });
     };
 }

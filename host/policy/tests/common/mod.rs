@@ -119,6 +119,22 @@ impl Default for ScheduleWat<'_> {
     }
 }
 
+/// The resource type `resource`, the core module `$main` instantiated with
+/// its constructor, and its exports `create` and `method` aliased (both
+/// hand-written components).
+fn core_instance(resource: &str, method: &str) -> String {
+    format!(
+        r#"(type ${resource} (resource (rep i32)))
+  (core func $rnew (canon resource.new ${resource}))
+  (core instance $hostfns (export "[resource-new]{resource}" (func $rnew)))
+  (core instance $m (instantiate $main (with "host" (instance $hostfns))))
+  (alias core export $m "memory" (core memory $mem))
+  (alias core export $m "cabi_realloc" (core func $realloc))
+  (alias core export $m "create" (core func $c_create))
+  (alias core export $m "{method}" (core func $c_{method}))"#
+    )
+}
+
 const CORE_COMMON: &str = r#"
     (memory (export "memory") 1)
     (global $bump (mut i32) (i32.const 4096))
@@ -151,6 +167,7 @@ impl ScheduleWat<'_> {
         } else {
             ("", "", "", "")
         };
+        let instance = core_instance("scheduler", "next");
         format!(
             r#"(component
   {component_extra}
@@ -168,14 +185,7 @@ impl ScheduleWat<'_> {
   (type $lf (list float64))
   (type $si (record (field "round" u32) (field "generated" u32) (field "budget-left" u32) (field "max-draft" u32)
     (field "recent" $lrr) (field "position-acceptance" $lf) (field "draft-seconds-per-token" float64) (field "verify-seconds-by-len" $lf)))
-  (type $scheduler (resource (rep i32)))
-  (core func $rnew (canon resource.new $scheduler))
-  (core instance $hostfns (export "[resource-new]scheduler" (func $rnew)))
-  (core instance $m (instantiate $main (with "host" (instance $hostfns))))
-  (alias core export $m "memory" (core memory $mem))
-  (alias core export $m "cabi_realloc" (core func $realloc))
-  (alias core export $m "create" (core func $c_create))
-  (alias core export $m "next" (core func $c_next))
+  {instance}
   (type $lu8 (list u8))
   (type $olu8 (option $lu8))
   (type $own (own $scheduler))
@@ -262,6 +272,7 @@ pub const ACCEPT_CREATE_OK: &str = CREATE_OK;
 
 impl AcceptanceWat<'_> {
     pub fn build(&self) -> Vec<u8> {
+        let instance = core_instance("acceptor", "decide");
         let text = format!(
             r#"(component
   (core module $main
@@ -270,14 +281,7 @@ impl AcceptanceWat<'_> {
     (func (export "create") (param i32 i32 i32) (result i32) {create})
     (func (export "decide") (param $self i32) (param $ptr i32) (param $len i32) (result i32) {decide})
   )
-  (type $acceptor (resource (rep i32)))
-  (core func $rnew (canon resource.new $acceptor))
-  (core instance $hostfns (export "[resource-new]acceptor" (func $rnew)))
-  (core instance $m (instantiate $main (with "host" (instance $hostfns))))
-  (alias core export $m "memory" (core memory $mem))
-  (alias core export $m "cabi_realloc" (core func $realloc))
-  (alias core export $m "create" (core func $c_create))
-  (alias core export $m "decide" (core func $c_decide))
+  {instance}
   (type $pos (record (field "token" u32) (field "p" float32) (field "q" float32) (field "target-argmax" u32) (field "entropy" float32) (field "uniform" float32)))
   (type $corr (variant (case "residual") (case "target-sample") (case "token" u32)))
   (type $dec (record (field "accepted" u32) (field "correction" $corr)))

@@ -1,0 +1,94 @@
+//! The latency summary of one batch of concurrent streamed requests. One
+//! type for both sides of `bench serve --anchor`: `bench serve` reports
+//! specd's batches with it, `specd-anchors --serve` reports mlx-lm's server
+//! with it and reads specd's rows back as they were written.
+use serde::{Deserialize, Serialize};
+
+/// `n` requests submitted at once: how many tokens came back, how fast, and
+/// when their pieces arrived.
+/// Read back, a field it lacks defaults (the anchor reads what it needs).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Latency {
+    pub concurrency: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    /// Aggregate, from submission to the last token.
+    pub tokens_per_second: f64,
+    /// Aggregate while decoding: streamed pieces after each request's
+    /// first, from the first first piece to the last piece.
+    pub decode_tokens_per_second: f64,
+    pub ttft_p50: f64,
+    pub ttft_p99: f64,
+    pub itl_p50: f64,
+    pub itl_p99: f64,
+}
+
+impl Latency {
+    /// The summary of `streams`, each request's non-empty pieces as seconds
+    /// since the batch was submitted, over `seconds` of wall time.
+    pub fn of(concurrency: usize, tokens: usize, seconds: f64, streams: &[Vec<f64>]) -> Latency {
+        let mut ttft: Vec<f64> = streams.iter().filter_map(|s| s.first()).copied().collect();
+        let mut itl: Vec<f64> = streams
+            .iter()
+            .flat_map(|s| s.windows(2).map(|w| w[1] - w[0]))
+            .collect();
+        let first = ttft.iter().copied().fold(f64::INFINITY, f64::min);
+        let last = streams
+            .iter()
+            .filter_map(|s| s.last())
+            .copied()
+            .fold(0.0, f64::max);
+        let after_first: usize = streams.iter().map(|s| s.len().saturating_sub(1)).sum();
+        Latency {
+            concurrency,
+            tokens,
+            seconds,
+            tokens_per_second: tokens as f64 / seconds.max(1e-9),
+            decode_tokens_per_second: if last > first {
+                after_first as f64 / (last - first)
+            } else {
+                0.0
+            },
+            ttft_p50: percentile(&mut ttft, 0.5),
+            ttft_p99: percentile(&mut ttft, 0.99),
+            itl_p50: percentile(&mut itl, 0.5),
+            itl_p99: percentile(&mut itl, 0.99),
+        }
+    }
+}
+
+/// The value at rank `p` (0..=1, nearest rank) of `v`; 0 when empty.
+pub fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_sorted_and_empty() {
+        assert_eq!(percentile(&mut [3.0, 1.0, 2.0], 0.5), 2.0);
+        assert_eq!(percentile(&mut [], 0.99), 0.0);
+    }
+
+    #[test]
+    fn decode_rate_counts_pieces_after_each_first() {
+        // Two requests: first pieces at 1.0 and 1.5, the last at 3.0; three
+        // pieces after the firsts over 2 seconds.
+        let l = Latency::of(2, 5, 4.0, &[vec![1.0, 2.0, 3.0], vec![1.5, 2.5]]);
+        assert_eq!(l.decode_tokens_per_second, 1.5);
+        assert_eq!(l.tokens_per_second, 1.25);
+        assert_eq!((l.ttft_p50, l.ttft_p99), (1.5, 1.5));
+        assert_eq!((l.itl_p50, l.itl_p99), (1.0, 1.0));
+        assert_eq!(
+            Latency::of(1, 0, 1.0, &[vec![]]).decode_tokens_per_second,
+            0.0
+        );
+    }
+}

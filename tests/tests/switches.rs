@@ -1,0 +1,62 @@
+//! The engine's A/B switches (`--kv-rows`, `--light-rounds`) on the real
+//! default model: set through `Engine::set_switches` (the model and the
+//! pipeline read no environment), they reach the model and the requests'
+//! settings, and either way greedy speculation gives the same tokens.
+use specd::engine::{Engine, Prompt, Switches};
+use specd::options::{DrafterSpec, SpecOptions};
+use specd::sampling::SamplingParams;
+use specd_tests::{default_model_path, OPEN};
+use specd_text::ChatMessage;
+
+fn tokens(e: &Engine) -> Vec<u32> {
+    let ids = e
+        .encode(&Prompt::Chat(vec![ChatMessage::user(OPEN[0])]))
+        .unwrap();
+    let params = SamplingParams::default();
+    let opts = SpecOptions {
+        drafter: Some(DrafterSpec::SelfLayers(4)),
+        schedule: Some("constant".into()),
+        ..Default::default()
+    };
+    let spec = e.speculation(&opts, &params).unwrap();
+    let settings = e.settings(params, Some(12), vec![]);
+    e.generate(None, &ids, &settings, spec, &mut |_| true)
+        .unwrap()
+        .emitted
+}
+
+#[test]
+fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
+    let policies = specd::cli::policy_host(None).unwrap();
+    let mut e = Engine::load(
+        "smollm2:135m",
+        &default_model_path(),
+        policies,
+        specd::model::WeightMode::default(),
+    )
+    .unwrap();
+    assert_eq!(e.switches, Switches::default());
+    assert!(
+        e.model.kv_rows
+            && e.settings(SamplingParams::default(), None, vec![])
+                .light_rounds
+    );
+    let on = tokens(&e);
+
+    let off = Switches {
+        kv_rows: false,
+        light_rounds: false,
+    };
+    e.set_switches(off).unwrap();
+    assert!(!e.model.kv_rows, "kv_rows reaches the model");
+    let s = e.settings(SamplingParams::default(), None, vec![]);
+    assert!(
+        !s.light_rounds,
+        "light_rounds reaches the requests' settings"
+    );
+    assert_eq!(tokens(&e), on, "the other paths give the same tokens");
+
+    // Shared (serving) models are not switched behind a request's back.
+    let _shared = e.model.clone();
+    assert!(e.set_switches(Switches::default()).is_err());
+}
