@@ -43,6 +43,14 @@ pub struct ServeRow {
     pub rounds: u64,
     pub drafted: u64,
     pub accepted: u64,
+    /// p50 and p99 of the decoding steps' seconds (steps with no prefill
+    /// rows): where the inter-token tail equals them, the steps themselves
+    /// are slow; above them, something between steps or in what is
+    /// streamed is.
+    #[serde(skip)]
+    pub step_p50: f64,
+    #[serde(skip)]
+    pub step_p99: f64,
     #[serde(skip)]
     repeats: usize,
 }
@@ -137,6 +145,7 @@ fn one(
         });
     }
     let (mut max_batch, mut steps, mut step_seconds, mut step_rows) = (0, 0, 0.0, 0);
+    let mut decode_steps = Vec::new();
     while !sched.is_idle() {
         let s = sched.step(&mut || true);
         max_batch = max_batch.max(s.sequences as u64);
@@ -144,6 +153,9 @@ fn one(
             steps += 1;
             step_seconds += s.seconds;
             step_rows += s.rows as u64;
+            if !s.pipelined && s.prefill_rows == 0 {
+                decode_steps.push(s.seconds);
+            }
         }
     }
     let seconds = t0.elapsed().as_secs_f64();
@@ -206,6 +218,8 @@ fn one(
         rounds,
         drafted,
         accepted,
+        step_p50: percentile(&mut decode_steps, 0.5),
+        step_p99: percentile(&mut decode_steps, 0.99),
         repeats: 1,
     })
 }
@@ -245,6 +259,8 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                 rounds: 0,
                 drafted: 0,
                 accepted: 0,
+                step_p50: 0.0,
+                step_p99: 0.0,
                 repeats: 1,
             },
         );
@@ -290,6 +306,7 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
             x.max_batch = x.max_batch.max(r.max_batch);
             (x.ttft_p50, x.ttft_p99, x.itl_p50, x.itl_p99) =
                 (r.ttft_p50, r.ttft_p99, r.itl_p50, r.itl_p99);
+            (x.step_p50, x.step_p99) = (r.step_p50, r.step_p99);
         }
         None => rows.push(r),
     }
@@ -297,11 +314,13 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 
 /// The rows as a table, with each row's decode throughput and p99
 /// inter-token latency relative to the N = 1 row of its mode and drafter;
-/// then per step its mean milliseconds and rows, and per round the mean
-/// drafts (`k`) and the share of them accepted (`acc`).
+/// then per step its mean milliseconds and rows, per round the mean
+/// drafts (`k`) and the share of them accepted (`acc`), and the p50/p99
+/// milliseconds of the decoding steps (no prefill rows; none for a
+/// request decoding pipelined alone).
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5}\n",
+        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8}\n",
         "mode",
         "drafter",
         "N",
@@ -319,7 +338,9 @@ pub fn table(rows: &[ServeRow]) -> String {
         "ms/step",
         "rows",
         "k",
-        "acc"
+        "acc",
+        "step p50",
+        "step p99"
     );
     for r in rows {
         let base = rows
@@ -337,11 +358,13 @@ pub fn table(rows: &[ServeRow]) -> String {
         });
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2}\n",
+            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2}\n",
             r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, r.max_batch, r.steps, per(1e3 * r.step_seconds, r.steps as f64),
             per(r.step_rows as f64, r.steps as f64), per(r.drafted as f64, r.rounds as f64),
-            per(r.accepted as f64, r.drafted as f64)
+            per(r.accepted as f64, r.drafted as f64),
+            1e3 * r.step_p50,
+            1e3 * r.step_p99
         );
     }
     s

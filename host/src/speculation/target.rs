@@ -375,6 +375,27 @@ pub struct StepRows<'a> {
 /// logits rows (none for a prefill chunk), as [`Target::forward`] returns
 /// them; snapshots are taken as there, and every cache is evaluated.
 pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Vec<Vec<f32>>>> {
+    let modes = vec![VerifyMode::Rows; parts.len()];
+    forward_batch_verify(model, parts, &modes)?
+        .into_iter()
+        .map(|r| match r {
+            VerifyRows::Logits(rows) => Ok(rows),
+            VerifyRows::Argmax(_) => anyhow::bail!("argmax rows where logits were asked"),
+        })
+        .collect()
+}
+
+/// [`forward_batch`], with what each target's rows copy back (`modes[i]`
+/// for `parts[i]`, as [`Target::verify`] reads them): a light part gets
+/// only each row's argmax and top-2 margin, computed on the device in the
+/// step's one evaluation; a tied or not-a-number row is read back whole.
+/// A prefill chunk gets `Logits` with no rows.
+pub fn forward_batch_verify(
+    model: &Llama,
+    parts: &mut [StepRows<'_>],
+    modes: &[VerifyMode],
+) -> Result<Vec<VerifyRows>> {
+    anyhow::ensure!(modes.len() == parts.len(), "one verify mode per part");
     for p in parts.iter() {
         anyhow::ensure!(
             p.target.n_layers == model.layers.len() && std::ptr::eq(&*p.target.model, model),
@@ -392,7 +413,16 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
             .collect();
         model.forward_batch(&mut rows)?
     };
+    let stats: Vec<Option<DeviceArgmax>> = outs
+        .iter()
+        .zip(modes)
+        .map(|(o, m)| match (o, m) {
+            (Some(l), VerifyMode::Argmax) => DeviceArgmax::queue(l).map(Some),
+            _ => Ok(None),
+        })
+        .collect::<Result<_>>()?;
     let mut wanted: Vec<&Array> = outs.iter().flatten().collect();
+    wanted.extend(stats.iter().flatten().map(|s| &s.values));
     for (p, o) in parts.iter().zip(&outs) {
         if o.is_none() {
             wanted.extend(p.target.caches.iter().flat_map(|c| c.state()));
@@ -401,11 +431,14 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
     specd_mlx::eval(&wanted)?;
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
-    for (p, o) in parts.iter_mut().zip(outs) {
+    for ((p, o), st) in parts.iter_mut().zip(outs).zip(stats) {
         p.target.collect_snapshots();
-        res.push(match o {
-            Some(l) => l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect(),
-            None => Vec::new(),
+        res.push(match (o, st) {
+            (Some(l), Some(st)) => VerifyRows::Argmax(st.read(&l)?),
+            (Some(l), None) => {
+                VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
+            }
+            (None, _) => VerifyRows::Logits(Vec::new()),
         });
     }
     Ok(res)
