@@ -392,6 +392,11 @@ pub struct StepCost {
     pub batched_cpu_ms: Option<f64>,
     pub one_sequence_cpu_ms: Option<f64>,
     pub alone_cpu_ms: Option<f64>,
+    /// The batched step read light (what a plain greedy request's rows
+    /// copy back: each row's argmax and margin, computed on the device),
+    /// wall and CPU milliseconds.
+    pub light_ms: f64,
+    pub light_cpu_ms: Option<f64>,
 }
 
 /// CPU seconds this process's threads have run so far (Linux: the sum of
@@ -417,8 +422,8 @@ fn timed(f: impl FnOnce() -> Result<()>) -> Result<(f64, Option<f64>)> {
 }
 
 pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Result<Vec<StepCost>> {
-    use crate::speculation::target::{forward_batch, StepRows};
-    use crate::speculation::{LlamaTarget, Target};
+    use crate::speculation::target::{forward_batch, forward_batch_verify, StepRows};
+    use crate::speculation::{LlamaTarget, Target, VerifyMode};
     let text = format!("{}\n\n{}", GROUNDED.join("\n"), OPEN.join("\n"));
     let ids = e.encode(&Prompt::Raw(text))?;
     let max_n = ns.iter().copied().max().unwrap_or(1);
@@ -432,8 +437,9 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                 t.prefill(&ids[..ctx]).map(|_| t)
             })
             .collect::<Result<_>>()?;
-        // [wall, cpu] of: batched, one sequence, alone.
-        let mut sum = [[0.0f64; 2]; 3];
+        // [wall, cpu] of: batched, one sequence, alone, batched light.
+        let mut sum = [[0.0f64; 2]; 4];
+        let light = vec![VerifyMode::Argmax; n];
         let mut cpu_known = true;
         for i in 0..iters + 1 {
             let tok = [ids[ctx]];
@@ -464,9 +470,24 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                 }
                 Ok(())
             })?;
+            let l = timed(|| {
+                let mut parts: Vec<StepRows<'_>> = targets
+                    .iter_mut()
+                    .map(|target| StepRows {
+                        target,
+                        tokens: &tok,
+                        logits: Some(crate::model::Logits::Last),
+                    })
+                    .collect();
+                forward_batch_verify(&e.model, &mut parts, &light)?;
+                Ok(())
+            })?;
+            for t in targets.iter_mut() {
+                t.rewind(ctx)?;
+            }
             // The first round warms up.
             if i > 0 {
-                for (s, (wall, cpu)) in sum.iter_mut().zip([b, v, a]) {
+                for (s, (wall, cpu)) in sum.iter_mut().zip([b, v, a, l]) {
                     s[0] += wall;
                     s[1] += cpu.unwrap_or(0.0);
                     cpu_known &= cpu.is_some();
@@ -483,6 +504,8 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
             batched_cpu_ms: cpu(0),
             one_sequence_cpu_ms: cpu(1),
             alone_cpu_ms: cpu(2),
+            light_ms: ms(sum[3][0]),
+            light_cpu_ms: cpu(3),
         });
     }
     Ok(out)
@@ -490,10 +513,11 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
 
 /// The step costs as a table: wall milliseconds, then CPU milliseconds
 /// where known. `gain`: N lone steps over one batched step; `per-seq`:
-/// the batched step over one sequence verifying the same number of rows.
+/// the batched step over one sequence verifying the same number of rows;
+/// `light`: the batched step with light readback, and the full one over it.
 pub fn step_table(costs: &[StepCost]) -> String {
     let mut s = format!(
-        "{:>4} {:>11} {:>11} {:>11} {:>7} {:>8}   {:>8} {:>8} {:>8} {:>7} {:>8}\n",
+        "{:>4} {:>11} {:>11} {:>11} {:>7} {:>8}   {:>8} {:>8} {:>8} {:>7} {:>8}   {:>8} {:>7} {:>8} {:>7}\n",
         "N",
         "batched ms",
         "1-seq ms",
@@ -504,7 +528,11 @@ pub fn step_table(costs: &[StepCost]) -> String {
         "1s cpu",
         "a cpu",
         "gain",
-        "per-seq"
+        "per-seq",
+        "light ms",
+        "x",
+        "l cpu",
+        "x"
     );
     let ratio = |a: f64, b: f64| a / b.max(1e-9);
     for c in costs {
@@ -528,6 +556,14 @@ pub fn step_table(costs: &[StepCost]) -> String {
                 ratio(a, b),
                 ratio(b, v)
             );
+        }
+        s += &format!(
+            "   {:>8.2} {:>7.2}",
+            c.light_ms,
+            ratio(c.batched_ms, c.light_ms)
+        );
+        if let (Some(b), Some(l)) = (c.batched_cpu_ms, c.light_cpu_ms) {
+            s += &format!(" {:>8.2} {:>7.2}", l, ratio(b, l));
         }
         s += "\n";
     }

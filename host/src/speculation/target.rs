@@ -385,11 +385,16 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
         .collect()
 }
 
-/// [`forward_batch`], with what each target's rows copy back (`modes[i]`
-/// for `parts[i]`, as [`Target::verify`] reads them): a light part gets
-/// only each row's argmax and top-2 margin, computed on the device in the
-/// step's one evaluation; a tied or not-a-number row is read back whole.
-/// A prefill chunk gets `Logits` with no rows.
+/// [`forward_batch`], with what each target's rows become (`modes[i]` for
+/// `parts[i]`, as [`Target::verify`] gives them): a light part gets only
+/// each row's argmax and top-2 margin ([`RowArgmax::of`], the host's rule),
+/// its rows never held as vectors. A prefill chunk gets `Logits` with no
+/// rows.
+///
+/// The argmax is taken on the host from one copy of the step's rows, not
+/// on the device as a lone light round does: on the CPU build the device's
+/// argmax, max and masked passes over rows x vocabulary cost more than the
+/// copy they save (`specd bench serve --steps-only`, columns `light`).
 pub fn forward_batch_verify(
     model: &Llama,
     parts: &mut [StepRows<'_>],
@@ -413,16 +418,7 @@ pub fn forward_batch_verify(
             .collect();
         model.forward_batch(&mut rows)?
     };
-    let stats: Vec<Option<DeviceArgmax>> = outs
-        .iter()
-        .zip(modes)
-        .map(|(o, m)| match (o, m) {
-            (Some(l), VerifyMode::Argmax) => DeviceArgmax::queue(l).map(Some),
-            _ => Ok(None),
-        })
-        .collect::<Result<_>>()?;
     let mut wanted: Vec<&Array> = outs.iter().flatten().collect();
-    wanted.extend(stats.iter().flatten().map(|s| &s.values));
     for (p, o) in parts.iter().zip(&outs) {
         if o.is_none() {
             wanted.extend(p.target.caches.iter().flat_map(|c| c.state()));
@@ -431,11 +427,13 @@ pub fn forward_batch_verify(
     specd_mlx::eval(&wanted)?;
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
-    for ((p, o), st) in parts.iter_mut().zip(outs).zip(stats) {
+    for ((p, o), mode) in parts.iter_mut().zip(outs).zip(modes) {
         p.target.collect_snapshots();
-        res.push(match (o, st) {
-            (Some(l), Some(st)) => VerifyRows::Argmax(st.read(&l)?),
-            (Some(l), None) => {
+        res.push(match (o, mode) {
+            (Some(l), VerifyMode::Argmax) => {
+                VerifyRows::Argmax(l.to_vec_f32()?.chunks(vocab).map(RowArgmax::of).collect())
+            }
+            (Some(l), VerifyMode::Rows) => {
                 VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
             }
             (None, _) => VerifyRows::Logits(Vec::new()),
