@@ -51,6 +51,9 @@ pub struct ServeRow {
     pub step_p50: f64,
     #[serde(skip)]
     pub step_p99: f64,
+    /// Seconds the requests' policies ran in the steps, summed.
+    #[serde(skip)]
+    pub policy_seconds: f64,
     #[serde(skip)]
     repeats: usize,
 }
@@ -146,6 +149,7 @@ fn one(
     }
     let (mut max_batch, mut steps, mut step_seconds, mut step_rows) = (0, 0, 0.0, 0);
     let mut decode_steps = Vec::new();
+    let mut policy_seconds = 0.0;
     while !sched.is_idle() {
         let s = sched.step(&mut || true);
         max_batch = max_batch.max(s.sequences as u64);
@@ -153,6 +157,7 @@ fn one(
             steps += 1;
             step_seconds += s.seconds;
             step_rows += s.rows as u64;
+            policy_seconds += s.policy_seconds;
             if !s.pipelined && s.prefill_rows == 0 {
                 decode_steps.push(s.seconds);
             }
@@ -220,6 +225,7 @@ fn one(
         accepted,
         step_p50: percentile(&mut decode_steps, 0.5),
         step_p99: percentile(&mut decode_steps, 0.99),
+        policy_seconds,
         repeats: 1,
     })
 }
@@ -261,6 +267,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                 accepted: 0,
                 step_p50: 0.0,
                 step_p99: 0.0,
+                policy_seconds: 0.0,
                 repeats: 1,
             },
         );
@@ -294,6 +301,7 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
             x.steps += r.steps;
             x.step_seconds += r.step_seconds;
             x.step_rows += r.step_rows;
+            x.policy_seconds += r.policy_seconds;
             x.rounds += r.rounds;
             x.drafted += r.drafted;
             x.accepted += r.accepted;
@@ -317,10 +325,11 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 /// then per step its mean milliseconds and rows, per round the mean
 /// drafts (`k`) and the share of them accepted (`acc`), and the p50/p99
 /// milliseconds of the decoding steps (no prefill rows; none for a
-/// request decoding pipelined alone).
+/// request decoding pipelined alone), and the policies' milliseconds per
+/// step (schedule and acceptance calls of all its requests).
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8}\n",
+        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6}\n",
         "mode",
         "drafter",
         "N",
@@ -340,7 +349,8 @@ pub fn table(rows: &[ServeRow]) -> String {
         "k",
         "acc",
         "step p50",
-        "step p99"
+        "step p99",
+        "pol ms"
     );
     for r in rows {
         let base = rows
@@ -358,13 +368,14 @@ pub fn table(rows: &[ServeRow]) -> String {
         });
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2}\n",
+            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3}\n",
             r.mode, r.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, r.max_batch, r.steps, per(1e3 * r.step_seconds, r.steps as f64),
             per(r.step_rows as f64, r.steps as f64), per(r.drafted as f64, r.rounds as f64),
             per(r.accepted as f64, r.drafted as f64),
             1e3 * r.step_p50,
-            1e3 * r.step_p99
+            1e3 * r.step_p99,
+            per(1e3 * r.policy_seconds, r.steps as f64)
         );
     }
     s
