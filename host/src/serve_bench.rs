@@ -433,7 +433,7 @@ fn timed(f: impl FnOnce() -> Result<()>) -> Result<(f64, Option<f64>)> {
 }
 
 pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Result<Vec<StepCost>> {
-    use crate::speculation::target::{forward_batch, forward_batch_verify, StepRows};
+    use crate::speculation::target::{forward_batch_verify, StepRows};
     use crate::speculation::{LlamaTarget, Target, VerifyMode};
     let text = format!("{}\n\n{}", GROUNDED.join("\n"), OPEN.join("\n"));
     let ids = e.encode(&Prompt::Raw(text))?;
@@ -450,25 +450,31 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
             .collect::<Result<_>>()?;
         // [wall, cpu] of: batched, one sequence, alone, batched light.
         let mut sum = [[0.0f64; 2]; 4];
-        let light = vec![VerifyMode::Argmax; n];
+        let (full, light) = (vec![VerifyMode::Rows; n], vec![VerifyMode::Argmax; n]);
         let mut cpu_known = true;
         for i in 0..iters + 1 {
             let tok = [ids[ctx]];
-            let b = timed(|| {
-                let mut parts: Vec<StepRows<'_>> = targets
-                    .iter_mut()
-                    .map(|target| StepRows {
-                        target,
-                        tokens: &tok,
-                        logits: Some(crate::model::Logits::Last),
-                    })
-                    .collect();
-                forward_batch(&e.model, &mut parts)?;
-                Ok(())
-            })?;
-            for t in targets.iter_mut() {
-                t.rewind(ctx)?;
-            }
+            // One batched step of every target's token (rows read as
+            // `modes` says), then back to the context.
+            let batched = |targets: &mut Vec<LlamaTarget>, modes: &[VerifyMode]| {
+                let t = timed(|| {
+                    let mut parts: Vec<StepRows<'_>> = targets
+                        .iter_mut()
+                        .map(|target| StepRows {
+                            target,
+                            tokens: &tok,
+                            logits: Some(crate::model::Logits::Last),
+                        })
+                        .collect();
+                    forward_batch_verify(&e.model, &mut parts, modes)?;
+                    Ok(())
+                })?;
+                for target in targets.iter_mut() {
+                    target.rewind(ctx)?;
+                }
+                anyhow::Ok(t)
+            };
+            let b = batched(&mut targets, &full)?;
             let v = timed(|| {
                 targets[0].forward(&ids[ctx..ctx + n], true)?;
                 Ok(())
@@ -481,21 +487,7 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                 }
                 Ok(())
             })?;
-            let l = timed(|| {
-                let mut parts: Vec<StepRows<'_>> = targets
-                    .iter_mut()
-                    .map(|target| StepRows {
-                        target,
-                        tokens: &tok,
-                        logits: Some(crate::model::Logits::Last),
-                    })
-                    .collect();
-                forward_batch_verify(&e.model, &mut parts, &light)?;
-                Ok(())
-            })?;
-            for t in targets.iter_mut() {
-                t.rewind(ctx)?;
-            }
+            let l = batched(&mut targets, &light)?;
             // The first round warms up.
             if i > 0 {
                 for (s, (wall, cpu)) in sum.iter_mut().zip([b, v, a, l]) {
