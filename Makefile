@@ -133,6 +133,7 @@ lint: build
 
 test-rust: build pull python-plugins js-plugins
 	cargo test --release --workspace
+	cargo test --release --manifest-path plugins/Cargo.toml -p specd-policy-logic --tests
 
 # pytest exits 5 when it collects no tests: that is a broken test setup, not a pass.
 test-py: build venv pull python-plugins js-plugins

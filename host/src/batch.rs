@@ -22,8 +22,9 @@ use crate::model::LlamaConfig;
 use crate::model::Logits;
 use crate::options::DrafterSpec;
 use crate::pipeline::PREFILL_CHUNK;
-use crate::pipeline::{Finished, Sequence, Settings, Sink};
-use crate::speculation::target::{forward_batch, StepRows};
+use crate::pipeline::{Finished, Sequence, Settings, Sink, VerifyTime};
+use crate::speculation::target::{forward_batch_verify, StepRows};
+use crate::speculation::VerifyMode;
 use crate::speculation::{BatchContext, LlamaTarget, Speculation};
 use anyhow::{anyhow, Result};
 use std::collections::VecDeque;
@@ -129,6 +130,8 @@ pub struct StepReport {
     pub sequences: usize,
     /// Rows it forwarded.
     pub rows: usize,
+    /// Of them, prefill rows.
+    pub prefill_rows: usize,
     pub seconds: f64,
     /// The step ran one request alone, pipelined.
     pub pipelined: bool,
@@ -448,7 +451,19 @@ impl<'e> Scheduler<'e> {
             return report;
         }
 
-        // One forward over every row.
+        // One forward over every row. A round reads back what it would
+        // alone: a plain greedy one only its rows' argmax and margin.
+        let modes: Vec<VerifyMode> = self
+            .active
+            .iter()
+            .zip(&planned)
+            .filter_map(|(a, p)| {
+                p.as_ref().map(|(_, logits)| match logits {
+                    Some(_) => a.seq.verify_mode(),
+                    None => VerifyMode::Rows,
+                })
+            })
+            .collect();
         let t = Instant::now();
         let result = {
             let mut parts: Vec<StepRows<'_>> = self
@@ -463,7 +478,7 @@ impl<'e> Scheduler<'e> {
                     })
                 })
                 .collect();
-            forward_batch(&self.engine.model, &mut parts)
+            forward_batch_verify(&self.engine.model, &mut parts, &modes)
         };
         let vt = t.elapsed().as_secs_f64();
         let total_rows: usize = planned.iter().flatten().map(|(t, _)| t.len()).sum();
@@ -489,9 +504,14 @@ impl<'e> Scheduler<'e> {
                     a.seq.joined_step(n);
                     if logits.is_none() {
                         a.seq.prefilled(tokens.len());
-                    } else if let Err(e) = a.seq.complete(&mut a.target, r, split.of(tokens.len()))
-                    {
-                        a.failed = Some(e);
+                    } else {
+                        let time = VerifyTime {
+                            lone: split.lone(tokens.len()),
+                            share: split.of(tokens.len()),
+                        };
+                        if let Err(e) = a.seq.complete(&mut a.target, r, time) {
+                            a.failed = Some(e);
+                        }
                     }
                 }
             }
@@ -507,6 +527,12 @@ impl<'e> Scheduler<'e> {
         }
         report.sequences = n;
         report.rows = total_rows;
+        report.prefill_rows = planned
+            .iter()
+            .flatten()
+            .filter(|(_, l)| l.is_none())
+            .map(|(t, _)| t.len())
+            .sum();
         report.policy_seconds = self
             .active
             .iter()
@@ -549,6 +575,14 @@ impl StepCurve {
         }
     }
 
+    /// The fitted line's seconds at zero rows: the part of a step no row
+    /// adds (`None` until the slope is known, or where the fit puts it at or
+    /// below 0).
+    fn intercept(&self) -> Option<f64> {
+        let m = self.slope()?;
+        Some((self.t - m * self.r) / self.w).filter(|c| c.is_finite() && *c > 0.0)
+    }
+
     /// Seconds one more row adds, once steps of different sizes were seen.
     fn slope(&self) -> Option<f64> {
         if self.w < 2.0 {
@@ -565,6 +599,7 @@ impl StepCurve {
     /// Splits a step of `seconds` over `rows` rows among its `rounds`
     /// decoding requests (prefill rows are the rest).
     fn split(&self, seconds: f64, rows: usize, rounds: usize) -> StepSplit {
+        let line = self.intercept().zip(self.slope());
         let slope = match self.slope() {
             // The marginal row never costs more than the step's average
             // row (the curve has a positive intercept), so every share
@@ -577,6 +612,8 @@ impl StepCurve {
                     whole: seconds,
                     base: seconds,
                     slope: 0.0,
+                    rows,
+                    line,
                 }
             }
         };
@@ -584,22 +621,30 @@ impl StepCurve {
             whole: seconds,
             base: (seconds - slope * (rows - rounds) as f64) / rounds as f64,
             slope,
+            rows,
+            line,
         }
     }
 }
 
-/// A step's time as each request's rounds see it: its share of the step
-/// with one row each, plus the marginal cost of its other rows. Alone
-/// (one request, no prefill) that is the whole step, as before batching;
-/// in a batch of many, a request's draft rows cost it only what they add
-/// to the step. The `throughput` schedule then weighs k drafts by their
-/// marginal cost (drafting pays in a small batch, rarely in a large one),
-/// while fixed-k schedules ignore timings and keep their solo rounds.
+/// A step's time as each request's rounds see it. Its stats count its
+/// share ([`StepSplit::of`]): the step split with one row each, plus the
+/// marginal cost of its other rows; alone (one request, no prefill) that
+/// is the whole step, as before batching. Its schedule is told the lone
+/// forward of its rows ([`StepSplit::lone`]) and reads what they cost in
+/// this step from the batch context (`throughput`: its share of the step
+/// plus what its draft rows add, so drafting pays in a small batch and
+/// rarely in a large one); fixed-k schedules ignore timings and keep their
+/// solo rounds.
 #[derive(Debug, Clone, Copy)]
 struct StepSplit {
     whole: f64,
     base: f64,
     slope: f64,
+    /// Rows of the whole step.
+    rows: usize,
+    /// The fitted step line (intercept, seconds per row), where known.
+    line: Option<(f64, f64)>,
 }
 
 impl StepSplit {
@@ -609,6 +654,22 @@ impl StepSplit {
             return self.whole;
         }
         self.base + self.slope * rows.saturating_sub(1) as f64
+    }
+
+    /// What a forward of `rows` rows alone would have cost: the fitted line
+    /// at `rows`, scaled by how this step ran against the line at its own
+    /// rows (so a slow step reads slow). Before a line is known, the step
+    /// in proportion to the rows (exact for a request alone; in a batch it
+    /// leaves out the fixed part, so drafts read dear, the safe side).
+    /// This is what schedules are told: alone and in batches of every size
+    /// it is on one scale, and the batch context (contract 0.2) tells a
+    /// schedule what the rows cost in this step.
+    fn lone(&self, rows: usize) -> f64 {
+        let all = self.rows.max(1) as f64;
+        match self.line {
+            Some((c, m)) => (c + m * rows as f64) * self.whole / (c + m * all),
+            None => self.whole * rows as f64 / all,
+        }
     }
 }
 
@@ -658,6 +719,26 @@ mod step_curve_tests {
         // Before anything is learnt, every round is charged the whole step.
         let fresh = StepCurve::default().split(0.05, 9, 3);
         assert_eq!((fresh.of(1), fresh.of(5)), (0.05, 0.05));
+    }
+
+    #[test]
+    fn schedules_are_told_the_lone_forward_of_their_rows() {
+        let c = learnt();
+        let line = |rows: usize| 0.01 + 0.003 * rows as f64;
+        // A step on the line: each round reads what its rows cost alone.
+        let s = c.split(line(14), 14, 8);
+        for r in [1, 5, 14] {
+            assert!((s.lone(r) - line(r)).abs() < 1e-12, "{r}");
+        }
+        // A step twice as slow as the line reads twice as slow.
+        let slow = c.split(2.0 * line(14), 14, 8);
+        assert!((slow.lone(3) - 2.0 * line(3)).abs() < 1e-12);
+        // Alone, the whole step, learnt or not.
+        assert!((c.split(0.021, 4, 1).lone(4) - 0.021).abs() < 1e-12);
+        assert!((StepCurve::default().split(0.021, 4, 1).lone(4) - 0.021).abs() < 1e-12);
+        // Nothing learnt, in a batch: the step in proportion to the rows.
+        let fresh = StepCurve::default().split(0.04, 8, 8);
+        assert!((fresh.lone(1) - 0.005).abs() < 1e-12);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use crate::batch::{Admitted, BatchLimits, Scheduler};
 use crate::bench::{GROUNDED, OPEN};
 use crate::engine::{Engine, Prompt};
-use crate::latency::Latency;
+use crate::latency::{percentile, Latency};
 use crate::options::{DrafterSpec, SpecOptions};
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
@@ -37,6 +37,17 @@ pub struct ServeRow {
     pub rounds: u64,
     pub drafted: u64,
     pub accepted: u64,
+    /// p50 and p99 of the decoding steps' seconds (steps with no prefill
+    /// rows): where the inter-token tail equals them, the steps themselves
+    /// are slow; above them, something between steps or in what is
+    /// streamed is.
+    #[serde(skip)]
+    pub step_p50: f64,
+    #[serde(skip)]
+    pub step_p99: f64,
+    /// Seconds the requests' policies ran in the steps, summed.
+    #[serde(skip)]
+    pub policy_seconds: f64,
     #[serde(skip)]
     repeats: usize,
 }
@@ -108,6 +119,8 @@ fn one(
         });
     }
     let (mut max_batch, mut steps, mut step_seconds, mut step_rows) = (0, 0, 0.0, 0);
+    let mut decode_steps = Vec::new();
+    let mut policy_seconds = 0.0;
     while !sched.is_idle() {
         let s = sched.step(&mut || true);
         max_batch = max_batch.max(s.sequences as u64);
@@ -115,6 +128,10 @@ fn one(
             steps += 1;
             step_seconds += s.seconds;
             step_rows += s.rows as u64;
+            policy_seconds += s.policy_seconds;
+            if !s.pipelined && s.prefill_rows == 0 {
+                decode_steps.push(s.seconds);
+            }
         }
     }
     let seconds = t0.elapsed().as_secs_f64();
@@ -146,6 +163,9 @@ fn one(
         rounds,
         drafted,
         accepted,
+        step_p50: percentile(&mut decode_steps, 0.5),
+        step_p99: percentile(&mut decode_steps, 0.99),
+        policy_seconds,
         repeats: 1,
     })
 }
@@ -212,6 +232,7 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
             x.steps += r.steps;
             x.step_seconds += r.step_seconds;
             x.step_rows += r.step_rows;
+            x.policy_seconds += r.policy_seconds;
             x.rounds += r.rounds;
             x.drafted += r.drafted;
             x.accepted += r.accepted;
@@ -224,6 +245,7 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
             x.max_batch = x.max_batch.max(r.max_batch);
             (l.ttft_p50, l.ttft_p99, l.itl_p50, l.itl_p99) =
                 (rl.ttft_p50, rl.ttft_p99, rl.itl_p50, rl.itl_p99);
+            (x.step_p50, x.step_p99) = (r.step_p50, r.step_p99);
         }
         None => rows.push(r),
     }
@@ -231,11 +253,14 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 
 /// The rows as a table, with each row's decode throughput and p99
 /// inter-token latency relative to the N = 1 row of its mode and drafter;
-/// then per step its mean milliseconds and rows, and per round the mean
-/// drafts (`k`) and the share of them accepted (`acc`).
+/// then per step its mean milliseconds and rows, per round the mean
+/// drafts (`k`) and the share of them accepted (`acc`), and the p50/p99
+/// milliseconds of the decoding steps (no prefill rows; none for a
+/// request decoding pipelined alone), and the policies' milliseconds per
+/// step (schedule and acceptance calls of all its requests).
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5}\n",
+        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6}\n",
         "mode",
         "drafter",
         "N",
@@ -253,7 +278,10 @@ pub fn table(rows: &[ServeRow]) -> String {
         "ms/step",
         "rows",
         "k",
-        "acc"
+        "acc",
+        "step p50",
+        "step p99",
+        "pol ms"
     );
     for row in rows {
         let r = &row.latency;
@@ -273,11 +301,14 @@ pub fn table(rows: &[ServeRow]) -> String {
         });
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2}\n",
+            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3}\n",
             row.mode, row.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, row.max_batch, row.steps, per(1e3 * row.step_seconds, row.steps as f64),
             per(row.step_rows as f64, row.steps as f64), per(row.drafted as f64, row.rounds as f64),
-            per(row.accepted as f64, row.drafted as f64)
+            per(row.accepted as f64, row.drafted as f64),
+            1e3 * row.step_p50,
+            1e3 * row.step_p99,
+            per(1e3 * row.policy_seconds, row.steps as f64)
         );
     }
     s
@@ -305,6 +336,11 @@ pub struct StepCost {
     pub batched_cpu_ms: Option<f64>,
     pub one_sequence_cpu_ms: Option<f64>,
     pub alone_cpu_ms: Option<f64>,
+    /// The batched step read light (what a plain greedy request's rows
+    /// copy back: each row's argmax and margin, computed on the device),
+    /// wall and CPU milliseconds.
+    pub light_ms: f64,
+    pub light_cpu_ms: Option<f64>,
 }
 
 /// CPU seconds this process's threads have run so far (Linux: the sum of
@@ -330,8 +366,8 @@ fn timed(f: impl FnOnce() -> Result<()>) -> Result<(f64, Option<f64>)> {
 }
 
 pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Result<Vec<StepCost>> {
-    use crate::speculation::target::{forward_batch, StepRows};
-    use crate::speculation::{LlamaTarget, Target};
+    use crate::speculation::target::{forward_batch_verify, StepRows};
+    use crate::speculation::{LlamaTarget, Target, VerifyMode};
     let text = format!("{}\n\n{}", GROUNDED.join("\n"), OPEN.join("\n"));
     let ids = e.encode(&Prompt::Raw(text))?;
     let max_n = ns.iter().copied().max().unwrap_or(1);
@@ -345,26 +381,33 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                 t.prefill(&ids[..ctx]).map(|_| t)
             })
             .collect::<Result<_>>()?;
-        // [wall, cpu] of: batched, one sequence, alone.
-        let mut sum = [[0.0f64; 2]; 3];
+        // [wall, cpu] of: batched, one sequence, alone, batched light.
+        let mut sum = [[0.0f64; 2]; 4];
+        let (full, light) = (vec![VerifyMode::Rows; n], vec![VerifyMode::Argmax; n]);
         let mut cpu_known = true;
         for i in 0..iters + 1 {
             let tok = [ids[ctx]];
-            let b = timed(|| {
-                let mut parts: Vec<StepRows<'_>> = targets
-                    .iter_mut()
-                    .map(|target| StepRows {
-                        target,
-                        tokens: &tok,
-                        logits: Some(crate::model::Logits::Last),
-                    })
-                    .collect();
-                forward_batch(&e.model, &mut parts)?;
-                Ok(())
-            })?;
-            for t in targets.iter_mut() {
-                t.rewind(ctx)?;
-            }
+            // One batched step of every target's token (rows read as
+            // `modes` says), then back to the context.
+            let batched = |targets: &mut Vec<LlamaTarget>, modes: &[VerifyMode]| {
+                let t = timed(|| {
+                    let mut parts: Vec<StepRows<'_>> = targets
+                        .iter_mut()
+                        .map(|target| StepRows {
+                            target,
+                            tokens: &tok,
+                            logits: Some(crate::model::Logits::Last),
+                        })
+                        .collect();
+                    forward_batch_verify(&e.model, &mut parts, modes)?;
+                    Ok(())
+                })?;
+                for target in targets.iter_mut() {
+                    target.rewind(ctx)?;
+                }
+                anyhow::Ok(t)
+            };
+            let b = batched(&mut targets, &full)?;
             let v = timed(|| {
                 targets[0].forward(&ids[ctx..ctx + n], true)?;
                 Ok(())
@@ -377,9 +420,10 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                 }
                 Ok(())
             })?;
+            let l = batched(&mut targets, &light)?;
             // The first round warms up.
             if i > 0 {
-                for (s, (wall, cpu)) in sum.iter_mut().zip([b, v, a]) {
+                for (s, (wall, cpu)) in sum.iter_mut().zip([b, v, a, l]) {
                     s[0] += wall;
                     s[1] += cpu.unwrap_or(0.0);
                     cpu_known &= cpu.is_some();
@@ -396,6 +440,8 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
             batched_cpu_ms: cpu(0),
             one_sequence_cpu_ms: cpu(1),
             alone_cpu_ms: cpu(2),
+            light_ms: ms(sum[3][0]),
+            light_cpu_ms: cpu(3),
         });
     }
     Ok(out)
@@ -403,10 +449,11 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
 
 /// The step costs as a table: wall milliseconds, then CPU milliseconds
 /// where known. `gain`: N lone steps over one batched step; `per-seq`:
-/// the batched step over one sequence verifying the same number of rows.
+/// the batched step over one sequence verifying the same number of rows;
+/// `light`: the batched step with light readback, and the full one over it.
 pub fn step_table(costs: &[StepCost]) -> String {
     let mut s = format!(
-        "{:>4} {:>11} {:>11} {:>11} {:>7} {:>8}   {:>8} {:>8} {:>8} {:>7} {:>8}\n",
+        "{:>4} {:>11} {:>11} {:>11} {:>7} {:>8}   {:>8} {:>8} {:>8} {:>7} {:>8}   {:>8} {:>7} {:>8} {:>7}\n",
         "N",
         "batched ms",
         "1-seq ms",
@@ -417,7 +464,11 @@ pub fn step_table(costs: &[StepCost]) -> String {
         "1s cpu",
         "a cpu",
         "gain",
-        "per-seq"
+        "per-seq",
+        "light ms",
+        "x",
+        "l cpu",
+        "x"
     );
     let ratio = |a: f64, b: f64| a / b.max(1e-9);
     for c in costs {
@@ -441,6 +492,14 @@ pub fn step_table(costs: &[StepCost]) -> String {
                 ratio(a, b),
                 ratio(b, v)
             );
+        }
+        s += &format!(
+            "   {:>8.2} {:>7.2}",
+            c.light_ms,
+            ratio(c.batched_ms, c.light_ms)
+        );
+        if let (Some(b), Some(l)) = (c.batched_cpu_ms, c.light_cpu_ms) {
+            s += &format!(" {:>8.2} {:>7.2}", l, ratio(b, l));
         }
         s += "\n";
     }

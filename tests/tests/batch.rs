@@ -6,8 +6,9 @@ use specd::engine::Prompt;
 use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
-use specd::speculation::target::{forward_batch, StepRows};
+use specd::speculation::target::{forward_batch, forward_batch_verify, StepRows};
 use specd::speculation::{LlamaTarget, Target};
+use specd::speculation::{RowArgmax, VerifyMode, VerifyRows};
 use specd_tests::engine;
 use specd_text::ChatMessage;
 use std::cell::RefCell;
@@ -102,6 +103,72 @@ fn a_batched_step_gives_every_sequence_its_solo_rows_bitwise() {
             bits(&next) == bits(&solo_next[i]),
             "sequence {i}: the caches a batched step left differ from its solo ones"
         );
+    }
+}
+
+#[test]
+fn a_light_batched_step_reads_back_the_argmax_of_its_full_rows() {
+    let e = engine();
+    let prompts = [
+        "Name three colors of the rainbow.",
+        "Write a haiku about the sea, then explain it in one sentence.",
+        "2 + 2 =",
+    ];
+    let ids: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| e.encode(&chat(p)).unwrap())
+        .collect();
+    // A plain decode step and a 4-row verify read light, a 3-row verify
+    // reads its full rows, and a prefill chunk rides along.
+    let plan = [
+        (ids[0].len() - 1, 1, Some(Logits::Last), VerifyMode::Argmax),
+        (ids[1].len() - 4, 4, Some(Logits::All), VerifyMode::Argmax),
+        (ids[2].len() - 3, 3, Some(Logits::All), VerifyMode::Rows),
+        (0, 6, None, VerifyMode::Rows),
+    ];
+    let prompt_of = |i: usize| &ids[i.min(2)];
+    let step = |modes: &[VerifyMode]| {
+        let mut targets: Vec<LlamaTarget> = plan
+            .iter()
+            .enumerate()
+            .map(|(i, &(c, ..))| {
+                let mut t = LlamaTarget::new(e.model.clone());
+                t.prefill(&prompt_of(i)[..c]).unwrap();
+                t
+            })
+            .collect();
+        let mut parts: Vec<StepRows<'_>> = targets
+            .iter_mut()
+            .zip(&plan)
+            .enumerate()
+            .map(|(i, (t, &(c, n, which, _)))| StepRows {
+                target: t,
+                tokens: &prompt_of(i)[c..c + n],
+                logits: which,
+            })
+            .collect();
+        forward_batch_verify(&e.model, &mut parts, modes).unwrap()
+    };
+    let light = step(&plan.map(|p| p.3));
+    let full = step(&[VerifyMode::Rows; 4]);
+    for (i, (l, f)) in light.iter().zip(&full).enumerate() {
+        let VerifyRows::Logits(rows) = f else {
+            panic!("sequence {i}: full rows were asked")
+        };
+        match (plan[i].3, l) {
+            (VerifyMode::Argmax, VerifyRows::Argmax(got)) => {
+                assert_eq!(got.len(), rows.len(), "sequence {i}'s row count");
+                for (g, r) in got.iter().zip(rows) {
+                    let want = RowArgmax::of(r);
+                    assert_eq!(g.argmax, want.argmax, "sequence {i}");
+                    assert_eq!(g.margin.to_bits(), want.margin.to_bits(), "sequence {i}");
+                }
+            }
+            (VerifyMode::Rows, VerifyRows::Logits(got)) => {
+                assert!(bits(got) == bits(rows), "sequence {i}: rows differ");
+            }
+            (m, _) => panic!("sequence {i}: asked {m:?}, got the other kind"),
+        }
     }
 }
 

@@ -42,8 +42,9 @@ fn builtins_are_listed_with_hash_and_exports() {
         .contains(&p.name.as_str());
         assert_eq!(p.exports.schedule, is_schedule, "{}", p.name);
         assert_eq!(p.exports.acceptance, !is_schedule, "{}", p.name);
-        // The new built-ins are contract 0.2 components, the others stay 0.1.
-        let v0_2 = ["adaedl", "bandit"].contains(&p.name.as_str());
+        // The new built-ins and `throughput` (it reads the batch context)
+        // are contract 0.2 components, the others stay 0.1.
+        let v0_2 = ["adaedl", "bandit", "throughput"].contains(&p.name.as_str());
         let want = if v0_2 { Contract::V0_2 } else { Contract::V0_1 };
         assert_eq!(p.exports.contract, want, "{}", p.name);
     }

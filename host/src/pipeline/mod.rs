@@ -4,7 +4,7 @@
 //! budget, a cancelled client) leaves the caches consistent with the log.
 pub mod sequence;
 
-pub use sequence::{BatchCounters, Sequence};
+pub use sequence::{BatchCounters, Sequence, VerifyTime};
 
 use crate::sampling::{LogprobRequest, SamplingParams, TokenLogprob};
 use crate::speculation::{SpecCounters, Speculation, Target};

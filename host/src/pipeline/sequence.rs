@@ -275,15 +275,18 @@ impl<'a> Sequence<'a> {
     }
 
     /// Ends the planned round with its verify's `rows` (every row's logits,
-    /// or their argmax where [`Sequence::verify_mode`] asked for that; the
-    /// forward took `verify_seconds`): decide, roll back, stream what was
-    /// committed.
+    /// or their argmax where [`Sequence::verify_mode`] asked for that):
+    /// decide, roll back, stream what was committed. `time` is what the
+    /// verify cost; in a batched step the schedule is told what a lone
+    /// forward of these rows would have cost, while the request's stats
+    /// count its share of the step.
     pub fn complete(
         &mut self,
         target: &mut dyn Target,
         rows: impl Into<VerifyRows>,
-        verify_seconds: f64,
+        time: VerifyTime,
     ) -> Result<()> {
+        let verify_seconds = time.lone;
         let rows = rows.into();
         let Some(plan) = self.plan.take() else {
             bail!("a round completed without a plan");
@@ -297,6 +300,7 @@ impl<'a> Sequence<'a> {
             &self.settings.params,
             &mut self.rng,
         )?;
+        self.state.counters.verify_seconds += time.share - time.lone;
         if let (Some(hook), Some(t)) = (
             &self.settings.on_round,
             self.state.trace.as_ref().and_then(|t| t.last()),
@@ -343,7 +347,7 @@ impl<'a> Sequence<'a> {
         let verified = target.verify(&rows, self.state.mode)?;
         let vt = t.elapsed().as_secs_f64();
         self.state.add_forward_times(target.take_forward_times());
-        self.complete(target, verified, vt)
+        self.complete(target, verified, VerifyTime::alone(vt))
     }
 
     /// Prompt + committed tokens so far.
@@ -409,5 +413,26 @@ fn verify_mode(settings: &Settings) -> VerifyMode {
         VerifyMode::Argmax
     } else {
         VerifyMode::Rows
+    }
+}
+
+/// A round's verify time ([`Sequence::complete`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VerifyTime {
+    /// What a forward of the round's rows alone costs: what its schedule
+    /// is told (its `verify-seconds-by-len`, the round's record, the trace).
+    pub lone: f64,
+    /// The round's share of the step it ran in: what its stats count (the
+    /// shares of a step add up to the step).
+    pub share: f64,
+}
+
+impl VerifyTime {
+    /// A round that ran alone: both are its forward's time.
+    pub fn alone(seconds: f64) -> Self {
+        VerifyTime {
+            lone: seconds,
+            share: seconds,
+        }
     }
 }

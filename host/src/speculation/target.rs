@@ -393,6 +393,32 @@ pub struct StepRows<'a> {
 /// logits rows (none for a prefill chunk), as [`Target::forward`] returns
 /// them; snapshots are taken as there, and every cache is evaluated.
 pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Vec<Vec<f32>>>> {
+    let modes = vec![VerifyMode::Rows; parts.len()];
+    forward_batch_verify(model, parts, &modes)?
+        .into_iter()
+        .map(|r| match r {
+            VerifyRows::Logits(rows) => Ok(rows),
+            VerifyRows::Argmax(_) => anyhow::bail!("argmax rows where logits were asked"),
+        })
+        .collect()
+}
+
+/// [`forward_batch`], with what each target's rows become (`modes[i]` for
+/// `parts[i]`, as [`Target::verify`] gives them): a light part gets only
+/// each row's argmax and top-2 margin ([`RowArgmax::of`], the host's rule),
+/// its rows never held as vectors. A prefill chunk gets `Logits` with no
+/// rows.
+///
+/// The argmax is taken on the host from one copy of the step's rows, not
+/// on the device as a lone light round does: on the CPU build the device's
+/// argmax, max and masked passes over rows x vocabulary cost more than the
+/// copy they save (`specd bench serve --steps-only`, columns `light`).
+pub fn forward_batch_verify(
+    model: &Llama,
+    parts: &mut [StepRows<'_>],
+    modes: &[VerifyMode],
+) -> Result<Vec<VerifyRows>> {
+    anyhow::ensure!(modes.len() == parts.len(), "one verify mode per part");
     for p in parts.iter() {
         anyhow::ensure!(
             p.target.n_layers == model.layers.len() && std::ptr::eq(&*p.target.model, model),
@@ -419,11 +445,16 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
     specd_mlx::eval(&wanted)?;
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
-    for (p, o) in parts.iter_mut().zip(outs) {
+    for ((p, o), mode) in parts.iter_mut().zip(outs).zip(modes) {
         p.target.collect_snapshots();
-        res.push(match o {
-            Some(l) => l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect(),
-            None => Vec::new(),
+        res.push(match (o, mode) {
+            (Some(l), VerifyMode::Argmax) => {
+                VerifyRows::Argmax(l.to_vec_f32()?.chunks(vocab).map(RowArgmax::of).collect())
+            }
+            (Some(l), VerifyMode::Rows) => {
+                VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
+            }
+            (None, _) => VerifyRows::Logits(Vec::new()),
         });
     }
     Ok(res)

@@ -297,9 +297,18 @@ impl ScheduleLogic for HeuristicTransient {
 /// the k with the highest tokens(k) / cost(k), the smallest on ties; 0 (a
 /// plain step) when speculation does not pay.  With no verify timing at all
 /// yet it answers min(`initial`, K) (config `{"initial": 4, "prior": 0.6}`).
+///
+/// In a batched step (contract 0.2's `batch-sequences` >= 2) verify(k) is
+/// replaced by this request's share of the step, [`batch_share`]: the
+/// step's cost split over its requests plus the marginal cost of the k draft
+/// rows.  The host reports a batched round's verify time as the lone
+/// forward of its rows would cost (from its fit of step time against total
+/// rows), so timings measured alone and in batches of any size stay on one
+/// scale; the batch context alone decides how costly a draft row is now.
 /// After [`PROBE_AFTER`] plain answers in a row it drafts 2 (a probe) until
 /// a round has drafted (a drafter may have nothing to propose), and waits
-/// twice as long before each further probe of the request.
+/// twice as long before each further probe of the request; in a batched
+/// step of n requests it waits n times as long.
 ///
 /// It learns across requests through its carried state (see
 /// [`ThroughputCarry`]): per draft position, the rounds that reached it and
@@ -314,7 +323,8 @@ impl ScheduleLogic for HeuristicTransient {
 ///   (n_i + m_i), n_i the rounds of this request that reached position i,
 ///   m_i the carried rounds (scaled down at `create` to at most
 ///   [`CARRY_WEIGHT`] at position 0, so a request's own rounds soon
-///   dominate).
+///   dominate; in a batched step of b requests m_i / b, since a wrong
+///   carried guess then slows all b).
 /// - Timing: where this request has measured fewer than two verify lengths,
 ///   the unmeasured ones come from the carried line (plain + k * per-row,
 ///   anchored on its one measured length when it has one) instead of
@@ -615,13 +625,52 @@ impl Throughput {
         };
         let own = input.position_acceptance.get(i).copied().map(clean);
         let n = self.own.reached.get(i).copied().unwrap_or(0.0);
+        // The carried estimate is what other prompts saw: acting on it when
+        // it is wrong for this one costs every request of a batched step,
+        // so in a step of b requests it weighs b times less against this
+        // request's own rounds.
+        let b = input.batch_sequences.max(1) as f64;
         match (own, self.carry.acceptance(i)) {
-            (Some(a), Some((c, m))) if n > 0.0 => (n * a + m * c) / (n + m),
+            (Some(a), Some((c, m))) if n > 0.0 => (n * a + m / b * c) / (n + m / b),
             (_, Some((c, _))) => c,
             (Some(a), None) => a,
             (None, None) => self.prior,
         }
     }
+}
+
+/// The seconds of a round with k drafts as this request's share of a
+/// batched step, from `verify` (the lone-forward seconds of k drafts, k =
+/// 0 ..= kmax) and the batch context; `verify` itself outside a batch.
+///
+/// A step of R rows costs about what a lone forward of R rows costs,
+/// verify(R - 1), extrapolated along the curve's slope m past its end. The
+/// step is shared by `batch-sequences` = n requests, so a plain round's
+/// share is T0 / n with T0 = verify(0) + m (R - 1), and k drafts add to the
+/// step exactly what they add to a lone forward, verify(k) - verify(0).
+/// Maximizing tokens(k) / (T0 / n + verify(k) - verify(0)) then drafts only
+/// when the extra tokens per extra second of the step beat the batch's own
+/// rate (n tokens per T0): in a batch of 8 a draft row has to be kept far
+/// more often than alone to pay for the 8 streams it slows down.
+///
+/// R is `batch-rows-planned` (the rows asked before this request, prefill
+/// chunks included) plus this request's own row, and at least n (every
+/// request in the step forwards one row or more).
+pub fn batch_share(verify: &[f64], input: &ScheduleInput) -> Vec<f64> {
+    let n = input.batch_sequences as usize;
+    let (Some(&plain), Some(&last)) = (verify.first(), verify.last()) else {
+        return verify.to_vec();
+    };
+    if n < 2 || verify.len() < 2 {
+        return verify.to_vec();
+    }
+    let slope = ((last - plain) / (verify.len() - 1) as f64).max(0.0);
+    let rows = (input.batch_rows_planned as usize + 1).max(n);
+    let step = plain + slope * (rows - 1) as f64;
+    verify
+        .iter()
+        .map(|v| step / n as f64 + (v - plain).max(0.0))
+        .collect()
 }
 
 impl ScheduleLogic for Throughput {
@@ -669,6 +718,7 @@ impl ScheduleLogic for Throughput {
             } else {
                 self.carry.draft_seconds
             };
+        let verify = batch_share(&verify, input);
         let mut best = (0u32, f64::NEG_INFINITY);
         let (mut tokens, mut reach) = (1.0f64, 1.0f64);
         for k in 0..=kmax {
@@ -687,7 +737,11 @@ impl ScheduleLogic for Throughput {
                 return 2.min(kmax);
             }
             self.zeros += 1;
-            if self.zeros >= self.probe_after {
+            // A probe's rows slow every request of a batched step, so in a
+            // step of n it waits n times as long (one probe per
+            // `probe_after` steps of the batch, not per request).
+            let batch = input.batch_sequences.max(1);
+            if self.zeros >= self.probe_after.saturating_mul(batch) {
                 self.probing = true;
                 self.zeros = 0;
                 self.probe_after = self.probe_after.saturating_mul(2);
