@@ -204,9 +204,11 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         );
         for &temp in &b.temperatures {
             for drafter in &b.drafters {
+                // The default schedule for greedy and sampled requests alike:
+                // what a client that only names a drafter gets.
                 let opts = SpecOptions {
                     drafter: Some(drafter.parse()?),
-                    schedule: Some(if temp > 0.0 { "constant" } else { "throughput" }.into()),
+                    schedule: Some("throughput".into()),
                     ..Default::default()
                 };
                 for &n in &b.concurrency {

@@ -61,3 +61,41 @@ pub fn gemma_engine() -> MutexGuard<'static, Engine> {
 /// summarize a given text), open-ended chat, code editing, and one task
 /// type over several requests.
 pub use specd::bench::{CODE_EDIT, GROUNDED, OPEN, REPETITIVE};
+
+/// Logits rows as their bit patterns (compared exactly).
+pub fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    rows.iter()
+        .map(|r| r.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// What sequence `i` of a batched step must show against its solo run:
+/// caches advanced to `offset`, bitwise its solo rows, and caches from
+/// which the next step (`next_token`) reads bitwise as after the solo run
+/// (`solo_next`).
+pub fn assert_step_as_solo(
+    i: usize,
+    t: &mut specd::speculation::LlamaTarget,
+    offset: usize,
+    batched: &[Vec<f32>],
+    solo: &[Vec<f32>],
+    next_token: u32,
+    solo_next: &[Vec<f32>],
+) {
+    use specd::speculation::Target;
+    assert_eq!(
+        t.offset(),
+        offset,
+        "sequence {i}'s caches advanced by its rows"
+    );
+    assert_eq!(batched.len(), solo.len(), "sequence {i}'s row count");
+    assert!(
+        bits(batched) == bits(solo),
+        "sequence {i}: batched rows differ from its solo rows"
+    );
+    let next = t.forward(&[next_token], false).unwrap();
+    assert!(
+        bits(&next) == bits(solo_next),
+        "sequence {i}: the caches a batched step left differ from its solo ones"
+    );
+}

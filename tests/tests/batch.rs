@@ -9,19 +9,13 @@ use specd::sampling::SamplingParams;
 use specd::speculation::target::{forward_batch, forward_batch_verify, StepRows};
 use specd::speculation::{LlamaTarget, Target};
 use specd::speculation::{RowArgmax, VerifyMode, VerifyRows};
-use specd_tests::engine;
+use specd_tests::{assert_step_as_solo, bits, engine};
 use specd_text::ChatMessage;
 use std::cell::RefCell;
 use std::rc::Rc;
 
 fn chat(text: &str) -> Prompt {
     Prompt::Chat(vec![ChatMessage::user(text)])
-}
-
-fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
-    rows.iter()
-        .map(|r| r.iter().map(|x| x.to_bits()).collect())
-        .collect()
 }
 
 /// The token after position `at`, or the first one past the end.
@@ -88,21 +82,8 @@ fn a_batched_step_gives_every_sequence_its_solo_rows_bitwise() {
     drop(parts);
     for (i, t) in targets.iter_mut().enumerate() {
         let (c, n, _) = plan[i];
-        assert_eq!(
-            t.offset(),
-            c + n,
-            "sequence {i}'s caches advanced by its rows"
-        );
-        assert_eq!(batched[i].len(), solo[i].len(), "sequence {i}'s row count");
-        assert!(
-            bits(&batched[i]) == bits(&solo[i]),
-            "sequence {i}: batched rows differ from its solo rows"
-        );
-        let next = t.forward(&[next_token(&ids[i], c + n)], false).unwrap();
-        assert!(
-            bits(&next) == bits(&solo_next[i]),
-            "sequence {i}: the caches a batched step left differ from its solo ones"
-        );
+        let next = next_token(&ids[i], c + n);
+        assert_step_as_solo(i, t, c + n, &batched[i], &solo[i], next, &solo_next[i]);
     }
 }
 

@@ -11,7 +11,7 @@ use specd::pipeline::Finished;
 use specd::sampling::SamplingParams;
 use specd::speculation::target::{forward_batch, StepRows};
 use specd::speculation::{LlamaTarget, Target};
-use specd_tests::{gemma_engine, GROUNDED};
+use specd_tests::{assert_step_as_solo, gemma_engine, GROUNDED};
 
 /// Prompt tokens: with the output, past the 512-token window by far.
 const PROMPT_TOKENS: usize = 560;
@@ -81,12 +81,6 @@ fn speculation_past_the_sliding_window_equals_plain_decoding() {
     }
 }
 
-fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
-    rows.iter()
-        .map(|r| r.iter().map(|x| x.to_bits()).collect())
-        .collect()
-}
-
 /// Gemma's layers in a continuous-batching step: local layers attend
 /// through a sliding window over rotating caches, so the step mixes
 /// sequences before the window, past it (the cache wrapped), and one whose
@@ -144,20 +138,6 @@ fn a_batched_step_gives_every_gemma_sequence_its_solo_rows_bitwise() {
     drop(parts);
     for (i, t) in targets.iter_mut().enumerate() {
         let (c, n, _) = plan[i];
-        assert_eq!(
-            t.offset(),
-            c + n,
-            "sequence {i}'s caches advanced by its rows"
-        );
-        assert_eq!(batched[i].len(), solo[i].len(), "sequence {i}'s row count");
-        assert!(
-            bits(&batched[i]) == bits(&solo[i]),
-            "sequence {i}: batched rows differ from its solo rows"
-        );
-        let after = t.forward(&[next(i)], false).unwrap();
-        assert!(
-            bits(&after) == bits(&solo_next[i]),
-            "sequence {i}: the caches a batched step left differ from its solo ones"
-        );
+        assert_step_as_solo(i, t, c + n, &batched[i], &solo[i], next(i), &solo_next[i]);
     }
 }
