@@ -38,17 +38,23 @@ fn add_part(parts: &mut Vec<(String, f64)>, cpu: &mut Vec<f64>, name: &str, ms: 
     }
 }
 
-/// CPU ms of this process so far, all threads (0 where unknown).
-fn cpu_ms() -> f64 {
+/// CPU seconds this process's threads have run so far, all of them
+/// (`CLOCK_PROCESS_CPUTIME_ID`); `None` where the clock is unavailable.
+pub(crate) fn process_cpu_seconds() -> Option<f64> {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes only the timespec it is given.
     if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
-        return 0.0;
+        return None;
     }
-    t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 * 1e-6
+    Some(t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9)
+}
+
+/// [`process_cpu_seconds`] in ms (0 where unknown).
+fn cpu_ms() -> f64 {
+    process_cpu_seconds().unwrap_or(0.0) * 1e3
 }
 
 /// Profiles `steps` forwards of `rows` new tokens each (1: a plain decode

@@ -8,6 +8,7 @@ use crate::bench::{GROUNDED, OPEN};
 use crate::engine::{Engine, Prompt};
 use crate::latency::{percentile, Latency};
 use crate::options::{DrafterSpec, SpecOptions};
+use crate::profile::process_cpu_seconds;
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -339,32 +340,18 @@ pub struct StepCost {
     pub one_sequence_cpu_ms: Option<f64>,
     pub alone_cpu_ms: Option<f64>,
     /// The batched step read light (what a plain greedy request's rows
-    /// copy back: each row's argmax and margin, computed on the device),
-    /// wall and CPU milliseconds.
+    /// become: each row's argmax and margin, taken from the step's one copy
+    /// of the rows), wall and CPU milliseconds.
     pub light_ms: f64,
     pub light_cpu_ms: Option<f64>,
 }
 
-/// CPU seconds this process's threads have run so far (Linux: the sum of
-/// `/proc/self/task/*/schedstat`, nanoseconds); `None` where unavailable.
-fn cpu_seconds() -> Option<f64> {
-    let mut ns = 0u64;
-    for t in std::fs::read_dir("/proc/self/task").ok()? {
-        let path = t.ok()?.path().join("schedstat");
-        // A thread may end between the listing and the read.
-        if let Ok(s) = std::fs::read_to_string(path) {
-            ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
-        }
-    }
-    Some(ns as f64 * 1e-9)
-}
-
 /// Wall and CPU seconds of `f`.
 fn timed(f: impl FnOnce() -> Result<()>) -> Result<(f64, Option<f64>)> {
-    let (c, t) = (cpu_seconds(), Instant::now());
+    let (c, t) = (process_cpu_seconds(), Instant::now());
     f()?;
     let wall = t.elapsed().as_secs_f64();
-    Ok((wall, cpu_seconds().zip(c).map(|(b, a)| b - a)))
+    Ok((wall, process_cpu_seconds().zip(c).map(|(b, a)| b - a)))
 }
 
 pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Result<Vec<StepCost>> {

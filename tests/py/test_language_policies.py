@@ -168,7 +168,7 @@ def test_docs_section_runs_as_written(lang, tmp_path):
         # The section's scratch directory (/tmp/py-policy, /tmp/js-policy)
         # moved under this test's own: whatever an earlier run (or a reader)
         # left there, say a venv of another Python, cannot change the result.
-        block = re.sub(r"/tmp/(py|js)-policy", lambda m: str(tmp_path / m.group(0)[5:]), block)
+        block = re.sub(r"/tmp/((py|js)-policy)", lambda m: str(tmp_path / m.group(1)), block)
         block_env = {**env, "SPECD_HOME": str(home)} if i == 0 else env
         p = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, env=block_env,
                            capture_output=True, text=True, timeout=900)

@@ -80,19 +80,12 @@ impl MetricsSnapshot {
         }
         r.register(Box::new(calls))?;
         r.register(Box::new(seconds))?;
-        let instantiations = IntCounter::new(
-            "specd_policy_instantiations_total",
-            "Per-request policy instances made.",
-        )?;
-        instantiations.inc_by(self.instantiations);
-        r.register(Box::new(instantiations))?;
-        let instantiate_seconds = Counter::new(
-            "specd_policy_instantiate_seconds_total",
-            "Time making per-request policy instances.",
-        )?;
-        instantiate_seconds.inc_by(self.instantiate_seconds);
-        r.register(Box::new(instantiate_seconds))?;
         for (name, help, n) in [
+            (
+                "specd_policy_instantiations_total",
+                "Per-request policy instances made.",
+                self.instantiations,
+            ),
             (
                 "specd_policy_warm_hits_total",
                 "Per-request instances taken ready (made ahead).",
@@ -113,12 +106,22 @@ impl MetricsSnapshot {
             c.inc_by(n);
             r.register(Box::new(c))?;
         }
-        let warm_seconds = Counter::new(
-            "specd_policy_warm_build_seconds_total",
-            "CPU time making instances ahead of requests (off the request path).",
-        )?;
-        warm_seconds.inc_by(self.warm_build_seconds);
-        r.register(Box::new(warm_seconds))?;
+        for (name, help, secs) in [
+            (
+                "specd_policy_instantiate_seconds_total",
+                "Time making per-request policy instances.",
+                self.instantiate_seconds,
+            ),
+            (
+                "specd_policy_warm_build_seconds_total",
+                "CPU time making instances ahead of requests (off the request path).",
+                self.warm_build_seconds,
+            ),
+        ] {
+            let c = Counter::new(name, help)?;
+            c.inc_by(secs);
+            r.register(Box::new(c))?;
+        }
         let warm_ready = IntGauge::new("specd_policy_warm_ready", "Instances ready now.")?;
         warm_ready.set(self.warm_ready.min(i64::MAX as u64) as i64);
         r.register(Box::new(warm_ready))?;
