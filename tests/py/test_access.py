@@ -509,8 +509,11 @@ def test_ui_sends_the_key_from_its_field(keyed):
 
         def run_until_settled() -> tuple[str, dict]:
             deadline = time.monotonic() + 120
-            while cdp.js(session, "document.getElementById('run') && 1") != 1:
-                assert time.monotonic() < deadline, "the page did not load"
+            # The button is parsed before the page's script attaches its click
+            # handler; the script's first publish() sets the body's phase, so a
+            # phase means the handler is there (a click before it is lost).
+            while cdp.js(session, "document.body && document.body.dataset.phase || ''") in ("", None, "running"):
+                assert time.monotonic() < deadline, "the page's script did not run"
                 time.sleep(0.2)
             cdp.js(session, "document.getElementById('run').click()")
             return cdp.settle(session, deadline - time.monotonic())
