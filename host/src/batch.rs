@@ -24,8 +24,8 @@ use crate::options::DrafterSpec;
 use crate::pipeline::PREFILL_CHUNK;
 use crate::pipeline::{Finished, Sequence, Settings, Sink, VerifyTime};
 use crate::speculation::target::{forward_batch_verify, StepRows};
-use crate::speculation::VerifyMode;
 use crate::speculation::{BatchContext, LlamaTarget, Speculation};
+use crate::speculation::{VerifyMode, VerifyRows};
 use anyhow::{anyhow, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -53,24 +53,29 @@ pub fn kv_bytes_per_token(c: &LlamaConfig) -> usize {
 }
 
 /// Bytes of KV cache one token of a request takes: the target's, plus its
-/// drafter's when the drafter is a model (`drafter`: its name as
-/// [`crate::speculation::Drafter::name`] gives it): `self:N` holds the
-/// target's first N layers, `model:NAME` that draft model's. Model-free
-/// drafters (n-gram, suffix) hold no KV.
-pub fn request_kv_bytes_per_token(engine: &Engine, drafter: Option<&str>) -> usize {
+/// drafter's when the drafter is a model: `self:N` holds the target's first
+/// N layers, `model:NAME` that draft model's. Model-free drafters (n-gram,
+/// suffix) and no drafter hold no KV.
+pub fn request_kv_bytes_per_token(engine: &Engine, drafter: &DrafterSpec) -> usize {
     let c = &engine.model.config;
     let target = kv_bytes_per_token(c);
-    let draft = match drafter.and_then(|d| d.parse::<DrafterSpec>().ok()) {
-        Some(DrafterSpec::SelfLayers(n)) => {
-            target * n.min(c.num_hidden_layers) / c.num_hidden_layers.max(1)
+    let draft = match drafter {
+        DrafterSpec::SelfLayers(n) => {
+            target * (*n).min(c.num_hidden_layers) / c.num_hidden_layers.max(1)
         }
-        Some(DrafterSpec::Model(name)) => engine
+        DrafterSpec::Model(name) => engine
             .drafts
-            .get(&name)
+            .get(name)
             .map_or(0, |m| kv_bytes_per_token(&m.config)),
-        _ => 0,
+        DrafterSpec::None | DrafterSpec::Ngram { .. } | DrafterSpec::Suffix => 0,
     };
     target + draft
+}
+
+/// Whether `drafter` holds a KV cache of its own (counted in
+/// [`request_kv_bytes_per_token`]).
+pub fn drafter_holds_kv(drafter: &DrafterSpec) -> bool {
+    matches!(drafter, DrafterSpec::SelfLayers(_) | DrafterSpec::Model(_))
 }
 
 /// The default KV budget: a quarter of the machine's memory (4 GiB where
@@ -106,6 +111,9 @@ pub struct Admitted<'e> {
     pub prompt: Vec<u32>,
     pub settings: Settings,
     pub spec: Option<Speculation>,
+    /// The drafter `spec` was built from ([`DrafterSpec::None`] without
+    /// speculation): a model drafter's KV is counted against the budget.
+    pub drafter: DrafterSpec,
     /// Receives its text; returns false once the client is gone.
     pub sink: Box<Sink<'e>>,
     pub done: Done<'e>,
@@ -222,10 +230,7 @@ impl<'e> Scheduler<'e> {
             let (tokens, per_token) = match front {
                 Waiting::Fresh(a) => (
                     a.prompt.len(),
-                    request_kv_bytes_per_token(
-                        self.engine,
-                        a.spec.as_ref().map(|s| s.drafter.name()).as_deref(),
-                    ),
+                    request_kv_bytes_per_token(self.engine, &a.drafter),
                 ),
                 Waiting::Preempted(a) => (a.seq.kv_tokens() + a.seq.max_round_rows(), a.per_token),
             };
@@ -296,11 +301,15 @@ impl<'e> Scheduler<'e> {
     fn start(&mut self, a: Admitted<'e>) {
         let id = self.next_id;
         self.next_id += 1;
-        let per_token = request_kv_bytes_per_token(
-            self.engine,
-            a.spec.as_ref().map(|s| s.drafter.name()).as_deref(),
-        );
-        let (mut target, cached) = self.engine.target_for(a.tenant.as_deref(), &a.prompt);
+        let per_token = request_kv_bytes_per_token(self.engine, &a.drafter);
+        // A request asking for its prompt's logprobs builds them from its own
+        // prefill's rows, so it skips the prefix-cache lookup and prefills
+        // the whole prompt (what it leaves in the cache is kept as usual).
+        let (mut target, cached) = if a.settings.prompt_logprobs.is_some() {
+            (LlamaTarget::new(self.engine.model.clone()), 0)
+        } else {
+            self.engine.target_for(a.tenant.as_deref(), &a.prompt)
+        };
         match Sequence::new(
             &mut target,
             &self.engine.tokenizer,
@@ -403,7 +412,7 @@ impl<'e> Scheduler<'e> {
         // prefill while the step's prefill rows last.
         let decoding = self.active.iter().filter(|a| a.seq.decoding()).count();
         let mut prefill_budget = self.limits.step_tokens.max(1);
-        let mut chunks: Vec<Option<Vec<u32>>> = Vec::with_capacity(self.active.len());
+        let mut chunks: Vec<Option<Planned>> = Vec::with_capacity(self.active.len());
         let mut rows_planned = 0usize;
         for a in &self.active {
             let left = a.seq.prefill_left();
@@ -411,18 +420,23 @@ impl<'e> Scheduler<'e> {
                 let c = a.seq.prefill_chunk(prefill_budget).to_vec();
                 prefill_budget -= c.len();
                 rows_planned += c.len();
-                chunks.push(Some(c));
+                // The prompt's logprobs come from this forward's rows.
+                let logits = a.seq.wants_prefill_rows().then_some(Logits::All);
+                chunks.push(Some(Planned {
+                    tokens: c,
+                    logits,
+                    prefill: true,
+                }));
             } else {
                 chunks.push(None);
             }
         }
         let in_step = decoding + chunks.iter().flatten().count();
         // Rounds are planned in admission order; each schedule sees the batch.
-        let mut planned: Vec<Option<(Vec<u32>, Option<Logits>)>> =
-            Vec::with_capacity(self.active.len());
+        let mut planned: Vec<Option<Planned>> = Vec::with_capacity(self.active.len());
         for (a, chunk) in self.active.iter_mut().zip(chunks) {
-            if let Some(c) = chunk {
-                planned.push(Some((c, None)));
+            if chunk.is_some() {
+                planned.push(chunk);
                 continue;
             }
             if a.failed.is_some() || !a.seq.decoding() {
@@ -437,7 +451,11 @@ impl<'e> Scheduler<'e> {
                 Ok((rows, all)) => {
                     rows_planned += rows.len();
                     let which = if all { Logits::All } else { Logits::Last };
-                    planned.push(Some((rows.to_vec(), Some(which))));
+                    planned.push(Some(Planned {
+                        tokens: rows.to_vec(),
+                        logits: Some(which),
+                        prefill: false,
+                    }));
                 }
                 Err(e) => {
                     a.failed = Some(e);
@@ -458,9 +476,9 @@ impl<'e> Scheduler<'e> {
             .iter()
             .zip(&planned)
             .filter_map(|(a, p)| {
-                p.as_ref().map(|(_, logits)| match logits {
-                    Some(_) => a.seq.verify_mode(),
-                    None => VerifyMode::Rows,
+                p.as_ref().map(|p| match p.prefill {
+                    false => a.seq.verify_mode(),
+                    true => VerifyMode::Rows,
                 })
             })
             .collect();
@@ -471,22 +489,22 @@ impl<'e> Scheduler<'e> {
                 .iter_mut()
                 .zip(&planned)
                 .filter_map(|(a, p)| {
-                    p.as_ref().map(|(tokens, logits)| StepRows {
+                    p.as_ref().map(|p| StepRows {
                         target: &mut a.target,
-                        tokens,
-                        logits: *logits,
+                        tokens: &p.tokens,
+                        logits: p.logits,
                     })
                 })
                 .collect();
             forward_batch_verify(&self.engine.model, &mut parts, &modes)
         };
         let vt = t.elapsed().as_secs_f64();
-        let total_rows: usize = planned.iter().flatten().map(|(t, _)| t.len()).sum();
+        let total_rows: usize = planned.iter().flatten().map(|p| p.tokens.len()).sum();
         let rounds: Vec<usize> = planned
             .iter()
             .flatten()
-            .filter(|(_, l)| l.is_some())
-            .map(|(t, _)| t.len())
+            .filter(|p| !p.prefill)
+            .map(|p| p.tokens.len())
             .collect();
         let split = self.curve.split(vt, total_rows, rounds.len());
         // The curve is learnt from rounds only: a prefill row skips the
@@ -499,12 +517,25 @@ impl<'e> Scheduler<'e> {
             Ok(rows) => {
                 let mut rows = rows.into_iter();
                 for (a, p) in self.active.iter_mut().zip(&planned) {
-                    let Some((tokens, logits)) = p else { continue };
+                    let Some(p) = p else { continue };
                     let r = rows.next().expect("one result per part");
                     a.seq.joined_step(n);
-                    if logits.is_none() {
-                        a.seq.prefilled(tokens.len());
+                    if p.prefill {
+                        let kept = match (p.logits, r) {
+                            (None, _) => {
+                                a.seq.prefilled(p.tokens.len());
+                                Ok(())
+                            }
+                            (Some(_), VerifyRows::Logits(rows)) => a.seq.prefilled_rows(&rows),
+                            (Some(_), VerifyRows::Argmax(_)) => {
+                                Err(anyhow!("a prefill chunk got argmax rows, not its logits"))
+                            }
+                        };
+                        if let Err(e) = kept {
+                            a.failed = Some(e.context("the prompt's logprobs"));
+                        }
                     } else {
+                        let tokens = &p.tokens;
                         let time = VerifyTime {
                             lone: split.lone(tokens.len()),
                             share: split.of(tokens.len()),
@@ -530,8 +561,8 @@ impl<'e> Scheduler<'e> {
         report.prefill_rows = planned
             .iter()
             .flatten()
-            .filter(|(_, l)| l.is_none())
-            .map(|(t, _)| t.len())
+            .filter(|p| p.prefill)
+            .map(|p| p.tokens.len())
             .sum();
         report.policy_seconds = self
             .active
@@ -543,6 +574,15 @@ impl<'e> Scheduler<'e> {
         self.retire();
         report
     }
+}
+
+/// A request's rows in a step.
+struct Planned {
+    tokens: Vec<u32>,
+    /// Which rows' logits come back: a round's; for a prefill chunk none,
+    /// or all where they build the prompt's logprobs.
+    logits: Option<Logits>,
+    prefill: bool,
 }
 
 /// The cost curve of a batched step, `seconds ≈ c + slope * rows`, fitted

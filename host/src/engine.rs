@@ -364,6 +364,7 @@ impl Engine {
             record: false,
             on_round: None,
             logprobs: None,
+            prompt_logprobs: None,
             constraint: None,
             light_rounds: self.switches.light_rounds,
         }

@@ -4,8 +4,10 @@
 use specd::batch::{kv_bytes_per_token, Admitted, BatchLimits, Scheduler};
 use specd::engine::Prompt;
 use specd::model::Logits;
-use specd::options::{DrafterSpec, SpecOptions};
+use specd::options::{DrafterSpec, SpecOptions, DEFAULT_DRAFTER};
+use specd::pipeline::{LogprobHook, PromptLogprobHook, PREFILL_CHUNK};
 use specd::sampling::SamplingParams;
+use specd::sampling::{distribution, token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
 use specd::speculation::target::{forward_batch, forward_batch_verify, StepRows};
 use specd::speculation::{LlamaTarget, Target};
 use specd::speculation::{RowArgmax, VerifyMode, VerifyRows};
@@ -13,6 +15,7 @@ use specd_tests::{assert_step_as_solo, bits, engine};
 use specd_text::ChatMessage;
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 fn chat(text: &str) -> Prompt {
     Prompt::Chat(vec![ChatMessage::user(text)])
@@ -232,6 +235,7 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
             prompt: p.clone(),
             settings: e.settings(params.clone(), Some(n), vec![]),
             spec: e.speculation(opts, params).unwrap(),
+            drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
             sink: Box::new(|_: &str| true),
             done: Box::new(move |r| f.borrow_mut()[i] = Some(r.map(|f| (f.log, f.stats)))),
         });
@@ -361,6 +365,7 @@ fn sampled_runs(
             prompt: prompt.to_vec(),
             settings: e.settings(p.clone(), Some(n), vec![]),
             spec: e.speculation(&opts, &p).unwrap(),
+            drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
             sink: Box::new(|_: &str| true),
             done: Box::new(move |r| o.borrow_mut().push((s, generated(r.unwrap())))),
         });
@@ -476,6 +481,7 @@ fn a_model_drafters_cache_counts_in_the_kv_budget() {
             prompt: prompt.clone(),
             settings: e.settings(params.clone(), Some(4), vec![]),
             spec: e.speculation(&opts, &params).unwrap(),
+            drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
             sink: Box::new(|_: &str| true),
             done: Box::new(|r| {
                 r.unwrap();
@@ -501,4 +507,241 @@ fn a_model_drafters_cache_counts_in_the_kv_budget() {
         ngram * (layers + 8),
         "self:8 holds 8 of the target's {layers} layers per token"
     );
+}
+
+/// The prompt's logprobs as one full forward over the prompt on a fresh
+/// target computes them, in chunks of [`PREFILL_CHUNK`] rows (what the
+/// server did at admission before they came from the batched prefill).
+fn full_forward_prompt_logprobs(
+    e: &specd::engine::Engine,
+    prompt: &[u32],
+    params: &SamplingParams,
+    req: &LogprobRequest,
+) -> Vec<TokenLogprob> {
+    let mut t = LlamaTarget::new(e.model.clone());
+    let mut out = vec![TokenLogprob {
+        token: prompt[0],
+        logprob: f32::NAN,
+        top: Vec::new(),
+    }];
+    let mut done = 0;
+    while done + 1 < prompt.len() {
+        let n = PREFILL_CHUNK.min(prompt.len() - 1 - done);
+        let rows = t.forward(&prompt[done..done + n], true).unwrap();
+        for (i, row) in rows.iter().enumerate() {
+            let p = done + i;
+            let d = distribution(row, params, &prompt[..=p]);
+            out.push(token_logprob(row, &d, prompt[p + 1], req));
+        }
+        done += n;
+    }
+    out
+}
+
+/// A token and a logprob's bits.
+type Bits = (u32, u32);
+
+/// Entries as bits, so NaN compares equal to NaN and -0.0 differs from 0.0.
+fn entry_bits(v: &[TokenLogprob]) -> Vec<(Bits, Vec<Bits>)> {
+    v.iter()
+        .map(|t| {
+            let top = t.top.iter().map(|&(id, lp)| (id, lp.to_bits())).collect();
+            ((t.token, t.logprob.to_bits()), top)
+        })
+        .collect()
+}
+
+/// What an echo request saw, in order: its prompt's entries (once), then
+/// each generated token's.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Prompt(Vec<TokenLogprob>),
+    Token(u32),
+}
+
+/// An echo request (prompt logprobs, `completions`' `echo`) whose entries
+/// go to `seen`.
+fn echo_request<'e>(
+    e: &'e specd::engine::Engine,
+    prompt: &[u32],
+    params: &SamplingParams,
+    req: LogprobRequest,
+    max_tokens: usize,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    done: specd::batch::Done<'e>,
+) -> Admitted<'e> {
+    let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
+    let s = seen.clone();
+    settings.logprobs = Some((
+        req,
+        LogprobHook(Arc::new(move |t| {
+            s.lock().unwrap().push(Seen::Token(t.token))
+        })),
+    ));
+    settings.prompt_logprobs = Some(PromptLogprobHook(Arc::new(move |v| {
+        seen.lock().unwrap().push(Seen::Prompt(v))
+    })));
+    Admitted {
+        tenant: Some(String::new()),
+        prompt: prompt.to_vec(),
+        settings,
+        spec: None,
+        drafter: DrafterSpec::None,
+        sink: Box::new(|_: &str| true),
+        done,
+    }
+}
+
+/// The prompt's logprobs come from the request's own prefill chunks as they
+/// run in the batched steps: bitwise the entries of a full forward over the
+/// prompt alone (penalised and raw distributions, top alternatives, the
+/// first entry's NaN), whether the request runs alone or its prefill shares
+/// steps with another request's decoding (which keeps its solo tokens), and
+/// with its prompt in the prefix cache (an echo request does not use it).
+#[test]
+fn an_echo_requests_prompt_logprobs_come_from_its_batched_prefill() {
+    let e = engine();
+    let echo_prompt = e
+        .encode(&chat(
+            "Summarise in two sentences: the tide rises and falls twice a day because \
+             the moon pulls the oceans toward it, and the sun adds a smaller pull of its own.",
+        ))
+        .unwrap();
+    let other_prompt = e.encode(&chat("Count from one to ten.")).unwrap();
+    let cases = [
+        (
+            SamplingParams::default(),
+            LogprobRequest {
+                top: 2,
+                mode: LogprobMode::Raw,
+            },
+        ),
+        (
+            SamplingParams {
+                temperature: 0.8,
+                repeat_penalty: 1.3,
+                seed: 5,
+                ..Default::default()
+            },
+            LogprobRequest {
+                top: 3,
+                mode: LogprobMode::Processed,
+            },
+        ),
+    ];
+    let (gen, other_n) = (2, 16);
+    let other_solo = solo_tokens(
+        &e,
+        &other_prompt,
+        &SamplingParams::default(),
+        &SpecOptions {
+            drafter: Some(DrafterSpec::None),
+            ..Default::default()
+        },
+        other_n,
+    );
+    // Small prefill slices: the echo prompt takes several steps.
+    let limits = BatchLimits {
+        max_sequences: 4,
+        step_tokens: 16,
+        kv_budget: None,
+    };
+    for (params, req) in &cases {
+        let want = full_forward_prompt_logprobs(&e, &echo_prompt, params, req);
+        assert_eq!(want.len(), echo_prompt.len());
+        let run = |with_other: bool| {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let fin = Rc::new(RefCell::new(Vec::new()));
+            let mut sched = Scheduler::new(&e, limits);
+            let mut shared_prefill_steps = 0;
+            if with_other {
+                let f = fin.clone();
+                let p = SamplingParams::default();
+                sched.admit(Admitted {
+                    tenant: None,
+                    prompt: other_prompt.clone(),
+                    settings: e.settings(p, Some(other_n), vec![]),
+                    spec: None,
+                    drafter: DrafterSpec::None,
+                    sink: Box::new(|_: &str| true),
+                    done: Box::new(move |r| f.borrow_mut().push(("other", r.unwrap()))),
+                });
+                // It is decoding when the echo request arrives.
+                sched.step(&mut || false);
+                sched.step(&mut || false);
+            }
+            let f = fin.clone();
+            sched.admit(echo_request(
+                &e,
+                &echo_prompt,
+                params,
+                *req,
+                gen,
+                seen.clone(),
+                Box::new(move |r| f.borrow_mut().push(("echo", r.unwrap()))),
+            ));
+            while !sched.is_idle() {
+                let s = sched.step(&mut || false);
+                if s.prefill_rows > 0 && s.sequences > 1 {
+                    shared_prefill_steps += 1;
+                }
+            }
+            let fin = fin.take();
+            let seen = std::mem::take(&mut *seen.lock().unwrap());
+            (seen, fin, shared_prefill_steps)
+        };
+        // Alone first: it leaves its prompt in the shared prefix cache.
+        for with_other in [false, true] {
+            let (seen, fin, shared) = run(with_other);
+            eprintln!(
+                "{:?} {}: {} prompt tokens, {shared} steps shared the echo prefill with the other's decoding",
+                req.mode,
+                if with_other { "alongside" } else { "alone" },
+                echo_prompt.len()
+            );
+            let what = if with_other {
+                "alongside another"
+            } else {
+                "alone"
+            };
+            let Some(Seen::Prompt(got)) = seen.first() else {
+                panic!("{what}: the prompt's entries come first, got {seen:?}")
+            };
+            assert!(
+                entry_bits(got) == entry_bits(&want),
+                "{what} ({:?}): the prompt's entries differ from the full forward's",
+                req.mode
+            );
+            assert_eq!(
+                seen[1..]
+                    .iter()
+                    .filter(|s| matches!(s, Seen::Token(_)))
+                    .count(),
+                gen,
+                "{what}: then one entry per generated token, got {seen:?}"
+            );
+            let echo = &fin.iter().find(|(w, _)| *w == "echo").expect("echo done").1;
+            assert_eq!(
+                echo.stats.cached_tokens, 0,
+                "{what}: an echo request skips the prefix cache"
+            );
+            if with_other {
+                let other = &fin
+                    .iter()
+                    .find(|(w, _)| *w == "other")
+                    .expect("other done")
+                    .1;
+                assert_eq!(
+                    other.log, other_solo,
+                    "the other request keeps its solo tokens"
+                );
+                let chunks = (echo_prompt.len() - 1).div_ceil(limits.step_tokens);
+                assert!(
+                    shared >= chunks.min(other_n - 2),
+                    "the echo prefill's {chunks} chunks ran in the other's decode steps ({shared} shared)"
+                );
+                assert!(echo.stats.batch_steps > 0 && other.stats.batch_steps > 0);
+            }
+        }
+    }
 }

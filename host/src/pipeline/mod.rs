@@ -2,8 +2,10 @@
 //! that emits. Each round's committed tokens are recorded to the token log
 //! before any of them streams, so stopping at any point (EOS, stop string,
 //! budget, a cancelled client) leaves the caches consistent with the log.
+pub mod prompt_logprobs;
 pub mod sequence;
 
+pub use prompt_logprobs::PromptLogprobHook;
 pub use sequence::{BatchCounters, Sequence, VerifyTime};
 
 use crate::sampling::{LogprobRequest, SamplingParams, TokenLogprob};
@@ -158,6 +160,10 @@ pub struct Settings {
     /// Logprobs of the emitted tokens, to `on_logprob` (requests with
     /// `logprobs` take rounds, never the pipelined argmax-only path).
     pub logprobs: Option<(LogprobRequest, LogprobHook)>,
+    /// The prompt's logprobs too (completions' `echo`), under `logprobs`'
+    /// request, from the prefill's rows ([`prompt_logprobs`]): such a
+    /// request is prefilled from its first token (no prefix-cache hit).
+    pub prompt_logprobs: Option<PromptLogprobHook>,
     /// Structured output (rounds only, never the pipelined path).
     pub constraint: Option<crate::sampling::SharedConstraint>,
     /// Light speculative rounds: the verify of a plain greedy request
@@ -245,8 +251,13 @@ pub fn generate(
     )?;
     while seq.prefill_left() > 0 {
         let chunk = seq.prefill_chunk(PREFILL_CHUNK).to_vec();
-        target.prefill(&chunk)?;
-        seq.prefilled(chunk.len());
+        if seq.wants_prefill_rows() {
+            let rows = target.forward(&chunk, true)?;
+            seq.prefilled_rows(&rows)?;
+        } else {
+            target.prefill(&chunk)?;
+            seq.prefilled(chunk.len());
+        }
     }
     // Plain greedy decoding runs pipelined where the target can: the next
     // forward is queued before the host sees the token it follows from.

@@ -3,6 +3,7 @@
 //! ([`Sequence::plan`], then [`Sequence::complete`]). [`super::generate`]
 //! steps one alone; the server's scheduler steps many together. Both go
 //! through the same code, so a request's tokens do not depend on which.
+use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng};
 use crate::speculation::{
@@ -45,6 +46,9 @@ pub struct Sequence<'a> {
     t1: Option<Instant>,
     done: Option<DoneReason>,
     plan: Option<RoundPlan>,
+    /// The prompt's logprobs while its prefill builds them
+    /// ([`Settings::prompt_logprobs`]); `None` once sent, or not asked.
+    echo: Option<PromptLogprobs>,
     pub batch: BatchCounters,
 }
 
@@ -77,6 +81,16 @@ impl<'a> Sequence<'a> {
         let t0 = Instant::now();
         // Prefill all but the last prompt token: the first round forwards it.
         let cached = cached.min(prompt.len() - 1);
+        let echo = match (&settings.prompt_logprobs, &settings.logprobs) {
+            (None, _) => None,
+            (Some(_), None) => bail!("the prompt's logprobs need a logprob request"),
+            // Its entries come from its own prefill's rows: a cached prefix
+            // has none.
+            (Some(_), Some(_)) if cached > 0 => bail!(
+                "the prompt's logprobs need the whole prompt forwarded, but {cached} tokens came from the prefix cache"
+            ),
+            (Some(hook), Some((req, _))) => Some(PromptLogprobs::new(prompt, *req, hook.clone())),
+        };
         target.rewind(cached)?;
         let mut state = SpecState::new(spec);
         state.constraint = settings.constraint.clone();
@@ -109,9 +123,12 @@ impl<'a> Sequence<'a> {
             t1: None,
             done: None,
             plan: None,
+            echo,
             batch: BatchCounters::default(),
         };
         if seq.prefill_left() == 0 {
+            // A one-token prompt: its only entry is the first's.
+            seq.send_prompt_logprobs();
             seq.start_decode();
         }
         Ok(seq)
@@ -132,9 +149,47 @@ impl<'a> Sequence<'a> {
         &self.log[self.processed..self.processed + n]
     }
 
+    /// Whether the next prefill chunk's logits rows are needed (to build
+    /// the prompt's logprobs): then [`Sequence::prefilled_rows`] takes them.
+    pub fn wants_prefill_rows(&self) -> bool {
+        self.echo.is_some() && self.prefill_left() > 0
+    }
+
+    /// The next prefill chunk went into the caches, with its logits `rows`
+    /// (one per token of the chunk): they become the prompt's logprob
+    /// entries here and are not kept.
+    pub fn prefilled_rows(&mut self, rows: &[Vec<f32>]) -> Result<()> {
+        if let Some(e) = &mut self.echo {
+            e.add_rows(
+                &self.log[..self.prompt_len],
+                self.processed,
+                rows,
+                &self.settings.params,
+            )?;
+        }
+        self.prefilled(rows.len());
+        Ok(())
+    }
+
+    /// Sends the prompt's logprobs once every entry is built.
+    fn send_prompt_logprobs(&mut self) {
+        if self
+            .echo
+            .as_ref()
+            .is_some_and(|e| e.complete(self.prompt_len))
+        {
+            self.echo.take().expect("checked").send();
+        }
+    }
+
     /// `n` prompt tokens went into the caches.
     pub fn prefilled(&mut self, n: usize) {
         self.processed += n;
+        self.send_prompt_logprobs();
+        debug_assert!(
+            self.echo.is_none() || self.prefill_left() > 0,
+            "a prefill that asked for the prompt's logprobs ended without its rows"
+        );
         // An empty sink call is the cancellation probe.
         if let Some(r) = self.em.probe() {
             self.done = Some(r);

@@ -5,6 +5,7 @@ use super::config::ServerConfig;
 use super::metrics::ServerMetrics;
 use crate::batch::{Admitted, Scheduler};
 use crate::engine::Engine;
+use crate::options::DEFAULT_DRAFTER;
 use crate::pipeline::Finished;
 use crate::pipeline::Stats;
 use crate::sampling::SamplingParams;
@@ -21,41 +22,6 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 /// A generation request: checked once where it was read
 /// ([`crate::request`]); nothing here checks its fields again.
 pub use crate::request::ValidatedRequest as GenRequest;
-
-/// The logprob of every prompt token after the first under the tokens before
-/// it (the first has none: NaN, which JSON writes as null), from one forward
-/// over the prompt with every row kept. It runs on a fresh target, apart
-/// from the request's own prefill.
-fn prompt_logprobs(
-    engine: &Engine,
-    prompt: &[u32],
-    params: &crate::sampling::SamplingParams,
-    req: &crate::sampling::LogprobRequest,
-) -> Result<Vec<LogprobEntry>> {
-    use crate::speculation::Target;
-    let mut t = crate::speculation::LlamaTarget::new(engine.model.clone());
-    let mut out = vec![LogprobEntry::new(
-        &crate::sampling::TokenLogprob {
-            token: prompt[0],
-            logprob: f32::NAN,
-            top: Vec::new(),
-        },
-        &engine.tokenizer,
-    )];
-    let mut done = 0;
-    while done + 1 < prompt.len() {
-        let n = crate::pipeline::PREFILL_CHUNK.min(prompt.len() - 1 - done);
-        let rows = t.forward(&prompt[done..done + n], true)?;
-        for (i, row) in rows.iter().enumerate() {
-            let p = done + i;
-            let d = crate::sampling::distribution(row, params, &prompt[..=p]);
-            let tl = crate::sampling::token_logprob(row, &d, prompt[p + 1], req);
-            out.push(LogprobEntry::new(&tl, &engine.tokenizer));
-        }
-        done += n;
-    }
-    Ok(out)
-}
 
 /// The grammar engine over the served model's tokenizer, built at the first
 /// request that needs it (one served model per process).
@@ -405,20 +371,19 @@ fn prepare<'e>(
         Err(e) => return refuse(format!("{e:#}")),
     };
     settings.record |= record.is_some();
+    // What `spec` was built from (`None` there for the `none` drafter).
+    let drafter = req.spec.drafter.clone().unwrap_or(DEFAULT_DRAFTER);
     if let Some(budget) = cfg.batch.kv_budget {
         // A model drafter's cache grows with the target's: counted too.
-        let drafter = spec.as_ref().map(|s| s.drafter.name());
-        let need = (prompt.len() + 1)
-            * crate::batch::request_kv_bytes_per_token(engine, drafter.as_deref());
+        let need = (prompt.len() + 1) * crate::batch::request_kv_bytes_per_token(engine, &drafter);
         if need > budget {
             return refuse(format!(
                 "the prompt is {} tokens, whose KV cache ({need} bytes{}) is over this server's kv_budget of {budget} bytes",
                 prompt.len(),
-                match &drafter {
-                    Some(d) if d.starts_with("self:") || d.starts_with("model:") => {
-                        format!(", the {d} drafter's included")
-                    }
-                    _ => String::new(),
+                if crate::batch::drafter_holds_kv(&drafter) {
+                    format!(", the {drafter} drafter's included")
+                } else {
+                    String::new()
                 }
             ));
         }
@@ -443,6 +408,16 @@ fn prepare<'e>(
             let _ = tx.send(Msg::Logprobs(LogprobEntry::new(t, &tok)));
         }));
         settings.logprobs = Some((lr, hook));
+        if req.prompt_logprobs {
+            // Built from the request's prefill chunks as they run in the
+            // batched steps; sent once the prefill is over.
+            let (tx, tok) = (reply.clone(), engine.tokenizer.clone());
+            settings.prompt_logprobs =
+                Some(crate::pipeline::PromptLogprobHook(Arc::new(move |v| {
+                    let v = v.iter().map(|t| LogprobEntry::new(t, &tok)).collect();
+                    let _ = tx.send(Msg::PromptLogprobs(v));
+                })));
+        }
     }
     if reply
         .send(Msg::Started {
@@ -453,17 +428,6 @@ fn prepare<'e>(
     {
         m.cancelled.fetch_add(1, Relaxed);
         return None;
-    }
-    if let (true, Some(lr)) = (req.prompt_logprobs, &req.logprobs) {
-        match prompt_logprobs(engine, &prompt, &req.params, lr) {
-            Ok(v) => {
-                let _ = reply.send(Msg::PromptLogprobs(v));
-            }
-            Err(e) => {
-                let _ = reply.send(Msg::Failed(format!("the prompt's logprobs: {e:#}")));
-                return None;
-            }
-        }
     }
     m.batch
         .queue_wait_seconds
@@ -520,6 +484,7 @@ fn prepare<'e>(
         prompt,
         settings,
         spec,
+        drafter,
         sink,
         done,
     })

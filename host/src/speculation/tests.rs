@@ -174,6 +174,7 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
         record: false,
         on_round: None,
         logprobs: None,
+        prompt_logprobs: None,
         constraint: None,
         light_rounds: true,
     }
