@@ -184,3 +184,39 @@ def test_kv_budget_refuses_a_prompt_over_it_and_preempts_without_changing_tokens
     policy = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
               if line.startswith("specd_step_policy_seconds_sum")]
     assert policy and policy[0] > 0, "policy time per step is reported"
+
+
+def echo(server: Server, prompt: str) -> dict:
+    """Scores a prompt as lm-eval does: completions `echo` + `logprobs`,
+    nothing generated."""
+    r = httpx.post(server.url + "/v1/completions", timeout=300,
+                   json={"model": MODEL, "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 2})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_an_echo_request_prefills_in_the_others_steps_with_its_solo_logprobs(server):
+    """The prompt's logprobs come from the echo request's own prefill, run in
+    the batched steps: a stream decoding meanwhile shares those steps and
+    keeps its solo tokens, and the entries are those of the request alone
+    (whose prompt, left in the prefix cache, the echo request does not use)."""
+    long_prompt = " ".join([STORY, LIST, CODE] * 5)
+    other = (STORY, {"num_predict": 96, "drafter": "none"})
+    alone = echo(server, long_prompt)
+    other_alone = generate(server, *other)
+    body = {"model": MODEL, "prompt": other[0], "raw": True, "stream": True,
+            "options": {"temperature": 0, **other[1]}}
+    with httpx.stream("POST", server.url + "/api/generate", json=body, timeout=300) as resp:
+        lines = resp.iter_lines()
+        first = next(lines)
+        assert not json.loads(first).get("done"), first
+        # The other stream is decoding: the echo request joins its steps.
+        together = echo(server, long_prompt)
+        last = [json.loads(x) for x in lines if x][-1]
+    assert last["context"] == other_alone["context"], "the decoding stream keeps its solo tokens"
+    assert last["speculation"]["batch_steps"] > 0
+    spec = together["speculation"]
+    assert spec["cached_tokens"] == 0 and spec["prompt_tokens"] > 100, spec
+    assert spec["batch_steps"] > 0, f"the echo prefill should have shared a step: {spec}"
+    assert together["choices"][0]["logprobs"] == alone["choices"][0]["logprobs"]
+    assert together["choices"][0]["text"] == long_prompt
