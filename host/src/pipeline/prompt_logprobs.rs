@@ -80,3 +80,52 @@ impl PromptLogprobs {
         (self.hook.0)(self.entries)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::LogprobMode;
+    use std::sync::Mutex;
+
+    /// Rows over a 4-token vocabulary, each peaked on `peak`.
+    fn row(peak: usize) -> Vec<f32> {
+        (0..4).map(|i| if i == peak { 3.0 } else { 0.0 }).collect()
+    }
+
+    #[test]
+    fn chunks_build_one_entry_per_token_once_and_a_gap_is_an_error() {
+        let prompt = [1u32, 2, 3, 0, 2];
+        let got = Arc::new(Mutex::new(None));
+        let g = got.clone();
+        let hook = PromptLogprobHook(Arc::new(move |v| *g.lock().unwrap() = Some(v)));
+        let req = LogprobRequest {
+            top: 2,
+            mode: LogprobMode::Raw,
+        };
+        let params = SamplingParams::default();
+        let mut p = PromptLogprobs::new(&prompt, req, hook);
+        assert!(!p.complete(prompt.len()));
+        assert!(p.add_rows(&prompt, 2, &[row(0)], &params).is_err(), "a gap");
+        p.add_rows(&prompt, 0, &[row(2), row(3)], &params).unwrap();
+        // A chunk forwarded again (after a preemption) adds only what is new.
+        p.add_rows(&prompt, 0, &[row(2), row(3), row(0)], &params)
+            .unwrap();
+        assert!(!p.complete(prompt.len()));
+        p.add_rows(&prompt, 3, &[row(1)], &params).unwrap();
+        assert!(p.complete(prompt.len()));
+        assert!(
+            p.add_rows(&prompt, 4, &[row(1)], &params).is_err(),
+            "past the prompt"
+        );
+        p.send();
+        let v = got.lock().unwrap().take().expect("sent");
+        assert_eq!(v.iter().map(|t| t.token).collect::<Vec<_>>(), prompt);
+        assert!(v[0].logprob.is_nan() && v[0].top.is_empty());
+        // Each row's peak is the next token but the last (row(1) before 2).
+        for t in &v[1..4] {
+            assert_eq!(t.top[0].0, t.token);
+            assert_eq!(t.logprob, t.top[0].1);
+        }
+        assert!(v[4].logprob < v[4].top[0].1, "{:?}", v[4]);
+    }
+}
