@@ -6,6 +6,10 @@
 //! ([`forward_batch`]). Everything else stays per request: drafter,
 //! policies (their own WASM stores), sampling, RNG, stops, budget. With the
 //! batch-invariant kernels a request's tokens are those it gets alone.
+//! A request asking for its prompt's logprobs (`echo`) gets its prefill
+//! chunks' logits rows back from the step's forward and turns them into
+//! entries chunk by chunk ([`crate::pipeline::prompt_logprobs`]); it skips
+//! the prefix-cache lookup, since a cached prefix has no rows.
 //!
 //! Memory: admission reserves a request's prompt plus a share of the KV
 //! budget (not its worst case); caches grow step by step. When a step would
