@@ -28,6 +28,7 @@
 #include "mlx/primitives.h"
 #include "specd-mlx/src/qmm.h"
 #include "specd-mlx/src/shim.h"
+#include "specd-mlx/src/top2.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -999,6 +1000,59 @@ struct SwigluBody {
   }
 };
 
+// ---- argmax and runner-up per row ------------------------------------------------
+//
+// What a greedy round reads of each verified row (top2.h): one pass over
+// the row instead of MLX's argmax, max and masked-max ops (each a pass). Rows
+// are cut into pieces of kTop2Piece values, spread over the pool, and each
+// row's pieces merged in order.
+
+constexpr int kTop2Piece = 16384;
+
+Top2 top2_scan(const float* x, int64_t col, int n, int base) {
+#if defined(SPECD_X86_KERNELS)
+  if (col == 1 && isa() != Isa::Scalar) return qmm::top2_avx2(x, n, base);
+#endif
+  Top2 t;
+  for (int j = 0; j < n; j++) t.push(x[j * col], base + j);
+  return t;
+}
+
+// out[r] = {argmax, top, second, exact}: `exact` is 1 where the row holds no
+// NaN (0 tells the host to read the row and decide itself).
+struct Top2Body {
+  std::vector<int64_t> prepare(const std::vector<mx::array>& in, const mx::array&) const {
+    return row_offsets(in[0]);
+  }
+  void run(const std::vector<mx::array>& in, mx::array& out,
+           const std::vector<int64_t>& rows) const {
+    const float* x = in[0].data<float>();
+    const int V = in[0].shape(-1);
+    const int64_t col = in[0].strides().back();
+    const int pieces = (V + kTop2Piece - 1) / kTop2Piece, R = rows.size();
+    const int units = R * pieces;
+    std::vector<Top2> part(units);
+    // A pass runs at ~15 us per 49152 values on one core (AVX2); below 2^18
+    // values (a 5-row verify of a 49K vocabulary) waking the pool saves less
+    // than it risks on a busy machine (measured: 1-2 rows were slower split).
+    int chunks = (int64_t)R * V < (1 << 18) ? 1 : std::min(units, 4 * pool().size());
+    pool().run(chunks, [&](int c) {
+      auto [u0, u1] = share(units, chunks, c, 1);
+      for (int u = u0; u < u1; u++) {
+        int r = u / pieces, p0 = (u % pieces) * kTop2Piece, n = std::min(kTop2Piece, V - p0);
+        part[u] = top2_scan(x + rows[r] + p0 * col, col, n, p0);
+      }
+    });
+    float* y = out.data<float>();
+    for (int r = 0; r < R; r++) {
+      Top2 t = part[(size_t)r * pieces];
+      for (int p = 1; p < pieces; p++) t.merge(part[(size_t)r * pieces + p]);
+      float* o = y + (size_t)r * 4;
+      o[0] = float(t.argmax()), o[1] = t.top, o[2] = t.second, o[3] = t.nan ? 0.f : 1.f;
+    }
+  }
+};
+
 bool on_gpu() { return mx::default_device().type == mx::Device::DeviceType::gpu; }
 
 A wrap_array(mx::array a) { return std::make_unique<Array>(std::move(a)); }
@@ -1298,6 +1352,33 @@ A geglu(const Array& g, const Array& u) {
     return std::make_unique<Array>(mx::multiply(mx::multiply(g.a, s), u.a));
   }
   return kernel_op("SpecdGeglu", SwigluBody{true}, g.a.shape(), {f32(g.a), f32(u.a)});
+}
+
+A row_top2(const Array& logits) {
+  const auto& l = logits.a;
+  if (l.ndim() < 1 || l.shape(-1) < 1 || l.shape(-1) >= (1 << 24))
+    throw std::invalid_argument("row_top2: rows of 1 to 2^24 - 1 values (the index is a float)");
+  mx::Shape shape = l.shape();
+  shape.back() = 4;
+  if (on_gpu()) {
+    // MLX's ops: argmax, then the largest value off and at the argmax. A row
+    // whose maximum is not unique, or not a number, is left to the host.
+    int V = l.shape(-1);
+    auto x = mx::astype(l, mx::float32);
+    auto am = mx::argmax(x, -1, true);
+    mx::Shape ar(l.ndim(), 1);
+    ar.back() = V;
+    auto at = mx::equal(mx::reshape(mx::arange(0, V, mx::uint32), ar), am);
+    auto ninf = mx::array(-INFINITY);
+    auto top = mx::max(x, -1, true);
+    auto second = mx::max(mx::where(at, ninf, x), -1, true);
+    auto own = mx::max(mx::where(at, x, ninf), -1, true);
+    auto exact = mx::logical_and(mx::greater(mx::subtract(top, second), mx::array(0.f)),
+                                 mx::equal(own, top));
+    return wrap_array(mx::concatenate(
+        {mx::astype(am, mx::float32), top, second, mx::astype(exact, mx::float32)}, -1));
+  }
+  return kernel_op("SpecdRowTop2", Top2Body{}, shape, {f32(l)});
 }
 
 int32_t kernel_threads() { return pool().size(); }

@@ -8,7 +8,7 @@ use crate::model::llama::BatchRows;
 use crate::model::{no_probe, Llama, Logits};
 use crate::sampling::argmax_margin;
 use anyhow::{Context, Result};
-use specd_mlx::{ops, Array};
+use specd_mlx::{kernels, ops, Array};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -330,49 +330,43 @@ impl Target for LlamaTarget {
 }
 
 /// Per row of logits `[n, vocab]`, queued on the device as `values`
-/// `[n, 4]`: the argmax (as a float: exact below 2^24, which every
-/// vocabulary is), the largest logit, the largest at any other index, and
-/// the logit at the argmax. Only these `4n` numbers are copied back.
+/// `[n, 4]` ([`kernels::row_top2`]: one pass over each row): the argmax
+/// (as a float: exact below 2^24, which every vocabulary is), the largest
+/// logit, the largest at any other index, and whether the row is free of
+/// NaN. Only these `4n` numbers are copied back.
 struct DeviceArgmax {
     values: Array,
 }
 
 impl DeviceArgmax {
     fn queue(logits: &Array) -> Result<DeviceArgmax> {
-        let (n, vocab) = (logits.dim(0), logits.dim(1));
-        anyhow::ensure!(vocab < 1 << 24, "a vocabulary of {vocab} tokens");
-        let argmax = ops::argmax(logits, -1, false)?.reshape(&[n, 1])?;
-        let at = ops::equal(&Array::arange(0, vocab)?.reshape(&[1, vocab])?, &argmax)?;
-        let ninf = Array::scalar(f32::NEG_INFINITY)?;
-        let row_max = |a: &Array| -> Result<Array> { Ok(ops::max(a, -1, true)?) };
-        let top = row_max(logits)?;
-        let second = row_max(&ops::r#where(&at, &ninf, logits)?)?;
-        let own = row_max(&ops::r#where(&at, logits, &ninf)?)?;
-        let index = argmax.as_type(specd_mlx::Dtype::Float32)?;
-        let values = ops::concatenate(&[&index, &top, &second, &own], 1)?;
-        Ok(DeviceArgmax { values })
+        Ok(DeviceArgmax {
+            values: kernels::row_top2(logits)?,
+        })
     }
 
     /// The rows' argmax and margin, as [`argmax_margin`] gives them on the
-    /// host. A row whose largest logit is not unique (a tie: which index
-    /// wins is the host's rule, the first) or not a number is read back
-    /// whole and decided on the host.
+    /// host (the kernel keeps what the host's scan keeps, ties and signed
+    /// zeros included). A row the kernel flags (one holding a NaN; on a
+    /// GPU, also a tie) is read back whole and decided on the host.
     fn read(&self, logits: &Array) -> Result<Vec<RowArgmax>> {
         let v = self.values.to_vec_f32()?;
         let vocab = logits.dim(1);
         v.chunks(4)
             .enumerate()
             .map(|(i, r)| {
-                let (argmax, top, second, own) = (r[0] as u32, r[1], r[2], r[3]);
-                let margin = top - second;
-                if margin > 0.0 && own == top {
-                    return Ok(RowArgmax { argmax, margin });
+                let (argmax, top, second, exact) = (r[0] as u32, r[1], r[2], r[3]);
+                if exact == 1.0 {
+                    return Ok(RowArgmax {
+                        argmax,
+                        margin: top - second,
+                    });
                 }
                 let r = i as i32;
                 let row = logits
                     .slice(&[r, 0], &[r + 1, vocab])?
                     .to_vec_f32()
-                    .context("reading a tied row back")?;
+                    .context("reading a flagged row back")?;
                 Ok(RowArgmax::of(&row))
             })
             .collect()
@@ -409,10 +403,9 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
 /// its rows never held as vectors. A prefill chunk gets `Logits` with no
 /// rows.
 ///
-/// The argmax is taken on the host from one copy of the step's rows, not
-/// on the device as a lone light round does: on the CPU build the device's
-/// argmax, max and masked passes over rows x vocabulary cost more than the
-/// copy they save (`specd bench serve --steps-only`, columns `light`).
+/// A light part's statistics are queued on the device ([`DeviceArgmax`],
+/// one pass over its rows) with the step and evaluated in the same sync,
+/// as a lone light round does; only they are copied back.
 pub fn forward_batch_verify(
     model: &Llama,
     parts: &mut [StepRows<'_>],
@@ -436,7 +429,16 @@ pub fn forward_batch_verify(
             .collect();
         model.forward_batch(&mut rows)?
     };
+    let stats: Vec<Option<DeviceArgmax>> = outs
+        .iter()
+        .zip(modes)
+        .map(|(o, mode)| match (o, mode) {
+            (Some(l), VerifyMode::Argmax) => DeviceArgmax::queue(l).map(Some),
+            _ => Ok(None),
+        })
+        .collect::<Result<_>>()?;
     let mut wanted: Vec<&Array> = outs.iter().flatten().collect();
+    wanted.extend(stats.iter().flatten().map(|s| &s.values));
     for (p, o) in parts.iter().zip(&outs) {
         if o.is_none() {
             wanted.extend(p.target.caches.iter().flat_map(|c| c.state()));
@@ -445,13 +447,11 @@ pub fn forward_batch_verify(
     specd_mlx::eval(&wanted)?;
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
-    for ((p, o), mode) in parts.iter_mut().zip(outs).zip(modes) {
+    for ((p, o), stats) in parts.iter_mut().zip(outs).zip(&stats) {
         p.target.collect_snapshots();
-        res.push(match (o, mode) {
-            (Some(l), VerifyMode::Argmax) => {
-                VerifyRows::Argmax(l.to_vec_f32()?.chunks(vocab).map(RowArgmax::of).collect())
-            }
-            (Some(l), VerifyMode::Rows) => {
+        res.push(match (o, stats) {
+            (Some(l), Some(s)) => VerifyRows::Argmax(s.read(&l)?),
+            (Some(l), None) => {
                 VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
             }
             (None, _) => VerifyRows::Logits(Vec::new()),
