@@ -194,6 +194,14 @@ pub fn geglu(g: &Array, u: &Array);
 /// ops, and a row whose largest value is not unique gets 0 too.
 pub fn row_top2(logits: &Array);
 }
+/// [`row_top2`] over the rows of several arrays (every one's last axis of
+/// the same length), in one op: `[rows, 4]`, the rows of `rows[0]` first.
+/// A batched step's light parts take their statistics this way.
+pub fn row_top2_list(rows: &[&Array]) -> Result<Array> {
+    wrap(ffi::row_top2_list(&crate::array::list(
+        rows.iter().copied(),
+    )))
+}
 /// Threads the kernels use (`SPECD_THREADS`, default: all cores).
 pub fn threads() -> i32 {
     ffi::kernel_threads()

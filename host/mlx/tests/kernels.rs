@@ -1105,7 +1105,8 @@ fn qmatmul_int8_is_its_formula_exactly() {
     }
 }
 
-/// The host's greedy scan (`argmax_margin` in the host crate): what
+/// The host's greedy scan (`argmax_margin` in the host crate, which this
+/// crate sits below, so the reference is its own copy): what
 /// `row_top2` must keep, bit for bit. Returns (argmax, top, second).
 fn scan_top2(row: &[f32]) -> (u32, f32, f32) {
     let (mut best, mut b1, mut b2) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
@@ -1125,6 +1126,11 @@ fn scan_top2(row: &[f32]) -> (u32, f32, f32) {
 /// row by row: argmax, top and runner-up bitwise, and the NaN flag.
 fn check_top2(logits: &Array, flat: &[f32], v: usize, what: &str) {
     let got = kernels::row_top2(logits).unwrap().to_vec_f32().unwrap();
+    assert_top2(&got, flat, v, what);
+}
+
+/// Statistics `got` (four a row) against the scan of the rows in `flat`.
+fn assert_top2(got: &[f32], flat: &[f32], v: usize, what: &str) {
     assert_eq!(got.len(), flat.len() / v * 4, "{what}: four values a row");
     for (r, (row, g)) in flat.chunks(v).zip(got.chunks(4)).enumerate() {
         let (argmax, top, second) = scan_top2(row);
@@ -1244,4 +1250,45 @@ fn row_top2_keeps_what_the_host_scan_keeps() {
 
     let empty = Array::zeros(&[2, 0], Dtype::Float32).unwrap();
     assert!(kernels::row_top2(&empty).is_err(), "a row of no values");
+}
+
+/// `row_top2_list` over slices of one array (as a batched step's parts
+/// are) gives each slice's rows as `row_top2` does, in order.
+#[test]
+fn row_top2_list_is_each_array_in_turn() {
+    let mut g = Gen(78);
+    let v = 20000usize;
+    let flat: Vec<f32> = (0..14 * v)
+        .map(|_| ((g.next() % 300) as f32) / 4.0)
+        .collect();
+    let all = Array::from_f32(&flat, &[14, v as i32]).unwrap();
+    let cuts = [(0, 1), (1, 5), (5, 6), (6, 14)];
+    let parts: Vec<Array> = cuts
+        .iter()
+        .map(|&(a, b)| all.slice(&[a, 0], &[b, v as i32]).unwrap())
+        .collect();
+    let refs: Vec<&Array> = parts.iter().collect();
+    let got = kernels::row_top2_list(&refs).unwrap();
+    assert_eq!(got.shape(), vec![14, 4]);
+    let want: Vec<u32> = parts
+        .iter()
+        .flat_map(|p| kernels::row_top2(p).unwrap().to_vec_f32().unwrap())
+        .map(f32::to_bits)
+        .collect();
+    let got: Vec<u32> = got
+        .to_vec_f32()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect();
+    assert_eq!(got, want);
+    let list = kernels::row_top2_list(&refs).unwrap().to_vec_f32().unwrap();
+    assert_top2(&list, &flat, v, "the list's rows");
+
+    let narrow = Array::from_f32(&[1.0, 2.0], &[1, 2]).unwrap();
+    assert!(
+        kernels::row_top2_list(&[&parts[0], &narrow]).is_err(),
+        "rows of two widths"
+    );
+    assert!(kernels::row_top2_list(&[]).is_err(), "no arrays");
 }
