@@ -1040,9 +1040,10 @@ struct Top2Body {
     const int pieces = (V + kTop2Piece - 1) / kTop2Piece, R = rows.at.size();
     const int units = R * pieces;
     std::vector<Top2> part(units);
-    // A pass runs at ~15 us per 49152 values on one core (AVX2); below 2^18
-    // values (a 5-row verify of a 49K vocabulary) waking the pool saves less
-    // than it risks on a busy machine (measured: 1-2 rows were slower split).
+    // A pass runs at ~15 us per 49152 values on one core (AVX2). Below 2^18
+    // values (a 5-row verify of a 49K vocabulary) the call stays on one
+    // thread: splitting 2-5 rows saved nothing measurable in a verify (under
+    // load), and 1-2 rows alone ran slower split.
     int chunks = (int64_t)R * V < (1 << 18) ? 1 : std::min(units, 4 * pool().size());
     pool().run(chunks, [&](int c) {
       auto [u0, u1] = share(units, chunks, c, 1);
