@@ -131,6 +131,7 @@ fn main() {
         "qmm.h",
         "qmm_simd.h",
         "qmm_tiles.h",
+        "top2.h",
         "qmm_avx2.cc",
         "qmm_avx512.cc",
         "qmm_vnni.cc",

@@ -228,6 +228,8 @@ pub(crate) mod ffi {
         ) -> Result<UniquePtr<Array>>;
         fn swiglu(g: &Array, u: &Array) -> Result<UniquePtr<Array>>;
         fn geglu(g: &Array, u: &Array) -> Result<UniquePtr<Array>>;
+        fn row_top2(logits: &Array) -> Result<UniquePtr<Array>>;
+        fn row_top2_list(rows: &ArrayList) -> Result<UniquePtr<Array>>;
         fn kernel_threads() -> i32;
         fn set_kernel_threads(n: i32) -> bool;
         fn kernel_isa() -> String;

@@ -28,6 +28,7 @@
 #include "mlx/primitives.h"
 #include "specd-mlx/src/qmm.h"
 #include "specd-mlx/src/shim.h"
+#include "specd-mlx/src/top2.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -999,6 +1000,68 @@ struct SwigluBody {
   }
 };
 
+// ---- argmax and runner-up per row ------------------------------------------------
+//
+// What a greedy round reads of each verified row (top2.h): one pass over
+// the row instead of MLX's argmax, max and masked-max ops (each a pass). Rows
+// are cut into pieces of kTop2Piece values, spread over the pool, and each
+// row's pieces merged in order.
+
+constexpr int kTop2Piece = 16384;
+
+Top2 top2_scan(const float* x, int64_t col, int n, int base) {
+#if defined(SPECD_X86_KERNELS)
+  if (col == 1 && isa() != Isa::Scalar) return qmm::top2_avx2(x, n, base);
+#endif
+  Top2 t;
+  for (int j = 0; j < n; j++) t.push(x[j * col], base + j);
+  return t;
+}
+
+// out[r] = {argmax, top, second, exact}: `exact` is 1 where the row holds no
+// NaN (0 tells the host to read the row and decide itself). The rows are
+// those of every input in turn (all of one width).
+struct Top2Body {
+  struct Rows {
+    std::vector<const float*> at;  // each row's first value
+    std::vector<int64_t> col;      // each row's value stride
+  };
+  Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
+    Rows r;
+    for (const auto& a : in)
+      for (int64_t off : row_offsets(a)) {
+        r.at.push_back(a.data<float>() + off);
+        r.col.push_back(a.strides().back());
+      }
+    return r;
+  }
+  void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
+    const int V = in[0].shape(-1);
+    const int pieces = (V + kTop2Piece - 1) / kTop2Piece, R = rows.at.size();
+    const int units = R * pieces;
+    std::vector<Top2> part(units);
+    // A pass runs at ~15 us per 49152 values on one core (AVX2). Below 2^18
+    // values (a 5-row verify of a 49K vocabulary) the call stays on one
+    // thread: splitting 2-5 rows saved nothing measurable in a verify (under
+    // load), and 1-2 rows alone ran slower split.
+    int chunks = (int64_t)R * V < (1 << 18) ? 1 : std::min(units, 4 * pool().size());
+    pool().run(chunks, [&](int c) {
+      auto [u0, u1] = share(units, chunks, c, 1);
+      for (int u = u0; u < u1; u++) {
+        int r = u / pieces, p0 = (u % pieces) * kTop2Piece, n = std::min(kTop2Piece, V - p0);
+        part[u] = top2_scan(rows.at[r] + p0 * rows.col[r], rows.col[r], n, p0);
+      }
+    });
+    float* y = out.data<float>();
+    for (int r = 0; r < R; r++) {
+      Top2 t = part[(size_t)r * pieces];
+      for (int p = 1; p < pieces; p++) t.merge(part[(size_t)r * pieces + p]);
+      float* o = y + (size_t)r * 4;
+      o[0] = float(t.argmax()), o[1] = t.top, o[2] = t.second, o[3] = t.nan ? 0.f : 1.f;
+    }
+  }
+};
+
 bool on_gpu() { return mx::default_device().type == mx::Device::DeviceType::gpu; }
 
 A wrap_array(mx::array a) { return std::make_unique<Array>(std::move(a)); }
@@ -1298,6 +1361,62 @@ A geglu(const Array& g, const Array& u) {
     return std::make_unique<Array>(mx::multiply(mx::multiply(g.a, s), u.a));
   }
   return kernel_op("SpecdGeglu", SwigluBody{true}, g.a.shape(), {f32(g.a), f32(u.a)});
+}
+
+namespace {
+// A row's {argmax, top, second, exact} by MLX's ops (the GPU's path): the
+// largest value off and at the argmax; a row whose maximum is not unique,
+// or not a number, is left to the host.
+mx::array row_top2_ops(const mx::array& l) {
+  int V = l.shape(-1);
+  auto x = mx::astype(l, mx::float32);
+  auto am = mx::argmax(x, -1, true);
+  mx::Shape ar(l.ndim(), 1);
+  ar.back() = V;
+  auto at = mx::equal(mx::reshape(mx::arange(0, V, mx::uint32), ar), am);
+  auto ninf = mx::array(-INFINITY);
+  auto top = mx::max(x, -1, true);
+  auto second = mx::max(mx::where(at, ninf, x), -1, true);
+  auto own = mx::max(mx::where(at, x, ninf), -1, true);
+  auto exact = mx::logical_and(mx::greater(mx::subtract(top, second), mx::array(0.f)),
+                               mx::equal(own, top));
+  return mx::concatenate(
+      {mx::astype(am, mx::float32), top, second, mx::astype(exact, mx::float32)}, -1);
+}
+
+void check_top2_rows(const mx::array& l, int V) {
+  if (l.ndim() < 1 || l.shape(-1) < 1 || l.shape(-1) >= (1 << 24))
+    throw std::invalid_argument("row_top2: rows of 1 to 2^24 - 1 values (the index is a float)");
+  if (V > 0 && l.shape(-1) != V)
+    throw std::invalid_argument("row_top2: every array's rows must be of one width");
+}
+}  // namespace
+
+A row_top2(const Array& logits) {
+  const auto& l = logits.a;
+  check_top2_rows(l, 0);
+  if (on_gpu()) return wrap_array(row_top2_ops(l));
+  mx::Shape shape = l.shape();
+  shape.back() = 4;
+  return kernel_op("SpecdRowTop2", Top2Body{}, shape, {f32(l)});
+}
+
+A row_top2_list(const ArrayList& rows) {
+  if (rows.v.empty()) throw std::invalid_argument("row_top2: no arrays");
+  int V = rows.v[0].ndim() > 0 ? rows.v[0].shape(-1) : 0;
+  int total = 0;
+  std::vector<mx::array> in;
+  for (const auto& l : rows.v) {
+    check_top2_rows(l, V);
+    total += l.size() / V;
+    in.push_back(f32(l));
+  }
+  if (on_gpu()) {
+    std::vector<mx::array> parts;
+    for (const auto& l : in) parts.push_back(mx::reshape(row_top2_ops(l), {-1, 4}));
+    return wrap_array(mx::concatenate(parts, 0));
+  }
+  return kernel_op("SpecdRowTop2", Top2Body{}, {total, 4}, std::move(in));
 }
 
 int32_t kernel_threads() { return pool().size(); }

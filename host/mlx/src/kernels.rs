@@ -184,6 +184,23 @@ pub fn rope_heads(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32
 pub fn swiglu(g: &Array, u: &Array);
 /// `gelu_tanh(g) * u` in one op (Gemma's GeGLU).
 pub fn geglu(g: &Array, u: &Array);
+/// Per row of `logits` (its last axis), four float32s: the argmax (the
+/// first index of the largest value; NaN never wins), that largest value,
+/// the largest at any other index, and 1 where the row holds no NaN, else
+/// 0 (the caller reads such a row and decides). The argmax and the two
+/// values are bitwise what one scan of the row in index order keeps (the
+/// host's `argmax_margin`), ties and signed zeros included; one pass over
+/// each row, rows spread over the kernels' threads. On a GPU it is MLX's
+/// ops, and a row whose largest value is not unique gets 0 too.
+pub fn row_top2(logits: &Array);
+}
+/// [`row_top2`] over the rows of several arrays (every one's last axis of
+/// the same length), in one op: `[rows, 4]`, the rows of `rows[0]` first.
+/// A batched step's light parts take their statistics this way.
+pub fn row_top2_list(rows: &[&Array]) -> Result<Array> {
+    wrap(ffi::row_top2_list(&crate::array::list(
+        rows.iter().copied(),
+    )))
 }
 /// Threads the kernels use (`SPECD_THREADS`, default: all cores).
 pub fn threads() -> i32 {

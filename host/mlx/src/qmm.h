@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "top2.h"
+
 namespace specd_mlx::qmm {
 
 // Packed weights ("columns in lanes"): MLX's affine-quantized rows
@@ -106,5 +108,7 @@ void swiglu_avx2(const float* g, const float* u, float* y, int n);
 void geglu_avx2(const float* g, const float* u, float* y, int n);
 // p[j] = exp(p[j] - shift) for j < n; returns their sum (fixed order).
 float exp_sum_avx2(float* p, int n, float shift);
+// The scan of top2.h over x[0..n), element j at index base + j.
+Top2 top2_avx2(const float* x, int n, int base);
 
 }  // namespace specd_mlx::qmm

@@ -161,3 +161,61 @@ void axpy_avx2(float a, const float* x, float* y, int n) {
 }
 
 }  // namespace specd_mlx::qmm
+
+namespace specd_mlx::qmm {
+
+namespace {
+// The scan of top2.h in each of 8 lanes: lane l sees elements j = l mod 8,
+// in order, so it keeps exactly what a scan over those elements keeps.
+struct Top2Lanes {
+  __m256 top = _mm256_set1_ps(-INFINITY), second = top;
+  __m256i idx = _mm256_set1_epi32(INT_MAX), sidx = idx;
+  __m256 nan = _mm256_setzero_ps();
+  void push(__m256 x, __m256i at) {
+    __m256 gt1 = _mm256_cmp_ps(x, top, _CMP_GT_OQ), gt2 = _mm256_cmp_ps(x, second, _CMP_GT_OQ);
+    second = _mm256_blendv_ps(_mm256_blendv_ps(second, x, gt2), top, gt1);
+    sidx = blend(blend(sidx, at, gt2), idx, gt1);
+    top = _mm256_blendv_ps(top, x, gt1);
+    idx = blend(idx, at, gt1);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  static __m256i blend(__m256i a, __m256i b, __m256 m) {
+    return _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), m));
+  }
+  void merge_into(Top2& t) const {
+    alignas(32) float tp[8], sc[8], nn[8];
+    alignas(32) int ix[8], si[8];
+    _mm256_store_ps(tp, top), _mm256_store_ps(sc, second), _mm256_store_ps(nn, nan);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ix), idx);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(si), sidx);
+    for (int l = 0; l < 8; l++) {
+      Top2 lane;
+      lane.top = tp[l], lane.idx = ix[l], lane.second = sc[l], lane.sidx = si[l];
+      lane.nan = nn[l] != 0.f;
+      t.merge(lane);
+    }
+  }
+};
+}  // namespace
+
+Top2 top2_avx2(const float* x, int n, int base) {
+  // Two lane sets, so two independent chains of compares and blends run.
+  Top2Lanes a, b;
+  __m256i at = _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i step = _mm256_set1_epi32(8), step2 = _mm256_set1_epi32(16);
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    a.push(_mm256_loadu_ps(x + j), at);
+    b.push(_mm256_loadu_ps(x + j + 8), _mm256_add_epi32(at, step));
+    at = _mm256_add_epi32(at, step2);
+  }
+  Top2 t;
+  a.merge_into(t);
+  b.merge_into(t);
+  // The tail comes after every index seen: the scan goes on from the merge.
+  for (; j < n; j++) t.push(x[j], base + j);
+  return t;
+}
+
+}  // namespace specd_mlx::qmm

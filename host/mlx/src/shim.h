@@ -139,6 +139,11 @@ A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float s
              int32_t offset);
 A swiglu(const Array& g, const Array& u);
 A geglu(const Array& g, const Array& u);
+// Per row (last axis), {argmax, max, runner-up, exact} as float32: the
+// host's argmax rule in one pass (top2.h).
+A row_top2(const Array& logits);
+// row_top2 over the rows of several arrays (one width) in one op: [rows, 4].
+A row_top2_list(const ArrayList& rows);
 int32_t kernel_threads();
 bool set_kernel_threads(int32_t n);
 rust::String kernel_isa();

@@ -1104,3 +1104,191 @@ fn qmatmul_int8_is_its_formula_exactly() {
         }
     }
 }
+
+/// The host's greedy scan (`argmax_margin` in the host crate, which this
+/// crate sits below, so the reference is its own copy): what
+/// `row_top2` must keep, bit for bit. Returns (argmax, top, second).
+fn scan_top2(row: &[f32]) -> (u32, f32, f32) {
+    let (mut best, mut b1, mut b2) = (0usize, f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for (i, &x) in row.iter().enumerate() {
+        if x > b1 {
+            b2 = b1;
+            b1 = x;
+            best = i;
+        } else if x > b2 {
+            b2 = x;
+        }
+    }
+    (best as u32, b1, b2)
+}
+
+/// `row_top2` of `logits` (rows of `v` values, in `flat`) against the scan,
+/// row by row: argmax, top and runner-up bitwise, and the NaN flag.
+fn check_top2(logits: &Array, flat: &[f32], v: usize, what: &str) {
+    let got = kernels::row_top2(logits).unwrap().to_vec_f32().unwrap();
+    assert_top2(&got, flat, v, what);
+}
+
+/// Statistics `got` (four a row) against the scan of the rows in `flat`.
+fn assert_top2(got: &[f32], flat: &[f32], v: usize, what: &str) {
+    assert_eq!(got.len(), flat.len() / v * 4, "{what}: four values a row");
+    for (r, (row, g)) in flat.chunks(v).zip(got.chunks(4)).enumerate() {
+        let (argmax, top, second) = scan_top2(row);
+        assert_eq!(g[0], argmax as f32, "{what} row {r}: argmax");
+        assert_eq!(g[1].to_bits(), top.to_bits(), "{what} row {r}: top");
+        assert_eq!(g[2].to_bits(), second.to_bits(), "{what} row {r}: second");
+        let exact = if row.iter().any(|x| x.is_nan()) {
+            0.0
+        } else {
+            1.0
+        };
+        assert_eq!(g[3], exact, "{what} row {r}: the NaN flag");
+    }
+}
+
+#[test]
+fn row_top2_keeps_what_the_host_scan_keeps() {
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    // Small rows: ties (the first index wins; the runner-up equals the top),
+    // signed zeros (which zero is kept decides the margin's sign), NaN,
+    // +-inf, rows with nothing above -inf, and a row of one value.
+    let small: [[f32; 5]; 12] = [
+        [0.5, 2.0, 1.0, -3.0, 1.5],
+        [1.0, 3.0, 0.5, 3.0, 0.0],
+        [nan, 1.0, 2.0, 0.0, 1.5],
+        [-1.0, -2.0, -0.5, -0.25, -4.0],
+        [-inf, 0.0, inf, 1.0, inf],
+        [-inf, -inf, -inf, -inf, -inf],
+        [nan, nan, nan, nan, nan],
+        [nan, -inf, nan, -inf, nan],
+        [-0.0, 0.0, -0.0, 0.0, -1.0],
+        [0.0, -0.0, 0.0, -0.0, -1.0],
+        [-1.0, -0.0, 0.0, 5.0, -0.0],
+        [2.0, 2.0, 2.0, 2.0, 2.0],
+    ];
+    let flat: Vec<f32> = small.iter().flatten().copied().collect();
+    check_top2(
+        &Array::from_f32(&flat, &[12, 5]).unwrap(),
+        &flat,
+        5,
+        "small",
+    );
+    check_top2(
+        &Array::from_f32(&[-0.0], &[1, 1]).unwrap(),
+        &[-0.0],
+        1,
+        "one value",
+    );
+
+    // Model-sized rows (vocab 49152 and one past a multiple of the SIMD
+    // width and of the threads' pieces), values drawn from a few hundred
+    // levels so the top and runner-up are tied across lanes and pieces;
+    // some rows salted with NaN, infinities and signed zeros.
+    let mut g = Gen(77);
+    for (rows, v) in [(1usize, 49152usize), (5, 49152), (9, 49169), (3, 16385)] {
+        let mut flat: Vec<f32> = (0..rows * v)
+            .map(|_| ((g.next() % 400) as f32 - 200.0) / 8.0)
+            .collect();
+        for r in 0..rows {
+            let row = &mut flat[r * v..(r + 1) * v];
+            match r % 4 {
+                1 => row[(g.next() as usize) % v] = nan,
+                2 => {
+                    // The largest value twice, far apart (different pieces).
+                    row[v - 3] = 99.0;
+                    row[7] = 99.0;
+                }
+                3 => {
+                    for x in row.iter_mut() {
+                        *x = if *x > 0.0 { -0.0 } else { x.min(0.0) };
+                    }
+                    row[v / 2] = 0.0;
+                    row[v - 1] = inf;
+                }
+                _ => {}
+            }
+        }
+        let a = Array::from_f32(&flat, &[rows as i32, v as i32]).unwrap();
+        check_top2(&a, &flat, v, &format!("{rows}x{v}"));
+    }
+
+    // Strided rows (a transposed array: values not adjacent) take the
+    // kernel's scalar scan; leading axes are rows too.
+    let (n, v) = (6usize, 3000usize);
+    let cols: Vec<f32> = (0..n * v)
+        .map(|_| ((g.next() % 50) as f32) - 25.0)
+        .collect();
+    let t = Array::from_f32(&cols, &[v as i32, n as i32])
+        .unwrap()
+        .t()
+        .unwrap();
+    let flat: Vec<f32> = (0..n)
+        .flat_map(|r| (0..v).map(move |c| (r, c)))
+        .map(|(r, c)| cols[c * n + r])
+        .collect();
+    check_top2(&t, &flat, v, "transposed");
+    let three = Array::from_f32(&flat, &[2, 3, v as i32]).unwrap();
+    let got = kernels::row_top2(&three).unwrap();
+    assert_eq!(got.shape(), vec![2, 3, 4]);
+    check_top2(&three, &flat, v, "leading axes");
+
+    // A row of each row count gives what it gives alone.
+    let alone: Vec<f32> = (0..n)
+        .flat_map(|r| {
+            let row = rows(&flat, v, r, r + 1);
+            kernels::row_top2(&row).unwrap().to_vec_f32().unwrap()
+        })
+        .collect();
+    let all = kernels::row_top2(&rows(&flat, v, 0, n))
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    assert_eq!(
+        alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        all.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+
+    let empty = Array::zeros(&[2, 0], Dtype::Float32).unwrap();
+    assert!(kernels::row_top2(&empty).is_err(), "a row of no values");
+}
+
+/// `row_top2_list` over slices of one array (as a batched step's parts
+/// are) gives each slice's rows as `row_top2` does, in order.
+#[test]
+fn row_top2_list_is_each_array_in_turn() {
+    let mut g = Gen(78);
+    let v = 20000usize;
+    let flat: Vec<f32> = (0..14 * v)
+        .map(|_| ((g.next() % 300) as f32) / 4.0)
+        .collect();
+    let all = Array::from_f32(&flat, &[14, v as i32]).unwrap();
+    let cuts = [(0, 1), (1, 5), (5, 6), (6, 14)];
+    let parts: Vec<Array> = cuts
+        .iter()
+        .map(|&(a, b)| all.slice(&[a, 0], &[b, v as i32]).unwrap())
+        .collect();
+    let refs: Vec<&Array> = parts.iter().collect();
+    let got = kernels::row_top2_list(&refs).unwrap();
+    assert_eq!(got.shape(), vec![14, 4]);
+    let want: Vec<u32> = parts
+        .iter()
+        .flat_map(|p| kernels::row_top2(p).unwrap().to_vec_f32().unwrap())
+        .map(f32::to_bits)
+        .collect();
+    let got: Vec<u32> = got
+        .to_vec_f32()
+        .unwrap()
+        .into_iter()
+        .map(f32::to_bits)
+        .collect();
+    assert_eq!(got, want);
+    let list = kernels::row_top2_list(&refs).unwrap().to_vec_f32().unwrap();
+    assert_top2(&list, &flat, v, "the list's rows");
+
+    let narrow = Array::from_f32(&[1.0, 2.0], &[1, 2]).unwrap();
+    assert!(
+        kernels::row_top2_list(&[&parts[0], &narrow]).is_err(),
+        "rows of two widths"
+    );
+    assert!(kernels::row_top2_list(&[]).is_err(), "no arrays");
+}

@@ -8,7 +8,7 @@ use crate::model::llama::BatchRows;
 use crate::model::{no_probe, Llama, Logits};
 use crate::sampling::argmax_margin;
 use anyhow::{Context, Result};
-use specd_mlx::{ops, Array};
+use specd_mlx::{kernels, ops, Array};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -260,15 +260,15 @@ impl Target for LlamaTarget {
         if mode == VerifyMode::Rows {
             return Ok(VerifyRows::Logits(self.read_rows(logits, t)?));
         }
-        let stats = DeviceArgmax::queue(&logits)?;
+        let stats = DeviceArgmax::queue(&[&logits])?;
         // The logits are evaluated with the statistics and kept (for a
-        // tied row, read back whole); one sync, one small copy.
-        let rows = self.timed(
+        // flagged row, read back whole); one sync, one small copy.
+        let mut rows = self.timed(
             t,
             || Ok(specd_mlx::eval(&[&stats.values, &logits])?),
-            || stats.read(&logits),
+            || stats.read(&[&logits]),
         )?;
-        Ok(VerifyRows::Argmax(rows))
+        Ok(VerifyRows::Argmax(rows.pop().unwrap_or_default()))
     }
 
     fn take_forward_times(&mut self) -> ForwardTimes {
@@ -329,51 +329,52 @@ impl Target for LlamaTarget {
     }
 }
 
-/// Per row of logits `[n, vocab]`, queued on the device as `values`
-/// `[n, 4]`: the argmax (as a float: exact below 2^24, which every
+/// Per row of some logits arrays (each `[n, vocab]`), queued on the device
+/// as `values` `[rows, 4]` ([`kernels::row_top2_list`]: one op, one pass
+/// over each row): the argmax (as a float: exact below 2^24, which every
 /// vocabulary is), the largest logit, the largest at any other index, and
-/// the logit at the argmax. Only these `4n` numbers are copied back.
+/// whether the row is free of NaN. Only these four numbers a row are copied
+/// back.
 struct DeviceArgmax {
     values: Array,
 }
 
 impl DeviceArgmax {
-    fn queue(logits: &Array) -> Result<DeviceArgmax> {
-        let (n, vocab) = (logits.dim(0), logits.dim(1));
-        anyhow::ensure!(vocab < 1 << 24, "a vocabulary of {vocab} tokens");
-        let argmax = ops::argmax(logits, -1, false)?.reshape(&[n, 1])?;
-        let at = ops::equal(&Array::arange(0, vocab)?.reshape(&[1, vocab])?, &argmax)?;
-        let ninf = Array::scalar(f32::NEG_INFINITY)?;
-        let row_max = |a: &Array| -> Result<Array> { Ok(ops::max(a, -1, true)?) };
-        let top = row_max(logits)?;
-        let second = row_max(&ops::r#where(&at, &ninf, logits)?)?;
-        let own = row_max(&ops::r#where(&at, logits, &ninf)?)?;
-        let index = argmax.as_type(specd_mlx::Dtype::Float32)?;
-        let values = ops::concatenate(&[&index, &top, &second, &own], 1)?;
-        Ok(DeviceArgmax { values })
+    fn queue(logits: &[&Array]) -> Result<DeviceArgmax> {
+        Ok(DeviceArgmax {
+            values: kernels::row_top2_list(logits)?,
+        })
     }
 
-    /// The rows' argmax and margin, as [`argmax_margin`] gives them on the
-    /// host. A row whose largest logit is not unique (a tie: which index
-    /// wins is the host's rule, the first) or not a number is read back
-    /// whole and decided on the host.
-    fn read(&self, logits: &Array) -> Result<Vec<RowArgmax>> {
+    /// Per array of `logits` (those queued, in order), its rows' argmax and
+    /// margin, as [`argmax_margin`] gives them on the host (the kernel
+    /// keeps what the host's scan keeps, ties and signed zeros included). A
+    /// row the kernel flags (one holding a NaN; on a GPU, also a tie) is
+    /// read back whole and decided on the host.
+    fn read(&self, logits: &[&Array]) -> Result<Vec<Vec<RowArgmax>>> {
         let v = self.values.to_vec_f32()?;
-        let vocab = logits.dim(1);
-        v.chunks(4)
-            .enumerate()
-            .map(|(i, r)| {
-                let (argmax, top, second, own) = (r[0] as u32, r[1], r[2], r[3]);
-                let margin = top - second;
-                if margin > 0.0 && own == top {
-                    return Ok(RowArgmax { argmax, margin });
-                }
-                let r = i as i32;
-                let row = logits
-                    .slice(&[r, 0], &[r + 1, vocab])?
-                    .to_vec_f32()
-                    .context("reading a tied row back")?;
-                Ok(RowArgmax::of(&row))
+        let mut stats = v.chunks(4);
+        logits
+            .iter()
+            .map(|l| {
+                let (n, vocab) = (l.dim(0), l.dim(1));
+                (0..n)
+                    .map(|r| {
+                        let s = stats.next().context("a statistics row per logits row")?;
+                        let (argmax, top, second, exact) = (s[0] as u32, s[1], s[2], s[3]);
+                        if exact == 1.0 {
+                            return Ok(RowArgmax {
+                                argmax,
+                                margin: top - second,
+                            });
+                        }
+                        let row = l
+                            .slice(&[r, 0], &[r + 1, vocab])?
+                            .to_vec_f32()
+                            .context("reading a flagged row back")?;
+                        Ok(RowArgmax::of(&row))
+                    })
+                    .collect()
             })
             .collect()
     }
@@ -409,10 +410,9 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
 /// its rows never held as vectors. A prefill chunk gets `Logits` with no
 /// rows.
 ///
-/// The argmax is taken on the host from one copy of the step's rows, not
-/// on the device as a lone light round does: on the CPU build the device's
-/// argmax, max and masked passes over rows x vocabulary cost more than the
-/// copy they save (`specd bench serve --steps-only`, columns `light`).
+/// A light part's statistics are queued on the device ([`DeviceArgmax`],
+/// one pass over its rows) with the step and evaluated in the same sync,
+/// as a lone light round does; only they are copied back.
 pub fn forward_batch_verify(
     model: &Llama,
     parts: &mut [StepRows<'_>],
@@ -436,20 +436,36 @@ pub fn forward_batch_verify(
             .collect();
         model.forward_batch(&mut rows)?
     };
+    // Every light part's rows in one op, queued with the step.
+    let light: Vec<&Array> = outs
+        .iter()
+        .zip(modes)
+        .filter_map(|(o, m)| o.as_ref().filter(|_| *m == VerifyMode::Argmax))
+        .collect();
+    let stats = if light.is_empty() {
+        None
+    } else {
+        Some(DeviceArgmax::queue(&light)?)
+    };
     let mut wanted: Vec<&Array> = outs.iter().flatten().collect();
+    wanted.extend(stats.as_ref().map(|s| &s.values));
     for (p, o) in parts.iter().zip(&outs) {
         if o.is_none() {
             wanted.extend(p.target.caches.iter().flat_map(|c| c.state()));
         }
     }
     specd_mlx::eval(&wanted)?;
+    let mut light_rows = match &stats {
+        Some(s) => s.read(&light)?.into_iter(),
+        None => Vec::new().into_iter(),
+    };
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
-    for ((p, o), mode) in parts.iter_mut().zip(outs).zip(modes) {
+    for ((p, o), mode) in parts.iter_mut().zip(&outs).zip(modes) {
         p.target.collect_snapshots();
         res.push(match (o, mode) {
-            (Some(l), VerifyMode::Argmax) => {
-                VerifyRows::Argmax(l.to_vec_f32()?.chunks(vocab).map(RowArgmax::of).collect())
+            (Some(_), VerifyMode::Argmax) => {
+                VerifyRows::Argmax(light_rows.next().context("rows for each light part")?)
             }
             (Some(l), VerifyMode::Rows) => {
                 VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
@@ -477,9 +493,9 @@ mod tests {
         ];
         let flat: Vec<f32> = rows.iter().flatten().copied().collect();
         let logits = Array::from_f32(&flat, &[5, 5]).unwrap();
-        let stats = DeviceArgmax::queue(&logits).unwrap();
+        let stats = DeviceArgmax::queue(&[&logits]).unwrap();
         specd_mlx::eval(&[&stats.values, &logits]).unwrap();
-        let got = stats.read(&logits).unwrap();
+        let got = stats.read(&[&logits]).unwrap().remove(0);
         for (i, (r, g)) in rows.iter().zip(&got).enumerate() {
             let want = RowArgmax::of(r);
             assert_eq!(want.argmax, g.argmax, "row {i}");
