@@ -30,6 +30,8 @@ use anyhow::{anyhow, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
 
+mod ahead;
+
 /// Default most requests in one step.
 pub const DEFAULT_MAX_SEQUENCES: usize = 16;
 /// Default most prefill rows in one step (decode rows come first).
@@ -135,6 +137,9 @@ pub struct StepReport {
     pub seconds: f64,
     /// The step ran one request alone, pipelined.
     pub pipelined: bool,
+    /// The step after it was queued on the device before it was read
+    /// (pipelined batched decoding of plain greedy requests, [`ahead`]).
+    pub queued_next: bool,
     /// Requests preempted before it.
     pub preempted: usize,
     /// Seconds the requests' policies (schedule and acceptance calls) ran
@@ -163,6 +168,8 @@ pub struct Scheduler<'e> {
     per_token: usize,
     /// What one more row adds to a step, learnt from the steps run.
     curve: StepCurve,
+    /// A pipelined step of plain greedy decoding in flight ([`ahead`]).
+    ahead: Option<ahead::Ahead>,
 }
 
 impl<'e> Scheduler<'e> {
@@ -175,6 +182,7 @@ impl<'e> Scheduler<'e> {
             next_id: 0,
             per_token: kv_bytes_per_token(&engine.model.config),
             curve: StepCurve::default(),
+            ahead: None,
         }
     }
 
@@ -326,6 +334,7 @@ impl<'e> Scheduler<'e> {
     /// Ends every request with `why` (after a panic: their caches may be
     /// half updated).
     pub fn fail_all(&mut self, why: &str) {
+        self.ahead = None;
         for mut a in self.active.drain(..) {
             if let Some(done) = a.done.take() {
                 done(Err(anyhow!("{why}")));
@@ -370,6 +379,13 @@ impl<'e> Scheduler<'e> {
     /// greedy) until something arrives or it ends.
     pub fn step(&mut self, quiet: &mut dyn FnMut() -> bool) -> StepReport {
         let t0 = Instant::now();
+        if self.ahead.is_some() {
+            // A pipelined step is in flight: it is read before anything
+            // else changes (requests retire after it).
+            if let Some(report) = self.step_ahead(quiet, t0) {
+                return report;
+            }
+        }
         self.retire();
         self.start_waiting();
         let mut report = StepReport {
@@ -396,6 +412,12 @@ impl<'e> Scheduler<'e> {
                 Ok(false) => {}
                 Err(e) => a.failed = Some(e),
             }
+        }
+        if let Some(ahead) = self.step_ahead(quiet, t0) {
+            return StepReport {
+                preempted: report.preempted,
+                ..ahead
+            };
         }
 
         let policy_before: f64 = self.active.iter().map(|a| a.seq.policy_seconds()).sum();

@@ -502,3 +502,97 @@ fn a_model_drafters_cache_counts_in_the_kv_budget() {
         "self:8 holds 8 of the target's {layers} layers per token"
     );
 }
+
+/// Plain greedy requests sharing steps decode pipelined (each step queued
+/// before the one before it is read) and keep their solo tokens: requests
+/// that end at different steps (budgets, a stop string), one whose client
+/// leaves mid-stream, and one admitted while the others run.
+#[test]
+fn pipelined_batched_greedy_steps_keep_every_requests_solo_tokens() {
+    let e = engine();
+    let plain = SpecOptions {
+        drafter: Some(DrafterSpec::None),
+        ..Default::default()
+    };
+    let params = SamplingParams::default();
+    // (prompt, max tokens, stop strings, pieces streamed before its client
+    // leaves)
+    let cases: [(&str, usize, Vec<String>, Option<usize>); 5] = [
+        ("Name three colors of the rainbow.", 24, vec![], None),
+        ("Write a haiku about the sea.", 9, vec![], None),
+        (
+            "List the planets of the solar system.",
+            24,
+            vec![",".into()],
+            None,
+        ),
+        ("Explain what a compiler does.", 24, vec![], Some(6)),
+        ("Count from one to ten in words.", 16, vec![], None),
+    ];
+    let prompts: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|(p, ..)| e.encode(&chat(p)).unwrap())
+        .collect();
+    let solo: Vec<Vec<u32>> = cases
+        .iter()
+        .zip(&prompts)
+        .map(|((_, n, stop, _), p)| {
+            let settings = e.settings(params.clone(), Some(*n), stop.clone());
+            e.generate(None, p, &settings, None, &mut |_| true)
+                .unwrap()
+                .log
+        })
+        .collect();
+    let finished = Rc::new(RefCell::new(
+        (0..cases.len()).map(|_| None).collect::<Vec<_>>(),
+    ));
+    let mut sched = Scheduler::new(&e, BatchLimits::default());
+    let admit = |sched: &mut Scheduler<'_>, i: usize| {
+        let (_, n, stop, leaves) = cases[i].clone();
+        let f = finished.clone();
+        let mut pieces = 0;
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: prompts[i].clone(),
+            settings: e.settings(params.clone(), Some(n), stop),
+            spec: e.speculation(&plain, &params).unwrap(),
+            sink: Box::new(move |s: &str| {
+                pieces += usize::from(!s.is_empty());
+                leaves.is_none_or(|k| pieces < k)
+            }),
+            done: Box::new(move |r| f.borrow_mut()[i] = Some(r.map(|f| (f.log, f.stats)))),
+        });
+    };
+    for i in 0..4 {
+        admit(&mut sched, i);
+    }
+    let (mut steps, mut queued_next) = (0, 0);
+    while !sched.is_idle() {
+        let s = sched.step(&mut || true);
+        steps += 1;
+        queued_next += usize::from(s.queued_next);
+        if steps == 6 {
+            admit(&mut sched, 4);
+        }
+    }
+    assert!(
+        queued_next >= 10,
+        "the steps should have run pipelined ({queued_next} of {steps})"
+    );
+    for (i, r) in finished.borrow_mut().drain(..).enumerate() {
+        let (log, stats) = r.expect("finished").expect("no failure");
+        assert!(
+            stats.batch_steps > 0,
+            "request {i} should have shared steps"
+        );
+        if cases[i].3.is_some() {
+            assert_eq!(stats.done_reason, specd::pipeline::DoneReason::Cancelled);
+            assert!(
+                log.len() > prompts[i].len() && solo[i].starts_with(&log),
+                "request {i}: what it committed before its client left is its solo run's start"
+            );
+        } else {
+            assert_eq!(log, solo[i], "request {i} differs from its solo run");
+        }
+    }
+}

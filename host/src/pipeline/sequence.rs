@@ -231,20 +231,9 @@ impl<'a> Sequence<'a> {
         self.joined_step(1);
         let t = Instant::now();
         let pending = *self.log.last().expect("the prompt is not empty");
-        let budget = self.max_tokens - self.em.emitted.len();
-        let (log, margins, near_ties, done, em) = (
-            &mut self.log,
-            &mut self.margins,
-            &mut self.near_ties,
-            &mut self.done,
-            &mut self.em,
-        );
+        let budget = self.tokens_left();
         let mut each = |tok: u32, margin: f32| -> Result<bool> {
-            log.push(tok);
-            margins.push(margin);
-            *near_ties += usize::from(margin < 0.01);
-            *done = em.push(tok).or_else(|| em.probe());
-            Ok(done.is_none() && keep_going())
+            Ok(self.commit_plain(tok, margin) && keep_going())
         };
         match target.greedy_pipelined(pending, budget, &mut each) {
             Some(r) => {
@@ -254,6 +243,46 @@ impl<'a> Sequence<'a> {
             }
             None => Ok(false),
         }
+    }
+
+    /// Commits `tok` (with its top-2 `margin`) as a plain greedy step does
+    /// and streams it; returns whether the request goes on.
+    pub fn commit_plain(&mut self, tok: u32, margin: f32) -> bool {
+        self.log.push(tok);
+        self.margins.push(margin);
+        self.near_ties += usize::from(margin < 0.01);
+        self.done = self.em.push(tok).or_else(|| self.em.probe());
+        self.done.is_none()
+    }
+
+    /// One token of a pipelined batched step ([`Sequence::can_pipeline`]):
+    /// committed as a plain step would, `seconds` its share of the step.
+    /// Returns whether the request goes on.
+    pub fn commit_step_token(
+        &mut self,
+        tok: u32,
+        margin: f32,
+        seconds: f64,
+        in_step: usize,
+    ) -> bool {
+        self.joined_step(in_step);
+        self.state.record_plain(1, seconds);
+        self.commit_plain(tok, margin)
+    }
+
+    /// Tokens it may still generate.
+    pub fn tokens_left(&self) -> usize {
+        self.max_tokens - self.em.emitted.len()
+    }
+
+    /// Its last committed token: the one its caches do not hold yet.
+    pub fn pending_token(&self) -> u32 {
+        *self.log.last().expect("the prompt is not empty")
+    }
+
+    /// Tokens its caches hold: all of the log but the last.
+    pub fn cached_len(&self) -> usize {
+        self.log.len() - 1
     }
 
     /// Plans a round (the schedule asked with `batch`, drafts made); returns
