@@ -503,59 +503,98 @@ fn a_model_drafters_cache_counts_in_the_kv_budget() {
     );
 }
 
-/// Plain greedy requests sharing steps decode pipelined (each step queued
-/// before the one before it is read) and keep their solo tokens: requests
+/// Greedy requests sharing steps decode pipelined (each step queued before
+/// the one before it is read) and keep their solo tokens: plain requests
 /// that end at different steps (budgets, a stop string), one whose client
-/// leaves mid-stream, and one admitted while the others run.
+/// leaves mid-stream, one admitted while the others run, and speculative
+/// ones whose schedule is asked every round: one that never drafts, one
+/// that drafts where the n-gram matches (the pipeline stops for its round
+/// and starts again) and `throughput`.
 #[test]
 fn pipelined_batched_greedy_steps_keep_every_requests_solo_tokens() {
     let e = engine();
+    let spec = |schedule: &str, config: Option<serde_json::Value>| SpecOptions {
+        drafter: Some("ngram".parse().unwrap()),
+        schedule: Some(schedule.into()),
+        schedule_config: config,
+        ..Default::default()
+    };
     let plain = SpecOptions {
         drafter: Some(DrafterSpec::None),
         ..Default::default()
     };
     let params = SamplingParams::default();
-    // (prompt, max tokens, stop strings, pieces streamed before its client
-    // leaves)
-    let cases: [(&str, usize, Vec<String>, Option<usize>); 5] = [
-        ("Name three colors of the rainbow.", 24, vec![], None),
-        ("Write a haiku about the sea.", 9, vec![], None),
-        (
-            "List the planets of the solar system.",
+    struct Case {
+        prompt: &'static str,
+        max: usize,
+        stop: Vec<String>,
+        // Pieces streamed before its client leaves.
+        leaves: Option<usize>,
+        opts: SpecOptions,
+    }
+    let case = |prompt, max, opts| Case {
+        prompt,
+        max,
+        stop: vec![],
+        leaves: None,
+        opts,
+    };
+    let cases = [
+        case("Name three colors of the rainbow.", 24, plain.clone()),
+        case("Write a haiku about the sea.", 9, plain.clone()),
+        Case {
+            stop: vec!["3.".into()],
+            ..case("List ten fruits, separated by commas.", 24, plain.clone())
+        },
+        Case {
+            leaves: Some(6),
+            ..case("Explain what a compiler does.", 24, plain.clone())
+        },
+        case(
+            "Describe the water cycle in detail.",
             24,
-            vec![",".into()],
-            None,
+            spec("constant", Some(serde_json::json!({"k": 0}))),
         ),
-        ("Explain what a compiler does.", 24, vec![], Some(6)),
-        ("Count from one to ten in words.", 16, vec![], None),
+        case(
+            "Repeat after me: one two three, one two three, one two three.",
+            24,
+            spec("constant", Some(serde_json::json!({"k": 2}))),
+        ),
+        case(
+            "Write a short story about a robot who learns to paint.",
+            24,
+            spec("throughput", None),
+        ),
+        // Admitted while the others run.
+        case("Count from one to ten in words.", 16, plain.clone()),
     ];
     let prompts: Vec<Vec<u32>> = cases
         .iter()
-        .map(|(p, ..)| e.encode(&chat(p)).unwrap())
+        .map(|c| e.encode(&chat(c.prompt)).unwrap())
         .collect();
-    let solo: Vec<Vec<u32>> = cases
+    let (solo, solo_stats): (Vec<Vec<u32>>, Vec<_>) = cases
         .iter()
         .zip(&prompts)
-        .map(|((_, n, stop, _), p)| {
-            let settings = e.settings(params.clone(), Some(*n), stop.clone());
-            e.generate(None, p, &settings, None, &mut |_| true)
-                .unwrap()
-                .log
+        .map(|(c, p)| {
+            let settings = e.settings(params.clone(), Some(c.max), c.stop.clone());
+            let spec = e.speculation(&c.opts, &params).unwrap();
+            let f = e.generate(None, p, &settings, spec, &mut |_| true).unwrap();
+            (f.log, f.stats)
         })
-        .collect();
+        .unzip();
     let finished = Rc::new(RefCell::new(
         (0..cases.len()).map(|_| None).collect::<Vec<_>>(),
     ));
     let mut sched = Scheduler::new(&e, BatchLimits::default());
     let admit = |sched: &mut Scheduler<'_>, i: usize| {
-        let (_, n, stop, leaves) = cases[i].clone();
+        let c = &cases[i];
         let f = finished.clone();
-        let mut pieces = 0;
+        let (mut pieces, leaves) = (0, c.leaves);
         sched.admit(Admitted {
             tenant: None,
             prompt: prompts[i].clone(),
-            settings: e.settings(params.clone(), Some(n), stop),
-            spec: e.speculation(&plain, &params).unwrap(),
+            settings: e.settings(params.clone(), Some(c.max), c.stop.clone()),
+            spec: e.speculation(&c.opts, &params).unwrap(),
             sink: Box::new(move |s: &str| {
                 pieces += usize::from(!s.is_empty());
                 leaves.is_none_or(|k| pieces < k)
@@ -563,7 +602,8 @@ fn pipelined_batched_greedy_steps_keep_every_requests_solo_tokens() {
             done: Box::new(move |r| f.borrow_mut()[i] = Some(r.map(|f| (f.log, f.stats)))),
         });
     };
-    for i in 0..4 {
+    let late = cases.len() - 1;
+    for i in 0..late {
         admit(&mut sched, i);
     }
     let (mut steps, mut queued_next) = (0, 0);
@@ -572,7 +612,7 @@ fn pipelined_batched_greedy_steps_keep_every_requests_solo_tokens() {
         steps += 1;
         queued_next += usize::from(s.queued_next);
         if steps == 6 {
-            admit(&mut sched, 4);
+            admit(&mut sched, late);
         }
     }
     assert!(
@@ -585,7 +625,12 @@ fn pipelined_batched_greedy_steps_keep_every_requests_solo_tokens() {
             stats.batch_steps > 0,
             "request {i} should have shared steps"
         );
-        if cases[i].3.is_some() {
+        assert!(
+            stats.policy_failure.is_none(),
+            "request {i}: {:?}",
+            stats.policy_failure
+        );
+        if cases[i].leaves.is_some() {
             assert_eq!(stats.done_reason, specd::pipeline::DoneReason::Cancelled);
             assert!(
                 log.len() > prompts[i].len() && solo[i].starts_with(&log),
@@ -593,6 +638,18 @@ fn pipelined_batched_greedy_steps_keep_every_requests_solo_tokens() {
             );
         } else {
             assert_eq!(log, solo[i], "request {i} differs from its solo run");
+        }
+        if matches!(cases[i].opts.schedule.as_deref(), Some("constant")) {
+            // Fixed k: its rounds are its solo run's, one schedule call each.
+            let s = &solo_stats[i];
+            assert_eq!(
+                (stats.rounds, stats.drafted, stats.accepted),
+                (s.rounds, s.drafted, s.accepted),
+                "request {i}"
+            );
+        }
+        if i == 5 {
+            assert!(stats.drafted > 0, "request {i} should have drafted");
         }
     }
 }

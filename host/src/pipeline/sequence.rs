@@ -168,9 +168,9 @@ impl<'a> Sequence<'a> {
     /// Its KV cache was dropped (a preemption): it resumes on a fresh
     /// target by prefilling its committed log but the last token, which
     /// leaves the caches as they were (the kernels are batch-invariant), so
-    /// its tokens stay the same.
+    /// its tokens stay the same. A round it planned and did not verify
+    /// yet stays planned: its verify runs on the fresh caches.
     pub fn preempt(&mut self) {
-        debug_assert!(self.plan.is_none(), "preempted between steps only");
         self.prefill_to = self.log.len() - 1;
         self.processed = 0;
         self.batch.preemptions += 1;
@@ -288,19 +288,44 @@ impl<'a> Sequence<'a> {
     /// Plans a round (the schedule asked with `batch`, drafts made); returns
     /// the rows its verify forwards, and whether every row's logits are
     /// needed (else only the last).
+    ///
+    /// A round already planned and not yet verified (a pipelined batched
+    /// step planned it, then could not take its rows: [`crate::batch`]) is
+    /// returned as it is: a schedule is never asked twice for one round.
     pub fn plan(&mut self, target: &mut dyn Target, batch: BatchContext) -> Result<(&[u32], bool)> {
-        let generated = self.em.emitted.len();
-        let plan = self.state.plan(
-            target,
-            &self.log,
-            &self.settings.params,
-            &mut self.rng,
-            generated,
-            self.max_tokens - generated,
-            batch,
-        )?;
-        let plan = self.plan.insert(plan);
+        if self.plan.is_none() {
+            let generated = self.em.emitted.len();
+            let plan = self.state.plan(
+                target,
+                &self.log,
+                &self.settings.params,
+                &mut self.rng,
+                generated,
+                self.max_tokens - generated,
+                batch,
+            )?;
+            self.plan = Some(plan);
+        }
+        let plan = self.plan.as_ref().expect("planned above");
         Ok((&plan.rows, plan.drafted() > 0))
+    }
+
+    /// Whether it may decode in pipelined batched steps
+    /// ([`crate::batch`]): greedy, with nothing that reads its rows beyond
+    /// their argmax (logprobs, a grammar) or records its rounds, and no
+    /// round planned with drafts (whose verify is not one row).
+    pub fn can_pipeline_batched(&self) -> bool {
+        self.decoding()
+            && self.plan.as_ref().is_none_or(|p| p.rows.len() == 1)
+            && !self.settings.record
+            && self.settings.logprobs.is_none()
+            && self.settings.constraint.is_none()
+            && self.settings.params.plain_greedy()
+    }
+
+    /// Whether it speculates (its rounds go through its policies).
+    pub fn speculates(&self) -> bool {
+        !self.state.is_plain()
     }
 
     /// Ends the planned round with its verify's `rows` (every row's logits,
