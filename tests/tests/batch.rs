@@ -745,3 +745,207 @@ fn an_echo_requests_prompt_logprobs_come_from_its_batched_prefill() {
         }
     }
 }
+
+/// Greedy requests sharing steps decode pipelined (each step queued before
+/// the one before it is read) and keep their solo tokens: plain requests
+/// that end at different steps (budgets, a stop string), one whose client
+/// leaves mid-stream, one admitted while the others run, and speculative
+/// ones whose schedule is asked every round: one that never drafts, one
+/// that drafts where the n-gram matches (the pipeline stops for its round
+/// and starts again) and `throughput`.
+#[test]
+fn pipelined_batched_greedy_steps_keep_every_requests_solo_tokens() {
+    let e = engine();
+    let spec = |schedule: &str, config: Option<serde_json::Value>| SpecOptions {
+        drafter: Some("ngram".parse().unwrap()),
+        schedule: Some(schedule.into()),
+        schedule_config: config,
+        ..Default::default()
+    };
+    let plain = SpecOptions {
+        drafter: Some(DrafterSpec::None),
+        ..Default::default()
+    };
+    let params = SamplingParams::default();
+    struct Case {
+        prompt: &'static str,
+        max: usize,
+        stop: Vec<String>,
+        // Pieces streamed before its client leaves.
+        leaves: Option<usize>,
+        opts: SpecOptions,
+    }
+    let case = |prompt, max, opts| Case {
+        prompt,
+        max,
+        stop: vec![],
+        leaves: None,
+        opts,
+    };
+    let cases = [
+        case("Name three colors of the rainbow.", 24, plain.clone()),
+        case("Write a haiku about the sea.", 9, plain.clone()),
+        Case {
+            stop: vec!["3.".into()],
+            ..case("List ten fruits, separated by commas.", 24, plain.clone())
+        },
+        Case {
+            leaves: Some(6),
+            ..case("Explain what a compiler does.", 24, plain.clone())
+        },
+        case(
+            "Describe the water cycle in detail.",
+            24,
+            spec("constant", Some(serde_json::json!({"k": 0}))),
+        ),
+        case(
+            "Repeat after me: one two three, one two three, one two three.",
+            24,
+            spec("constant", Some(serde_json::json!({"k": 2}))),
+        ),
+        case(
+            "Write a short story about a robot who learns to paint.",
+            24,
+            spec("throughput", None),
+        ),
+        // Admitted while the others run.
+        case("Count from one to ten in words.", 16, plain.clone()),
+    ];
+    let prompts: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|c| e.encode(&chat(c.prompt)).unwrap())
+        .collect();
+    let (solo, solo_stats): (Vec<Vec<u32>>, Vec<_>) = cases
+        .iter()
+        .zip(&prompts)
+        .map(|(c, p)| {
+            let settings = e.settings(params.clone(), Some(c.max), c.stop.clone());
+            let spec = e.speculation(&c.opts, &params).unwrap();
+            let f = e.generate(None, p, &settings, spec, &mut |_| true).unwrap();
+            (f.log, f.stats)
+        })
+        .unzip();
+    let finished = Rc::new(RefCell::new(
+        (0..cases.len()).map(|_| None).collect::<Vec<_>>(),
+    ));
+    let mut sched = Scheduler::new(&e, BatchLimits::default());
+    let admit = |sched: &mut Scheduler<'_>, i: usize| {
+        let c = &cases[i];
+        let f = finished.clone();
+        let (mut pieces, leaves) = (0, c.leaves);
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: prompts[i].clone(),
+            settings: e.settings(params.clone(), Some(c.max), c.stop.clone()),
+            spec: e.speculation(&c.opts, &params).unwrap(),
+            drafter: c.opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
+            sink: Box::new(move |s: &str| {
+                pieces += usize::from(!s.is_empty());
+                leaves.is_none_or(|k| pieces < k)
+            }),
+            done: Box::new(move |r| f.borrow_mut()[i] = Some(r.map(|f| (f.log, f.stats)))),
+        });
+    };
+    let late = cases.len() - 1;
+    for i in 0..late {
+        admit(&mut sched, i);
+    }
+    let (mut steps, mut queued_next) = (0, 0);
+    while !sched.is_idle() {
+        let s = sched.step(&mut || true);
+        steps += 1;
+        queued_next += usize::from(s.queued_next);
+        if steps == 6 {
+            admit(&mut sched, late);
+        }
+    }
+    assert!(
+        queued_next >= 10,
+        "the steps should have run pipelined ({queued_next} of {steps})"
+    );
+    for (i, r) in finished.borrow_mut().drain(..).enumerate() {
+        let (log, stats) = r.expect("finished").expect("no failure");
+        assert!(
+            stats.batch_steps > 0,
+            "request {i} should have shared steps"
+        );
+        assert!(
+            stats.policy_failure.is_none(),
+            "request {i}: {:?}",
+            stats.policy_failure
+        );
+        if cases[i].leaves.is_some() {
+            assert_eq!(stats.done_reason, specd::pipeline::DoneReason::Cancelled);
+            assert!(
+                log.len() > prompts[i].len() && solo[i].starts_with(&log),
+                "request {i}: what it committed before its client left is its solo run's start"
+            );
+        } else {
+            assert_eq!(log, solo[i], "request {i} differs from its solo run");
+        }
+        if matches!(cases[i].opts.schedule.as_deref(), Some("constant")) {
+            // Fixed k: its rounds are its solo run's, one schedule call each.
+            let s = &solo_stats[i];
+            assert_eq!(
+                (stats.rounds, stats.drafted, stats.accepted),
+                (s.rounds, s.drafted, s.accepted),
+                "request {i}"
+            );
+        }
+        if i == 5 {
+            assert!(stats.drafted > 0, "request {i} should have drafted");
+        }
+    }
+}
+
+/// Requests of the default speculation (n-gram + `throughput`) that arrive
+/// one step apart while the others decode, over the prefix cache: each
+/// returns its solo tokens.
+#[test]
+fn staggered_default_requests_over_the_prefix_cache_keep_their_solo_tokens() {
+    let e = engine();
+    let params = SamplingParams::default();
+    let opts = SpecOptions::default();
+    let prompt = e.encode(&chat("What is the capital of France?")).unwrap();
+    let settings = e.settings(params.clone(), Some(16), vec![]);
+    let solo = e
+        .generate(
+            Some("t"),
+            &prompt,
+            &settings,
+            e.speculation(&opts, &params).unwrap(),
+            &mut |_| true,
+        )
+        .unwrap()
+        .log;
+    let finished = Rc::new(RefCell::new(vec![None; 8]));
+    let mut sched = Scheduler::new(&e, BatchLimits::default());
+    let mut admitted = 0;
+    let mut steps = 0;
+    while admitted < 8 || !sched.is_idle() {
+        for _ in 0..(steps % 3) {
+            if admitted < 8 {
+                let f = finished.clone();
+                let i = admitted;
+                sched.admit(Admitted {
+                    tenant: Some("t".into()),
+                    prompt: prompt.clone(),
+                    settings: settings.clone(),
+                    spec: e.speculation(&opts, &params).unwrap(),
+                    drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
+                    sink: Box::new(|_: &str| true),
+                    done: Box::new(move |r| {
+                        f.borrow_mut()[i] = Some(r.map(|f| f.log).map_err(|e| format!("{e:#}")))
+                    }),
+                });
+                admitted += 1;
+            }
+        }
+        sched.step(&mut || true);
+        steps += 1;
+    }
+    for (i, r) in finished.borrow().iter().enumerate() {
+        let log = r.clone().expect("finished").expect("no failure");
+        assert_eq!(log, solo, "request {i} differs from its solo run");
+    }
+}
