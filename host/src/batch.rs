@@ -34,8 +34,6 @@ use anyhow::{anyhow, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
 
-mod ahead;
-
 /// Default most requests in one step.
 pub const DEFAULT_MAX_SEQUENCES: usize = 16;
 /// Default most prefill rows in one step (decode rows come first).
@@ -149,9 +147,6 @@ pub struct StepReport {
     pub seconds: f64,
     /// The step ran one request alone, pipelined.
     pub pipelined: bool,
-    /// The step after it was queued on the device before it was read
-    /// (pipelined batched decoding of plain greedy requests, [`ahead`]).
-    pub queued_next: bool,
     /// Requests preempted before it.
     pub preempted: usize,
     /// Seconds the requests' policies (schedule and acceptance calls) ran
@@ -180,8 +175,6 @@ pub struct Scheduler<'e> {
     per_token: usize,
     /// What one more row adds to a step, learnt from the steps run.
     curve: StepCurve,
-    /// A pipelined step of plain greedy decoding in flight ([`ahead`]).
-    ahead: Option<ahead::Ahead>,
 }
 
 impl<'e> Scheduler<'e> {
@@ -194,22 +187,7 @@ impl<'e> Scheduler<'e> {
             next_id: 0,
             per_token: kv_bytes_per_token(&engine.model.config),
             curve: StepCurve::default(),
-            ahead: None,
         }
-    }
-
-    /// Starts from `fit`, the step-cost fit another scheduler learnt (its
-    /// [`Scheduler::take_fit`]): a server's one scheduler keeps its fit for
-    /// its lifetime, and a benchmark that runs several schedulers in turn
-    /// measures that steady state only if they hand it on.
-    pub fn with_fit(mut self, fit: StepFit) -> Self {
-        self.curve = fit.0;
-        self
-    }
-
-    /// The step-cost fit learnt so far (this scheduler starts over).
-    pub fn take_fit(&mut self) -> StepFit {
-        StepFit(std::mem::take(&mut self.curve))
     }
 
     pub fn is_idle(&self) -> bool {
@@ -361,7 +339,6 @@ impl<'e> Scheduler<'e> {
     /// Ends every request with `why` (after a panic: their caches may be
     /// half updated).
     pub fn fail_all(&mut self, why: &str) {
-        self.ahead = None;
         for mut a in self.active.drain(..) {
             if let Some(done) = a.done.take() {
                 done(Err(anyhow!("{why}")));
@@ -406,13 +383,6 @@ impl<'e> Scheduler<'e> {
     /// greedy) until something arrives or it ends.
     pub fn step(&mut self, quiet: &mut dyn FnMut() -> bool) -> StepReport {
         let t0 = Instant::now();
-        if self.ahead.is_some() {
-            // A pipelined step is in flight: it is read before anything
-            // else changes (requests retire after it).
-            if let Some(report) = self.step_ahead(quiet, t0) {
-                return report;
-            }
-        }
         self.retire();
         self.start_waiting();
         let mut report = StepReport {
@@ -439,12 +409,6 @@ impl<'e> Scheduler<'e> {
                 Ok(false) => {}
                 Err(e) => a.failed = Some(e),
             }
-        }
-        if let Some(ahead) = self.step_ahead(quiet, t0) {
-            return StepReport {
-                preempted: report.preempted,
-                ..ahead
-            };
         }
 
         let policy_before: f64 = self.active.iter().map(|a| a.seq.policy_seconds()).sum();
@@ -624,10 +588,6 @@ struct Planned {
     logits: Option<Logits>,
     prefill: bool,
 }
-
-/// What a scheduler learnt of its steps' cost ([`Scheduler::take_fit`]).
-#[derive(Debug, Default, Clone)]
-pub struct StepFit(StepCurve);
 
 /// The cost curve of a batched step, `seconds ≈ c + slope * rows`, fitted
 /// online (exponentially decayed least squares over the steps run), so a

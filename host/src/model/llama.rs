@@ -560,46 +560,19 @@ impl Llama {
     /// alone. Returns, per sequence, its logits (`None` where it asked for
     /// none: a prefill chunk).
     pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<Vec<Option<Array>>> {
-        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let ids = Array::from_u32(&tokens, &[tokens.len() as i32])?;
-        let Some((logits, spans)) = self.forward_batch_ids(&ids, seqs)? else {
-            return Ok(vec![None; seqs.len()]);
-        };
-        let v = logits.dim(1);
-        spans
-            .into_iter()
-            .map(|s| {
-                s.map(|(a, n)| logits.slice(&[a, 0], &[a + n, v]))
-                    .transpose()
-            })
-            .collect()
-    }
-
-    /// [`Llama::forward_batch`] with the rows' tokens `ids` `[T]` given as
-    /// an array, which may still be being computed on the device (the
-    /// argmax of the step before: pipelined batched decoding). Each
-    /// sequence's `tokens` only say how many of the rows are its own (their
-    /// values are not read). Returns the logits of every row asked for,
-    /// `[rows, vocab]`, and per sequence its (first row, rows) among them;
-    /// `None` where no sequence asked for logits.
-    #[allow(clippy::type_complexity)]
-    pub fn forward_batch_ids(
-        &self,
-        ids: &Array,
-        seqs: &mut [BatchRows<'_>],
-    ) -> Result<Option<(Array, Vec<Option<(i32, i32)>>)>> {
         let n_layers = self.layers.len();
+        let mut tokens = Vec::new();
         let mut spans = Vec::with_capacity(seqs.len());
-        let mut t = 0;
         for s in seqs.iter() {
             assert!(!s.tokens.is_empty(), "every sequence brings rows");
             assert!(s.caches.len() >= n_layers, "one cache per layer");
-            spans.push((t, s.tokens.len() as i32));
-            t += s.tokens.len() as i32;
+            spans.push((tokens.len() as i32, s.tokens.len() as i32));
+            tokens.extend_from_slice(s.tokens);
         }
-        assert_eq!(ids.dim(0), t, "one id per row");
+        let t = tokens.len() as i32;
         let d = self.config.hidden_size as i32;
-        let mut x = self.embedded(ids)?;
+        let ids = Array::from_u32(&tokens, &[t])?;
+        let mut x = self.embedded(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = match &layer.post_norms {
                 Some(g) => {
@@ -631,7 +604,7 @@ impl Llama {
             rows += len;
         }
         if picked.is_empty() {
-            return Ok(None);
+            return Ok(vec![None; seqs.len()]);
         }
         let refs: Vec<&Array> = picked.iter().collect();
         let h = if refs.len() == 1 {
@@ -642,7 +615,14 @@ impl Llama {
         .reshape(&[rows, d])?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let logits = self.norm_linear(&h, &self.norm, head)?;
-        Ok(Some((logits, out_spans)))
+        let v = logits.dim(1);
+        out_spans
+            .into_iter()
+            .map(|s| {
+                s.map(|(a, n)| logits.slice(&[a, 0], &[a + n, v]))
+                    .transpose()
+            })
+            .collect()
     }
 
     /// Layer `li` of [`Llama::forward_batch`]: the norm + q/k/v matmul over

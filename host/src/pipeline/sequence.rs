@@ -223,9 +223,9 @@ impl<'a> Sequence<'a> {
     /// Its KV cache was dropped (a preemption): it resumes on a fresh
     /// target by prefilling its committed log but the last token, which
     /// leaves the caches as they were (the kernels are batch-invariant), so
-    /// its tokens stay the same. A round it planned and did not verify
-    /// yet stays planned: its verify runs on the fresh caches.
+    /// its tokens stay the same.
     pub fn preempt(&mut self) {
+        debug_assert!(self.plan.is_none(), "preempted between steps only");
         self.prefill_to = self.log.len() - 1;
         self.processed = 0;
         self.batch.preemptions += 1;
@@ -286,9 +286,20 @@ impl<'a> Sequence<'a> {
         self.joined_step(1);
         let t = Instant::now();
         let pending = *self.log.last().expect("the prompt is not empty");
-        let budget = self.tokens_left();
+        let budget = self.max_tokens - self.em.emitted.len();
+        let (log, margins, near_ties, done, em) = (
+            &mut self.log,
+            &mut self.margins,
+            &mut self.near_ties,
+            &mut self.done,
+            &mut self.em,
+        );
         let mut each = |tok: u32, margin: f32| -> Result<bool> {
-            Ok(self.commit_plain(tok, margin) && keep_going())
+            log.push(tok);
+            margins.push(margin);
+            *near_ties += usize::from(margin < 0.01);
+            *done = em.push(tok).or_else(|| em.probe());
+            Ok(done.is_none() && keep_going())
         };
         match target.greedy_pipelined(pending, budget, &mut each) {
             Some(r) => {
@@ -300,87 +311,22 @@ impl<'a> Sequence<'a> {
         }
     }
 
-    /// Commits `tok` (with its top-2 `margin`) as a plain greedy step does
-    /// and streams it; returns whether the request goes on.
-    pub fn commit_plain(&mut self, tok: u32, margin: f32) -> bool {
-        self.log.push(tok);
-        self.margins.push(margin);
-        self.near_ties += usize::from(margin < 0.01);
-        self.done = self.em.push(tok).or_else(|| self.em.probe());
-        self.done.is_none()
-    }
-
-    /// One token of a pipelined batched step ([`Sequence::can_pipeline`]):
-    /// committed as a plain step would, `seconds` its share of the step.
-    /// Returns whether the request goes on.
-    pub fn commit_step_token(
-        &mut self,
-        tok: u32,
-        margin: f32,
-        seconds: f64,
-        in_step: usize,
-    ) -> bool {
-        self.joined_step(in_step);
-        self.state.record_plain(1, seconds);
-        self.commit_plain(tok, margin)
-    }
-
-    /// Tokens it may still generate.
-    pub fn tokens_left(&self) -> usize {
-        self.max_tokens - self.em.emitted.len()
-    }
-
-    /// Its last committed token: the one its caches do not hold yet.
-    pub fn pending_token(&self) -> u32 {
-        *self.log.last().expect("the prompt is not empty")
-    }
-
-    /// Tokens its caches hold: all of the log but the last.
-    pub fn cached_len(&self) -> usize {
-        self.log.len() - 1
-    }
-
     /// Plans a round (the schedule asked with `batch`, drafts made); returns
     /// the rows its verify forwards, and whether every row's logits are
     /// needed (else only the last).
-    ///
-    /// A round already planned and not yet verified (a pipelined batched
-    /// step planned it, then could not take its rows: [`crate::batch`]) is
-    /// returned as it is: a schedule is never asked twice for one round.
     pub fn plan(&mut self, target: &mut dyn Target, batch: BatchContext) -> Result<(&[u32], bool)> {
-        if self.plan.is_none() {
-            let generated = self.em.emitted.len();
-            let plan = self.state.plan(
-                target,
-                &self.log,
-                &self.settings.params,
-                &mut self.rng,
-                generated,
-                self.max_tokens - generated,
-                batch,
-            )?;
-            self.plan = Some(plan);
-        }
-        let plan = self.plan.as_ref().expect("planned above");
+        let generated = self.em.emitted.len();
+        let plan = self.state.plan(
+            target,
+            &self.log,
+            &self.settings.params,
+            &mut self.rng,
+            generated,
+            self.max_tokens - generated,
+            batch,
+        )?;
+        let plan = self.plan.insert(plan);
         Ok((&plan.rows, plan.drafted() > 0))
-    }
-
-    /// Whether it may decode in pipelined batched steps
-    /// ([`crate::batch`]): greedy, with nothing that reads its rows beyond
-    /// their argmax (logprobs, a grammar) or records its rounds, and no
-    /// round planned with drafts (whose verify is not one row).
-    pub fn can_pipeline_batched(&self) -> bool {
-        self.decoding()
-            && self.plan.as_ref().is_none_or(|p| p.rows.len() == 1)
-            && !self.settings.record
-            && self.settings.logprobs.is_none()
-            && self.settings.constraint.is_none()
-            && self.settings.params.plain_greedy()
-    }
-
-    /// Whether it speculates (its rounds go through its policies).
-    pub fn speculates(&self) -> bool {
-        !self.state.is_plain()
     }
 
     /// Ends the planned round with its verify's `rows` (every row's logits,

@@ -482,14 +482,9 @@ impl SpecState {
         out.rows = rows;
         out.dists = dists.into_committed(out.tokens.len());
 
-        // 5. Roll back to what was kept: the pending token plus accepted
-        // drafts. A round without drafts has nothing to roll back, and the
-        // target may already hold a row queued after it (pipelined batched
-        // steps, `crate::batch`).
+        // 5. Roll back to what was kept: the pending token plus accepted drafts.
         let t = Instant::now();
-        if kd > 0 {
-            target.rewind(before + 1 + out.accepted)?;
-        }
+        target.rewind(before + 1 + out.accepted)?;
         if let Some(c) = &self.constraint {
             c.lock().commit(&out.tokens)?;
         }

@@ -476,38 +476,6 @@ pub fn forward_batch_verify(
     Ok(res)
 }
 
-/// One batched step of plain greedy decoding, queued and not waited on:
-/// one row per target, its token `ids[i]` (`[n]`, which may still be being
-/// computed: the argmax of the step before). Returns the step's logits
-/// `[n, vocab]` and their argmax `[n]`, both queued, so the argmax can feed
-/// the next step before the host has read this one. The forward is
-/// [`forward_batch`]'s, so each row is bitwise what it would be there.
-pub fn queue_batch_greedy(
-    model: &Llama,
-    targets: &mut [&mut LlamaTarget],
-    ids: &Array,
-) -> Result<(Array, Array)> {
-    const ONE_ROW: [u32; 1] = [0];
-    let mut rows: Vec<BatchRows<'_>> = targets
-        .iter_mut()
-        .map(|t| BatchRows {
-            tokens: &ONE_ROW,
-            caches: &mut t.caches,
-            logits: Some(Logits::Last),
-        })
-        .collect();
-    let (logits, _) = model
-        .forward_batch_ids(ids, &mut rows)?
-        .context("a greedy step asks for logits")?;
-    drop(rows);
-    for t in targets.iter_mut() {
-        t.collect_snapshots();
-    }
-    let next = ops::argmax(&logits, -1, false)?;
-    specd_mlx::async_eval(&[&next, &logits])?;
-    Ok((logits, next))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
