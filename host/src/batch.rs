@@ -190,6 +190,20 @@ impl<'e> Scheduler<'e> {
         }
     }
 
+    /// Starts from `fit`, the step-cost fit another scheduler learnt (its
+    /// [`Scheduler::take_fit`]): a server's one scheduler keeps its fit for
+    /// its lifetime, and a benchmark that runs several schedulers in turn
+    /// measures that steady state only if they hand it on.
+    pub fn with_fit(mut self, fit: StepFit) -> Self {
+        self.curve = fit.0;
+        self
+    }
+
+    /// The step-cost fit learnt so far (this scheduler starts over).
+    pub fn take_fit(&mut self) -> StepFit {
+        StepFit(std::mem::take(&mut self.curve))
+    }
+
     pub fn is_idle(&self) -> bool {
         self.active.is_empty() && self.waiting.is_empty()
     }
@@ -588,6 +602,10 @@ struct Planned {
     logits: Option<Logits>,
     prefill: bool,
 }
+
+/// What a scheduler learnt of its steps' cost ([`Scheduler::take_fit`]).
+#[derive(Debug, Default, Clone)]
+pub struct StepFit(StepCurve);
 
 /// The cost curve of a batched step, `seconds ≈ c + slope * rows`, fitted
 /// online (exponentially decayed least squares over the steps run), so a

@@ -3,7 +3,7 @@
 //! tokens/s, time to first token and inter-token latency (p50/p99). The
 //! N = 1 row comes from the same run, and `bench decode`'s single stream is
 //! measured in it too, interleaved, so ratios compare like with like.
-use crate::batch::{Admitted, BatchLimits, Scheduler};
+use crate::batch::{Admitted, BatchLimits, Scheduler, StepFit};
 use crate::bench::{GROUNDED, OPEN};
 use crate::engine::{Engine, Prompt};
 use crate::latency::{percentile, Latency};
@@ -73,9 +73,12 @@ pub fn request_text(i: usize) -> String {
     )
 }
 
-/// One batch of `n` requests, all submitted at once.
+/// One batch of `n` requests, all submitted at once. The scheduler starts
+/// from `fit` and leaves what it learnt there, as a server's one scheduler
+/// keeps its step-cost fit from request to request.
 fn one(
     e: &Engine,
+    fit: &mut StepFit,
     n: usize,
     opts: &SpecOptions,
     temperature: f32,
@@ -87,7 +90,8 @@ fn one(
             max_sequences: n,
             ..Default::default()
         },
-    );
+    )
+    .with_fit(std::mem::take(fit));
     let results = Rc::new(RefCell::new(Vec::new()));
     let t0 = Instant::now();
     // Per request, its non-empty pieces' seconds since submission.
@@ -137,6 +141,7 @@ fn one(
         }
     }
     let seconds = t0.elapsed().as_secs_f64();
+    *fit = sched.take_fit();
     let (mut tokens, mut rounds, mut drafted, mut accepted) = (0, 0, 0, 0);
     for f in results.borrow_mut().drain(..) {
         let f = f.context("a benchmark request failed")?;
@@ -182,7 +187,8 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         drafter: Some(DrafterSpec::None),
         ..Default::default()
     };
-    one(e, 2, &none, 0.0, 8)?;
+    let mut fit = StepFit::default();
+    one(e, &mut fit, 2, &none, 0.0, 8)?;
     let mut rows: Vec<ServeRow> = Vec::new();
     for rep in 0..b.repeats.max(1) {
         let d = crate::bench::decode(e, b.max_tokens)?;
@@ -217,7 +223,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     progress(&format!(
                         "repeat {rep}: temperature {temp} drafter {drafter} N={n}"
                     ));
-                    merge(&mut rows, one(e, n, &opts, temp, b.max_tokens)?);
+                    merge(&mut rows, one(e, &mut fit, n, &opts, temp, b.max_tokens)?);
                 }
             }
         }
