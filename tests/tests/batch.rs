@@ -745,3 +745,54 @@ fn an_echo_requests_prompt_logprobs_come_from_its_batched_prefill() {
         }
     }
 }
+
+/// Requests of the default speculation (n-gram + `throughput`) that arrive
+/// one step apart while the others decode, over the prefix cache: each
+/// returns its solo tokens.
+#[test]
+fn staggered_default_requests_over_the_prefix_cache_keep_their_solo_tokens() {
+    let e = engine();
+    let params = SamplingParams::default();
+    let opts = SpecOptions::default();
+    let prompt = e.encode(&chat("What is the capital of France?")).unwrap();
+    let settings = e.settings(params.clone(), Some(16), vec![]);
+    let solo = e
+        .generate(
+            Some("t"),
+            &prompt,
+            &settings,
+            e.speculation(&opts, &params).unwrap(),
+            &mut |_| true,
+        )
+        .unwrap()
+        .log;
+    let finished = Rc::new(RefCell::new(vec![None; 8]));
+    let mut sched = Scheduler::new(&e, BatchLimits::default());
+    let mut admitted = 0;
+    let mut steps = 0;
+    while admitted < 8 || !sched.is_idle() {
+        for _ in 0..(steps % 3) {
+            if admitted < 8 {
+                let f = finished.clone();
+                let i = admitted;
+                sched.admit(Admitted {
+                    tenant: Some("t".into()),
+                    prompt: prompt.clone(),
+                    settings: settings.clone(),
+                    spec: e.speculation(&opts, &params).unwrap(),
+                    sink: Box::new(|_: &str| true),
+                    done: Box::new(move |r| {
+                        f.borrow_mut()[i] = Some(r.map(|f| f.log).map_err(|e| format!("{e:#}")))
+                    }),
+                });
+                admitted += 1;
+            }
+        }
+        sched.step(&mut || true);
+        steps += 1;
+    }
+    for (i, r) in finished.borrow().iter().enumerate() {
+        let log = r.clone().expect("finished").expect("no failure");
+        assert_eq!(log, solo, "request {i} differs from its solo run");
+    }
+}
