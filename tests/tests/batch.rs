@@ -780,6 +780,7 @@ fn staggered_default_requests_over_the_prefix_cache_keep_their_solo_tokens() {
                     prompt: prompt.clone(),
                     settings: settings.clone(),
                     spec: e.speculation(&opts, &params).unwrap(),
+                    drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
                     sink: Box::new(|_: &str| true),
                     done: Box::new(move |r| {
                         f.borrow_mut()[i] = Some(r.map(|f| f.log).map_err(|e| format!("{e:#}")))
