@@ -76,6 +76,13 @@ pub fn request_kv_bytes_per_token(engine: &Engine, drafter: &DrafterSpec) -> usi
     target + draft
 }
 
+/// What a request's drafter was built from ([`DrafterSpec::None`] without
+/// speculation).
+pub fn drafter_of(spec: &Option<Speculation>) -> &DrafterSpec {
+    spec.as_ref()
+        .map_or(&DrafterSpec::None, |s| &s.drafter_spec)
+}
+
 /// Whether `drafter` holds a KV cache of its own (counted in
 /// [`request_kv_bytes_per_token`]).
 pub fn drafter_holds_kv(drafter: &DrafterSpec) -> bool {
@@ -115,9 +122,6 @@ pub struct Admitted<'e> {
     pub prompt: Vec<u32>,
     pub settings: Settings,
     pub spec: Option<Speculation>,
-    /// The drafter `spec` was built from ([`DrafterSpec::None`] without
-    /// speculation): a model drafter's KV is counted against the budget.
-    pub drafter: DrafterSpec,
     /// Receives its text; returns false once the client is gone.
     pub sink: Box<Sink<'e>>,
     pub done: Done<'e>,
@@ -248,7 +252,7 @@ impl<'e> Scheduler<'e> {
             let (tokens, per_token) = match front {
                 Waiting::Fresh(a) => (
                     a.prompt.len(),
-                    request_kv_bytes_per_token(self.engine, &a.drafter),
+                    request_kv_bytes_per_token(self.engine, drafter_of(&a.spec)),
                 ),
                 Waiting::Preempted(a) => (a.seq.kv_tokens() + a.seq.max_round_rows(), a.per_token),
             };
@@ -319,7 +323,7 @@ impl<'e> Scheduler<'e> {
     fn start(&mut self, a: Admitted<'e>) {
         let id = self.next_id;
         self.next_id += 1;
-        let per_token = request_kv_bytes_per_token(self.engine, &a.drafter);
+        let per_token = request_kv_bytes_per_token(self.engine, drafter_of(&a.spec));
         // A request asking for its prompt's logprobs builds them from its own
         // prefill's rows, so it skips the prefix-cache lookup and prefills
         // the whole prompt (what it leaves in the cache is kept as usual).

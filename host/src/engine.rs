@@ -257,6 +257,7 @@ impl Engine {
             .map_err(|e| anyhow::anyhow!("acceptance {acceptance:?}: {e}"))?;
         Ok(Some(Speculation {
             drafter,
+            drafter_spec: spec,
             schedule,
             acceptance,
             draft_max,

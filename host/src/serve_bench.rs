@@ -7,7 +7,7 @@ use crate::batch::{Admitted, BatchLimits, Scheduler, StepFit};
 use crate::bench::{GROUNDED, OPEN};
 use crate::engine::{Engine, Prompt};
 use crate::latency::{percentile, Latency};
-use crate::options::{DrafterSpec, SpecOptions, DEFAULT_DRAFTER};
+use crate::options::{DrafterSpec, SpecOptions};
 use crate::profile::process_cpu_seconds;
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
@@ -119,7 +119,6 @@ fn one(
             prompt,
             settings,
             spec,
-            drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
             sink,
             done: Box::new(move |f| r.borrow_mut().push(f)),
         });

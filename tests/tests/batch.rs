@@ -4,7 +4,7 @@
 use specd::batch::{kv_bytes_per_token, Admitted, BatchLimits, Scheduler};
 use specd::engine::Prompt;
 use specd::model::Logits;
-use specd::options::{DrafterSpec, SpecOptions, DEFAULT_DRAFTER};
+use specd::options::{DrafterSpec, SpecOptions};
 use specd::pipeline::{LogprobHook, PromptLogprobHook, PREFILL_CHUNK};
 use specd::sampling::SamplingParams;
 use specd::sampling::{distribution, token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
@@ -235,7 +235,6 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
             prompt: p.clone(),
             settings: e.settings(params.clone(), Some(n), vec![]),
             spec: e.speculation(opts, params).unwrap(),
-            drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
             sink: Box::new(|_: &str| true),
             done: Box::new(move |r| f.borrow_mut()[i] = Some(r.map(|f| (f.log, f.stats)))),
         });
@@ -365,7 +364,6 @@ fn sampled_runs(
             prompt: prompt.to_vec(),
             settings: e.settings(p.clone(), Some(n), vec![]),
             spec: e.speculation(&opts, &p).unwrap(),
-            drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
             sink: Box::new(|_: &str| true),
             done: Box::new(move |r| o.borrow_mut().push((s, generated(r.unwrap())))),
         });
@@ -481,7 +479,6 @@ fn a_model_drafters_cache_counts_in_the_kv_budget() {
             prompt: prompt.clone(),
             settings: e.settings(params.clone(), Some(4), vec![]),
             spec: e.speculation(&opts, &params).unwrap(),
-            drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
             sink: Box::new(|_: &str| true),
             done: Box::new(|r| {
                 r.unwrap();
@@ -586,7 +583,6 @@ fn echo_request<'e>(
         prompt: prompt.to_vec(),
         settings,
         spec: None,
-        drafter: DrafterSpec::None,
         sink: Box::new(|_: &str| true),
         done,
     }
@@ -662,7 +658,6 @@ fn an_echo_requests_prompt_logprobs_come_from_its_batched_prefill() {
                     prompt: other_prompt.clone(),
                     settings: e.settings(p, Some(other_n), vec![]),
                     spec: None,
-                    drafter: DrafterSpec::None,
                     sink: Box::new(|_: &str| true),
                     done: Box::new(move |r| f.borrow_mut().push(("other", r.unwrap()))),
                 });
@@ -780,7 +775,6 @@ fn staggered_default_requests_over_the_prefix_cache_keep_their_solo_tokens() {
                     prompt: prompt.clone(),
                     settings: settings.clone(),
                     spec: e.speculation(&opts, &params).unwrap(),
-                    drafter: opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER),
                     sink: Box::new(|_: &str| true),
                     done: Box::new(move |r| {
                         f.borrow_mut()[i] = Some(r.map(|f| f.log).map_err(|e| format!("{e:#}")))

@@ -5,7 +5,6 @@ use super::config::ServerConfig;
 use super::metrics::ServerMetrics;
 use crate::batch::{Admitted, Scheduler};
 use crate::engine::Engine;
-use crate::options::DEFAULT_DRAFTER;
 use crate::pipeline::Finished;
 use crate::pipeline::Stats;
 use crate::sampling::SamplingParams;
@@ -371,16 +370,15 @@ fn prepare<'e>(
         Err(e) => return refuse(format!("{e:#}")),
     };
     settings.record |= record.is_some();
-    // What `spec` was built from (`None` there for the `none` drafter).
-    let drafter = req.spec.drafter.clone().unwrap_or(DEFAULT_DRAFTER);
+    let drafter = crate::batch::drafter_of(&spec);
     if let Some(budget) = cfg.batch.kv_budget {
         // A model drafter's cache grows with the target's: counted too.
-        let need = (prompt.len() + 1) * crate::batch::request_kv_bytes_per_token(engine, &drafter);
+        let need = (prompt.len() + 1) * crate::batch::request_kv_bytes_per_token(engine, drafter);
         if need > budget {
             return refuse(format!(
                 "the prompt is {} tokens, whose KV cache ({need} bytes{}) is over this server's kv_budget of {budget} bytes",
                 prompt.len(),
-                if crate::batch::drafter_holds_kv(&drafter) {
+                if crate::batch::drafter_holds_kv(drafter) {
                     format!(", the {drafter} drafter's included")
                 } else {
                     String::new()
@@ -484,7 +482,6 @@ fn prepare<'e>(
         prompt,
         settings,
         spec,
-        drafter,
         sink,
         done,
     })

@@ -17,6 +17,7 @@ pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
 pub use target::{LlamaTarget, Target, VerifyMode};
 
+use crate::options::DrafterSpec;
 use crate::sampling::{distribution, Distribution, Rng, SamplingParams, SharedConstraint};
 use anyhow::Result;
 use rows::RowDists;
@@ -29,6 +30,9 @@ use std::time::Instant;
 /// The policies and drafter of one request.
 pub struct Speculation {
     pub drafter: Box<dyn Drafter>,
+    /// What `drafter` was built from: the KV budget counts a model
+    /// drafter's cache ([`crate::batch::request_kv_bytes_per_token`]).
+    pub drafter_spec: DrafterSpec,
     pub schedule: Box<dyn Schedule>,
     pub acceptance: Box<dyn Acceptance>,
     pub draft_max: usize,

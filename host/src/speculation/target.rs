@@ -455,10 +455,11 @@ pub fn forward_batch_verify(
         }
     }
     specd_mlx::eval(&wanted)?;
-    let mut light_rows = match &stats {
-        Some(s) => s.read(&light)?.into_iter(),
-        None => Vec::new().into_iter(),
-    };
+    let mut light_rows = stats
+        .map(|s| s.read(&light))
+        .transpose()?
+        .unwrap_or_default()
+        .into_iter();
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
     for ((p, o), mode) in parts.iter_mut().zip(&outs).zip(modes) {

@@ -146,6 +146,8 @@ fn spec(
 ) -> Speculation {
     Speculation {
         drafter,
+        // Scripted drafters hold no KV, as model-free ones.
+        drafter_spec: DrafterSpec::Suffix,
         schedule: native::schedule(schedule, sched_cfg, None).unwrap(),
         acceptance: native::acceptance(acceptance, "{}", 49152).unwrap(),
         draft_max: 8,
@@ -418,6 +420,7 @@ fn rejection_sampling_preserves_the_target_distribution() {
     };
     let s = Speculation {
         drafter: Box::new(SampledDrafter { q }),
+        drafter_spec: DrafterSpec::Suffix,
         schedule: native::schedule("constant", r#"{"k":3}"#, None).unwrap(),
         acceptance: native::acceptance("rejection", "{}", vocab as u32).unwrap(),
         draft_max: 3,
