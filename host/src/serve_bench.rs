@@ -346,8 +346,8 @@ pub struct StepCost {
     pub one_sequence_cpu_ms: Option<f64>,
     pub alone_cpu_ms: Option<f64>,
     /// The batched step read light (what a plain greedy request's rows
-    /// become: each row's argmax and margin, taken from the step's one copy
-    /// of the rows), wall and CPU milliseconds.
+    /// become: each row's argmax and margin, computed on the device in one
+    /// `row_top2_list` op for the step), wall and CPU milliseconds.
     pub light_ms: f64,
     pub light_cpu_ms: Option<f64>,
 }

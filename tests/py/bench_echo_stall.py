@@ -18,41 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import Server  # noqa: E402
 
 STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 LIST = "The planets of the solar system, in order from the sun, are"
 CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(exe: str, args: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([exe, "serve", "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"{exe} serve exited with {proc.returncode}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{exe} serve did not come up")
 
 
 def trial(url: str, model: str, prompt: str, tokens: int, warm: int, kind: str, nonce: int) -> dict:
@@ -116,19 +96,24 @@ def main() -> None:
     a = ap.parse_args()
     bins = [b.split("=", 1) for b in a.bin]
     prompt = " ".join([STORY, LIST, CODE] * a.repeat)
-    servers = {name: start(exe, a.serve_args) for name, exe in bins}
     kinds = ["echo", "plain"] if a.plain else ["echo"]
     results: dict[tuple[str, str], list[dict]] = {(n, k): [] for n, _ in bins for k in kinds}
-    try:
-        for nonce in range(a.trials):
-            for name, _ in bins:
-                for kind in kinds:
-                    results[(name, kind)].append(
-                        trial(servers[name][1], a.model, prompt, a.tokens, a.warm, kind, nonce))
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(timeout=30)
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = {}
+        try:
+            for name, exe in bins:
+                d = Path(tmp) / name
+                d.mkdir()
+                servers[name] = Server(*a.serve_args, policy_dir=d / "policies", log=d / "serve.log",
+                                       exe=Path(exe)).start()
+            for nonce in range(a.trials):
+                for name, _ in bins:
+                    for kind in kinds:
+                        results[(name, kind)].append(
+                            trial(servers[name].url, a.model, prompt, a.tokens, a.warm, kind, nonce))
+        finally:
+            for srv in servers.values():
+                srv.stop()
     print(f"{'binary':<8} {'kind':<6} {'prompt':>6} {'itl_before_ms':>13} {'max_gap_during_ms':>17} {'req_s':>7}")
     for (name, kind), rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}

@@ -38,7 +38,8 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
 class Server:
     """A `specd serve` process on a free port; `url` once it answers /health."""
 
-    def __init__(self, *args: str, policy_dir: Path, log: Path):
+    def __init__(self, *args: str, policy_dir: Path, log: Path, exe: Path | None = None):
+        self.exe = exe or server_bin()
         self.args = list(args)
         self.policy_dir = policy_dir
         self.log_path = log
@@ -47,7 +48,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 180.0) -> "Server":
-        exe = server_bin()
+        exe = self.exe
         assert exe.exists(), f"{exe} is missing: build it first (cargo build --release -p specd)"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
