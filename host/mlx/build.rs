@@ -133,6 +133,7 @@ fn main() {
         "qmm_tiles.h",
         "top2.h",
         "qmm_avx2.cc",
+        "qmm_q8_avx2.cc",
         "qmm_avx512.cc",
         "qmm_vnni.cc",
     ] {
@@ -178,6 +179,7 @@ fn main() {
         build.define("SPECD_X86_KERNELS", None);
         for (file, flags) in [
             ("src/qmm_avx2.cc", &["-mavx2", "-mfma", "-mf16c"][..]),
+            ("src/qmm_q8_avx2.cc", &["-mavx2", "-mfma", "-mf16c"][..]),
             (
                 "src/qmm_avx512.cc",
                 &["-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"][..],

@@ -462,6 +462,7 @@ void qmm_range(const QArgs& a, int cb0, int cb1) {
   if (a.xq) {
 #if defined(SPECD_X86_KERNELS)
     if (has_vnni()) return qmm::vnni(a, cb0, cb1);
+    if (isa() != Isa::Scalar) return qmm::q8_avx2(a, cb0, cb1);
 #endif
     return qmm_q8_scalar(a, cb0, cb1);
   }
@@ -496,6 +497,8 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
 #if defined(SPECD_X86_KERNELS)
     if (has_vnni())
       qmm::quantize_vnni(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data());
+    else if (isa() != Isa::Scalar)
+      qmm::quantize_avx2(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data());
     else
 #endif
       quantize_x(xd, M, K, bits, xq.data(), xqd.data());
@@ -681,9 +684,19 @@ void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
   }
 }
 
-// Head dims the grouped AVX-512 attention (qmm::attn_group_avx512) takes: the
-// default model's 64, 128, and Gemma 3's 256.
+// Head dims the grouped attention (qmm::attn_group_avx512 / _avx2) takes:
+// the default model's 64, 128, and Gemma 3's 256.
 inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
+
+#if defined(SPECD_X86_KERNELS)
+// The grouped attention at the CPU's SIMD level (grouped_dim shapes).
+inline void attn_group(const qmm::AttnGroup& g, float* scores) {
+  if (isa() == Isa::Avx512)
+    qmm::attn_group_avx512(g, scores);
+  else
+    qmm::attn_group_avx2(g, scores);
+}
+#endif
 
 // q, k, v [1, heads, len, dim], any strides; output [1, T, H, Dv].
 struct AttnBody {
@@ -700,7 +713,7 @@ struct AttnBody {
   }
   void run(const std::vector<mx::array>&, mx::array&, const AttnArgs& a) const {
 #if defined(SPECD_X86_KERNELS)
-    if (isa() == Isa::Avx512 && a.q_col == 1 && a.k_col == 1 && a.v_col == 1 && a.D == a.Dv &&
+    if (isa() != Isa::Scalar && a.q_col == 1 && a.k_col == 1 && a.v_col == 1 && a.D == a.Dv &&
         grouped_dim(a.D) && a.H / a.Hkv <= qmm::AttnGroup::kMaxHeads) {
       grouped(a);
       return;
@@ -741,7 +754,7 @@ struct AttnBody {
         g.D = a.D;
         g.scale = a.scale;
         scores.resize((size_t)rep * g.n);
-        qmm::attn_group_avx512(g, scores.data());
+        attn_group(g, scores.data());
       }
     });
   }
@@ -841,7 +854,7 @@ struct RaggedAttnBody {
     const auto& sp = seqs[s];
     int rep = H / Hkv;
 #if defined(SPECD_X86_KERNELS)
-    if (isa() == Isa::Avx512 && grouped_dim(D) && rep <= qmm::AttnGroup::kMaxHeads) {
+    if (isa() != Isa::Scalar && grouped_dim(D) && rep <= qmm::AttnGroup::kMaxHeads) {
       qmm::AttnGroup g{};
       g.heads = rep;
       for (int i = 0; i < rep; i++) {
@@ -856,7 +869,7 @@ struct RaggedAttnBody {
       g.D = D;
       g.scale = scale;
       scratch.resize((size_t)rep * g.n);
-      qmm::attn_group_avx512(g, scratch.data());
+      attn_group(g, scratch.data());
       return;
     }
 #endif

@@ -75,9 +75,13 @@ void avx2(const Args& a, int cb0, int cb1);
 void avx512(const Args& a, int cb0, int cb1);
 // 8-bit activations (a.xq set), AVX-512 VNNI.
 void vnni(const Args& a, int cb0, int cb1);
+// 8-bit activations on AVX2 (no VNNI): the same sums and results
+// (qmm_q8_avx2.cc).
+void q8_avx2(const Args& a, int cb0, int cb1);
 // Rows of x [M, K] as 8-bit blocks and their scales (the layout above),
-// with AVX-512; the same bytes as kernels.cc's scalar `quantize_x`.
+// with AVX-512 or AVX2; the same bytes as kernels.cc's scalar `quantize_x`.
 void quantize_vnni(const float* x, int M, int K, int bits, int8_t* xq, float* xd);
+void quantize_avx2(const float* x, int M, int K, int bits, int8_t* xq, float* xd);
 
 // Causal attention of query row t for the heads that share one kv head
 // (GQA): each key and value row is loaded once for all of them. AVX-512,
@@ -97,6 +101,10 @@ struct AttnGroup {
   float scale;
 };
 bool attn_group_avx512(const AttnGroup& g, float* scores);
+// The same on AVX2 (head dims a multiple of 32), with the float operations
+// of the per-head AVX2 path (kernels.cc `attn_rows`: dot_avx2, exp_sum_avx2,
+// axpy_avx2), so its results are bitwise that path's.
+bool attn_group_avx2(const AttnGroup& g, float* scores);
 
 // Attention helpers: a fixed-order dot product, and y += a * x.
 float dot_avx2(const float* a, const float* b, int n);

@@ -451,6 +451,68 @@ fn attention_matches_sdpa_and_is_row_invariant() {
     }
 }
 
+/// At the AVX2 level the grouped attention (contiguous rows: the query
+/// heads of a kv head share each key and value load) runs the float
+/// operations of the per-head path (taken when q's elements are not
+/// adjacent), so the two are bitwise equal. The AVX-512 grouped kernel sums
+/// in 16 lanes: there the two agree to rounding. `make test` runs this file
+/// with `SPECD_KERNEL_ISA=avx2` too, so an AVX-512 machine checks the AVX2
+/// kernels as well.
+#[test]
+fn grouped_attention_is_the_per_head_path() {
+    let mut g = Gen(70);
+    for (h, hkv, d, t, len) in [
+        (9usize, 3usize, 64usize, 1usize, 1usize),
+        (9, 3, 64, 5, 40),
+        (9, 3, 64, 9, 301),
+        (4, 1, 256, 3, 40),
+        (8, 2, 128, 2, 77),
+        (6, 6, 64, 4, 20),
+    ] {
+        let k = heads(&g.f32s(hkv * len * d, -1.0, 1.0), hkv, len, d);
+        let v = heads(&g.f32s(hkv * len * d, -1.0, 1.0), hkv, len, d);
+        let qs = g.f32s(h * t * d, -1.5, 1.5);
+        let q = heads(&qs, h, t, d);
+        // The same values stored [1, h, d, t] and viewed as [1, h, t, d]:
+        // a column stride of t, so the per-head path reads it.
+        let mut qt = vec![0f32; qs.len()];
+        for hh in 0..h {
+            for i in 0..t {
+                for j in 0..d {
+                    qt[(hh * d + j) * t + i] = qs[(hh * t + i) * d + j];
+                }
+            }
+        }
+        let q_strided = Array::from_f32(&qt, &[1, h as i32, d as i32, t as i32])
+            .unwrap()
+            .transpose(&[0, 1, 3, 2])
+            .unwrap();
+        let scale = 1.0 / (d as f32).sqrt();
+        let grouped = kernels::attention(&q, &k, &v, scale, true)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let per_head = kernels::attention(&q_strided, &k, &v, scale, true)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let what = format!("h {h} / {hkv}, d {d}, {t} rows over {len} keys");
+        if kernels::isa() == "avx512" {
+            for (a, b) in grouped.iter().zip(&per_head) {
+                assert!((a - b).abs() < 1e-5, "{what}: {a} vs {b}");
+            }
+        } else {
+            assert!(
+                grouped
+                    .iter()
+                    .zip(&per_head)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: the grouped attention differs from the per-head path"
+            );
+        }
+    }
+}
+
 #[test]
 fn attention_reads_cache_slices_in_place() {
     // Keys as a slice of a larger buffer (what the KV cache hands over).
