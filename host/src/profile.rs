@@ -3,7 +3,7 @@
 //! to more than a fused step; the gap between the two is what per-op
 //! dispatch and graph construction cost — the target of the decode-speed work.
 use crate::cache::LayerCache;
-use crate::model::Llama;
+use crate::model::{Linear, Llama};
 use crate::sampling::{distribution, SamplingParams};
 use anyhow::Result;
 use specd_mlx::Array;
@@ -135,9 +135,17 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
         *c /= steps as f64;
     }
     let quantized = m.layers.iter().any(|l| l.q.is_quantized());
+    let int8 = m
+        .layers
+        .iter()
+        .any(|l| matches!(&l.o, Linear::Quantized(q) if q.int8_activations));
     let path = format!(
         "{}{}, kernels {} x{} threads",
-        if quantized { "quantized" } else { "f32" },
+        match (quantized, int8) {
+            (true, true) => "int8",
+            (true, false) => "quantized",
+            _ => "f32",
+        },
         if m.batch_invariant() {
             ", batch-invariant"
         } else {

@@ -15,9 +15,9 @@ pub enum WeightMode {
     F32,
     /// As `Quantized`, and each matmul quantizes its activations to 8 bits
     /// per 32-value block (`qmm.h`), so the dot products run as exact
-    /// integer sums (AVX-512 VNNI): several times fewer instructions per
-    /// row, the same batch invariance, logits within about 1e-2 of
-    /// `quantized`'s.
+    /// integer sums (AVX-512 VNNI, or AVX2 `vpmaddubsw`): several times
+    /// fewer instructions per row, the same batch invariance, logits within
+    /// about 1e-2 of `quantized`'s.
     Int8,
 }
 
