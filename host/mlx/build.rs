@@ -132,6 +132,7 @@ fn main() {
         "qmm_simd.h",
         "qmm_tiles.h",
         "top2.h",
+        "qmm_avx2.h",
         "qmm_avx2.cc",
         "qmm_q8_avx2.cc",
         "qmm_avx512.cc",

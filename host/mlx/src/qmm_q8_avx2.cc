@@ -23,15 +23,15 @@
 // FMA and F16C enabled; called only when the CPU has them.
 #include <immintrin.h>
 
-#include <algorithm>
-
 #include "qmm.h"
+#include "qmm_avx2.h"
+#include "qmm_simd.h"
 #include "qmm_tiles.h"
 
 namespace specd_mlx::qmm {
 namespace {
 
-constexpr int W = 8;  // int32 / float lanes of a vector
+constexpr int W = Avx2::W;  // int32 / float lanes of a vector
 
 struct Q8Avx2 {
   // 8 output vectors per tile (up to 4 rows x 2 vectors): their int16
@@ -143,23 +143,7 @@ struct Q8Avx2 {
           }
         }
     }
-    for (int r = 0; r < R; r++)
-      for (int c = 0; c < CB; c++)
-        for (int v = 0; v < NV; v++) {
-          int n = (cb0 + c) * kLanes + v * W;
-          if (n >= a.N) continue;
-          size_t at = (size_t)(m0 + r) * a.N + n;
-          int len = std::min(W, a.N - n);
-          __m256 out = acc[r][c][v];
-          if (len == W) {
-            if (a.r) out = _mm256_add_ps(out, _mm256_loadu_ps(a.r + at));
-            _mm256_storeu_ps(a.y + at, out);
-          } else {
-            alignas(32) float tmp[W];
-            _mm256_store_ps(tmp, out);
-            for (int i = 0; i < len; i++) a.y[at + i] = a.r ? tmp[i] + a.r[at + i] : tmp[i];
-          }
-        }
+    Kernel<Avx2>::store(a, acc, cb0, m0);
   }
 };
 

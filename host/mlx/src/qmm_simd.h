@@ -88,6 +88,13 @@ struct Kernel {
         }
       }
     }
+    store(a, acc, cb0, m0);
+  }
+
+  // A tile's outputs into y (plus the residual r, when given); columns past
+  // N are dropped. Also the 8-bit-activation kernels' (qmm_q8_avx2.cc).
+  template <int R, int CB>
+  static void store(const Args& a, const V (&acc)[R][CB][NV], int cb0, int m0) {
     for (int r = 0; r < R; r++)
       for (int c = 0; c < CB; c++)
         for (int v = 0; v < NV; v++) {

@@ -1,0 +1,62 @@
+// The AVX2 + FMA + F16C traits of the SIMD kernels (qmm_simd.h): 8 lanes.
+// Included only by translation units compiled with those instructions
+// (qmm_avx2.cc, qmm_q8_avx2.cc).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace specd_mlx::qmm {
+
+struct Avx2 {
+  using V = __m256;
+  using Vi = __m256i;
+  static constexpr int W = 8;
+  // Output vectors per tile: with two partial sums each, 4 outputs take 12
+  // of the 16 registers and keep 8 FMA chains in flight.
+  static constexpr int kOutputs = 4, kChains = 2;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  static Vi loadw(const uint32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static V cvtph(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // Value j of every lane's word, as float.
+  template <int BITS>
+  static V unpack(Vi w, int j) {
+    if constexpr (BITS == 4) {
+      return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 4 * j), _mm256_set1_epi32(15)));
+    } else {
+      const Vi ctl = _mm256_add_epi32(_mm256_set1_epi32(int(0x80808000u | unsigned(j))),
+                                      _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12));
+      return _mm256_cvtepi32_ps(_mm256_shuffle_epi8(w, ctl));
+    }
+  }
+  static V load_n(const float* p, int n) {
+    if (n == W) return _mm256_loadu_ps(p);
+    alignas(32) float t[8] = {};
+    for (int i = 0; i < n; i++) t[i] = p[i];
+    return _mm256_load_ps(t);
+  }
+  static void store(float* y, V v, int n) {
+    if (n == W) {
+      _mm256_storeu_ps(y, v);
+      return;
+    }
+    alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    for (int i = 0; i < n; i++) y[i] = t[i];
+  }
+};
+
+}  // namespace specd_mlx::qmm
