@@ -384,14 +384,14 @@ void qmm_scalar(const QArgs& a, int cb0, int cb1) {
         float acc = 0.f;
         for (int g = 0; g < groups; g++) {
           const uint32_t* base = a.w + ((size_t)cb * groups + g) * gw;
-          float t[2] = {0.f, 0.f};
+          float t = 0.f;
           for (int d = 0; d < dpg; d++)
             for (int j = 0; j < per; j++) {
               float q = float((base[d * qmm::kLanes + l] >> (j * vb)) & mask);
-              t[d & 1] = std::fma(xr[g * a.group + d * per + j], q, t[d & 1]);
+              t = std::fma(xr[g * a.group + d * per + j], q, t);
             }
           auto [s, b] = lane_scale(base + dpg * qmm::kLanes, l, f32);
-          acc = std::fma(t[0] + t[1], s, acc);
+          acc = std::fma(t, s, acc);
           acc = std::fma(b, a.xsum[(size_t)m * groups + g], acc);
         }
         size_t at = (size_t)m * a.N + cb * qmm::kLanes + l;

@@ -16,7 +16,7 @@ struct Avx512 {
   // Output vectors per tile (rows x column vectors): 8 accumulators and 8
   // partial sums fill half the 32 registers and keep 8 independent FMA
   // chains in flight, so one partial sum per group suffices.
-  static constexpr int kOutputs = 8, kChains = 1;
+  static constexpr int kOutputs = 8;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }

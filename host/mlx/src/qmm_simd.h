@@ -2,17 +2,17 @@
 // width (included by qmm_avx2.cc and qmm_avx512.cc with their own `Isa`
 // traits). Lanes are output columns; x is broadcast.
 //
-// For output (row m, column n) the float operations are, in this order
-// (C = I::kChains partial sums per group: 1 where registers allow enough
-// independent outputs to hide the FMA latency, else 2):
-//   per group g: t_0 .. t_(C-1) = 0
-//                for each word d, value j: t_(d % C) = fma(x[m, k], q[n, k], t_(d % C))
-//                acc = fma(t_0 (+ t_1), scale[n, g], acc)
+// For output (row m, column n) the float operations are, in this order:
+//   per group g: t = 0
+//                for each word d, value j: t = fma(x[m, k], q[n, k], t)
+//                acc = fma(t, scale[n, g], acc)
 //                acc = fma(bias[n, g], xsum[m, g], acc)
 //   y = acc (+ r[m, n], the residual, when given)
-// whatever tile (rows x column blocks) it is computed in: tiles only decide
-// which independent chains run side by side, so results are batch-invariant
-// (and equal to the scalar reference in kernels.cc, which does the same).
+// whatever tile (rows x column blocks) it is computed in, and whichever
+// instruction set: tiles only decide which independent chains run side by
+// side, so results are batch-invariant and equal to the scalar reference in
+// kernels.cc, which does the same (so AVX-512, AVX2 and scalar machines
+// compute the same bits).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -30,8 +30,6 @@ struct Kernel {
   static constexpr int NV = kLanes / W;  // vectors per column block
   static constexpr int kOutputs = I::kOutputs;
 
-  static constexpr int C = I::kChains;
-
   template <int BITS, bool F32S, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {
     constexpr int per = 32 / BITS;
@@ -42,11 +40,10 @@ struct Kernel {
       for (int c = 0; c < CB; c++)
         for (int v = 0; v < NV; v++) acc[r][c][v] = I::zero();
     for (int g = 0; g < groups; g++) {
-      V t[C][R][CB][NV];
-      for (int h = 0; h < C; h++)
-        for (int r = 0; r < R; r++)
-          for (int c = 0; c < CB; c++)
-            for (int v = 0; v < NV; v++) t[h][r][c][v] = I::zero();
+      V t[R][CB][NV];
+      for (int r = 0; r < R; r++)
+        for (int c = 0; c < CB; c++)
+          for (int v = 0; v < NV; v++) t[r][c][v] = I::zero();
       const uint32_t* base[CB];
       for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
       for (int d = 0; d < dpg; d++) {
@@ -62,7 +59,7 @@ struct Kernel {
               V q = I::template unpack<BITS>(wv, j);
 #pragma GCC unroll 8
               for (int r = 0; r < R; r++) {
-                V& tt = t[d % C][r][c][v];
+                V& tt = t[r][c][v];
                 tt = I::fma(I::set1(xk[(size_t)r * a.K + j]), q, tt);
               }
             }
@@ -79,10 +76,8 @@ struct Kernel {
             s = I::cvtph(sb + v * W), b = I::cvtph(sb + kLanes + v * W);
           }
           for (int r = 0; r < R; r++) {
-            V sum = t[0][r][c][v];
-            if constexpr (C == 2) sum = I::add(sum, t[1][r][c][v]);
             V& o = acc[r][c][v];
-            o = I::fma(sum, s, o);
+            o = I::fma(t[r][c][v], s, o);
             o = I::fma(b, I::set1(a.xsum[(size_t)(m0 + r) * groups + g]), o);
           }
         }

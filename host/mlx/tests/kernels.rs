@@ -1167,6 +1167,76 @@ fn qmatmul_int8_is_its_formula_exactly() {
     }
 }
 
+/// The quantized matmul's float formula (qmm_simd.h), written out: per
+/// group one fma chain over the values in order, then the scale and the
+/// bias times the group's sum of x.
+fn float_reference(x: &[f32], m: usize, q: &QWeight) -> Vec<f32> {
+    let (bits, group) = (q.bits as usize, q.group as usize);
+    let w = q.w.to_vec_u32().unwrap();
+    let f = |a: &Array| a.as_type(Dtype::Float32).unwrap().to_vec_f32().unwrap();
+    let (s, b) = (f(&q.s), f(&q.b));
+    let n = q.w.dim(0) as usize;
+    let k = x.len() / m;
+    let (per, groups) = (32 / bits, k / group);
+    let mut y = vec![0f32; m * n];
+    for r in 0..m {
+        let xr = &x[r * k..(r + 1) * k];
+        for col in 0..n {
+            let mut acc = 0f32;
+            for g in 0..groups {
+                let mut t = 0f32;
+                for i in g * group..(g + 1) * group {
+                    let word = w[col * k * bits / 32 + i / per];
+                    let v = (word >> ((i % per) * bits)) & ((1 << bits) - 1);
+                    t = xr[i].mul_add(v as f32, t);
+                }
+                let xsum = xr[g * group..(g + 1) * group]
+                    .iter()
+                    .fold(0f32, |a, v| a + v);
+                acc = t.mul_add(s[col * groups + g], acc);
+                acc = b[col * groups + g].mul_add(xsum, acc);
+            }
+            y[r * n + col] = acc;
+        }
+    }
+    y
+}
+
+/// Every instruction set computes the same bits (`make test` runs this file
+/// again at `SPECD_KERNEL_ISA=avx2` and `scalar`), so a model's output does
+/// not depend on the machine's SIMD level.
+#[test]
+fn qmatmul_is_its_formula_exactly() {
+    for (n, k, group, bits, seed) in [
+        (40, 256, 32, 4, 61),
+        (33, 192, 64, 8, 62),
+        (70, 128, 128, 4, 63),
+        (24, 96, 32, 8, 64),
+    ] {
+        let mut g = Gen(seed);
+        let q = qweight(&mut g, n, k, group, bits);
+        for m in [1, 2, 3, 4, 5, 8, 9] {
+            let xs = g.f32s(m * k, -3.0, 3.0);
+            let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
+            let got = kernels::qmatmul(&x, &q.w, &q.s, &q.b, group, bits)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            let want = float_reference(&xs, m, &q);
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} {n}x{k} g{group} {bits}-bit, {m} rows, [{}, {}]: {a} vs {b}",
+                    kernels::isa(),
+                    i / n,
+                    i % n
+                );
+            }
+        }
+    }
+}
+
 /// The host's greedy scan (`argmax_margin` in the host crate, which this
 /// crate sits below, so the reference is its own copy): what
 /// `row_top2` must keep, bit for bit. Returns (argmax, top, second).
