@@ -55,7 +55,18 @@ struct Args {
   int M, N, K, group, bits;  // bits: value width, | kScaleF32 for float32 scales
   const int8_t* xq = nullptr;  // 8-bit activations [M, K], or null: float x
   const float* xd = nullptr;   // their scales, [M, K / 32]
+  // 4-bit values only (avx2): x[m, k] is given times 2^(-4 j), j = k % 8
+  // (j = 7: as it is), the inverse of the factor 16^j that value j of a
+  // word carries in place, so the kernel masks values 0..6 without shifting
+  // them (`scale_nibbles`). Each product is exactly x q (the factors differ
+  // by powers of two), so the results are the formula's bit for bit.
+  bool x_nibble_scaled = false;
 };
+
+// x times 2^(-4 (k % 8)) but for k % 8 = 7 (`Args::x_nibble_scaled`) into
+// xs, M rows of K (K a multiple of 8); false where that would not be exact: some nonzero |x|
+// below 2^-102 would lose bits as a subnormal.
+bool scale_nibbles(const float* x, int M, int K, float* xs);
 
 // Where value i (0..31) of a block stands among the block's 8-bit
 // activations (the order above).

@@ -9,7 +9,29 @@
 
 namespace specd_mlx::qmm {
 
-void avx2(const Args& a, int n0, int n1) { Kernel<Avx2>::run(a, n0, n1); }
+void avx2(const Args& a, int n0, int n1) {
+  if (a.x_nibble_scaled)
+    Kernel<Avx2ScaledNibbles>::run(a, n0, n1);
+  else
+    Kernel<Avx2>::run(a, n0, n1);
+}
+
+bool scale_nibbles(const float* x, int M, int K, float* xs) {
+  // Below 2^-102 a value times 2^-24 is subnormal and loses bits.
+  constexpr float kTiny = 0x1p-102f;
+  // Powers of two: each product is exact where it is not subnormal.
+  const __m256 f = _mm256_setr_ps(1.f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.f);
+  const __m256 tiny = _mm256_set1_ps(kTiny), zero = _mm256_setzero_ps();
+  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 bad = zero;
+  for (size_t i = 0, n = (size_t)M * K; i < n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i), a = _mm256_and_ps(v, abs);
+    bad = _mm256_or_ps(bad, _mm256_and_ps(_mm256_cmp_ps(a, tiny, _CMP_LT_OQ),
+                                          _mm256_cmp_ps(a, zero, _CMP_GT_OQ)));
+    _mm256_storeu_ps(xs + i, _mm256_mul_ps(v, f));
+  }
+  return _mm256_movemask_ps(bad) == 0;
+}
 
 float dot_avx2(const float* a, const float* b, int n) {
   __m256 acc = _mm256_setzero_ps();

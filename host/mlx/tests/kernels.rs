@@ -1216,7 +1216,12 @@ fn qmatmul_is_its_formula_exactly() {
         let mut g = Gen(seed);
         let q = qweight(&mut g, n, k, group, bits);
         for m in [1, 2, 3, 4, 5, 8, 9] {
-            let xs = g.f32s(m * k, -3.0, 3.0);
+            let mut xs = g.f32s(m * k, -3.0, 3.0);
+            if m == 3 {
+                // A row so small that x * 2^-24 would be subnormal: the
+                // AVX2 path that pre-scales x must not take it.
+                xs[k..2 * k].iter_mut().for_each(|v| *v *= 1e-32);
+            }
             let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
             let got = kernels::qmatmul(&x, &q.w, &q.s, &q.b, group, bits)
                 .unwrap()
