@@ -293,10 +293,14 @@ impl ScheduleLogic for HeuristicTransient {
 /// with a_i = position-acceptance[i] (clamped to [0, 1]; `prior`, default 0.6,
 /// where the host has no estimate) and verify(k) = verify-seconds-by-len[k],
 /// where unmeasured lengths are interpolated linearly between measured ones
-/// and extrapolated from the last two (flat from a single one).  The answer is
-/// the k with the highest tokens(k) / cost(k), the smallest on ties; 0 (a
-/// plain step) when speculation does not pay.  With no verify timing at all
-/// yet it answers min(`initial`, K) (config `{"initial": 4, "prior": 0.6}`).
+/// and extrapolated from the last two (flat from a single one; in a batched
+/// step, `batch-sequences` >= 2, a single one of j + 1 rows is taken as
+/// proportional to the rows instead, since flat would make every request of
+/// the step draft its maximum at once).  The answer is the k with the
+/// highest tokens(k) / cost(k), the smallest on ties; 0 (a plain step) when
+/// speculation does not pay.  With no verify timing at all yet it answers
+/// min(`initial` / n, K) in a step of n requests (n = 1 alone; config
+/// `{"initial": 4, "prior": 0.6}`).
 ///
 /// In a batched step (contract 0.2's `batch-sequences` >= 2) verify(k) is
 /// replaced by this request's share of the step, [`batch_share`]: the
@@ -556,8 +560,9 @@ fn measured_lengths(measured: &[f64]) -> Vec<(usize, f64)> {
 }
 
 impl Throughput {
-    /// Verify seconds of every k in 0..=kmax (`None`: nothing to go on).
-    fn verify_curve(&self, measured: &[f64], kmax: u32) -> Option<Vec<f64>> {
+    /// Verify seconds of every k in 0..=kmax (`None`: nothing to go on), for
+    /// a request in a step of `batch` requests.
+    fn verify_curve(&self, measured: &[f64], kmax: u32, batch: u32) -> Option<Vec<f64>> {
         let own = measured_lengths(measured);
         let (plain, row) = (self.carry.plain_seconds, self.carry.row_seconds);
         match own.as_slice() {
@@ -586,7 +591,17 @@ impl Throughput {
                     })
                     .collect()
             }
-            // Nothing carried: one length is taken as flat, none as unknown.
+            // Nothing carried and batched: one length of j + 1 rows is taken
+            // as j + 1 rows' worth (the compute-bound worst case). Flat, a
+            // step of n requests would look as cheap with 16 drafts each as
+            // with none, and every request would draft its maximum at once.
+            [(j, t)] if batch >= 2 => Some(
+                (0..=kmax)
+                    .map(|k| t * (k as f64 + 1.0) / (*j as f64 + 1.0))
+                    .collect(),
+            ),
+            // Nothing carried, alone: one length is taken as flat, none as
+            // unknown.
             _ => (0..=kmax)
                 .map(|k| estimate_verify(measured, k as usize))
                 .collect(),
@@ -709,8 +724,11 @@ impl ScheduleLogic for Throughput {
         if kmax == 0 {
             return 0;
         }
-        let Some(verify) = self.verify_curve(&input.verify_seconds_by_len, kmax) else {
-            return self.initial.min(kmax);
+        let batch = input.batch_sequences.max(1);
+        let Some(verify) = self.verify_curve(&input.verify_seconds_by_len, kmax, batch) else {
+            // Nothing measured or carried: `initial`, shared by the batch
+            // (a first guess in a step of n slows all n streams).
+            return (self.initial / batch).min(kmax);
         };
         let draft =
             if input.draft_seconds_per_token.is_finite() && input.draft_seconds_per_token > 0.0 {
@@ -740,7 +758,6 @@ impl ScheduleLogic for Throughput {
             // A probe's rows slow every request of a batched step, so in a
             // step of n it waits n times as long (one probe per
             // `probe_after` steps of the batch, not per request).
-            let batch = input.batch_sequences.max(1);
             if self.zeros >= self.probe_after.saturating_mul(batch) {
                 self.probing = true;
                 self.zeros = 0;

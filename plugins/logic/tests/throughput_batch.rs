@@ -139,3 +139,49 @@ fn in_a_batch_the_request_trusts_its_own_rounds_over_the_carried_ones() {
     // below the 0.69 a draft row needs there.
     assert_eq!(after_a_miss(8, 7), 0);
 }
+
+/// A request's second round: one length measured (`drafted` drafts), no
+/// carried state, in a step of `n` requests.
+fn second_round(drafted: u32, n: u32) -> ScheduleInput {
+    let mut verify = vec![0.0; 17];
+    verify[drafted as usize] = lone(drafted);
+    ScheduleInput {
+        round: 1,
+        generated: 1,
+        budget_left: 100,
+        max_draft: 16,
+        position_acceptance: vec![0.6; 16],
+        verify_seconds_by_len: verify,
+        batch_sequences: n,
+        batch_rows_planned: n - 1,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_batched_request_with_one_measured_length_does_not_take_drafts_as_free() {
+    // Alone, one measured length is a flat line (the request finds out by
+    // drafting); in a step of 8, flat would make 16 drafts cost what none
+    // do, and all 8 requests would draft 16 at once (a 136-row step).
+    assert_eq!(decide(&second_round(4, 1)), 16);
+    for drafted in [0, 4] {
+        let k = decide(&second_round(drafted, 8));
+        assert_eq!(k, 0, "drafted {drafted}: k = {k}");
+    }
+}
+
+#[test]
+fn a_first_round_in_a_batch_shares_the_initial_guess() {
+    let first = |n: u32| ScheduleInput {
+        round: 0,
+        budget_left: 100,
+        max_draft: 16,
+        verify_seconds_by_len: vec![0.0; 17],
+        batch_sequences: n,
+        ..Default::default()
+    };
+    assert_eq!(decide(&first(0)), 4);
+    assert_eq!(decide(&first(1)), 4);
+    assert_eq!(decide(&first(2)), 2);
+    assert_eq!(decide(&first(8)), 0);
+}
