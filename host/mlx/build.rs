@@ -187,7 +187,14 @@ fn main() {
             ),
             (
                 "src/qmm_vnni.cc",
-                &["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c"][..],
+                &[
+                    "-mavx512f",
+                    "-mavx512bw",
+                    "-mavx512vnni",
+                    "-mavx2",
+                    "-mfma",
+                    "-mf16c",
+                ][..],
             ),
         ] {
             let mut b = cc::Build::new();

@@ -449,22 +449,31 @@ void qmm_q8_scalar(const QArgs& a, int cb0, int cb1) {
       }
 }
 
-bool has_vnni() {
+// Which kernels run 8-bit activations: VNNI where the CPU has it, the AVX2
+// `vpmaddubsw` ones on any other AVX2 CPU, else the scalar formula. The same
+// level quantizes x and multiplies (they agree on the bytes anyway).
+enum class Q8 { Vnni, Avx2, Scalar };
+
+Q8 q8_level() {
 #if defined(SPECD_X86_KERNELS)
-  static bool v = isa() == Isa::Avx512 && __builtin_cpu_supports("avx512vnni");
-  return v;
+  static Q8 l = isa() == Isa::Avx512 && __builtin_cpu_supports("avx512vnni") ? Q8::Vnni
+                : isa() != Isa::Scalar                                      ? Q8::Avx2
+                                                                            : Q8::Scalar;
+  return l;
 #else
-  return false;
+  return Q8::Scalar;
 #endif
 }
 
 void qmm_range(const QArgs& a, int cb0, int cb1) {
   if (a.xq) {
+    switch (q8_level()) {
 #if defined(SPECD_X86_KERNELS)
-    if (has_vnni()) return qmm::vnni(a, cb0, cb1);
-    if (isa() != Isa::Scalar) return qmm::q8_avx2(a, cb0, cb1);
+      case Q8::Vnni: return qmm::vnni(a, cb0, cb1);
+      case Q8::Avx2: return qmm::q8_avx2(a, cb0, cb1);
 #endif
-    return qmm_q8_scalar(a, cb0, cb1);
+      default: return qmm_q8_scalar(a, cb0, cb1);
+    }
   }
   switch (isa()) {
 #if defined(SPECD_X86_KERNELS)
@@ -494,14 +503,13 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
   if (q8) {
     xq.resize((size_t)M * K);
     xqd.resize((size_t)M * (K / 32));
+    switch (q8_level()) {
 #if defined(SPECD_X86_KERNELS)
-    if (has_vnni())
-      qmm::quantize_vnni(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data());
-    else if (isa() != Isa::Scalar)
-      qmm::quantize_avx2(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data());
-    else
+      case Q8::Vnni: qmm::quantize_vnni(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data()); break;
+      case Q8::Avx2: qmm::quantize_avx2(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data()); break;
 #endif
-      quantize_x(xd, M, K, bits, xq.data(), xqd.data());
+      default: quantize_x(xd, M, K, bits, xq.data(), xqd.data()); break;
+    }
     a.xq = xq.data(), a.xd = xqd.data();
   }
 #if defined(SPECD_X86_KERNELS)

@@ -1,6 +1,6 @@
 // The AVX2 + FMA + F16C traits of the SIMD kernels (qmm_simd.h): 8 lanes.
 // Included only by translation units compiled with those instructions
-// (qmm_avx2.cc, qmm_q8_avx2.cc).
+// (qmm_avx2.cc, qmm_q8_avx2.cc, and qmm_vnni.cc for q8_nibble_order).
 #pragma once
 #include <immintrin.h>
 
@@ -62,6 +62,15 @@ struct Avx2 {
     for (int i = 0; i < n; i++) y[i] = t[i];
   }
 };
+
+// 8-bit activations for 4-bit weights (qmm.h): within each 8-byte word the
+// even values' bytes, then the odd ones'. `shuffle_epi8` stays inside
+// 16-byte lanes, which hold 2 words. Shared by quantize_avx2 and
+// quantize_vnni.
+inline __m256i q8_nibble_order() {
+  return _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15, 0, 2, 4, 6, 1, 3,
+                          5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+}
 
 // The traits for x given pre-scaled (`Args::x_nibble_scaled`): 4-bit values
 // 0..6 stay in place, q * 16^j, one AND instead of a shift and an AND (1.2x

@@ -153,11 +153,7 @@ void quantize_avx2(const float* x, int M, int K, int bits, int8_t* xq, float* xd
   // packs_epi32 / packs_epi16 interleave 128-bit lanes: this puts the 8
   // dwords of 4 values each back in order.
   const __m256i dword_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  // Within each 8-byte word: the even values' bytes, then the odd ones'
-  // (qmm.h), as quantize_vnni.
-  const __m256i nibble_order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13,
-                                                15, 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11,
-                                                13, 15);
+  const __m256i nibble_order = q8_nibble_order();
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int m = 0; m < M; m++)
     for (int b = 0; b < K / 32; b++) {

@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "qmm.h"
+#include "qmm_avx2.h"
 #include "qmm_tiles.h"
 
 namespace specd_mlx::qmm {
@@ -119,11 +120,7 @@ struct Vnni {
 }  // namespace
 
 void quantize_vnni(const float* x, int M, int K, int bits, int8_t* xq, float* xd) {
-  // Within each 8-byte word: the even values' bytes, then the odd ones'
-  // (qmm.h); `shuffle_epi8` stays inside 16-byte lanes, which hold 2 words.
-  const __m256i nibble_order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13,
-                                                15, 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11,
-                                                13, 15);
+  const __m256i nibble_order = q8_nibble_order();
   for (int m = 0; m < M; m++)
     for (int b = 0; b < K / 32; b++) {
       const float* xb = x + (size_t)m * K + b * 32;
