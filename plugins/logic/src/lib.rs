@@ -293,14 +293,14 @@ impl ScheduleLogic for HeuristicTransient {
 /// with a_i = position-acceptance[i] (clamped to [0, 1]; `prior`, default 0.6,
 /// where the host has no estimate) and verify(k) = verify-seconds-by-len[k],
 /// where unmeasured lengths are interpolated linearly between measured ones
-/// and extrapolated from the last two (flat from a single one; in a batched
-/// step, `batch-sequences` >= 2, a single one of j + 1 rows is taken as
-/// proportional to the rows instead, since flat would make every request of
-/// the step draft its maximum at once).  The answer is the k with the
-/// highest tokens(k) / cost(k), the smallest on ties; 0 (a plain step) when
-/// speculation does not pay.  With no verify timing at all yet it answers
-/// min(`initial` / n, K) in a step of n requests (n = 1 alone; config
-/// `{"initial": 4, "prior": 0.6}`).
+/// and extrapolated from the last two (a single measured length of j + 1
+/// rows, j > 0 or in a batched step, is taken as proportional to the rows:
+/// the next round is plain and measures the intercept; flat, 16 drafts would
+/// look as cheap as none).  The answer is the k with the highest tokens(k) /
+/// cost(k), the smallest on ties; 0 (a plain step) when speculation does not
+/// pay.  With no verify timing at all yet, or alone with only plain rounds
+/// measured, it answers min(`initial` / n, K) in a step of n requests (n = 1
+/// alone; config `{"initial": 4, "prior": 0.6}`).
 ///
 /// In a batched step (contract 0.2's `batch-sequences` >= 2) verify(k) is
 /// replaced by this request's share of the step, [`batch_share`]: the
@@ -591,17 +591,21 @@ impl Throughput {
                     })
                     .collect()
             }
-            // Nothing carried and batched: one length of j + 1 rows is taken
-            // as j + 1 rows' worth (the compute-bound worst case). Flat, a
-            // step of n requests would look as cheap with 16 drafts each as
-            // with none, and every request would draft its maximum at once.
-            [(j, t)] if batch >= 2 => Some(
+            // Nothing carried, alone, only plain rounds measured: nothing to
+            // go on (`initial`, which measures a second length).
+            [(0, _)] if batch < 2 => None,
+            // Nothing carried, one length of j + 1 rows: each row taken as
+            // a (j + 1)-th of it (the compute-bound worst case), so the
+            // next round is plain and measures the line's intercept. Flat,
+            // 16 drafts would look as cheap as none: on a CPU that round
+            // costs 7 plain steps, and in a batched step every request
+            // would draft its maximum at once.
+            [(j, t)] => Some(
                 (0..=kmax)
                     .map(|k| t * (k as f64 + 1.0) / (*j as f64 + 1.0))
                     .collect(),
             ),
-            // Nothing carried, alone: one length is taken as flat, none as
-            // unknown.
+            // Nothing carried, nothing measured: unknown.
             _ => (0..=kmax)
                 .map(|k| estimate_verify(measured, k as usize))
                 .collect(),

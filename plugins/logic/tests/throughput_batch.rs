@@ -153,17 +153,23 @@ fn second_round(drafted: u32, n: u32) -> ScheduleInput {
         position_acceptance: vec![0.6; 16],
         verify_seconds_by_len: verify,
         batch_sequences: n,
-        batch_rows_planned: n - 1,
+        batch_rows_planned: n.saturating_sub(1),
         ..Default::default()
     }
 }
 
 #[test]
-fn a_batched_request_with_one_measured_length_does_not_take_drafts_as_free() {
-    // Alone, one measured length is a flat line (the request finds out by
-    // drafting); in a step of 8, flat would make 16 drafts cost what none
-    // do, and all 8 requests would draft 16 at once (a 136-row step).
-    assert_eq!(decide(&second_round(4, 1)), 16);
+fn one_measured_length_does_not_take_drafts_as_free() {
+    // Taken flat, one measured length would make 16 drafts cost what none
+    // do: alone a 17-row verify (7 plain steps on a 2-core CPU), in a step
+    // of 8 all 8 requests drafting 16 at once (a 136-row step). Taken as
+    // proportional to the rows, the next round is plain: it measures the
+    // intercept, and the round after decides from a line.
+    assert_eq!(decide(&second_round(4, 1)), 0);
+    assert_eq!(decide(&second_round(4, 0)), 0);
+    // Alone with only a plain round measured: the first guess, `initial`,
+    // which measures a second length.
+    assert_eq!(decide(&second_round(0, 1)), 4);
     for drafted in [0, 4] {
         let k = decide(&second_round(drafted, 8));
         assert_eq!(k, 0, "drafted {drafted}: k = {k}");
