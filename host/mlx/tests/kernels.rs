@@ -1088,9 +1088,13 @@ fn qmatmul_int8_activations() {
     check_int8(300, 640, 128, 8, 45);
 }
 
-/// The 8-bit activation formula (`qmm_vnni.cc`) written out in Rust, from
-/// MLX's layout: the kernels must give exactly these bits.
-fn int8_reference(x: &[f32], m: usize, q: &QWeight) -> Vec<f32> {
+/// The quantized matmul's formulas written out in Rust, from MLX's layout:
+/// the kernels must give exactly these bits. Per group a partial sum t, then
+/// acc = fma(t, scale, acc) and acc = fma(bias, the group's sum of x, acc).
+/// t is one fma chain over the values in order (float activations,
+/// `qmm_simd.h`), or with `int8` each 32-value block's exact integer sum
+/// times its scale (`qmm_vnni.cc`).
+fn formula_reference(x: &[f32], m: usize, q: &QWeight, int8: bool) -> Vec<f32> {
     let (bits, group) = (q.bits as usize, q.group as usize);
     let w = q.w.to_vec_u32().unwrap();
     let f = |a: &Array| a.as_type(Dtype::Float32).unwrap().to_vec_f32().unwrap();
@@ -1112,18 +1116,24 @@ fn int8_reference(x: &[f32], m: usize, q: &QWeight) -> Vec<f32> {
             }
         }
         for col in 0..n {
+            let value = |i: usize| {
+                let word = w[col * k * bits / 32 + i / per];
+                (word >> ((i % per) * bits)) & ((1 << bits) - 1)
+            };
             let mut acc = 0f32;
             for g in 0..groups {
                 let mut t = 0f32;
-                let blocks = g * group / 32..(g + 1) * group / 32;
-                for (blk, d) in blocks.clone().zip(&xd[blocks]) {
-                    let isum: i32 = (blk * 32..blk * 32 + 32)
-                        .map(|i| {
-                            let word = w[col * k * bits / 32 + i / per];
-                            ((word >> ((i % per) * bits)) & ((1 << bits) - 1)) as i32 * xq[i]
-                        })
-                        .sum();
-                    t = (isum as f32).mul_add(*d, t);
+                if int8 {
+                    for blk in g * group / 32..(g + 1) * group / 32 {
+                        let isum: i32 = (blk * 32..blk * 32 + 32)
+                            .map(|i| value(i) as i32 * xq[i])
+                            .sum();
+                        t = (isum as f32).mul_add(xd[blk], t);
+                    }
+                } else {
+                    for i in g * group..(g + 1) * group {
+                        t = xr[i].mul_add(value(i) as f32, t);
+                    }
                 }
                 let xsum = xr[g * group..(g + 1) * group]
                     .iter()
@@ -1137,85 +1147,13 @@ fn int8_reference(x: &[f32], m: usize, q: &QWeight) -> Vec<f32> {
     y
 }
 
-#[test]
-fn qmatmul_int8_is_its_formula_exactly() {
-    for (n, k, group, bits, seed) in [
-        (40, 256, 32, 4, 51),
-        (33, 192, 64, 8, 52),
-        (17, 128, 128, 4, 53),
-    ] {
+/// `kernels::qmatmul` (with `act` in its bits) against [`formula_reference`],
+/// bit for bit, on each (n, k, group, bits, seed) at each row count.
+fn check_formula(cases: &[(usize, usize, i32, i32, u64)], rows: &[usize], act: i32) {
+    for &(n, k, group, bits, seed) in cases {
         let mut g = Gen(seed);
         let q = qweight(&mut g, n, k, group, bits);
-        for m in [1, 3, 8] {
-            let xs = g.f32s(m * k, -3.0, 3.0);
-            let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
-            let got = kernels::qmatmul(&x, &q.w, &q.s, &q.b, group, bits | ACT_Q8)
-                .unwrap()
-                .to_vec_f32()
-                .unwrap();
-            let want = int8_reference(&xs, m, &q);
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{n}x{k} g{group} {bits}-bit, {m} rows, [{}, {}]: {a} vs {b}",
-                    i / n,
-                    i % n
-                );
-            }
-        }
-    }
-}
-
-/// The quantized matmul's float formula (qmm_simd.h), written out: per
-/// group one fma chain over the values in order, then the scale and the
-/// bias times the group's sum of x.
-fn float_reference(x: &[f32], m: usize, q: &QWeight) -> Vec<f32> {
-    let (bits, group) = (q.bits as usize, q.group as usize);
-    let w = q.w.to_vec_u32().unwrap();
-    let f = |a: &Array| a.as_type(Dtype::Float32).unwrap().to_vec_f32().unwrap();
-    let (s, b) = (f(&q.s), f(&q.b));
-    let n = q.w.dim(0) as usize;
-    let k = x.len() / m;
-    let (per, groups) = (32 / bits, k / group);
-    let mut y = vec![0f32; m * n];
-    for r in 0..m {
-        let xr = &x[r * k..(r + 1) * k];
-        for col in 0..n {
-            let mut acc = 0f32;
-            for g in 0..groups {
-                let mut t = 0f32;
-                for i in g * group..(g + 1) * group {
-                    let word = w[col * k * bits / 32 + i / per];
-                    let v = (word >> ((i % per) * bits)) & ((1 << bits) - 1);
-                    t = xr[i].mul_add(v as f32, t);
-                }
-                let xsum = xr[g * group..(g + 1) * group]
-                    .iter()
-                    .fold(0f32, |a, v| a + v);
-                acc = t.mul_add(s[col * groups + g], acc);
-                acc = b[col * groups + g].mul_add(xsum, acc);
-            }
-            y[r * n + col] = acc;
-        }
-    }
-    y
-}
-
-/// Every instruction set computes the same bits (`make test` runs this file
-/// again at `SPECD_KERNEL_ISA=avx2` and `scalar`), so a model's output does
-/// not depend on the machine's SIMD level.
-#[test]
-fn qmatmul_is_its_formula_exactly() {
-    for (n, k, group, bits, seed) in [
-        (40, 256, 32, 4, 61),
-        (33, 192, 64, 8, 62),
-        (70, 128, 128, 4, 63),
-        (24, 96, 32, 8, 64),
-    ] {
-        let mut g = Gen(seed);
-        let q = qweight(&mut g, n, k, group, bits);
-        for m in [1, 2, 3, 4, 5, 8, 9] {
+        for &m in rows {
             let mut xs = g.f32s(m * k, -3.0, 3.0);
             if m == 3 {
                 // A row so small that x * 2^-24 would be subnormal: the
@@ -1223,16 +1161,16 @@ fn qmatmul_is_its_formula_exactly() {
                 xs[k..2 * k].iter_mut().for_each(|v| *v *= 1e-32);
             }
             let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
-            let got = kernels::qmatmul(&x, &q.w, &q.s, &q.b, group, bits)
+            let got = kernels::qmatmul(&x, &q.w, &q.s, &q.b, group, bits | act)
                 .unwrap()
                 .to_vec_f32()
                 .unwrap();
-            let want = float_reference(&xs, m, &q);
+            let want = formula_reference(&xs, m, &q, act == ACT_Q8);
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(
                     a.to_bits(),
                     b.to_bits(),
-                    "{} {n}x{k} g{group} {bits}-bit, {m} rows, [{}, {}]: {a} vs {b}",
+                    "{} act {act} {n}x{k} g{group} {bits}-bit, {m} rows, [{}, {}]: {a} vs {b}",
                     kernels::isa(),
                     i / n,
                     i % n
@@ -1240,6 +1178,30 @@ fn qmatmul_is_its_formula_exactly() {
             }
         }
     }
+}
+
+#[test]
+fn qmatmul_int8_is_its_formula_exactly() {
+    let cases = [
+        (40, 256, 32, 4, 51),
+        (33, 192, 64, 8, 52),
+        (17, 128, 128, 4, 53),
+    ];
+    check_formula(&cases, &[1, 3, 8], ACT_Q8);
+}
+
+/// Every instruction set computes the same bits (`make test` runs this file
+/// again at `SPECD_KERNEL_ISA=avx2` and `scalar`), so a model's output does
+/// not depend on the machine's SIMD level.
+#[test]
+fn qmatmul_is_its_formula_exactly() {
+    let cases = [
+        (40, 256, 32, 4, 61),
+        (33, 192, 64, 8, 62),
+        (70, 128, 128, 4, 63),
+        (24, 96, 32, 8, 64),
+    ];
+    check_formula(&cases, &[1, 2, 3, 4, 5, 8, 9], 0);
 }
 
 /// The host's greedy scan (`argmax_margin` in the host crate, which this
