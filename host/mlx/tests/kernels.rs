@@ -1123,16 +1123,17 @@ fn formula_reference(x: &[f32], m: usize, q: &QWeight, int8: bool) -> Vec<f32> {
             let mut acc = 0f32;
             for g in 0..groups {
                 let mut t = 0f32;
+                let (g0, g1) = (g * group, (g + 1) * group);
                 if int8 {
-                    for blk in g * group / 32..(g + 1) * group / 32 {
+                    for (blk, d) in (g0 / 32..g1 / 32).zip(&xd[g0 / 32..g1 / 32]) {
                         let isum: i32 = (blk * 32..blk * 32 + 32)
                             .map(|i| value(i) as i32 * xq[i])
                             .sum();
-                        t = (isum as f32).mul_add(xd[blk], t);
+                        t = (isum as f32).mul_add(*d, t);
                     }
                 } else {
-                    for i in g * group..(g + 1) * group {
-                        t = xr[i].mul_add(value(i) as f32, t);
+                    for (i, xi) in (g0..g1).zip(&xr[g0..g1]) {
+                        t = xi.mul_add(value(i) as f32, t);
                     }
                 }
                 let xsum = xr[g * group..(g + 1) * group]
