@@ -64,8 +64,8 @@ struct Args {
 };
 
 // x times 2^(-4 (k % 8)) but for k % 8 = 7 (`Args::x_nibble_scaled`) into
-// xs, M rows of K (K a multiple of 8); false where that would not be exact: some nonzero |x|
-// below 2^-102 would lose bits as a subnormal.
+// xs, M rows of K (K a multiple of 8); false where that would not be exact:
+// some nonzero |x| below 2^-102 would lose bits as a subnormal.
 bool scale_nibbles(const float* x, int M, int K, float* xs);
 
 // Where value i (0..31) of a block stands among the block's 8-bit

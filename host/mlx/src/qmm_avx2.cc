@@ -10,10 +10,12 @@
 namespace specd_mlx::qmm {
 
 void avx2(const Args& a, int n0, int n1) {
-  if (a.x_nibble_scaled)
-    Kernel<Avx2ScaledNibbles>::run(a, n0, n1);
+  if (!a.x_nibble_scaled) return Kernel<Avx2>::run(a, n0, n1);
+  using T = Tiles<Kernel<Avx2ScaledNibbles>>;
+  if (scale_f32(a.bits))
+    T::run_bits<4, true>(a, n0, n1);
   else
-    Kernel<Avx2>::run(a, n0, n1);
+    T::run_bits<4, false>(a, n0, n1);
 }
 
 bool scale_nibbles(const float* x, int M, int K, float* xs) {

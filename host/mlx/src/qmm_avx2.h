@@ -76,15 +76,13 @@ inline __m256i q8_nibble_order() {
 // 0..6 stay in place, q * 16^j, one AND instead of a shift and an AND (1.2x
 // at one row); value 7 is the shift alone (15 * 16^7 is past int32, so its
 // x is not scaled).
+// Only 4-bit tiles are built with them (`avx2` in qmm_avx2.cc).
 struct Avx2ScaledNibbles : Avx2 {
   template <int BITS>
   static V unpack(Vi w, int j) {
-    if constexpr (BITS == 4) {
-      if (j == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 28));
-      return _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(15 << (4 * j))));
-    } else {
-      return Avx2::unpack<BITS>(w, j);
-    }
+    static_assert(BITS == 4, "pre-scaled x is for 4-bit values only");
+    if (j == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 28));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(15 << (4 * j))));
   }
 };
 

@@ -606,9 +606,7 @@ impl Throughput {
                     .collect(),
             ),
             // Nothing carried, nothing measured: unknown.
-            _ => (0..=kmax)
-                .map(|k| estimate_verify(measured, k as usize))
-                .collect(),
+            _ => None,
         }
     }
 
@@ -730,8 +728,9 @@ impl ScheduleLogic for Throughput {
         }
         let batch = input.batch_sequences.max(1);
         let Some(verify) = self.verify_curve(&input.verify_seconds_by_len, kmax, batch) else {
-            // Nothing measured or carried: `initial`, shared by the batch
-            // (a first guess in a step of n slows all n streams).
+            // Nothing measured or carried (alone: or only plain rounds):
+            // `initial`, shared by the batch (a first guess in a step of n
+            // slows all n streams).
             return (self.initial / batch).min(kmax);
         };
         let draft =
