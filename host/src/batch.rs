@@ -28,8 +28,8 @@ use crate::options::DrafterSpec;
 use crate::pipeline::PREFILL_CHUNK;
 use crate::pipeline::{Finished, Sequence, Settings, Sink, VerifyTime};
 use crate::speculation::target::{forward_batch_verify, StepRows};
+use crate::speculation::{read_rows, row_threads, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, LlamaTarget, Speculation};
-use crate::speculation::{VerifyMode, VerifyRows};
 use anyhow::{anyhow, Result};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -538,7 +538,10 @@ impl<'e> Scheduler<'e> {
         match result {
             Ok(rows) => {
                 let mut rows = rows.into_iter();
-                for (a, p) in self.active.iter_mut().zip(&planned) {
+                // Rounds' rows are masked one request at a time, then
+                // read (the sampling transforms) all together.
+                let mut masked = Vec::new();
+                for (i, (a, p)) in self.active.iter_mut().zip(&planned).enumerate() {
                     let Some(p) = p else { continue };
                     let r = rows.next().expect("one result per part");
                     a.seq.joined_step(n);
@@ -557,14 +560,23 @@ impl<'e> Scheduler<'e> {
                             a.failed = Some(e.context("the prompt's logprobs"));
                         }
                     } else {
-                        let tokens = &p.tokens;
-                        let time = VerifyTime {
-                            lone: split.lone(tokens.len()),
-                            share: split.of(tokens.len()),
-                        };
-                        if let Err(e) = a.seq.complete(&mut a.target, r, time) {
-                            a.failed = Some(e);
+                        match a.seq.mask_rows(r) {
+                            Ok(m) => masked.push((i, m)),
+                            Err(e) => a.failed = Some(e),
                         }
+                    }
+                }
+                let (who, masked): (Vec<usize>, Vec<_>) = masked.into_iter().unzip();
+                let read = read_rows(masked, row_threads());
+                for (i, r) in who.into_iter().zip(read) {
+                    let (a, p) = (&mut self.active[i], &planned[i]);
+                    let rows = p.as_ref().map_or(0, |p| p.tokens.len());
+                    let time = VerifyTime {
+                        lone: split.lone(rows),
+                        share: split.of(rows),
+                    };
+                    if let Err(e) = a.seq.complete_read(&mut a.target, r, time) {
+                        a.failed = Some(e);
                     }
                 }
             }

@@ -7,7 +7,8 @@ use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng};
 use crate::speculation::{
-    BatchContext, RoundPlan, SpecState, Speculation, Target, VerifyMode, VerifyRows,
+    read_rows, row_threads, BatchContext, MaskedRows, ReadRows, RoundPlan, SpecState, Speculation,
+    Target, VerifyMode, VerifyRows,
 };
 use anyhow::{bail, Result};
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
@@ -341,15 +342,38 @@ impl<'a> Sequence<'a> {
         rows: impl Into<VerifyRows>,
         time: VerifyTime,
     ) -> Result<()> {
-        let verify_seconds = time.lone;
-        let rows = rows.into();
+        let masked = self.mask_rows(rows.into())?;
+        let Some(read) = read_rows(vec![masked], row_threads()).pop() else {
+            bail!("no rows read for the round");
+        };
+        self.complete_read(target, read, time)
+    }
+
+    /// The planned round's verify `rows` with the request's grammar
+    /// applied: a batched step reads every request's together
+    /// ([`read_rows`]), then ends each round ([`Sequence::complete_read`]).
+    pub fn mask_rows(&self, rows: VerifyRows) -> Result<MaskedRows> {
+        let Some(plan) = self.plan.as_ref() else {
+            bail!("a round completed without a plan");
+        };
+        self.state
+            .mask_rows(plan, rows, &self.log, &self.settings.params)
+    }
+
+    /// [`Sequence::complete`] with the rows already read.
+    pub fn complete_read(
+        &mut self,
+        target: &mut dyn Target,
+        read: ReadRows,
+        time: VerifyTime,
+    ) -> Result<()> {
         let Some(plan) = self.plan.take() else {
             bail!("a round completed without a plan");
         };
-        let round = self.state.complete(
+        let round = self.state.complete_read(
             plan,
-            rows,
-            verify_seconds,
+            read,
+            time.lone,
             target,
             &self.log,
             &self.settings.params,

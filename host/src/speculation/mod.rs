@@ -12,15 +12,14 @@ pub mod target;
 
 pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
 pub use history::ScheduleHistory;
-pub use rows::{RowArgmax, VerifyRows};
+pub use rows::{read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
 pub use target::{LlamaTarget, Target, VerifyMode};
 
 use crate::options::DrafterSpec;
-use crate::sampling::{distribution, Distribution, Rng, SamplingParams, SharedConstraint};
+use crate::sampling::{Distribution, Rng, SamplingParams, SharedConstraint};
 use anyhow::Result;
-use rows::RowDists;
 use serde::{Deserialize, Serialize};
 use specd_policy::{
     Acceptance, Correction, Decision, DraftStep, PolicyError, Position, Schedule, ScheduleInput,
@@ -369,6 +368,69 @@ impl SpecState {
         params: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<RoundOutcome> {
+        let masked = self.mask_rows(&plan, rows, log, params)?;
+        let read = read_rows(vec![masked], row_threads()).pop();
+        let read = read.ok_or_else(|| anyhow::anyhow!("no rows read for the round"))?;
+        self.complete_read(plan, read, verify_seconds, target, log, params, rng)
+    }
+
+    /// The first half of reading a round's `rows`: checks them against the
+    /// plan and applies the request's grammar; [`read_rows`] then applies
+    /// the sampling transforms, a batched step's requests together.
+    pub fn mask_rows(
+        &self,
+        plan: &RoundPlan,
+        rows: VerifyRows,
+        log: &[u32],
+        params: &SamplingParams,
+    ) -> Result<MaskedRows> {
+        let kd = plan.draft.tokens.len();
+        anyhow::ensure!(
+            rows.len() == if kd > 0 { kd + 1 } else { 1 },
+            "the verify returned {} rows for {kd} drafts",
+            rows.len()
+        );
+        let t = Instant::now();
+        let rows = match rows {
+            VerifyRows::Logits(mut rows) => {
+                if let Some(c) = &self.constraint {
+                    c.lock().mask_rows(&mut rows, &plan.draft.tokens)?;
+                }
+                VerifyRows::Logits(rows)
+            }
+            VerifyRows::Argmax(a) => {
+                // Only what a plain greedy distribution is: no transform
+                // to apply, no mask, nothing sampled.
+                anyhow::ensure!(
+                    params.plain_greedy() && self.constraint.is_none(),
+                    "argmax-only verify rows for a request whose rows need transforms"
+                );
+                VerifyRows::Argmax(a)
+            }
+        };
+        let seconds = t.elapsed().as_secs_f64();
+        Ok(MaskedRows::new(
+            rows,
+            &plan.draft.tokens,
+            log,
+            params,
+            seconds,
+        ))
+    }
+
+    /// Ends the round `plan` with its verify's rows read ([`read_rows`]):
+    /// decide, roll back, count.
+    #[allow(clippy::too_many_arguments)]
+    pub fn complete_read(
+        &mut self,
+        plan: RoundPlan,
+        read: ReadRows,
+        verify_seconds: f64,
+        target: &mut dyn Target,
+        log: &[u32],
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<RoundOutcome> {
         let before = log.len() - 1;
         let RoundPlan {
             round_no,
@@ -382,32 +444,18 @@ impl SpecState {
         } = plan;
         let kd = draft.tokens.len();
         anyhow::ensure!(
-            rows.len() == if kd > 0 { kd + 1 } else { 1 },
-            "the verify returned {} rows for {kd} drafts",
-            rows.len()
+            read.dists.len() == if kd > 0 { kd + 1 } else { 1 },
+            "{} rows read for {kd} drafts",
+            read.dists.len()
         );
         let vt = verify_seconds;
         self.counters.verify_seconds += vt;
-        let t = Instant::now();
-        let (mut rows, dists) = match rows {
-            VerifyRows::Logits(mut rows) => {
-                if let Some(c) = &self.constraint {
-                    c.lock().mask_rows(&mut rows, &draft.tokens)?;
-                }
-                let dists = full_dists(&rows, &draft.tokens, log, params);
-                (rows, dists)
-            }
-            VerifyRows::Argmax(a) => {
-                // Only what a plain greedy distribution is: no transform
-                // to apply, no mask, nothing sampled.
-                anyhow::ensure!(
-                    params.plain_greedy() && self.constraint.is_none(),
-                    "argmax-only verify rows for a request whose rows need transforms"
-                );
-                (Vec::new(), RowDists::Greedy(a))
-            }
-        };
-        self.counters.phases.rows += t.elapsed().as_secs_f64();
+        let ReadRows {
+            mut rows,
+            dists,
+            seconds,
+        } = read;
+        self.counters.phases.rows += seconds;
 
         // 4. Decide.
         let mut out = RoundOutcome {
@@ -562,18 +610,10 @@ impl RoundPlan {
     }
 }
 
-/// Every row's distribution after the request's transforms, each row's
-/// penalties counting the drafts before it as history.
-fn full_dists(rows: &[Vec<f32>], drafts: &[u32], log: &[u32], params: &SamplingParams) -> RowDists {
-    let mut history = log.to_vec();
-    let mut dists: Vec<Distribution> = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter().enumerate() {
-        dists.push(distribution(row, params, &history));
-        if let Some(&d) = drafts.get(i) {
-            history.push(d);
-        }
-    }
-    RowDists::Full(dists)
+/// Threads a round's rows are read on: the kernels' (the forward is done
+/// by then, so they are free).
+pub fn row_threads() -> usize {
+    specd_mlx::kernels::threads().max(1) as usize
 }
 
 #[cfg(test)]

@@ -5,7 +5,10 @@
 //! (sampling, penalties, logprobs, a grammar) reads the whole rows and runs
 //! the host's transforms ([`VerifyRows::Logits`]).
 use super::drafter::DraftProb;
-use crate::sampling::{argmax_margin, sample_index, Distribution, Rng, SamplingParams};
+use crate::sampling::{
+    argmax_margin, distributions, sample_index, Distribution, Rng, RowTask, SamplingParams,
+};
+use std::time::Instant;
 
 /// The argmax of one row's raw logits (the first index of the largest) and
 /// its lead over the runner-up, exactly as [`argmax_margin`] gives them.
@@ -61,6 +64,13 @@ pub(crate) enum RowDists {
 }
 
 impl RowDists {
+    pub fn len(&self) -> usize {
+        match self {
+            RowDists::Full(d) => d.len(),
+            RowDists::Greedy(a) => a.len(),
+        }
+    }
+
     pub fn argmax(&self, i: usize) -> u32 {
         match self {
             RowDists::Full(d) => d[i].argmax,
@@ -137,6 +147,106 @@ impl RowDists {
             RowDists::Greedy(_) => Vec::new(),
         }
     }
+}
+
+/// A round's verify rows with the request's grammar masks applied, before
+/// the host's transforms ([`read_rows`] applies those).
+pub struct MaskedRows {
+    rows: VerifyRows,
+    /// The penalties' window before the first row, then the drafts: row
+    /// `i` counts `history[..base + i]`. Empty when nothing is penalized.
+    history: Vec<u32>,
+    base: usize,
+    params: SamplingParams,
+    seconds: f64,
+}
+
+impl MaskedRows {
+    /// `rows` of a round that drafted `drafts` after `log`; `seconds` is
+    /// what masking them took.
+    pub fn new(
+        rows: VerifyRows,
+        drafts: &[u32],
+        log: &[u32],
+        params: &SamplingParams,
+        seconds: f64,
+    ) -> Self {
+        let (history, base) = if params.penalized() {
+            // Only the last `repeat_last_n` of the log count, drafts or not.
+            let window = &log[log.len().saturating_sub(params.repeat_last_n)..];
+            ([window, drafts].concat(), window.len())
+        } else {
+            (Vec::new(), 0)
+        };
+        MaskedRows {
+            rows,
+            history,
+            base,
+            params: params.clone(),
+            seconds,
+        }
+    }
+
+    fn history(&self, row: usize) -> &[u32] {
+        if self.history.is_empty() {
+            &[]
+        } else {
+            &self.history[..(self.base + row).min(self.history.len())]
+        }
+    }
+}
+
+/// A verify's rows as its round decides from them.
+pub struct ReadRows {
+    /// The (masked) logits, where the verify copied them back.
+    pub(crate) rows: Vec<Vec<f32>>,
+    pub(crate) dists: RowDists,
+    /// Masking, plus this request's share of the transforms' wall time.
+    pub(crate) seconds: f64,
+}
+
+/// Every request's rows read, all their distributions computed together
+/// over `threads` threads (one verify's rows, or a batched step's).
+pub fn read_rows(masked: Vec<MaskedRows>, threads: usize) -> Vec<ReadRows> {
+    let t = Instant::now();
+    let dists = {
+        let tasks: Vec<RowTask<'_>> = masked
+            .iter()
+            .flat_map(|m| {
+                let rows = match &m.rows {
+                    VerifyRows::Logits(r) => r.as_slice(),
+                    VerifyRows::Argmax(_) => &[],
+                };
+                rows.iter().enumerate().map(move |(i, r)| RowTask {
+                    logits: r,
+                    params: &m.params,
+                    history: m.history(i),
+                })
+            })
+            .collect();
+        distributions(&tasks, threads)
+    };
+    let total = dists.len().max(1) as f64;
+    let wall = t.elapsed().as_secs_f64();
+    let mut dists = dists.into_iter();
+    masked
+        .into_iter()
+        .map(|m| match m.rows {
+            VerifyRows::Logits(rows) => {
+                let d: Vec<Distribution> = dists.by_ref().take(rows.len()).collect();
+                ReadRows {
+                    seconds: m.seconds + wall * d.len() as f64 / total,
+                    rows,
+                    dists: RowDists::Full(d),
+                }
+            }
+            VerifyRows::Argmax(a) => ReadRows {
+                rows: Vec::new(),
+                dists: RowDists::Greedy(a),
+                seconds: m.seconds,
+            },
+        })
+        .collect()
 }
 
 #[cfg(test)]
