@@ -201,25 +201,91 @@ impl Distribution {
     }
 }
 
-/// Index `i` with the cumulative mass first exceeding `u * total`.
+/// Index `i` with the cumulative mass first exceeding `u * total` (the
+/// last token with mass when rounding leaves the target unreached).
 pub fn sample_index(probs: &[f32], u: f32) -> Option<u32> {
-    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+    let total = sum(probs);
     if total.is_nan() || total <= 0.0 {
         return None;
     }
     let target = u as f64 * total;
+    // Whole blocks are summed (vectorized) until the one the target falls
+    // in, which is walked token by token.
+    const BLOCK: usize = 256;
     let mut acc = 0.0f64;
-    let mut last = None;
-    for (i, &p) in probs.iter().enumerate() {
-        if p > 0.0 {
-            acc += p as f64;
-            last = Some(i as u32);
-            if acc > target {
-                return last;
+    for (b, block) in probs.chunks(BLOCK).enumerate() {
+        let mass = lane_sum(block, block, |p, _| if p > 0.0 { p as f64 } else { 0.0 });
+        if acc + mass <= target {
+            acc += mass;
+            continue;
+        }
+        for (j, &p) in block.iter().enumerate() {
+            if p > 0.0 {
+                acc += p as f64;
+                if acc > target {
+                    return Some((b * BLOCK + j) as u32);
+                }
             }
         }
     }
-    last
+    probs.iter().rposition(|&p| p > 0.0).map(|i| i as u32)
+}
+
+/// The sum of `f` over `xs` and `ys` together, in eight interleaved lanes
+/// so the loop vectorizes (a single running f64 sum is a chain of
+/// dependent adds, 49k of them a row).
+#[inline]
+fn lane_sum(xs: &[f32], ys: &[f32], f: impl Fn(f32, f32) -> f64) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let (xc, yc) = (xs.chunks_exact(8), ys.chunks_exact(8));
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    for (x, y) in xc.zip(yc) {
+        for j in 0..8 {
+            lanes[j] += f(x[j], y[j]);
+        }
+    }
+    for (j, (&x, &y)) in xr.iter().zip(yr).enumerate() {
+        lanes[j] += f(x, y);
+    }
+    lanes.iter().sum()
+}
+
+fn sum(xs: &[f32]) -> f64 {
+    lane_sum(xs, xs, |x, _| x as f64)
+}
+
+/// e^x for the x <= 0 of a softmax, branch-free so a row's loop vectorizes
+/// (libm's expf is a call per token): Cephes' expf (a degree-7 polynomial
+/// on x reduced by multiples of ln 2), within 2 ulp of it. e^0 is exactly
+/// 1, and below -87 (where e^x leaves f32's normal range) it is 0.
+#[inline]
+fn exp_nonpositive(x: f32) -> f32 {
+    // Adding 1.5 * 2^23 rounds to an integer.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.max(-87.0);
+    let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let poly =
+        (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+            + 0.166_666_65)
+            * r
+            + 0.5)
+            * r
+            * r
+            + r
+            + 1.0;
+    // SAFETY: n is an integer in [-126, 0], xc being in [-87, 0] (a NaN x
+    // made it -87), so the conversion is exact. The checked `as` is what
+    // kept the loop from vectorizing.
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    let scale = f32::from_bits(((n + 127) << 23) as u32);
+    if x.is_nan() {
+        x
+    } else if x < -87.0 {
+        0.0
+    } else {
+        poly * scale
+    }
 }
 
 /// The first index of the largest logit, and its lead over the runner-up.
@@ -305,7 +371,11 @@ pub fn distribution(logits: &[f32], params: &SamplingParams, history: &[u32]) ->
         }
     }
     let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f32> = l.iter().map(|&x| ((x - max) * inv_t).exp()).collect();
+    let z = |x: f32| (x - max) * inv_t;
+    let mut probs = vec![0.0f32; l.len()];
+    for (p, &x) in probs.iter_mut().zip(&l) {
+        *p = exp_nonpositive(z(x));
+    }
     normalize(&mut probs);
     if params.top_p < 1.0 {
         let cut = top_p_cut(&probs, params.top_p);
@@ -324,11 +394,17 @@ pub fn distribution(logits: &[f32], params: &SamplingParams, history: &[u32]) ->
         }
         normalize(&mut probs);
     }
-    let entropy = -probs
-        .iter()
-        .filter(|&&p| p > 0.0)
-        .map(|&p| p * p.ln())
-        .sum::<f32>();
+    // Every kept p is e^z times the same factor, and the argmax's z is 0,
+    // so ln p = z + ln p(argmax): the entropy without a log per token.
+    let pz = lane_sum(&probs, &l, |p, x| {
+        if p > 0.0 {
+            p as f64 * z(x) as f64
+        } else {
+            0.0
+        }
+    });
+    let top = probs[argmax as usize] as f64;
+    let entropy = (-pz - top.ln() * sum(&probs)) as f32;
     Distribution {
         argmax,
         probs,
@@ -412,7 +488,7 @@ pub fn distributions(tasks: &[RowTask<'_>], threads: usize) -> Vec<Distribution>
 }
 
 fn normalize(p: &mut [f32]) {
-    let s: f64 = p.iter().map(|&x| x as f64).sum();
+    let s = sum(p);
     if s > 0.0 {
         let inv = (1.0 / s) as f32;
         p.iter_mut().for_each(|x| *x *= inv);
@@ -626,5 +702,105 @@ mod tests {
             }
         }
         assert!(distributions(&[], 2).is_empty());
+    }
+
+    /// The vectorized e^x is libm's to 2 ulp over a softmax's range, 1 at 0,
+    /// 0 below f32's normal range, and NaN for NaN.
+    #[test]
+    fn exp_nonpositive_is_expf_to_2_ulp() {
+        let mut worst = 0.0f64;
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            let ulp = (want.to_bits() as f64 - got.to_bits() as f64).abs();
+            worst = worst.max(ulp);
+            assert!(ulp <= 2.0, "e^{x}: {got} against {want}");
+        }
+        assert!(worst >= 1.0, "a few values round the other way: {worst}");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-0.0), 1.0);
+        assert_eq!(exp_nonpositive(-88.0), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+        assert!(exp_nonpositive(f32::NAN).is_nan());
+    }
+
+    /// The entropy without a log per token is the entropy with one, after
+    /// every filter.
+    #[test]
+    fn entropy_is_minus_sum_p_ln_p() {
+        let mut rng = Rng::new(9);
+        let logits: Vec<f32> = (0..4000).map(|_| rng.uniform() * 12.0 - 6.0).collect();
+        for p in [
+            params(0.7),
+            params(1.5),
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 50,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 0.9,
+                top_p: 0.5,
+                min_p: 0.05,
+                ..Default::default()
+            },
+        ] {
+            let d = distribution(&logits, &p, &[]);
+            let want: f64 = -d
+                .probs
+                .iter()
+                .filter(|&&p| p > 0.0)
+                .map(|&p| p as f64 * (p as f64).ln())
+                .sum::<f64>();
+            assert!(
+                (d.entropy as f64 - want).abs() < 1e-5 * want.max(1.0),
+                "{p:?}: {} against {want}",
+                d.entropy
+            );
+        }
+        let one_hot = distribution(&[0.0, 50.0, 0.0], &params(0.5), &[]);
+        assert!(one_hot.entropy.abs() < 1e-6, "{}", one_hot.entropy);
+    }
+
+    /// The blocked walk picks the token the running sum does, on either
+    /// side of block edges and past zeros.
+    #[test]
+    fn sample_index_is_the_running_sums_pick() {
+        let mut rng = Rng::new(13);
+        let running = |probs: &[f32], u: f32| {
+            let total: f64 = probs.iter().map(|&p| p as f64).sum();
+            let target = u as f64 * total;
+            let mut acc = 0.0f64;
+            let mut last = None;
+            for (i, &p) in probs.iter().enumerate() {
+                if p > 0.0 {
+                    acc += p as f64;
+                    last = Some(i as u32);
+                    if acc > target {
+                        return last;
+                    }
+                }
+            }
+            last
+        };
+        for n in [1, 7, 256, 257, 1000, 5000] {
+            let probs: Vec<f32> = (0..n)
+                .map(|_| {
+                    let u = rng.uniform();
+                    if u < 0.3 {
+                        0.0
+                    } else {
+                        u
+                    }
+                })
+                .collect();
+            for k in 0..200 {
+                let u = if k == 0 { 0.0 } else { rng.uniform() };
+                assert_eq!(sample_index(&probs, u), running(&probs, u), "n {n} u {u}");
+            }
+        }
+        assert_eq!(sample_index(&[0.0, 0.0], 0.5), None);
+        assert_eq!(sample_index(&[0.5, f32::NAN], 0.5), None);
+        assert_eq!(sample_index(&[0.0, 1.0, 0.0], 0.999_999_9), Some(1));
     }
 }
