@@ -179,6 +179,8 @@ pub struct Scheduler<'e> {
     per_token: usize,
     /// What one more row adds to a step, learnt from the steps run.
     curve: StepCurve,
+    /// What a prefill row costs the requests decoding beside it.
+    prefill_cost: PrefillCost,
 }
 
 impl<'e> Scheduler<'e> {
@@ -191,6 +193,7 @@ impl<'e> Scheduler<'e> {
             next_id: 0,
             per_token: kv_bytes_per_token(&engine.model.config),
             curve: StepCurve::default(),
+            prefill_cost: PrefillCost::default(),
         }
     }
 
@@ -199,13 +202,29 @@ impl<'e> Scheduler<'e> {
     /// its lifetime, and a benchmark that runs several schedulers in turn
     /// measures that steady state only if they hand it on.
     pub fn with_fit(mut self, fit: StepFit) -> Self {
-        self.curve = fit.0;
+        (self.curve, self.prefill_cost) = (fit.rounds, fit.prefill);
         self
     }
 
     /// The step-cost fit learnt so far (this scheduler starts over).
     pub fn take_fit(&mut self) -> StepFit {
-        StepFit(std::mem::take(&mut self.curve))
+        StepFit {
+            rounds: std::mem::take(&mut self.curve),
+            prefill: std::mem::take(&mut self.prefill_cost),
+        }
+    }
+
+    /// Prefill rows this step may take while `streaming` requests stream
+    /// beside them. With none, all of `--step-tokens`: only time to first
+    /// token waits, and requests that arrive together (and have barely
+    /// begun) share their prefill as before. Otherwise each of those
+    /// streams waits for the step, and on a CPU a 512-row chunk costs over
+    /// a second, so the chunk is held to what keeps the step within
+    /// [`STALL_STEPS`] of their step alone ([`PrefillCost`]): the new
+    /// prompt goes on a little slower and no stream stalls.
+    fn prefill_budget(&self, streaming: usize) -> usize {
+        self.prefill_cost
+            .rows(streaming > 0, self.limits.step_tokens)
     }
 
     pub fn is_idle(&self) -> bool {
@@ -433,7 +452,12 @@ impl<'e> Scheduler<'e> {
         // Who is in the step: every request ready for a round, and those in
         // prefill while the step's prefill rows last.
         let decoding = self.active.iter().filter(|a| a.seq.decoding()).count();
-        let mut prefill_budget = self.limits.step_tokens.max(1);
+        let streaming = self
+            .active
+            .iter()
+            .filter(|a| a.seq.decoding() && a.seq.emitted() >= STREAMING_TOKENS)
+            .count();
+        let mut prefill_budget = self.prefill_budget(streaming);
         let mut chunks: Vec<Option<Planned>> = Vec::with_capacity(self.active.len());
         let mut rows_planned = 0usize;
         for a in &self.active {
@@ -532,8 +556,13 @@ impl<'e> Scheduler<'e> {
         // The curve is learnt from rounds only: a prefill row skips the
         // vocabulary head, so it costs less than a verify row and would
         // make drafts look cheaper than they are.
-        if rounds.len() == planned.iter().flatten().count() {
+        let prefill_rows = total_rows - rounds.iter().sum::<usize>();
+        if prefill_rows == 0 {
             self.curve.add(total_rows, vt);
+            self.prefill_cost.decode_step(vt);
+        } else {
+            self.prefill_cost
+                .prefill_step(vt, prefill_rows, !rounds.is_empty());
         }
         match result {
             Ok(rows) => {
@@ -621,7 +650,74 @@ struct Planned {
 
 /// What a scheduler learnt of its steps' cost ([`Scheduler::take_fit`]).
 #[derive(Debug, Default, Clone)]
-pub struct StepFit(StepCurve);
+pub struct StepFit {
+    rounds: StepCurve,
+    prefill: PrefillCost,
+}
+
+/// What a step's prefill rows cost the requests decoding beside them,
+/// learnt from the steps run: a step is taken as its decoding rows' step
+/// alone plus a cost per prefill row. That cost grows with the prompt's
+/// context (its rows attend to every row before them), so it is a running
+/// average of the latest steps, not a fit over all of them.
+#[derive(Debug, Default, Clone)]
+struct PrefillCost {
+    /// The forward seconds of the latest step that carried no prefill.
+    decode: Option<f64>,
+    /// Forward seconds a prefill row adds.
+    row: Option<f64>,
+}
+
+impl PrefillCost {
+    fn decode_step(&mut self, seconds: f64) {
+        self.decode = Some(seconds);
+    }
+
+    /// A step of `seconds` with `rows` prefill rows, and decoding rows
+    /// where `decoding`.
+    fn prefill_step(&mut self, seconds: f64, rows: usize, decoding: bool) {
+        let per = match (decoding, self.decode, self.row) {
+            (false, _, _) => seconds / rows as f64,
+            (true, Some(d), _) => (seconds - d) / rows as f64,
+            // The decoding rows' share unknown: the row cost stands, and
+            // the rest of the step is theirs.
+            (true, None, Some(r)) => {
+                self.decode = Some((seconds - r * rows as f64).max(0.0));
+                return;
+            }
+            (true, None, None) => return,
+        };
+        if per.is_finite() && per > 0.0 {
+            self.row = Some(self.row.map_or(per, |r| 0.5 * r + 0.5 * per));
+        }
+    }
+
+    /// Prefill rows for a step with requests `decoding` or not, within
+    /// `cap` (`--step-tokens`): at least [`MIN_SHARED_PREFILL`] beside
+    /// decoding, and [`UNFITTED_SHARED_PREFILL`] until both costs are known.
+    fn rows(&self, decoding: bool, cap: usize) -> usize {
+        let cap = cap.max(1);
+        if !decoding {
+            return cap;
+        }
+        let rows = match (self.decode, self.row) {
+            (Some(d), Some(r)) => ((STALL_STEPS - 1.0) * d / r).floor().min(cap as f64) as usize,
+            _ => UNFITTED_SHARED_PREFILL,
+        };
+        rows.max(MIN_SHARED_PREFILL).min(cap)
+    }
+}
+
+/// How many decode-only steps a step with a shared prefill chunk may cost
+/// ([`Scheduler::prefill_budget`]).
+const STALL_STEPS: f64 = 4.0;
+/// Tokens a request has streamed before a prefill beside it is held back
+/// for its sake ([`Scheduler::prefill_budget`]).
+const STREAMING_TOKENS: usize = 8;
+/// The fewest prefill rows a step beside decoding requests takes.
+const MIN_SHARED_PREFILL: usize = 16;
+/// The prefill rows beside decoding requests before any step was timed.
+const UNFITTED_SHARED_PREFILL: usize = 64;
 
 /// The cost curve of a batched step, `seconds ≈ c + slope * rows`, fitted
 /// online (exponentially decayed least squares over the steps run), so a
@@ -754,6 +850,56 @@ impl StepSplit {
 #[cfg(test)]
 mod step_curve_tests {
     use super::*;
+
+    /// Alone a prompt takes whole `--step-tokens` chunks; beside decoding
+    /// requests, what keeps the step within STALL_STEPS of theirs alone.
+    #[test]
+    fn a_prefill_chunk_beside_decoding_keeps_the_step_near_theirs() {
+        let mut c = PrefillCost::default();
+        assert_eq!(c.rows(false, 512), 512);
+        assert_eq!(c.rows(true, 512), UNFITTED_SHARED_PREFILL);
+        // A prompt alone: 512 rows in 1.2 s.
+        c.prefill_step(1.2, 512, false);
+        assert_eq!(
+            c.rows(true, 512),
+            UNFITTED_SHARED_PREFILL,
+            "no decode step seen"
+        );
+        // Eight streams decode at 24 ms a step: (4 - 1) * 24 / 2.34 rows.
+        c.decode_step(0.024);
+        assert_eq!(c.rows(true, 512), 30);
+        assert_eq!(c.rows(false, 512), 512);
+        // A longer context makes rows dearer: 5 ms a row beside them.
+        c.prefill_step(0.024 + 30.0 * 0.005, 30, true);
+        let r = 0.5 * (1.2 / 512.0) + 0.5 * 0.005;
+        assert_eq!(c.rows(true, 512), (3.0 * 0.024 / r) as usize);
+        // One stream at 7 ms: 3 * 7 / 3.7 rows, raised to the floor.
+        c.decode_step(0.007);
+        assert_eq!(c.rows(true, 512), MIN_SHARED_PREFILL);
+        // Never above `--step-tokens`, however small.
+        assert_eq!(c.rows(true, 8), 8);
+        assert_eq!(c.rows(true, 0), 1);
+        // Where rows are nearly free (a GPU), whole chunks.
+        let mut g = PrefillCost::default();
+        g.prefill_step(0.02, 512, false);
+        g.decode_step(0.01);
+        assert_eq!(g.rows(true, 512), 512);
+    }
+
+    /// A first shared step, with no decode step timed yet, gives the
+    /// decoding rows what the known row cost leaves of it.
+    #[test]
+    fn a_first_shared_step_learns_the_decoding_rows_share() {
+        let mut c = PrefillCost::default();
+        c.prefill_step(0.5, 200, false);
+        c.prefill_step(0.007 + 64.0 * 0.0025, 64, true);
+        assert!((c.decode.unwrap() - 0.007).abs() < 1e-12);
+        assert_eq!(c.rows(true, 512), MIN_SHARED_PREFILL);
+        // With nothing known, a shared step teaches nothing.
+        let mut n = PrefillCost::default();
+        n.prefill_step(0.2, 64, true);
+        assert!(n.decode.is_none() && n.row.is_none());
+    }
 
     /// Steps on the line `0.01 + 0.003 * rows`.
     fn learnt() -> StepCurve {

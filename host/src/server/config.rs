@@ -57,8 +57,10 @@ pub struct ServeArgs {
     /// step; more wait in the queue [default: 16].
     #[arg(long, value_name = "N")]
     pub max_sequences: Option<usize>,
-    /// Prefill rows one step takes at most besides the decode rows, so a
-    /// long prompt never stalls the other streams [default: 512].
+    /// Prefill rows one step takes at most besides the decode rows
+    /// [default: 512]. Beside requests already streaming, a step takes
+    /// fewer: what keeps it within about 4 of their steps alone (at least
+    /// 16 rows), so a long prompt never stalls them.
     #[arg(long, value_name = "N")]
     pub step_tokens: Option<usize>,
     /// Bytes of KV cache the running requests may hold together; past it
