@@ -62,7 +62,7 @@ pub fn kv_bytes_per_token(c: &LlamaConfig) -> usize {
 /// suffix) and no drafter hold no KV.
 pub fn request_kv_bytes_per_token(engine: &Engine, drafter: &DrafterSpec) -> usize {
     let c = &engine.model.config;
-    let target = kv_bytes_per_token(c);
+    let target = engine.model.kv_bytes_per_token();
     let draft = match drafter {
         DrafterSpec::SelfLayers(n) => {
             target * (*n).min(c.num_hidden_layers) / c.num_hidden_layers.max(1)
@@ -70,7 +70,7 @@ pub fn request_kv_bytes_per_token(engine: &Engine, drafter: &DrafterSpec) -> usi
         DrafterSpec::Model(name) => engine
             .drafts
             .get(name)
-            .map_or(0, |m| kv_bytes_per_token(&m.config)),
+            .map_or(0, |m| m.kv_bytes_per_token()),
         DrafterSpec::None | DrafterSpec::Ngram { .. } | DrafterSpec::Suffix => 0,
     };
     target + draft
@@ -191,7 +191,7 @@ impl<'e> Scheduler<'e> {
             active: Vec::new(),
             waiting: VecDeque::new(),
             next_id: 0,
-            per_token: kv_bytes_per_token(&engine.model.config),
+            per_token: engine.model.kv_bytes_per_token(),
             curve: StepCurve::default(),
             prefill_cost: PrefillCost::default(),
         }

@@ -62,6 +62,9 @@ pub struct Switches {
     pub kv_rows: bool,
     /// Requests' default for [`Settings::light_rounds`].
     pub light_rounds: bool,
+    /// 16-bit KV caches ([`Llama::kv_half`]): off by default, as the
+    /// float32 caches' results are the reference.
+    pub kv_f16: bool,
 }
 
 impl Default for Switches {
@@ -69,6 +72,7 @@ impl Default for Switches {
         Switches {
             kv_rows: true,
             light_rounds: true,
+            kv_f16: false,
         }
     }
 }
@@ -124,9 +128,9 @@ impl Engine {
     /// (a model already shared is an error).
     pub fn set_switches(&mut self, switches: Switches) -> Result<()> {
         for m in std::iter::once(&mut self.model).chain(self.drafts.values_mut()) {
-            Arc::get_mut(m)
-                .context("switches are set before the engine serves")?
-                .kv_rows = switches.kv_rows;
+            let m = Arc::get_mut(m).context("switches are set before the engine serves")?;
+            m.kv_rows = switches.kv_rows;
+            m.kv_half = switches.kv_f16;
         }
         self.switches = switches;
         Ok(())
@@ -137,6 +141,7 @@ impl Engine {
         let (mut m, _) = load_model_with(path, self.weights)
             .with_context(|| format!("loading draft model {name}"))?;
         m.kv_rows = self.switches.kv_rows;
+        m.kv_half = self.switches.kv_f16;
         if m.config.vocab_size != self.model.config.vocab_size {
             bail!(
                 "draft model {name} has vocabulary {} but the target has {}",

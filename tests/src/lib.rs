@@ -22,17 +22,32 @@ pub fn int8_engine() -> MutexGuard<'static, Engine> {
     default_model_engine(&E, specd::model::WeightMode::Int8)
 }
 
+/// The default model with 16-bit KV caches (`--kv-f16 on`).
+pub fn f16_kv_engine() -> MutexGuard<'static, Engine> {
+    static E: OnceLock<Mutex<Engine>> = OnceLock::new();
+    let m = E.get_or_init(|| {
+        let mut e = load_default(specd::model::WeightMode::default());
+        e.set_switches(specd::engine::Switches {
+            kv_f16: true,
+            ..Default::default()
+        })
+        .expect("switches before serving");
+        Mutex::new(e)
+    });
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn load_default(mode: specd::model::WeightMode) -> Engine {
+    let policies = specd::cli::policy_host(None).expect("policy host");
+    Engine::load("smollm2:135m", &default_model_path(), policies, mode)
+        .expect("load the default model")
+}
+
 fn default_model_engine(
     cell: &'static OnceLock<Mutex<Engine>>,
     mode: specd::model::WeightMode,
 ) -> MutexGuard<'static, Engine> {
-    let m = cell.get_or_init(|| {
-        let policies = specd::cli::policy_host(None).expect("policy host");
-        Mutex::new(
-            Engine::load("smollm2:135m", &default_model_path(), policies, mode)
-                .expect("load the default model"),
-        )
-    });
+    let m = cell.get_or_init(|| Mutex::new(load_default(mode)));
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

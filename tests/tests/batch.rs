@@ -28,7 +28,18 @@ fn next_token(ids: &[u32], at: usize) -> u32 {
 
 #[test]
 fn a_batched_step_gives_every_sequence_its_solo_rows_bitwise() {
-    let e = engine();
+    batched_step_is_solo(&engine());
+}
+
+/// The same over 16-bit KV caches (`--kv-f16 on`).
+#[test]
+fn a_batched_step_over_f16_caches_gives_every_sequence_its_solo_rows_bitwise() {
+    let e = specd_tests::f16_kv_engine();
+    assert!(e.model.kv_half);
+    batched_step_is_solo(&e);
+}
+
+fn batched_step_is_solo(e: &specd::engine::Engine) {
     assert!(e.model.batch_invariant());
     let prompts = [
         "Name three colors of the rainbow.",

@@ -179,6 +179,35 @@ fn int8_activations_keep_greedy_speculation_lossless() {
     assert!(accepted > 0, "speculation accepted nothing at all");
 }
 
+#[test]
+fn f16_kv_caches_keep_greedy_speculation_lossless() {
+    // 16-bit caches round the keys and values, not the invariance: every
+    // path reads the same cache, so greedy speculation still equals plain
+    // decoding exactly, and a token's KV takes half the bytes.
+    let e = specd_tests::f16_kv_engine();
+    assert!(e.model.kv_half);
+    assert_eq!(
+        e.model.kv_bytes_per_token() * 2,
+        specd::batch::kv_bytes_per_token(&e.model.config)
+    );
+    let mut t = LlamaTarget::new(e.model.clone());
+    t.prefill(&e.encode(&chat("Hello")).unwrap()).unwrap();
+    let held = t.caches[0].state();
+    assert!(!held.is_empty() && held.iter().all(|a| a.dtype() == specd_mlx::Dtype::Float16));
+    let mut accepted = 0;
+    for prompt in GROUNDED.iter().take(2) {
+        let plain = run_on(&e, prompt, &plain_opts(), 48);
+        assert!(plain.emitted.len() > 4, "{prompt}");
+        for d in ["ngram", "self:4"] {
+            let spec = run_on(&e, prompt, &opts(d, "constant"), 48);
+            assert_eq!(plain.emitted, spec.emitted, "{d} on {prompt:?}");
+            assert!(spec.stats.policy_failure.is_none());
+            accepted += spec.stats.accepted;
+        }
+    }
+    assert!(accepted > 0, "speculation accepted nothing at all");
+}
+
 /// A target with a sliding window of 16, sharing the default model's weights.
 fn rotating_target() -> LlamaTarget {
     let e = engine();

@@ -46,6 +46,7 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
     let off = Switches {
         kv_rows: false,
         light_rounds: false,
+        kv_f16: false,
     };
     e.set_switches(off).unwrap();
     assert!(!e.model.kv_rows, "kv_rows reaches the model");

@@ -216,6 +216,7 @@ pub(crate) mod ffi {
             heads: i32,
             cap: i32,
             dim: i32,
+            half: bool,
         ) -> Result<UniquePtr<Array>>;
         fn rms_norm_rows(x: &Array, w: &Array, eps: f32) -> Result<UniquePtr<Array>>;
         fn rope_heads(

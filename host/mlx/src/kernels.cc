@@ -238,10 +238,42 @@ class KernelOp : public mx::UnaryPrimitive {
 };
 
 template <class Body>
-A kernel_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array> inputs) {
+A kernel_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array> inputs,
+            mx::Dtype dtype = mx::float32) {
   auto prim =
       std::make_shared<KernelOp<Body>>(mx::default_stream(mx::Device::cpu), name, std::move(body));
-  return std::make_unique<Array>(mx::array(std::move(shape), mx::float32, prim, std::move(inputs)));
+  return std::make_unique<Array>(mx::array(std::move(shape), dtype, prim, std::move(inputs)));
+}
+
+// x rounded to f16, to nearest with ties to even: bitwise F16C's
+// `vcvtps2ph` (qmm::to_half_avx2), for CPUs without it and the scalar level.
+uint16_t f2h(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u)  // inf, or NaN kept quiet with its top payload bits
+    return sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u);
+  if (a >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504
+  if (a >= 0x38800000u) {                       // a normal half
+    uint32_t m = a - 0x38000000u;               // rebias 127 -> 15
+    uint32_t r = (m >> 13) + (((m >> 12) & 1u) & (((m & 0x1fffu) != 0x1000u) | ((m >> 13) & 1u)));
+    return sign | r;
+  }
+  // Subnormal or zero: the value in units of 2^-24, rounded to even.
+  int e = (int)(a >> 23);
+  if (e < 102) return sign;  // below half of the smallest subnormal
+  uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+  int shift = 126 - e;  // mant * 2^(e - 150) / 2^-24 = mant >> (126 - e)
+  uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) q++;
+  return sign | q;
+}
+
+void to_half(const float* x, uint16_t* y, int n) {
+#if defined(SPECD_X86_KERNELS)
+  if (isa() != Isa::Scalar) return qmm::to_half_avx2(x, y, n);
+#endif
+  for (int i = 0; i < n; i++) y[i] = f2h(x[i]);
 }
 
 // One row of an RMS norm: y = x * rsqrt(mean(x^2) + eps) * w. Shared by the
@@ -709,7 +741,8 @@ inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
 #if defined(SPECD_X86_KERNELS)
 // The grouped attention at the CPU's SIMD level (grouped_dim shapes).
 inline void attn_group(const qmm::AttnGroup& g, float* scores) {
-  if (isa() == Isa::Avx512)
+  // A 16-bit cache has the AVX2 kernel only (AVX-512 CPUs run it too).
+  if (isa() == Isa::Avx512 && !g.k16)
     qmm::attn_group_avx512(g, scores);
   else
     qmm::attn_group_avx2(g, scores);
@@ -801,15 +834,20 @@ struct RaggedSpan {
 struct RaggedArgs {
   const float* y;
   int64_t y_row;
-  std::vector<float*> k, v;  // per sequence
-  std::vector<int64_t> cap;  // per sequence
-  float* o;                  // [T, H, D]
+  std::vector<float*> k, v;        // per sequence (float32 caches)
+  std::vector<uint16_t*> k16, v16;  // per sequence (float16 caches)
+  std::vector<int64_t> cap;        // per sequence
+  float* o;                        // [T, H, D]
 };
 
 struct RaggedAttnBody {
   int H, Hkv, D;
   float scale;
   std::vector<RaggedSpan> seqs;
+  // The caches hold f16: rows are rounded as they are written and widened
+  // exactly as they are read, so attention is that of a float cache
+  // holding the rounded values.
+  bool half = false;
 
   RaggedArgs prepare(const std::vector<mx::array>& in, mx::array& out) const {
     RaggedArgs r;
@@ -824,8 +862,13 @@ struct RaggedAttnBody {
       // The caches are written in place: they are specd's own buffers
       // (KvCache allocates them with kv_alloc and copies before writing
       // while a clone shares them), never another array's data.
-      r.k.push_back(const_cast<float*>(k.data<float>()));
-      r.v.push_back(const_cast<float*>(v.data<float>()));
+      if (half) {
+        r.k16.push_back(const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(k.data<mx::float16_t>())));
+        r.v16.push_back(const_cast<uint16_t*>(reinterpret_cast<const uint16_t*>(v.data<mx::float16_t>())));
+      } else {
+        r.k.push_back(const_cast<float*>(k.data<float>()));
+        r.v.push_back(const_cast<float*>(v.data<float>()));
+      }
       r.cap.push_back(k.shape(2));
     }
     r.o = out.data<float>();
@@ -840,6 +883,11 @@ struct RaggedAttnBody {
         const float* row = r.y + (int64_t)(sp.a + j) * r.y_row;
         for (int h = 0; h < Hkv; h++) {
           int64_t at = ((int64_t)h * r.cap[s] + sp.off + j) * D;
+          if (half) {
+            to_half(row + (int64_t)(H + h) * D, r.k16[s] + at, D);
+            to_half(row + (int64_t)(H + Hkv + h) * D, r.v16[s] + at, D);
+            continue;
+          }
           std::memcpy(r.k[s] + at, row + (int64_t)(H + h) * D, D * sizeof(float));
           std::memcpy(r.v[s] + at, row + (int64_t)(H + Hkv + h) * D, D * sizeof(float));
         }
@@ -880,8 +928,13 @@ struct RaggedAttnBody {
         g.q[i] = r.y + (int64_t)(sp.a + t) * r.y_row + (int64_t)h * D;
         g.o[i] = r.o + ((size_t)(sp.a + t) * H + h) * D;
       }
-      g.k = r.k[s] + (int64_t)kvh * r.cap[s] * D;
-      g.v = r.v[s] + (int64_t)kvh * r.cap[s] * D;
+      if (half) {
+        g.k16 = r.k16[s] + (int64_t)kvh * r.cap[s] * D;
+        g.v16 = r.v16[s] + (int64_t)kvh * r.cap[s] * D;
+      } else {
+        g.k = r.k[s] + (int64_t)kvh * r.cap[s] * D;
+        g.v = r.v[s] + (int64_t)kvh * r.cap[s] * D;
+      }
       g.k_row = g.v_row = D;
       g.n = sp.off + t + 1;
       g.D = D;
@@ -892,10 +945,25 @@ struct RaggedAttnBody {
     }
 #endif
     // The sequence alone as AttnBody sees it: q [H, n, D] strided in y,
-    // keys [Hkv, off + n, D] in its cache, causal.
+    // keys [Hkv, off + n, D] in its cache, causal. A 16-bit cache's keys
+    // and values of this kv head are widened first (every head of the
+    // unit reads them at kv head 0 of the copy: a head stride of 0).
+    const float *kp = nullptr, *vp = nullptr;
+    int64_t kv_head = r.cap[s] * D;
+    thread_local std::vector<float> kw, vw;
+    if (half) {
+      size_t len = (size_t)(sp.off + sp.n) * D;
+      kw.resize(len), vw.resize(len);
+      const uint16_t* kh = r.k16[s] + (int64_t)kvh * r.cap[s] * D;
+      const uint16_t* vh = r.v16[s] + (int64_t)kvh * r.cap[s] * D;
+      for (size_t i = 0; i < len; i++) kw[i] = h2f(kh[i]), vw[i] = h2f(vh[i]);
+      kp = kw.data(), vp = vw.data(), kv_head = 0;
+    } else {
+      kp = r.k[s], vp = r.v[s];
+    }
     AttnArgs a{r.y + (int64_t)sp.a * r.y_row,
-               r.k[s],
-               r.v[s],
+               kp,
+               vp,
                r.o + (size_t)sp.a * H * D,
                H,
                Hkv,
@@ -906,10 +974,10 @@ struct RaggedAttnBody {
                D,
                r.y_row,
                1,
-               r.cap[s] * D,
+               kv_head,
                D,
                1,
-               r.cap[s] * D,
+               kv_head,
                D,
                1,
                scale,
@@ -928,19 +996,25 @@ struct KvAllocBody {
   bool has_old;
   int prepare(const std::vector<mx::array>&, const mx::array&) const { return 0; }
   void run(const std::vector<mx::array>& in, mx::array& out, int) const {
-    float* y = out.data<float>();
-    int H = out.shape(1), cap = out.shape(2), D = out.shape(3);
-    std::memset(y, 0, out.nbytes());
+    std::memset(out.data<void>(), 0, out.nbytes());
     if (!has_old) return;
-    const auto& o = in[0];
-    const float* x = o.data<float>();
+    if (out.dtype() == mx::float16)
+      copy(reinterpret_cast<const uint16_t*>(in[0].data<mx::float16_t>()), in[0],
+           reinterpret_cast<uint16_t*>(out.data<mx::float16_t>()), out);
+    else
+      copy(in[0].data<float>(), in[0], out.data<float>(), out);
+  }
+  // The first `keep` positions of `o` (any layout, the out's type) into out.
+  template <class T>
+  void copy(const T* x, const mx::array& o, T* y, const mx::array& out) const {
+    int H = out.shape(1), cap = out.shape(2), D = out.shape(3);
     auto st = o.strides();
     for (int h = 0; h < H; h++)
       for (int j = 0; j < keep; j++) {
-        float* dst = y + ((int64_t)h * cap + j) * D;
-        const float* src = x + h * st[1] + j * st[2];
+        T* dst = y + ((int64_t)h * cap + j) * D;
+        const T* src = x + h * st[1] + j * st[2];
         if (st[3] == 1)
-          std::memcpy(dst, src, D * sizeof(float));
+          std::memcpy(dst, src, D * sizeof(T));
         else
           for (int d = 0; d < D; d++) dst[d] = src[d * st[3]];
       }
@@ -1313,6 +1387,8 @@ std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& ca
   if (T < 0 || y.a.shape(0) != 1 || y.a.shape(2) != (heads + 2 * kv_heads) * head_dim)
     throw std::invalid_argument("attention_kv_rows: y must be [1, T, (heads + 2 kv_heads) * dim]");
   RaggedAttnBody body{heads, kv_heads, head_dim, scale, {}};
+  body.half = caches.v[0].dtype() == mx::float16;
+  const auto cache_type = body.half ? mx::float16 : mx::float32;
   std::vector<mx::array> in{rowmajor(f32(y.a))};
   int a = 0;
   for (size_t s = 0; s < S; s++) {
@@ -1320,8 +1396,9 @@ std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& ca
     const auto &k = caches.v[2 * s], &v = caches.v[2 * s + 1];
     for (auto* c : {&k, &v})
       if (c->ndim() != 4 || c->shape(0) != 1 || c->shape(1) != kv_heads ||
-          c->shape(3) != head_dim || c->dtype() != mx::float32)
-        throw std::invalid_argument("attention_kv_rows: caches must be float32 [1, kv_heads, cap, dim]");
+          c->shape(3) != head_dim || c->dtype() != cache_type)
+        throw std::invalid_argument(
+            "attention_kv_rows: caches must be [1, kv_heads, cap, dim], all float32 or all float16");
     if (n <= 0 || off < 0 || off + n > k.shape(2) || v.shape(2) != k.shape(2))
       throw std::invalid_argument("attention_kv_rows: a sequence's rows do not fit its cache");
     body.seqs.push_back({a, n, off});
@@ -1341,7 +1418,7 @@ std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& ca
 }
 
 A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t cap,
-           int32_t dim) {
+           int32_t dim, bool half) {
   if (heads <= 0 || dim <= 0 || cap <= 0 || keep < 0 || keep > cap)
     throw std::invalid_argument("kv_alloc: bad shape");
   std::vector<mx::array> in;
@@ -1350,10 +1427,10 @@ A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t 
     if (o.ndim() != 4 || o.shape(0) != 1 || o.shape(1) != heads || o.shape(3) != dim ||
         o.shape(2) < keep)
       throw std::invalid_argument("kv_alloc: the old buffer does not fit");
-    in.push_back(f32(o));
+    in.push_back(half ? mx::astype(o, mx::float16) : f32(o));
   }
   return kernel_op("SpecdKvAlloc", KvAllocBody{keep, has_old}, {1, heads, cap, dim},
-                   std::move(in));
+                   std::move(in), half ? mx::float16 : mx::float32);
 }
 
 A rms_norm_rows(const Array& x, const Array& w, float eps) {

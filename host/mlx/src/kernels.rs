@@ -160,8 +160,16 @@ pub fn attention_kv_rows(
     Ok((attn, kv))
 }
 /// A cache buffer `[1, heads, cap, dim]` of specd's own (contiguous,
-/// float32): the first `keep` positions of `old` copied, the rest zero.
-pub fn kv_alloc(old: Option<&Array>, keep: i32, heads: i32, cap: i32, dim: i32) -> Result<Array> {
+/// float32, or float16 where `half`): the first `keep` positions of `old`
+/// copied, the rest zero.
+pub fn kv_alloc(
+    old: Option<&Array>,
+    keep: i32,
+    heads: i32,
+    cap: i32,
+    dim: i32,
+    half: bool,
+) -> Result<Array> {
     let dummy;
     let (o, has) = match old {
         Some(o) => (o, true),
@@ -170,7 +178,7 @@ pub fn kv_alloc(old: Option<&Array>, keep: i32, heads: i32, cap: i32, dim: i32) 
             (&dummy, false)
         }
     };
-    wrap(ffi::kv_alloc(&o.0, has, keep, heads, cap, dim))
+    wrap(ffi::kv_alloc(&o.0, has, keep, heads, cap, dim, half))
 }
 shim_fns! {
 /// RMS norm over the last axis in one op (MLX's CPU `fast::rms_norm`

@@ -110,7 +110,14 @@ struct AttnGroup {
   int64_t k_row, v_row;
   int n, D;  // keys seen, head dim
   float scale;
+  // A 16-bit cache: keys and values as f16 here instead (k, v unused),
+  // k_row and v_row counting halves. Read with F16C's exact widening, so
+  // the results are those of a float cache holding the same values.
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
 };
+// y = x rounded to f16 (to nearest, ties to even: F16C's), n floats.
+void to_half_avx2(const float* x, uint16_t* y, int n);
 bool attn_group_avx512(const AttnGroup& g, float* scores);
 // The same on AVX2 (head dims a multiple of 32), with the float operations
 // of the per-head AVX2 path (kernels.cc `attn_rows`: dot_avx2, exp_sum_avx2,

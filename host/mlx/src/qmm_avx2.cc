@@ -206,7 +206,10 @@ void scores_keys(const AttnGroup& g, int h0, int j0, float* scores) {
     for (int h = 0; h < HG; h++) acc[i][h] = _mm256_setzero_ps();
   for (int c = 0; c < g.D; c += 8) {
     __m256 k[J];
-    for (int i = 0; i < J; i++) k[i] = _mm256_loadu_ps(g.k + (j0 + i) * g.k_row + c);
+    for (int i = 0; i < J; i++)
+      k[i] = g.k16 ? _mm256_cvtph_ps(_mm_loadu_si128(
+                         reinterpret_cast<const __m128i*>(g.k16 + (j0 + i) * g.k_row + c)))
+                   : _mm256_loadu_ps(g.k + (j0 + i) * g.k_row + c);
     for (int h = 0; h < HG; h++) {
       __m256 q = _mm256_loadu_ps(g.q[h0 + h] + c);
       for (int i = 0; i < J; i++) acc[i][h] = _mm256_fmadd_ps(q, k[i], acc[i][h]);
@@ -225,9 +228,15 @@ void weigh_values(const AttnGroup& g, int h0, const float* scores, const float* 
   for (int h = 0; h < HG; h++)
     for (int c = 0; c < CB; c++) o[h][c] = _mm256_setzero_ps();
   for (int j = 0; j < g.n; j++) {
-    const float* vr = g.v + j * g.v_row + c0;
     __m256 v[CB];
-    for (int c = 0; c < CB; c++) v[c] = _mm256_loadu_ps(vr + 8 * c);
+    if (g.v16) {
+      const uint16_t* vr = g.v16 + j * g.v_row + c0;
+      for (int c = 0; c < CB; c++)
+        v[c] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * c)));
+    } else {
+      const float* vr = g.v + j * g.v_row + c0;
+      for (int c = 0; c < CB; c++) v[c] = _mm256_loadu_ps(vr + 8 * c);
+    }
     for (int h = 0; h < HG; h++) {
       __m256 pj = _mm256_set1_ps(scores[(h0 + h) * g.n + j]);
       for (int c = 0; c < CB; c++) o[h][c] = _mm256_fmadd_ps(pj, v[c], o[h][c]);
@@ -259,6 +268,14 @@ void attn_heads(const AttnGroup& g, int h0, float* scores, float* inv) {
 }
 
 }  // namespace
+
+void to_half_avx2(const float* x, uint16_t* y, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
 
 bool attn_group_avx2(const AttnGroup& g, float* scores) {
   // Whole 8-float chunks, and CB = 2 or 4 of them per weigh_values pass.

@@ -133,7 +133,7 @@ std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& ca
                                              rust::Slice<const int32_t> spans, int32_t heads,
                                              int32_t kv_heads, int32_t head_dim, float scale);
 A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t cap,
-           int32_t dim);
+           int32_t dim, bool half);
 A rms_norm_rows(const Array& x, const Array& w, float eps);
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
              int32_t offset);

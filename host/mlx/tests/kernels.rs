@@ -900,8 +900,15 @@ fn attention_kv_rows_is_each_sequence_alone() {
                         let o = (s.off > 0).then(|| {
                             Array::from_f32(old, &[1, hkv as i32, s.off as i32, d as i32]).unwrap()
                         });
-                        kernels::kv_alloc(o.as_ref(), s.off as i32, hkv as i32, cap, d as i32)
-                            .unwrap()
+                        kernels::kv_alloc(
+                            o.as_ref(),
+                            s.off as i32,
+                            hkv as i32,
+                            cap,
+                            d as i32,
+                            false,
+                        )
+                        .unwrap()
                     };
                     (alloc(&s.old_k), alloc(&s.old_v))
                 })
@@ -958,8 +965,8 @@ fn attention_kv_rows_orders_writes() {
     let (h, hkv, d) = (2i32, 1i32, 64i32);
     let mut g = Gen(90);
     let scale = 0.125;
-    let k0 = kernels::kv_alloc(None, 0, hkv, 256, d).unwrap();
-    let v0 = kernels::kv_alloc(None, 0, hkv, 256, d).unwrap();
+    let k0 = kernels::kv_alloc(None, 0, hkv, 256, d, false).unwrap();
+    let v0 = kernels::kv_alloc(None, 0, hkv, 256, d, false).unwrap();
     let row = |g: &mut Gen| {
         Array::from_f32(
             &g.f32s(((h + 2 * hkv) * d) as usize, -1.0, 1.0),
@@ -982,8 +989,8 @@ fn attention_kv_rows_orders_writes() {
     // Both rows at once, as a sequence of two: the second row's output.
     let both = ops::concatenate(&[&y1, &y2], 1).unwrap();
     let (k, v) = (
-        kernels::kv_alloc(None, 0, hkv, 256, d).unwrap(),
-        kernels::kv_alloc(None, 0, hkv, 256, d).unwrap(),
+        kernels::kv_alloc(None, 0, hkv, 256, d, false).unwrap(),
+        kernels::kv_alloc(None, 0, hkv, 256, d, false).unwrap(),
     );
     let s = [kernels::KvRows {
         keys: &k,
@@ -1391,4 +1398,164 @@ fn row_top2_list_is_each_array_in_turn() {
         "rows of two widths"
     );
     assert!(kernels::row_top2_list(&[]).is_err(), "no arrays");
+}
+
+/// f32 values as MLX rounds them to f16, back in f32.
+fn rounded_to_f16(x: &[f32]) -> Vec<f32> {
+    Array::from_f32(x, &[x.len() as i32])
+        .unwrap()
+        .as_type(Dtype::Float16)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap()
+}
+
+/// A 16-bit cache: the rows written are MLX's f16 rounding of them (ties,
+/// subnormals, overflow and NaN included), and attention over it is
+/// bitwise attention over a float32 cache holding those rounded values, on
+/// the grouped kernel's head dims and the per-head path's, for sequences
+/// with and without held rows.
+#[test]
+fn attention_over_a_16_bit_cache_is_over_its_rounded_values() {
+    let (h, hkv) = (6usize, 2usize);
+    let scale = 0.125;
+    for d in [64usize, 48] {
+        let mut g = Gen(7 + d as u64);
+        // (held, new rows) per sequence.
+        let shape = [(0usize, 5usize), (37, 1), (300, 3)];
+        let seqs: Vec<_> = shape
+            .iter()
+            .map(|&(off, rows)| {
+                let kv = |g: &mut Gen, n: usize| g.f32s(n * hkv * d, -2.0, 2.0);
+                let (old_k, old_v) = (kv(&mut g, off), kv(&mut g, off));
+                let (k, v) = (kv(&mut g, rows), kv(&mut g, rows));
+                (
+                    off,
+                    rows,
+                    old_k,
+                    old_v,
+                    g.f32s(rows * h * d, -1.0, 1.0),
+                    k,
+                    v,
+                )
+            })
+            .collect();
+        let run = |half: bool, round: bool| {
+            let r = |x: &[f32]| if round { rounded_to_f16(x) } else { x.to_vec() };
+            let mut y = Vec::new();
+            for (_, rows, _, _, q, k, v) in &seqs {
+                let (k, v) = (r(k), r(v));
+                for i in 0..*rows {
+                    y.extend_from_slice(&q[i * h * d..][..h * d]);
+                    y.extend_from_slice(&k[i * hkv * d..][..hkv * d]);
+                    y.extend_from_slice(&v[i * hkv * d..][..hkv * d]);
+                }
+            }
+            let t: usize = seqs.iter().map(|s| s.1).sum();
+            let y = Array::from_f32(&y, &[1, t as i32, ((h + 2 * hkv) * d) as i32]).unwrap();
+            let bufs: Vec<(Array, Array)> = seqs
+                .iter()
+                .map(|(off, rows, old_k, old_v, ..)| {
+                    let cap = (off + rows).div_ceil(256) as i32 * 256;
+                    let alloc = |old: &[f32]| {
+                        let o = (*off > 0).then(|| {
+                            Array::from_f32(&r(old), &[1, hkv as i32, *off as i32, d as i32])
+                                .unwrap()
+                        });
+                        kernels::kv_alloc(o.as_ref(), *off as i32, hkv as i32, cap, d as i32, half)
+                            .unwrap()
+                    };
+                    (alloc(old_k), alloc(old_v))
+                })
+                .collect();
+            let parts: Vec<kernels::KvRows> = seqs
+                .iter()
+                .zip(&bufs)
+                .map(|(s, (k, v))| kernels::KvRows {
+                    keys: k,
+                    values: v,
+                    offset: s.0 as i32,
+                    rows: s.1 as i32,
+                })
+                .collect();
+            let (o, kv) =
+                kernels::attention_kv_rows(&y, &parts, h as i32, hkv as i32, d as i32, scale)
+                    .unwrap();
+            let held: Vec<Vec<f32>> = kv
+                .iter()
+                .zip(&seqs)
+                .flat_map(|((k, v), s)| {
+                    let end = [1, hkv as i32, (s.0 + s.1) as i32, d as i32];
+                    [k, v].map(|a| a.slice(&[0, 0, 0, 0], &end).unwrap().to_vec_f32().unwrap())
+                })
+                .collect();
+            assert_eq!(
+                kv[0].0.dtype(),
+                if half { Dtype::Float16 } else { Dtype::Float32 }
+            );
+            (o.to_vec_f32().unwrap(), held)
+        };
+        let (o16, held16) = run(true, false);
+        let (o32, held32) = run(false, true);
+        assert!(
+            o16.iter()
+                .zip(&o32)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "d {d}: attention over the 16-bit cache differs"
+        );
+        assert_eq!(held16, held32, "d {d}: the 16-bit cache holds other values");
+    }
+    // The rounding of rows as they are written, at its edges.
+    let (h, hkv, d) = (1i32, 1i32, 64usize);
+    let mut edges = vec![
+        0.0,
+        -0.0,
+        65504.0,
+        65519.99,
+        65520.0,
+        -1e6,
+        f32::INFINITY,
+        f32::NAN,
+        6.1035156e-5,
+        6.097555e-5,
+        5.9604645e-8,
+        2.9802322e-8,
+        2.9802326e-8,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        -(1.0 + 1.0 / 4096.0),
+        1e-40,
+        3.5762787e-7,
+    ];
+    let mut g = Gen(3);
+    edges.extend(g.f32s(d - edges.len(), -1e-4, 1e-4));
+    let mut y = vec![0.0; (h as usize) * d];
+    y.extend_from_slice(&edges);
+    y.extend(vec![0.5; d]);
+    let y = Array::from_f32(&y, &[1, 1, ((h + 2 * hkv) as usize * d) as i32]).unwrap();
+    let (k, v) = (
+        kernels::kv_alloc(None, 0, hkv, 256, d as i32, true).unwrap(),
+        kernels::kv_alloc(None, 0, hkv, 256, d as i32, true).unwrap(),
+    );
+    let s = [kernels::KvRows {
+        keys: &k,
+        values: &v,
+        offset: 0,
+        rows: 1,
+    }];
+    let (_, kv) = kernels::attention_kv_rows(&y, &s, h, hkv, d as i32, 0.125).unwrap();
+    let got = kv[0]
+        .0
+        .slice(&[0, 0, 0, 0], &[1, 1, 1, d as i32])
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    let want = rounded_to_f16(&edges);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            "{} rounds to {a} in the cache, {b} by MLX",
+            edges[i]
+        );
+    }
 }

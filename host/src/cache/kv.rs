@@ -38,6 +38,15 @@ impl KvCache {
     /// Appends `k`, `v` (`[B, kv_heads, T, head_dim]`) and returns the whole
     /// cached keys and values.
     pub fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        if self
+            .keys
+            .as_ref()
+            .is_some_and(|k| k.dtype() != Dtype::Float32)
+        {
+            return Err(specd_mlx::Exception(
+                "a 16-bit KV cache is written by the fused attention kernel only".into(),
+            ));
+        }
         let s = k.shape();
         let (b, h, t, d) = (s[0], s[1], s[2], s[3]);
         let vd = v.dim(3);
@@ -85,12 +94,15 @@ impl KvCache {
         rows: usize,
         kv_heads: i32,
         head_dim: i32,
+        half: bool,
     ) -> Result<(&Array, &Array)> {
         let start = self.offset as i32;
         let end = start + rows as i32;
         let cap = self.keys.as_ref().map(|a| a.dim(2)).unwrap_or(0);
         let alone = matches!(&self.own, Some(o) if Arc::strong_count(o) == 1);
-        if end > cap || !alone {
+        let want = if half { Dtype::Float16 } else { Dtype::Float32 };
+        let same_type = self.keys.as_ref().is_none_or(|k| k.dtype() == want);
+        if end > cap || !alone || !same_type {
             let new_cap = if end > cap {
                 (end + STEP - 1) / STEP * STEP
             } else {
@@ -103,6 +115,7 @@ impl KvCache {
                     kv_heads,
                     new_cap,
                     head_dim,
+                    half,
                 )
             };
             self.keys = Some(copy(self.keys.as_ref())?);

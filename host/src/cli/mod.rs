@@ -31,6 +31,13 @@ struct Cli {
     /// other). Same as SPECD_KV_ROWS=0.
     #[arg(long, global = true, hide = true, value_name = "on|off", value_parser = parse_on_off)]
     kv_rows: Option<bool>,
+    /// `on`: KV caches of 16-bit floats (f16) instead of float32, on the
+    /// CPU kernels' path: half the bytes a token takes and a step reads, so
+    /// long contexts decode faster and twice the tokens fit the KV budget;
+    /// attention then sees keys and values rounded to f16. Same as
+    /// SPECD_KV_F16=1.
+    #[arg(long, global = true, value_name = "on|off", value_parser = parse_on_off)]
+    kv_f16: Option<bool>,
     /// `off`: every speculative verify copies its rows back whole (the
     /// default for requests; `bench spec --rounds` picks per run). Same as
     /// SPECD_LIGHT_ROUNDS=0.
@@ -219,6 +226,9 @@ pub fn main() -> Result<()> {
         switches: crate::engine::Switches {
             kv_rows: switch(cli.kv_rows, "SPECD_KV_ROWS"),
             light_rounds: switch(cli.light_rounds, "SPECD_LIGHT_ROUNDS"),
+            kv_f16: cli
+                .kv_f16
+                .unwrap_or_else(|| std::env::var("SPECD_KV_F16").is_ok_and(|v| v == "1")),
         },
     };
     match cli.command {
@@ -350,6 +360,7 @@ pub fn main() -> Result<()> {
             let path = crate::store::Store::default().resolve(&model.model, false)?;
             let (mut m, _) = crate::model::load_model_with(&path, weights)?;
             m.kv_rows = load.switches.kv_rows;
+            m.kv_half = load.switches.kv_f16;
             let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
             print!("{}", crate::profile::report(&p));
             Ok(())

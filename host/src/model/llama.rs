@@ -95,9 +95,37 @@ pub struct Llama {
     /// measure one against the other with one build
     /// ([`crate::engine::Switches`]).
     pub kv_rows: bool,
+    /// Whether the caches that attention writes in place hold f16 keys and
+    /// values (half the bytes a token, and half what a step reads) instead
+    /// of float32 ([`crate::engine::Switches::kv_f16`]); off when loaded.
+    pub kv_half: bool,
 }
 
 impl Llama {
+    /// Bytes of KV cache one token takes, every layer: float32 keys and
+    /// values, or f16 where the caches are 16-bit ([`Llama::kv_half`], the
+    /// fused path's caches; the per-sequence ops keep float32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let bytes = if self.kv_half && self.fused_attention() {
+            2
+        } else {
+            4
+        };
+        crate::batch::kv_bytes_per_token(&self.config) / 4 * bytes
+    }
+
+    /// Whether every layer's attention is the one op over plain caches
+    /// (`kernels::attention_kv_rows`), the only writer of 16-bit caches:
+    /// packed q/k/v weights, no sliding window, no Gemma 3 layers.
+    fn fused_attention(&self) -> bool {
+        self.kv_rows
+            && self.config.sliding_window.is_none()
+            && self
+                .layers
+                .iter()
+                .all(|l| l.post_norms.is_none() && self.fused_qkv(l).is_some())
+    }
+
     /// Fresh caches, one per layer.
     pub fn new_caches(&self) -> Vec<Box<dyn LayerCache>> {
         self.new_caches_n(self.config.num_hidden_layers)
@@ -492,7 +520,7 @@ impl Llama {
             .zip(rows)
             .map(|(c, &n)| {
                 let offset = c.offset() as i32;
-                let (keys, values) = c.writable(n as usize, nkv, hd)?;
+                let (keys, values) = c.writable(n as usize, nkv, hd, self.kv_half)?;
                 Ok(KvRows {
                     keys,
                     values,

@@ -339,6 +339,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         norm: t.dense(names.norm)?,
         lm_head,
         kv_rows: true,
+        kv_half: false,
     };
     check_shapes(&model)?;
     // Packed (and q/k/v, gate/up fused) for the CPU kernels; MLX's GPU
