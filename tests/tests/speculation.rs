@@ -158,6 +158,23 @@ fn greedy_speculation_is_lossless_for_every_drafter_and_schedule() {
     println!("greedy losslessness: {compared} comparisons, {near_ties} ended at a near-tie");
 }
 
+/// Greedy `ngram` and `self:4` speculation on `e` give plain decoding's
+/// tokens on two grounded prompts, and accept something.
+fn greedy_speculation_is_plain(e: &Engine) {
+    let mut accepted = 0;
+    for prompt in GROUNDED.iter().take(2) {
+        let plain = run_on(e, prompt, &plain_opts(), 48);
+        assert!(plain.emitted.len() > 4, "{prompt}");
+        for d in ["ngram", "self:4"] {
+            let spec = run_on(e, prompt, &opts(d, "constant"), 48);
+            assert_eq!(plain.emitted, spec.emitted, "{d} on {prompt:?}");
+            assert!(spec.stats.policy_failure.is_none());
+            accepted += spec.stats.accepted;
+        }
+    }
+    assert!(accepted > 0, "speculation accepted nothing at all");
+}
+
 #[test]
 fn int8_activations_keep_greedy_speculation_lossless() {
     // `--weights int8` changes the numbers (logits move by about 1%), not
@@ -165,18 +182,7 @@ fn int8_activations_keep_greedy_speculation_lossless() {
     // greedy speculation still equals plain decoding exactly.
     let e = specd_tests::int8_engine();
     assert!(e.model.batch_invariant());
-    let mut accepted = 0;
-    for prompt in GROUNDED.iter().take(2) {
-        let plain = run_on(&e, prompt, &plain_opts(), 48);
-        assert!(plain.emitted.len() > 4, "{prompt}");
-        for d in ["ngram", "self:4"] {
-            let spec = run_on(&e, prompt, &opts(d, "constant"), 48);
-            assert_eq!(plain.emitted, spec.emitted, "{d} on {prompt:?}");
-            assert!(spec.stats.policy_failure.is_none());
-            accepted += spec.stats.accepted;
-        }
-    }
-    assert!(accepted > 0, "speculation accepted nothing at all");
+    greedy_speculation_is_plain(&e);
 }
 
 #[test]
@@ -194,18 +200,7 @@ fn f16_kv_caches_keep_greedy_speculation_lossless() {
     t.prefill(&e.encode(&chat("Hello")).unwrap()).unwrap();
     let held = t.caches[0].state();
     assert!(!held.is_empty() && held.iter().all(|a| a.dtype() == specd_mlx::Dtype::Float16));
-    let mut accepted = 0;
-    for prompt in GROUNDED.iter().take(2) {
-        let plain = run_on(&e, prompt, &plain_opts(), 48);
-        assert!(plain.emitted.len() > 4, "{prompt}");
-        for d in ["ngram", "self:4"] {
-            let spec = run_on(&e, prompt, &opts(d, "constant"), 48);
-            assert_eq!(plain.emitted, spec.emitted, "{d} on {prompt:?}");
-            assert!(spec.stats.policy_failure.is_none());
-            accepted += spec.stats.accepted;
-        }
-    }
-    assert!(accepted > 0, "speculation accepted nothing at all");
+    greedy_speculation_is_plain(&e);
 }
 
 /// A target with a sliding window of 16, sharing the default model's weights.

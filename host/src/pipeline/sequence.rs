@@ -7,7 +7,7 @@ use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng};
 use crate::speculation::{
-    read_rows, row_threads, BatchContext, MaskedRows, ReadRows, RoundPlan, SpecState, Speculation,
+    read_one, row_threads, BatchContext, MaskedRows, ReadRows, RoundPlan, SpecState, Speculation,
     Target, VerifyMode, VerifyRows,
 };
 use anyhow::{bail, Result};
@@ -343,15 +343,12 @@ impl<'a> Sequence<'a> {
         time: VerifyTime,
     ) -> Result<()> {
         let masked = self.mask_rows(rows.into())?;
-        let Some(read) = read_rows(vec![masked], row_threads()).pop() else {
-            bail!("no rows read for the round");
-        };
-        self.complete_read(target, read, time)
+        self.complete_read(target, read_one(masked, row_threads()), time)
     }
 
     /// The planned round's verify `rows` with the request's grammar
     /// applied: a batched step reads every request's together
-    /// ([`read_rows`]), then ends each round ([`Sequence::complete_read`]).
+    /// ([`crate::speculation::read_rows`]), then ends each round ([`Sequence::complete_read`]).
     pub fn mask_rows(&self, rows: VerifyRows) -> Result<MaskedRows> {
         let Some(plan) = self.plan.as_ref() else {
             bail!("a round completed without a plan");

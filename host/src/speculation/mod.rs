@@ -12,7 +12,7 @@ pub mod target;
 
 pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
 pub use history::ScheduleHistory;
-pub use rows::{read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
+pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
 pub use target::{LlamaTarget, Target, VerifyMode};
@@ -369,8 +369,7 @@ impl SpecState {
         rng: &mut Rng,
     ) -> Result<RoundOutcome> {
         let masked = self.mask_rows(&plan, rows, log, params)?;
-        let read = read_rows(vec![masked], row_threads()).pop();
-        let read = read.ok_or_else(|| anyhow::anyhow!("no rows read for the round"))?;
+        let read = read_one(masked, row_threads());
         self.complete_read(plan, read, verify_seconds, target, log, params, rng)
     }
 

@@ -205,6 +205,13 @@ pub struct ReadRows {
     pub(crate) seconds: f64,
 }
 
+/// One request's rows read ([`read_rows`] of one).
+pub fn read_one(masked: MaskedRows, threads: usize) -> ReadRows {
+    read_rows(vec![masked], threads)
+        .pop()
+        .expect("read_rows gives one result per request")
+}
+
 /// Every request's rows read, all their distributions computed together
 /// over `threads` threads (one verify's rows, or a batched step's).
 pub fn read_rows(masked: Vec<MaskedRows>, threads: usize) -> Vec<ReadRows> {
