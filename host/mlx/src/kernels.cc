@@ -901,6 +901,21 @@ struct RaggedAttnBody {
       work += (int64_t)H * seqs[s].n * (seqs[s].off + seqs[s].n) * D;
     }
     int units = first.back();
+    // The per-head path reads float rows: a 16-bit cache's rows are widened
+    // once a call, every kv head's rows that this call's rows read.
+    Widened w;
+    if (half && !grouped()) {
+      w.k.resize(seqs.size()), w.v.resize(seqs.size());
+      for (size_t s = 0; s < seqs.size(); s++) {
+        size_t len = (size_t)(seqs[s].off + seqs[s].n) * D;
+        w.k[s].resize(Hkv * len), w.v[s].resize(Hkv * len);
+        for (int h = 0; h < Hkv; h++) {
+          const uint16_t* kh = r.k16[s] + (int64_t)h * r.cap[s] * D;
+          const uint16_t* vh = r.v16[s] + (int64_t)h * r.cap[s] * D;
+          for (size_t i = 0; i < len; i++) w.k[s][h * len + i] = h2f(kh[i]), w.v[s][h * len + i] = h2f(vh[i]);
+        }
+      }
+    }
     // Below ~64K multiply-adds per call stay on one thread (as AttnBody).
     int chunks = work < 65536 ? 1 : std::min(4 * pool().size(), units);
     pool().run(chunks, [&](int c) {
@@ -910,17 +925,33 @@ struct RaggedAttnBody {
       for (int u = u0; u < u1; u++) {
         while (u >= first[s + 1]) s++;
         int t = (u - first[s]) / Hkv, kvh = (u - first[s]) % Hkv;
-        unit(r, s, t, kvh, scratch);
+        unit(r, w, s, t, kvh, scratch);
       }
     });
   }
 
+  // A 16-bit cache's rows widened to float for the per-head path: sequence
+  // s's kv head h at k[s] + h * (off + n) * D.
+  struct Widened {
+    std::vector<std::vector<float>> k, v;
+  };
+
+  // Whether units run the grouped kernel (else the per-head path).
+  bool grouped() const {
+#if defined(SPECD_X86_KERNELS)
+    return isa() != Isa::Scalar && grouped_dim(D) && H / Hkv <= qmm::AttnGroup::kMaxHeads;
+#else
+    return false;
+#endif
+  }
+
   // Row t of sequence s, the query heads of kv head `kvh`.
-  void unit(const RaggedArgs& r, size_t s, int t, int kvh, std::vector<float>& scratch) const {
+  void unit(const RaggedArgs& r, const Widened& w, size_t s, int t, int kvh,
+            std::vector<float>& scratch) const {
     const auto& sp = seqs[s];
     int rep = H / Hkv;
 #if defined(SPECD_X86_KERNELS)
-    if (isa() != Isa::Scalar && grouped_dim(D) && rep <= qmm::AttnGroup::kMaxHeads) {
+    if (grouped()) {
       qmm::AttnGroup g{};
       g.heads = rep;
       for (int i = 0; i < rep; i++) {
@@ -945,21 +976,12 @@ struct RaggedAttnBody {
     }
 #endif
     // The sequence alone as AttnBody sees it: q [H, n, D] strided in y,
-    // keys [Hkv, off + n, D] in its cache, causal. A 16-bit cache's keys
-    // and values of this kv head are widened first (every head of the
-    // unit reads them at kv head 0 of the copy: a head stride of 0).
-    const float *kp = nullptr, *vp = nullptr;
+    // keys [Hkv, off + n, D] in its cache (or in its widened copy), causal.
+    const float *kp = r.k.empty() ? nullptr : r.k[s], *vp = r.v.empty() ? nullptr : r.v[s];
     int64_t kv_head = r.cap[s] * D;
-    thread_local std::vector<float> kw, vw;
     if (half) {
-      size_t len = (size_t)(sp.off + sp.n) * D;
-      kw.resize(len), vw.resize(len);
-      const uint16_t* kh = r.k16[s] + (int64_t)kvh * r.cap[s] * D;
-      const uint16_t* vh = r.v16[s] + (int64_t)kvh * r.cap[s] * D;
-      for (size_t i = 0; i < len; i++) kw[i] = h2f(kh[i]), vw[i] = h2f(vh[i]);
-      kp = kw.data(), vp = vw.data(), kv_head = 0;
-    } else {
-      kp = r.k[s], vp = r.v[s];
+      kp = w.k[s].data(), vp = w.v[s].data();
+      kv_head = (int64_t)(sp.off + sp.n) * D;
     }
     AttnArgs a{r.y + (int64_t)sp.a * r.y_row,
                kp,

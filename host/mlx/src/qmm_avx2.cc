@@ -195,21 +195,29 @@ namespace specd_mlx::qmm {
 
 namespace {
 
+// 8 floats of a cache row at `at`: loaded, or widened exactly from float16
+// (HALF). The cache's type is a template argument, so the float32 path has
+// no per-load test.
+template <bool HALF>
+__m256 cache8(const float* f, const uint16_t* h, int64_t at) {
+  if constexpr (HALF)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + at)));
+  else
+    return _mm256_loadu_ps(f + at);
+}
+
 // Scores of keys [j0, j0 + J) for heads [h0, h0 + HG): each one dot_avx2's
 // chain (acc = 0, then fma per 8 floats in order, hsum) times the scale, so
 // it is bitwise the per-head path's. J keys side by side keep J * HG
 // independent chains in flight.
-template <int J, int HG>
+template <bool HALF, int J, int HG>
 void scores_keys(const AttnGroup& g, int h0, int j0, float* scores) {
   __m256 acc[J][HG];
   for (int i = 0; i < J; i++)
     for (int h = 0; h < HG; h++) acc[i][h] = _mm256_setzero_ps();
   for (int c = 0; c < g.D; c += 8) {
     __m256 k[J];
-    for (int i = 0; i < J; i++)
-      k[i] = g.k16 ? _mm256_cvtph_ps(_mm_loadu_si128(
-                         reinterpret_cast<const __m128i*>(g.k16 + (j0 + i) * g.k_row + c)))
-                   : _mm256_loadu_ps(g.k + (j0 + i) * g.k_row + c);
+    for (int i = 0; i < J; i++) k[i] = cache8<HALF>(g.k, g.k16, (int64_t)(j0 + i) * g.k_row + c);
     for (int h = 0; h < HG; h++) {
       __m256 q = _mm256_loadu_ps(g.q[h0 + h] + c);
       for (int i = 0; i < J; i++) acc[i][h] = _mm256_fmadd_ps(q, k[i], acc[i][h]);
@@ -222,21 +230,14 @@ void scores_keys(const AttnGroup& g, int h0, int j0, float* scores) {
 // Output floats [c0, c0 + 8 CB) of heads [h0, h0 + HG): o = fma(p_j, v_j, o)
 // in key order from 0 (axpy_avx2's), times inv (the per-head path's
 // multiply).
-template <int HG, int CB>
+template <bool HALF, int HG, int CB>
 void weigh_values(const AttnGroup& g, int h0, const float* scores, const float* inv, int c0) {
   __m256 o[HG][CB];
   for (int h = 0; h < HG; h++)
     for (int c = 0; c < CB; c++) o[h][c] = _mm256_setzero_ps();
   for (int j = 0; j < g.n; j++) {
     __m256 v[CB];
-    if (g.v16) {
-      const uint16_t* vr = g.v16 + j * g.v_row + c0;
-      for (int c = 0; c < CB; c++)
-        v[c] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + 8 * c)));
-    } else {
-      const float* vr = g.v + j * g.v_row + c0;
-      for (int c = 0; c < CB; c++) v[c] = _mm256_loadu_ps(vr + 8 * c);
-    }
+    for (int c = 0; c < CB; c++) v[c] = cache8<HALF>(g.v, g.v16, (int64_t)j * g.v_row + c0 + 8 * c);
     for (int h = 0; h < HG; h++) {
       __m256 pj = _mm256_set1_ps(scores[(h0 + h) * g.n + j]);
       for (int c = 0; c < CB; c++) o[h][c] = _mm256_fmadd_ps(pj, v[c], o[h][c]);
@@ -249,11 +250,11 @@ void weigh_values(const AttnGroup& g, int h0, const float* scores, const float* 
 }
 
 // Heads [h0, h0 + HG) of the group: keys and values stream once for them.
-template <int HG>
+template <bool HALF, int HG>
 void attn_heads(const AttnGroup& g, int h0, float* scores, float* inv) {
   int j = 0;
-  for (; j + 2 <= g.n; j += 2) scores_keys<2, HG>(g, h0, j, scores);
-  if (j < g.n) scores_keys<1, HG>(g, h0, j, scores);
+  for (; j + 2 <= g.n; j += 2) scores_keys<HALF, 2, HG>(g, h0, j, scores);
+  if (j < g.n) scores_keys<HALF, 1, HG>(g, h0, j, scores);
   for (int h = h0; h < h0 + HG; h++) {
     // The per-head path's softmax: max from -inf in key order, then
     // exp_sum_avx2, then 1 / sum.
@@ -264,7 +265,20 @@ void attn_heads(const AttnGroup& g, int h0, float* scores, float* inv) {
   }
   // 4 heads x 2 vectors or fewer heads x 4: at most 8 output registers.
   constexpr int CB = HG <= 2 ? 4 : 2;
-  for (int c0 = 0; c0 < g.D; c0 += 8 * CB) weigh_values<HG, CB>(g, h0, scores, inv, c0);
+  for (int c0 = 0; c0 < g.D; c0 += 8 * CB) weigh_values<HALF, HG, CB>(g, h0, scores, inv, c0);
+}
+
+template <bool HALF>
+void attn_group(const AttnGroup& g, float* scores) {
+  float inv[AttnGroup::kMaxHeads];
+  int h0 = 0;
+  for (; h0 + 4 <= g.heads; h0 += 4) attn_heads<HALF, 4>(g, h0, scores, inv);
+  switch (g.heads - h0) {
+    case 3: attn_heads<HALF, 3>(g, h0, scores, inv); break;
+    case 2: attn_heads<HALF, 2>(g, h0, scores, inv); break;
+    case 1: attn_heads<HALF, 1>(g, h0, scores, inv); break;
+    default: break;
+  }
 }
 
 }  // namespace
@@ -280,15 +294,11 @@ void to_half_avx2(const float* x, uint16_t* y, int n) {
 bool attn_group_avx2(const AttnGroup& g, float* scores) {
   // Whole 8-float chunks, and CB = 2 or 4 of them per weigh_values pass.
   if (g.heads > AttnGroup::kMaxHeads || g.D % 32 != 0) return false;
-  float inv[AttnGroup::kMaxHeads];
-  int h0 = 0;
-  for (; h0 + 4 <= g.heads; h0 += 4) attn_heads<4>(g, h0, scores, inv);
-  switch (g.heads - h0) {
-    case 3: attn_heads<3>(g, h0, scores, inv); break;
-    case 2: attn_heads<2>(g, h0, scores, inv); break;
-    case 1: attn_heads<1>(g, h0, scores, inv); break;
-    default: break;
-  }
+  // A group's keys and values are both float16 or both float32.
+  if (g.k16)
+    attn_group<true>(g, scores);
+  else
+    attn_group<false>(g, scores);
   return true;
 }
 

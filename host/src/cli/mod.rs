@@ -61,9 +61,14 @@ fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
 }
 
 /// The flag, else the environment variable (for A/B runs: read here, once;
-/// the model and the pipeline read none), else on.
-fn switch(flag: Option<bool>, var: &str) -> bool {
-    flag.unwrap_or_else(|| std::env::var(var).map_or(true, |v| v != "0"))
+/// the model and the pipeline read none: `0` is off, `1` on), else
+/// `default`.
+fn switch(flag: Option<bool>, var: &str, default: bool) -> bool {
+    flag.unwrap_or_else(|| match std::env::var(var).as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => default,
+    })
 }
 
 fn parse_weights(s: &str) -> std::result::Result<crate::model::WeightMode, String> {
@@ -224,11 +229,9 @@ pub fn main() -> Result<()> {
     let load = Load {
         weights,
         switches: crate::engine::Switches {
-            kv_rows: switch(cli.kv_rows, "SPECD_KV_ROWS"),
-            light_rounds: switch(cli.light_rounds, "SPECD_LIGHT_ROUNDS"),
-            kv_f16: cli
-                .kv_f16
-                .unwrap_or_else(|| std::env::var("SPECD_KV_F16").is_ok_and(|v| v == "1")),
+            kv_rows: switch(cli.kv_rows, "SPECD_KV_ROWS", true),
+            light_rounds: switch(cli.light_rounds, "SPECD_LIGHT_ROUNDS", true),
+            kv_f16: switch(cli.kv_f16, "SPECD_KV_F16", false),
         },
     };
     match cli.command {
