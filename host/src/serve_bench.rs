@@ -26,6 +26,8 @@ pub struct ServeRow {
     pub drafter: String,
     #[serde(flatten)]
     pub latency: Latency,
+    /// Mean prompt tokens of the row's requests.
+    pub prompt_tokens: u64,
     /// Most requests one step held.
     pub max_batch: u64,
     /// Scheduler steps (a pipelined run of one request alone counts once)
@@ -60,6 +62,10 @@ pub struct ServeBench {
     pub temperatures: Vec<f32>,
     pub max_tokens: usize,
     pub repeats: usize,
+    /// 0: each request's prompt is `request_text`; above: a distinct prompt
+    /// of at least this many tokens (`long_request_text`), where attention
+    /// over the caches weighs in every step.
+    pub prompt_tokens: usize,
 }
 
 /// Request `i`'s raw text to continue: long answers, rarely an early end of
@@ -73,6 +79,29 @@ pub fn request_text(i: usize) -> String {
     )
 }
 
+/// The prompt of request `i`: `request_text`, or with `prompt_tokens` > 0
+/// the bench's paragraphs from the i-th on, cycled (so requests differ from
+/// their first tokens and share no cached prefix), whole paragraphs added
+/// until the prompt holds at least `prompt_tokens` tokens, then the same
+/// instruction to continue.
+pub fn request_prompt(e: &Engine, i: usize, prompt_tokens: usize) -> Result<Vec<u32>> {
+    if prompt_tokens == 0 {
+        return e.encode(&Prompt::Raw(request_text(i)));
+    }
+    let paragraphs: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
+    let tail = "\n\nContinue this story for a long time:\nOnce upon a time";
+    let mut text = format!("Request {i}.");
+    for k in i.. {
+        let ids = e.encode(&Prompt::Raw(format!("{text}{tail}")))?;
+        if ids.len() >= prompt_tokens {
+            return Ok(ids);
+        }
+        text += "\n\n";
+        text += paragraphs[k % paragraphs.len()];
+    }
+    unreachable!("the paragraphs cycle until the prompt is long enough")
+}
+
 /// One batch of `n` requests, all submitted at once. The scheduler starts
 /// from `fit` and leaves what it learnt there, as a server's one scheduler
 /// keeps its step-cost fit from request to request.
@@ -83,6 +112,7 @@ fn one(
     opts: &SpecOptions,
     temperature: f32,
     max_tokens: usize,
+    prompt_tokens: usize,
 ) -> Result<ServeRow> {
     let mut sched = Scheduler::new(
         e,
@@ -93,12 +123,14 @@ fn one(
     )
     .with_fit(std::mem::take(fit));
     let results = Rc::new(RefCell::new(Vec::new()));
-    let t0 = Instant::now();
     // Per request, its non-empty pieces' seconds since submission.
     let timings: Vec<Rc<RefCell<Vec<f64>>>> = (0..n).map(|_| Rc::default()).collect();
-    for (i, timing) in timings.iter().enumerate() {
-        let text = request_text(i);
-        let prompt = e.encode(&Prompt::Raw(text))?;
+    let prompts: Vec<Vec<u32>> = (0..n)
+        .map(|i| request_prompt(e, i, prompt_tokens))
+        .collect::<Result<_>>()?;
+    let prompt_total: usize = prompts.iter().map(Vec::len).sum();
+    let t0 = Instant::now();
+    for ((i, timing), prompt) in timings.iter().enumerate().zip(prompts) {
         let params = SamplingParams {
             temperature,
             seed: 1 + i as u64,
@@ -162,6 +194,7 @@ fn one(
             .as_ref()
             .map_or("none".into(), |d| d.to_string()),
         latency: Latency::of(n, tokens, seconds, &streams),
+        prompt_tokens: (prompt_total / n.max(1)) as u64,
         max_batch,
         steps,
         step_seconds,
@@ -187,7 +220,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         ..Default::default()
     };
     let mut fit = StepFit::default();
-    one(e, &mut fit, 2, &none, 0.0, 8)?;
+    one(e, &mut fit, 2, &none, 0.0, 8, 0)?;
     let mut rows: Vec<ServeRow> = Vec::new();
     for rep in 0..b.repeats.max(1) {
         let d = crate::bench::decode(e, b.max_tokens)?;
@@ -204,6 +237,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     decode_tokens_per_second: d.decode_tps,
                     ..Default::default()
                 },
+                prompt_tokens: d.prompt_tokens as u64,
                 max_batch: 1,
                 repeats: 1,
                 ..Default::default()
@@ -222,7 +256,10 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     progress(&format!(
                         "repeat {rep}: temperature {temp} drafter {drafter} N={n}"
                     ));
-                    merge(&mut rows, one(e, &mut fit, n, &opts, temp, b.max_tokens)?);
+                    merge(
+                        &mut rows,
+                        one(e, &mut fit, n, &opts, temp, b.max_tokens, b.prompt_tokens)?,
+                    );
                 }
             }
         }
@@ -269,10 +306,11 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 /// step (schedule and acceptance calls of all its requests).
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6}\n",
+        "{:<8} {:<8} {:>3} {:>6} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6}\n",
         "mode",
         "drafter",
         "N",
+        "prompt",
         "tokens",
         "tok/s",
         "dec tok/s",
@@ -310,8 +348,8 @@ pub fn table(rows: &[ServeRow]) -> String {
         });
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3}\n",
-            row.mode, row.drafter, r.concurrency, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
+            "{:<8} {:<8} {:>3} {:>6} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3}\n",
+            row.mode, row.drafter, r.concurrency, row.prompt_tokens, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, row.max_batch, row.steps, per(1e3 * row.step_seconds, row.steps as f64),
             per(row.step_rows as f64, row.steps as f64), per(row.drafted as f64, row.rounds as f64),
             per(row.accepted as f64, row.drafted as f64),

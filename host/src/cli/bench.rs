@@ -87,6 +87,11 @@ pub enum BenchCmd {
         max_tokens: usize,
         #[arg(long, default_value_t = 1)]
         repeats: usize,
+        /// Long prompts: each request a distinct prompt of at least this
+        /// many tokens (0: the short chat-sized prompts), so attention over
+        /// the caches weighs in every step.
+        #[arg(long, default_value_t = 0)]
+        prompt_tokens: usize,
         /// Write the rows as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -175,10 +180,16 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             temperatures,
             max_tokens,
             repeats,
+            prompt_tokens,
             json,
             steps_only,
             anchor,
         } => {
+            // The anchor sends mlx-lm's server the short prompts only.
+            anyhow::ensure!(
+                !(anchor && prompt_tokens > 0),
+                "--anchor runs the short prompts only: drop --prompt-tokens"
+            );
             let e = load_engine(&model.model, &SpecArgs::default(), load)?;
             let parse = |s: &str, what: &str| -> Result<Vec<f64>> {
                 comma_list(s)
@@ -201,9 +212,12 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                     .collect(),
                 max_tokens,
                 repeats,
+                prompt_tokens,
             };
+            // The curve at the run's context (as far as the step prompt goes).
+            let context = prompt_tokens.max(128);
             let costs =
-                crate::serve_bench::step_costs(&e, &b.concurrency, 128, 10 * repeats.max(1))?;
+                crate::serve_bench::step_costs(&e, &b.concurrency, context, 10 * repeats.max(1))?;
             print!("{}", crate::serve_bench::step_table(&costs));
             if steps_only {
                 return Ok(());
