@@ -214,17 +214,17 @@ impl<'e> Scheduler<'e> {
         }
     }
 
-    /// Prefill rows this step may take while `streaming` requests (those
-    /// that have streamed a token) stream beside them. With none, all of
-    /// `--step-tokens`: only time to first token waits, and requests that
-    /// arrive together share their first slices. Otherwise each of those
-    /// streams waits for the step, and on a CPU a 512-row chunk costs over
-    /// a second, so the chunk is held to what keeps the step within
-    /// [`STALL_STEPS`] of their step alone ([`PrefillCost`]): the new
-    /// prompt goes on a little slower and no stream stalls, not even one
-    /// whose first token came out of the slice before (8 long prompts
-    /// arriving together: p99 gap 1.6 s became 73 ms, the last first
-    /// token as late as before).
+    /// Prefill rows this step may take while `streaming` requests decode
+    /// beside them. With none, all of `--step-tokens`: only time to first
+    /// token waits, and requests that arrive together share their first
+    /// slice. Otherwise each of those streams waits for the step (a request
+    /// whose prompt is read waits for its first token), and on a CPU a
+    /// 512-row chunk costs over a second, so the chunk is held to what
+    /// keeps the step within [`STALL_STEPS`] of their step alone
+    /// ([`PrefillCost`]): the new prompt goes on a little slower and no
+    /// stream stalls. (Holding back only beside requests that had streamed
+    /// 8 tokens let 8 long prompts arriving together stall the first
+    /// streams for whole slices: p99 gap 1.6 s, against 70 ms.)
     fn prefill_budget(&self, streaming: usize) -> usize {
         self.prefill_cost
             .rows(streaming > 0, self.limits.step_tokens)
@@ -455,12 +455,7 @@ impl<'e> Scheduler<'e> {
         // Who is in the step: every request ready for a round, and those in
         // prefill while the step's prefill rows last.
         let decoding = self.active.iter().filter(|a| a.seq.decoding()).count();
-        let streaming = self
-            .active
-            .iter()
-            .filter(|a| a.seq.decoding() && a.seq.emitted() > 0)
-            .count();
-        let mut prefill_budget = self.prefill_budget(streaming);
+        let mut prefill_budget = self.prefill_budget(decoding);
         let mut chunks: Vec<Option<Planned>> = Vec::with_capacity(self.active.len());
         let mut rows_planned = 0usize;
         for a in &self.active {

@@ -802,3 +802,98 @@ fn staggered_default_requests_over_the_prefix_cache_keep_their_solo_tokens() {
         assert_eq!(log, solo, "request {i} differs from its solo run");
     }
 }
+
+/// Two requests submitted together, a short prompt and a long one: the
+/// first slice reads the short prompt and the start of the long one, and
+/// once the short request is decoding (its first token included) the rest
+/// of the long prompt goes in held slices beside it, a token of the stream
+/// each step, instead of whole `--step-tokens` slices. Both keep their solo
+/// tokens.
+#[test]
+fn a_prompt_that_arrived_with_a_stream_is_held_back_once_the_stream_decodes() {
+    let e = engine();
+    let params = SamplingParams::default();
+    let opts = SpecOptions {
+        drafter: Some(DrafterSpec::None),
+        ..Default::default()
+    };
+    let short = e
+        .encode(&chat("Name three colors of the rainbow."))
+        .unwrap();
+    let paragraph = "The committee met on Tuesday to review the budget, the \
+        schedule and the list of open questions, and agreed to meet again. ";
+    let long = e.encode(&Prompt::Raw(paragraph.repeat(40))).unwrap();
+    let step_tokens = 512;
+    assert!(
+        short.len() + long.len() > step_tokens + 200,
+        "the long prompt must outlast the first slice by far"
+    );
+    let n = 48;
+    let solo: Vec<Vec<u32>> = [&short, &long]
+        .iter()
+        .map(|p| solo_tokens(&e, p, &params, &opts, n))
+        .collect();
+    let limits = BatchLimits {
+        max_sequences: 2,
+        step_tokens,
+        kv_budget: None,
+    };
+    let mut sched = Scheduler::new(&e, limits);
+    let finished = Rc::new(RefCell::new(vec![None, None]));
+    let streamed = Rc::new(RefCell::new(0usize));
+    for (i, p) in [&short, &long].into_iter().enumerate() {
+        let f = finished.clone();
+        let s = streamed.clone();
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: p.clone(),
+            settings: e.settings(params.clone(), Some(n), vec![]),
+            spec: e.speculation(&opts, &params).unwrap(),
+            sink: Box::new(move |piece: &str| {
+                if i == 0 && !piece.is_empty() {
+                    *s.borrow_mut() += 1;
+                }
+                true
+            }),
+            done: Box::new(move |r| f.borrow_mut()[i] = Some(r.map(|f| f.log))),
+        });
+    }
+    let first = sched.step(&mut || true);
+    assert_eq!(first.prefill_rows, step_tokens, "the first slice is whole");
+    // Prefill reads every prompt token but the last (the first round's).
+    let mut left = short.len() + long.len() - 2 - step_tokens;
+    // Steps of the rest of the long prompt while the stream goes on.
+    let (mut held, mut pieces) = (0, 0);
+    while left > 0 {
+        let before = *streamed.borrow();
+        let streaming = finished.borrow()[0].is_none();
+        let s = sched.step(&mut || true);
+        assert!(s.prefill_rows > 0, "the prompt goes on");
+        left -= s.prefill_rows;
+        if streaming {
+            assert_eq!(s.sequences, 2, "the stream steps beside the prompt");
+            // Held to a few decode steps' worth: tens of rows, not 512.
+            assert!(
+                s.prefill_rows <= step_tokens / 4,
+                "a slice of {} rows with {} left beside a stream is not held back",
+                s.prefill_rows,
+                left + s.prefill_rows
+            );
+            held += 1;
+            pieces += *streamed.borrow() - before;
+        }
+    }
+    assert!(held >= 3, "the rest of the prompt took {held} held slices");
+    // A token a step (a piece may wait for the next token's bytes).
+    assert!(
+        pieces + 2 >= held,
+        "the stream got {pieces} pieces over {held} steps"
+    );
+    while !sched.is_idle() {
+        sched.step(&mut || true);
+    }
+    for (i, r) in finished.borrow_mut().drain(..).enumerate() {
+        let log = r.expect("finished").expect("no failure");
+        assert_eq!(log, solo[i], "request {i} differs from its solo run");
+    }
+}
