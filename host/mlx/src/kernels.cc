@@ -545,11 +545,12 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
     a.xq = xq.data(), a.xd = xqd.data();
   }
 #if defined(SPECD_X86_KERNELS)
-  // Decode and verify sizes only: a prefill's x copy would crowd its own
+  // Decode and verify sizes only (below the panel kernel's rows, which
+  // unpacks once for all rows): a prefill's x copy would crowd its own
   // rows out of the cache (measured: prefill 0.93x at 190 rows), where
   // the shift saved is worth 2% (1.2x at one row).
   thread_local std::vector<float> xn;
-  if (!q8 && isa() == Isa::Avx2 && qmm::value_bits(bits) == 4 && K % 8 == 0 && M <= 16) {
+  if (!q8 && isa() == Isa::Avx2 && qmm::value_bits(bits) == 4 && K % 8 == 0 && M < qmm::kPanelRows) {
     xn.resize((size_t)M * K);
     if (qmm::scale_nibbles(xd, M, K, xn.data())) a.x = xn.data(), a.x_nibble_scaled = true;
   }

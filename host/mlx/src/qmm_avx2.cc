@@ -2,14 +2,155 @@
 // called only when the CPU has them.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 
 #include "qmm_avx2.h"
 #include "qmm_simd.h"
 
 namespace specd_mlx::qmm {
 
+namespace {
+
+// Many rows (prefill slices): a column block's weights are unpacked to
+// floats once, into a panel p[k][16] (with its scales and biases), and
+// every row tile of R rows then reads it: R x 2 partial sums in registers,
+// two loads and R broadcasts for 2R FMAs, where the tiles of qmm_simd.h
+// unpack the weights again for every 4 rows. Per output the float
+// operations are the formula's, in its order (per group t from 0 by fma
+// over the group's values in order; acc = fma(t, s, acc), then fma(b,
+// xsum, acc); y = acc (+ r)), so the results are those of any other tile,
+// row for row.
+struct Panel {
+  const float* p;   // [K][16] values
+  const float* sb;  // per group: 16 scales, then 16 biases
+};
+
+// Rows [m, m + R) of x into y's column block cb.
+template <int R>
+void panel_tile(const Args& a, const Panel& pn, int cb, int m) {
+  const int groups = a.K / a.group;
+  alignas(32) float acc[R][kLanes] = {};
+  const float* x = a.x + (size_t)m * a.K;
+  for (int g = 0; g < groups; g++) {
+    __m256 t[R][2];
+    for (int r = 0; r < R; r++) t[r][0] = t[r][1] = _mm256_setzero_ps();
+    const float* p = pn.p + (size_t)g * a.group * kLanes;
+    const float* xg = x + (size_t)g * a.group;
+    for (int k = 0; k < a.group; k++) {
+      __m256 w0 = _mm256_load_ps(p + 16 * k), w1 = _mm256_load_ps(p + 16 * k + 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) {
+        __m256 xb = _mm256_set1_ps(xg[(size_t)r * a.K + k]);
+        t[r][0] = _mm256_fmadd_ps(xb, w0, t[r][0]);
+        t[r][1] = _mm256_fmadd_ps(xb, w1, t[r][1]);
+      }
+    }
+    const float* sb = pn.sb + (size_t)g * 2 * kLanes;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      __m256 xs = _mm256_set1_ps(a.xsum[(size_t)(m + r) * groups + g]);
+      for (int v = 0; v < 2; v++) {
+        __m256 ov = _mm256_load_ps(acc[r] + 8 * v);
+        ov = _mm256_fmadd_ps(t[r][v], _mm256_load_ps(sb + 8 * v), ov);
+        ov = _mm256_fmadd_ps(_mm256_load_ps(sb + kLanes + 8 * v), xs, ov);
+        _mm256_store_ps(acc[r] + 8 * v, ov);
+      }
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < 2; v++) {
+      int n = cb * kLanes + 8 * v;
+      if (n >= a.N) continue;
+      size_t at = (size_t)(m + r) * a.N + n;
+      int len = std::min(8, a.N - n);
+      __m256 out = _mm256_load_ps(acc[r] + 8 * v);
+      if (a.r) out = _mm256_add_ps(out, Avx2::load_n(a.r + at, len));
+      Avx2::store(a.y + at, out, len);
+    }
+}
+
+// Rows of 6: 12 partial sums, 2 weight vectors and a broadcast fill 15 of
+// the 16 registers.
+constexpr int kPanelTile = 6;
+// x bytes a row block holds: it stays in L2 while the column blocks pass
+// over it (a 256-row x of K = 576 is 590 KB).
+constexpr size_t kPanelXBytes = 192 * 1024;
+
+// A buffer of floats, 32-byte aligned, grown on demand.
+struct AlignedFloats {
+  float* p = nullptr;
+  size_t n = 0;
+  float* get(size_t want) {
+    if (want > n) {
+      std::free(p);
+      p = static_cast<float*>(std::aligned_alloc(32, ((want * 4 + 31) / 32) * 32));
+      if (!p) throw std::bad_alloc();
+      n = want;
+    }
+    return p;
+  }
+  ~AlignedFloats() { std::free(p); }
+};
+
+template <int BITS, bool F32S>
+void panel_bits(const Args& a, int cb0, int cb1) {
+  constexpr int per = 32 / BITS;
+  const int groups = a.K / a.group, dpg = a.group / per,
+            gw = group_words(a.group, BITS | (F32S ? kScaleF32 : 0));
+  // Reused across calls (a prefill slice runs a few hundred).
+  thread_local AlignedFloats values, scales;
+  Panel pn{values.get((size_t)a.K * kLanes), scales.get((size_t)groups * 2 * kLanes)};
+  float* pv = const_cast<float*>(pn.p);
+  float* ps = const_cast<float*>(pn.sb);
+  // Row blocks: the panels are unpacked again for each.
+  const int rb = std::max(kPanelTile, (int)(kPanelXBytes / (4 * (size_t)a.K)) / kPanelTile * kPanelTile);
+  for (int m0 = 0; m0 < a.M; m0 += rb) {
+    const int m1 = std::min(a.M, m0 + rb);
+    for (int cb = cb0; cb < cb1; cb++) {
+      for (int g = 0; g < groups; g++) {
+        const uint32_t* base = a.w + ((size_t)cb * groups + g) * gw;
+        float* p = pv + (size_t)g * a.group * kLanes;
+        for (int d = 0; d < dpg; d++)
+          for (int v = 0; v < 2; v++) {
+            __m256i wv = Avx2::loadw(base + d * kLanes + v * 8);
+#pragma GCC unroll 8
+            for (int j = 0; j < per; j++)
+              _mm256_store_ps(p + (size_t)(d * per + j) * kLanes + 8 * v, Avx2::unpack<BITS>(wv, j));
+          }
+        const uint16_t* sh = reinterpret_cast<const uint16_t*>(base + dpg * kLanes);
+        const float* sf = reinterpret_cast<const float*>(base + dpg * kLanes);
+        float* o = ps + (size_t)g * 2 * kLanes;
+        for (int v = 0; v < 4; v++)
+          _mm256_store_ps(o + 8 * v, F32S ? _mm256_loadu_ps(sf + 8 * v) : Avx2::cvtph(sh + 8 * v));
+      }
+      int m = m0;
+      for (; m + kPanelTile <= m1; m += kPanelTile) panel_tile<kPanelTile>(a, pn, cb, m);
+      switch (m1 - m) {
+        case 5: panel_tile<5>(a, pn, cb, m); break;
+        case 4: panel_tile<4>(a, pn, cb, m); break;
+        case 3: panel_tile<3>(a, pn, cb, m); break;
+        case 2: panel_tile<2>(a, pn, cb, m); break;
+        case 1: panel_tile<1>(a, pn, cb, m); break;
+        default: break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void avx2(const Args& a, int n0, int n1) {
+  if (a.M >= kPanelRows && !a.x_nibble_scaled) {
+    switch (a.bits) {
+      case 4: return panel_bits<4, false>(a, n0, n1);
+      case 8: return panel_bits<8, false>(a, n0, n1);
+      case 4 | kScaleF32: return panel_bits<4, true>(a, n0, n1);
+      default: return panel_bits<8, true>(a, n0, n1);
+    }
+  }
   if (!a.x_nibble_scaled) return Kernel<Avx2>::run(a, n0, n1);
   using T = Tiles<Kernel<Avx2ScaledNibbles>>;
   if (scale_f32(a.bits))

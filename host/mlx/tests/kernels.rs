@@ -760,8 +760,11 @@ fn qmatmul_float32_scales_and_groups_of_16() {
             .unwrap();
         assert_eq!(back, dense, "{n}x{k} g{group} {bits}-bit: packed rows");
         let dense_a = Array::from_f32(&dense, &[n as i32, k as i32]).unwrap();
-        let xs = g.f32s(8 * k, -2.0, 2.0);
-        let single: Vec<Vec<f32>> = (0..8)
+        // 40 rows: past kernels' panel threshold (qmm.h kPanelRows), so every
+        // row of the many-row path is checked against the row alone.
+        let m = 40;
+        let xs = g.f32s(m * k, -2.0, 2.0);
+        let single: Vec<Vec<f32>> = (0..m)
             .map(|r| {
                 kernels::qmatmul_packed(&rows(&xs, k, r, r + 1), &packed, n as i32, group, flag)
                     .unwrap()
@@ -769,7 +772,7 @@ fn qmatmul_float32_scales_and_groups_of_16() {
                     .unwrap()
             })
             .collect();
-        let x = rows(&xs, k, 0, 8);
+        let x = rows(&xs, k, 0, m);
         let got = kernels::qmatmul_packed(&x, &packed, n as i32, group, flag)
             .unwrap()
             .to_vec_f32()
@@ -798,7 +801,7 @@ fn qmatmul_float32_scales_and_groups_of_16() {
                 "{n}x{k} g{group}: [{j}] {a} vs {e}"
             );
         }
-        for r in 0..8 {
+        for r in 0..m {
             assert_eq!(
                 got[r * n..(r + 1) * n],
                 single[r][..],
@@ -1209,7 +1212,9 @@ fn qmatmul_is_its_formula_exactly() {
         (70, 128, 128, 4, 63),
         (24, 96, 32, 8, 64),
     ];
-    check_formula(&cases, &[1, 2, 3, 4, 5, 8, 9], 0);
+    // 32, 40 and 67 rows: the panel path (qmm.h kPanelRows), its 6-row
+    // tiles and every tail.
+    check_formula(&cases, &[1, 2, 3, 4, 5, 8, 9, 32, 40, 67], 0);
 }
 
 /// The host's greedy scan (`argmax_margin` in the host crate, which this
