@@ -102,9 +102,9 @@ void panel_bits(const Args& a, int cb0, int cb1) {
             gw = group_words(a.group, BITS | (F32S ? kScaleF32 : 0));
   // Reused across calls (a prefill slice runs a few hundred).
   thread_local AlignedFloats values, scales;
-  Panel pn{values.get((size_t)a.K * kLanes), scales.get((size_t)groups * 2 * kLanes)};
-  float* pv = const_cast<float*>(pn.p);
-  float* ps = const_cast<float*>(pn.sb);
+  float* pv = values.get((size_t)a.K * kLanes);
+  float* ps = scales.get((size_t)groups * 2 * kLanes);
+  const Panel pn{pv, ps};
   // Row blocks: the panels are unpacked again for each.
   const int rb = std::max(kPanelTile, (int)(kPanelXBytes / (4 * (size_t)a.K)) / kPanelTile * kPanelTile);
   for (int m0 = 0; m0 < a.M; m0 += rb) {
