@@ -214,7 +214,7 @@ impl<'e> Scheduler<'e> {
         }
     }
 
-    /// Prefill rows this step may take while `streaming` requests decode
+    /// Prefill rows this step may take while `decoding` requests decode
     /// beside them. With none, all of `--step-tokens`: only time to first
     /// token waits, and requests that arrive together share their first
     /// slice. Otherwise each of those streams waits for the step (a request
@@ -225,9 +225,9 @@ impl<'e> Scheduler<'e> {
     /// stream stalls. (Holding back only beside requests that had streamed
     /// 8 tokens let 8 long prompts arriving together stall the first
     /// streams for whole slices: p99 gap 1.6 s, against 70 ms.)
-    fn prefill_budget(&self, streaming: usize) -> usize {
+    fn prefill_budget(&self, decoding: usize) -> usize {
         self.prefill_cost
-            .rows(streaming > 0, self.limits.step_tokens)
+            .rows(decoding > 0, self.limits.step_tokens)
     }
 
     pub fn is_idle(&self) -> bool {

@@ -63,7 +63,7 @@ pub struct ServeBench {
     pub max_tokens: usize,
     pub repeats: usize,
     /// 0: each request's prompt is `request_text`; above: a distinct prompt
-    /// of at least this many tokens (`long_request_text`), where attention
+    /// of at least this many tokens (`request_prompt`), where attention
     /// over the caches weighs in every step.
     pub prompt_tokens: usize,
 }
@@ -73,11 +73,11 @@ pub struct ServeBench {
 /// same texts.
 pub fn request_text(i: usize) -> String {
     let prompts: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
-    format!(
-        "{}\n\nContinue this story for a long time:\nOnce upon a time",
-        prompts[i % prompts.len()]
-    )
+    format!("{}{CONTINUE}", prompts[i % prompts.len()])
 }
+
+/// What every bench request ends with.
+const CONTINUE: &str = "\n\nContinue this story for a long time:\nOnce upon a time";
 
 /// The prompt of request `i`: `request_text`, or with `prompt_tokens` > 0
 /// the bench's paragraphs from the i-th on, cycled (so requests differ from
@@ -89,10 +89,9 @@ pub fn request_prompt(e: &Engine, i: usize, prompt_tokens: usize) -> Result<Vec<
         return e.encode(&Prompt::Raw(request_text(i)));
     }
     let paragraphs: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
-    let tail = "\n\nContinue this story for a long time:\nOnce upon a time";
     let mut text = format!("Request {i}.");
     for k in i.. {
-        let ids = e.encode(&Prompt::Raw(format!("{text}{tail}")))?;
+        let ids = e.encode(&Prompt::Raw(format!("{text}{CONTINUE}")))?;
         if ids.len() >= prompt_tokens {
             return Ok(ids);
         }

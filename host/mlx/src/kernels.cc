@@ -978,12 +978,9 @@ struct RaggedAttnBody {
 #endif
     // The sequence alone as AttnBody sees it: q [H, n, D] strided in y,
     // keys [Hkv, off + n, D] in its cache (or in its widened copy), causal.
-    const float *kp = r.k.empty() ? nullptr : r.k[s], *vp = r.v.empty() ? nullptr : r.v[s];
-    int64_t kv_head = r.cap[s] * D;
-    if (half) {
-      kp = w.k[s].data(), vp = w.v[s].data();
-      kv_head = (int64_t)(sp.off + sp.n) * D;
-    }
+    const float* kp = half ? w.k[s].data() : r.k[s];
+    const float* vp = half ? w.v[s].data() : r.v[s];
+    int64_t kv_head = half ? (int64_t)(sp.off + sp.n) * D : r.cap[s] * D;
     AttnArgs a{r.y + (int64_t)sp.a * r.y_row,
                kp,
                vp,

@@ -60,16 +60,10 @@ void panel_tile(const Args& a, const Panel& pn, int cb, int m) {
       }
     }
   }
+  __m256 out[R][1][2];
   for (int r = 0; r < R; r++)
-    for (int v = 0; v < 2; v++) {
-      int n = cb * kLanes + 8 * v;
-      if (n >= a.N) continue;
-      size_t at = (size_t)(m + r) * a.N + n;
-      int len = std::min(8, a.N - n);
-      __m256 out = _mm256_load_ps(acc[r] + 8 * v);
-      if (a.r) out = _mm256_add_ps(out, Avx2::load_n(a.r + at, len));
-      Avx2::store(a.y + at, out, len);
-    }
+    for (int v = 0; v < 2; v++) out[r][0][v] = _mm256_load_ps(acc[r] + 8 * v);
+  Kernel<Avx2>::store<R, 1>(a, out, cb, m);
 }
 
 // Rows of 6: 12 partial sums, 2 weight vectors and a broadcast fill 15 of
