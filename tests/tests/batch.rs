@@ -873,8 +873,12 @@ fn a_prompt_that_arrived_with_a_stream_is_held_back_once_the_stream_decodes() {
         if streaming {
             assert_eq!(s.sequences, 2, "the stream steps beside the prompt");
             // Held to a few decode steps' worth: tens of rows, not 512.
+            // The hold is timed (`PrefillCost`), and tests beside this one
+            // share the cores: a fresh machine's run saw 136 rows where a
+            // quiet one sees 50-64. A whole slice here is 512 (or all
+            // that is left, over 300 rows in the first held steps).
             assert!(
-                s.prefill_rows <= step_tokens / 4,
+                s.prefill_rows <= step_tokens / 2,
                 "a slice of {} rows with {} left beside a stream is not held back",
                 s.prefill_rows,
                 left + s.prefill_rows
