@@ -43,14 +43,13 @@ fn time_cold(copies: &[Array], f: impl Fn(&Array) -> Array) -> f64 {
 }
 
 fn main() {
-    let row_counts: Vec<usize> = std::env::args()
+    let mut row_counts: Vec<usize> = std::env::args()
         .skip(1)
         .map(|a| a.parse().expect("row counts are positive integers"))
         .collect();
-    let row_counts = match row_counts.is_empty() {
-        true => vec![1, 4, 8, 16],
-        false => row_counts,
-    };
+    if row_counts.is_empty() {
+        row_counts = vec![1, 4, 8, 16];
+    }
     println!("isa {} threads {}", kernels::isa(), kernels::threads());
     println!(
         "{:>12} {:>4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
@@ -89,10 +88,10 @@ fn main() {
         .t()
         .unwrap();
         dense.eval().unwrap();
-        let bytes = (n * k * bits / 8 + n * groups * 4) as f64;
+        let bytes = n * k * bits / 8 + n * groups * 4;
         // Distinct copies (the same values): a copy's bytes are only in
         // cache if the cycle came round before they were evicted.
-        let copies: Vec<Array> = (0..COLD_BYTES.div_ceil(bytes as usize).max(2))
+        let copies: Vec<Array> = (0..COLD_BYTES.div_ceil(bytes).max(2))
             .map(|_| {
                 let p = kernels::qpack(&w, &s, &b, 32, bits as i32).unwrap();
                 p.eval().unwrap();
@@ -128,7 +127,7 @@ fn main() {
                 int8,
                 mlxq,
                 f32,
-                bytes / cold / 1e3
+                bytes as f64 / cold / 1e3
             );
         }
     }
