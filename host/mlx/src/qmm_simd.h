@@ -48,22 +48,26 @@ struct Kernel {
       for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
       for (int d = 0; d < dpg; d++) {
         const float* xk = a.x + (size_t)m0 * a.K + g * a.group + d * per;
-        // Fully unrolled, so the partial sums stay in registers.
+        // Value j of every vector before value j + 1 of any: the FMAs that
+        // follow one another feed all R x CB x NV chains in turn, not the R
+        // of one vector (with R = 4 and 2 vectors on AVX2 that was 4 chains
+        // of 4-cycle FMAs for 2 FMA pipes). Each chain still takes its
+        // values in order. Fully unrolled, so the partial sums stay in
+        // registers; the weight word is re-read from L1 for every value.
 #pragma GCC unroll 8
-        for (int c = 0; c < CB; c++)
+        for (int j = 0; j < per; j++) {
+          V xb[R];
+#pragma GCC unroll 8
+          for (int r = 0; r < R; r++) xb[r] = I::set1(xk[(size_t)r * a.K + j]);
+#pragma GCC unroll 8
+          for (int c = 0; c < CB; c++)
 #pragma GCC unroll 2
-          for (int v = 0; v < NV; v++) {
-            Vi wv = I::loadw(base[c] + d * kLanes + v * W);
+            for (int v = 0; v < NV; v++) {
+              V q = I::template unpack<BITS>(I::loadw(base[c] + d * kLanes + v * W), j);
 #pragma GCC unroll 8
-            for (int j = 0; j < per; j++) {
-              V q = I::template unpack<BITS>(wv, j);
-#pragma GCC unroll 8
-              for (int r = 0; r < R; r++) {
-                V& tt = t[r][c][v];
-                tt = I::fma(I::set1(xk[(size_t)r * a.K + j]), q, tt);
-              }
+              for (int r = 0; r < R; r++) t[r][c][v] = I::fma(xb[r], q, t[r][c][v]);
             }
-          }
+        }
       }
       for (int c = 0; c < CB; c++) {
         const uint16_t* sb = reinterpret_cast<const uint16_t*>(base[c] + dpg * kLanes);
