@@ -362,74 +362,31 @@ void scores_keys(const AttnGroup& g, int h0, int j0, float* scores) {
     for (int i = 0; i < J; i++) scores[(h0 + h) * g.n + j0 + i] = Avx2::hsum(acc[i][h]) * g.scale;
 }
 
-// Avx2::hsum of each of a[0..8), in that order: ((v0 + v4) + (v2 + v6)) +
-// ((v1 + v5) + (v3 + v7)) per vector, the same additions of the same pairs,
-// done for 8 vectors at once (7 adds and 12 shuffles where 8 hsums take 24
-// adds and 40 shuffles); float addition is commutative, so only the
-// pairing matters.
-__m256 hsum8(const __m256 (&a)[8]) {
-  __m256 s[4];
-  for (int i = 0; i < 4; i++)  // lanes 0-3 + lanes 4-7, two vectors at a time
-    s[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
-                         _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
-  __m256 t[2];
-  for (int i = 0; i < 2; i++)  // s0 + s2, s1 + s3
-    t[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // t0 + t1: sums of vectors 0 2 4 6 | 1 3 5 7, then back in order.
-  __m256 r = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-// Scores of keys [j0, j0 + 8) for heads [h0, h0 + HG), a head at a time:
-// 8 chains in flight and one hsum8 per head, bitwise scores_keys' (the
-// keys are re-read from L1 for every head).
-template <bool HALF, int HG>
-void scores_keys8(const AttnGroup& g, int h0, int j0, float* scores) {
-  for (int h = 0; h < HG; h++) {
-    __m256 acc[8];
-    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-    const float* q = g.q[h0 + h];
-    for (int c = 0; c < g.D; c += 8) {
-      __m256 qv = _mm256_loadu_ps(q + c);
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; i++)
-        acc[i] = _mm256_fmadd_ps(qv, cache8<HALF>(g.k, g.k16, (int64_t)(j0 + i) * g.k_row + c),
-                                 acc[i]);
-    }
-    _mm256_storeu_ps(scores + (h0 + h) * g.n + j0,
-                     _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(g.scale)));
-  }
-}
-
-// Output floats [c0, c0 + 8 CB) of heads [h0, h0 + HG): o = fma(p_j, v_j, o)
-// in key order from 0 (axpy_avx2's), times inv (the per-head path's
-// multiply).
-template <bool HALF, int HG, int CB>
-void weigh_values(const AttnGroup& g, int h0, const float* scores, const float* inv, int c0) {
-  __m256 o[HG][CB];
-  for (int h = 0; h < HG; h++)
-    for (int c = 0; c < CB; c++) o[h][c] = _mm256_setzero_ps();
+// Output floats [c0, c0 + 64) of head h: o = fma(p_j, v_j, o) in key
+// order from 0 (axpy_avx2's), times inv (the per-head path's multiply).
+// A head at a time over 8 vectors of each value row, so the rows stream in
+// order (4 heads x 2 vectors strided over them, a 64-byte line of each
+// 256-byte row per pass, and waited on L2).
+template <bool HALF>
+void weigh_values(const AttnGroup& g, int h, const float* scores, const float* inv, int c0) {
+  constexpr int CB = 8;
+  __m256 o[CB];
+  for (int c = 0; c < CB; c++) o[c] = _mm256_setzero_ps();
+  const float* p = scores + h * g.n;
   for (int j = 0; j < g.n; j++) {
-    __m256 v[CB];
-    for (int c = 0; c < CB; c++) v[c] = cache8<HALF>(g.v, g.v16, (int64_t)j * g.v_row + c0 + 8 * c);
-    for (int h = 0; h < HG; h++) {
-      __m256 pj = _mm256_set1_ps(scores[(h0 + h) * g.n + j]);
-      for (int c = 0; c < CB; c++) o[h][c] = _mm256_fmadd_ps(pj, v[c], o[h][c]);
-    }
+    __m256 pj = _mm256_set1_ps(p[j]);
+    for (int c = 0; c < CB; c++)
+      o[c] = _mm256_fmadd_ps(pj, cache8<HALF>(g.v, g.v16, (int64_t)j * g.v_row + c0 + 8 * c), o[c]);
   }
-  for (int h = 0; h < HG; h++) {
-    __m256 s = _mm256_set1_ps(inv[h0 + h]);
-    for (int c = 0; c < CB; c++) _mm256_storeu_ps(g.o[h0 + h] + c0 + 8 * c, _mm256_mul_ps(o[h][c], s));
-  }
+  __m256 s = _mm256_set1_ps(inv[h]);
+  for (int c = 0; c < CB; c++) _mm256_storeu_ps(g.o[h] + c0 + 8 * c, _mm256_mul_ps(o[c], s));
 }
 
-// Heads [h0, h0 + HG) of the group: keys and values stream once for them.
+// Heads [h0, h0 + HG) of the group: the scores share each key load across
+// them.
 template <bool HALF, int HG>
 void attn_heads(const AttnGroup& g, int h0, float* scores, float* inv) {
   int j = 0;
-  for (; j + 8 <= g.n; j += 8) scores_keys8<HALF, HG>(g, h0, j, scores);
   for (; j + 2 <= g.n; j += 2) scores_keys<HALF, 2, HG>(g, h0, j, scores);
   if (j < g.n) scores_keys<HALF, 1, HG>(g, h0, j, scores);
   for (int h = h0; h < h0 + HG; h++) {
@@ -440,11 +397,8 @@ void attn_heads(const AttnGroup& g, int h0, float* scores, float* inv) {
     for (int i = 0; i < g.n; i++) mx = std::max(mx, p[i]);
     inv[h] = 1.f / exp_sum_avx2(p, g.n, mx);
   }
-  // A head at a time over 8 vectors (64 floats) of each value row: the
-  // rows stream in order, where 4 heads x 2 vectors strided over them (a
-  // 64-byte line of each 256-byte row per pass) and waited on L2.
   for (int h = h0; h < h0 + HG; h++)
-    for (int c0 = 0; c0 < g.D; c0 += 64) weigh_values<HALF, 1, 8>(g, h, scores, inv, c0);
+    for (int c0 = 0; c0 < g.D; c0 += 64) weigh_values<HALF>(g, h, scores, inv, c0);
 }
 
 template <bool HALF>
