@@ -742,8 +742,7 @@ inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
 #if defined(SPECD_X86_KERNELS)
 // The grouped attention at the CPU's SIMD level (grouped_dim shapes).
 inline void attn_group(const qmm::AttnGroup& g, float* scores) {
-  // A 16-bit cache has the AVX2 kernel only (AVX-512 CPUs run it too).
-  if (isa() == Isa::Avx512 && !g.k16)
+  if (isa() == Isa::Avx512)
     qmm::attn_group_avx512(g, scores);
   else
     qmm::attn_group_avx2(g, scores);

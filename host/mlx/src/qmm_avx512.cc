@@ -79,9 +79,20 @@ void softmax_heads(float* scores, int n, int hg, float* inv) {
   }
 }
 
+// 16 floats of a cache row at `at`: loaded, or widened exactly from float16
+// (HALF), so a 16-bit cache gives the results of a float cache holding the
+// same values. The cache's type is a template argument: no per-load test.
+template <bool HALF>
+__m512 cache16(const float* f, const uint16_t* h, int64_t at) {
+  if constexpr (HALF)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + at)));
+  else
+    return _mm512_loadu_ps(f + at);
+}
+
 // Output vectors [c0, c0 + CB) of each head: sum_j p_j v_j in key order,
 // times 1 / sum.
-template <int HG, int CB>
+template <bool HALF, int HG, int CB>
 void weigh_values(const AttnGroup& g, int h0, int hg, const float* scores, const float* inv,
                   int c0) {
   const int n = g.n;
@@ -89,9 +100,9 @@ void weigh_values(const AttnGroup& g, int h0, int hg, const float* scores, const
   for (int h = 0; h < hg; h++)
     for (int c = 0; c < CB; c++) o[h][c] = _mm512_setzero_ps();
   for (int j = 0; j < n; j++) {
-    const float* vr = g.v + j * g.v_row + 16 * c0;
+    const int64_t vr = j * g.v_row + 16 * c0;
     __m512 v[CB];
-    for (int c = 0; c < CB; c++) v[c] = _mm512_loadu_ps(vr + 16 * c);
+    for (int c = 0; c < CB; c++) v[c] = cache16<HALF>(g.v, g.v16, vr + 16 * c);
     for (int h = 0; h < hg; h++) {
       __m512 pj = _mm512_set1_ps(scores[h * n + j]);
       for (int c = 0; c < CB; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
@@ -103,16 +114,16 @@ void weigh_values(const AttnGroup& g, int h0, int hg, const float* scores, const
 }
 
 // Heads [h0, h0 + HG) of the group, head dim 16 * DC.
-template <int DC, int HG>
+template <bool HALF, int DC, int HG>
 void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
   const int n = g.n;
   __m512 q[HG][DC];
   for (int h = 0; h < hg; h++)
     for (int c = 0; c < DC; c++) q[h][c] = _mm512_loadu_ps(g.q[h0 + h] + 16 * c);
   for (int j = 0; j < n; j++) {
-    const float* kr = g.k + j * g.k_row;
+    const int64_t kr = j * g.k_row;
     __m512 k[DC];
-    for (int c = 0; c < DC; c++) k[c] = _mm512_loadu_ps(kr + 16 * c);
+    for (int c = 0; c < DC; c++) k[c] = cache16<HALF>(g.k, g.k16, kr + 16 * c);
     for (int h = 0; h < hg; h++) {
       __m512 acc = _mm512_mul_ps(q[h][0], k[0]);
       for (int c = 1; c < DC; c++) acc = _mm512_fmadd_ps(q[h][c], k[c], acc);
@@ -121,7 +132,7 @@ void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
   }
   float inv[HG];
   softmax_heads<HG>(scores, n, hg, inv);
-  weigh_values<HG, DC>(g, h0, hg, scores, inv, 0);
+  weigh_values<HALF, HG, DC>(g, h0, hg, scores, inv, 0);
 }
 
 // Head dim 16 * DC too wide to keep the group's queries in registers (256,
@@ -130,16 +141,16 @@ void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
 // group's heads. Each score and each output element sums in the same order as
 // attn_heads (the chunks in order, then the keys in order), so a row's bits
 // do not depend on the rows or heads around it.
-template <int DC, int HG, int CB>
+template <bool HALF, int DC, int HG, int CB>
 void attn_heads_wide(const AttnGroup& g, int h0, int hg, float* scores) {
   const int n = g.n;
   for (int j = 0; j < n; j++) {
-    const float* kr = g.k + j * g.k_row;
+    const int64_t kr = j * g.k_row;
     __m512 acc[HG];
-    __m512 k0 = _mm512_loadu_ps(kr);
+    __m512 k0 = cache16<HALF>(g.k, g.k16, kr);
     for (int h = 0; h < hg; h++) acc[h] = _mm512_mul_ps(_mm512_loadu_ps(g.q[h0 + h]), k0);
     for (int c = 1; c < DC; c++) {
-      __m512 k = _mm512_loadu_ps(kr + 16 * c);
+      __m512 k = cache16<HALF>(g.k, g.k16, kr + 16 * c);
       for (int h = 0; h < hg; h++)
         acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(g.q[h0 + h] + 16 * c), k, acc[h]);
     }
@@ -147,7 +158,7 @@ void attn_heads_wide(const AttnGroup& g, int h0, int hg, float* scores) {
   }
   float inv[HG];
   softmax_heads<HG>(scores, n, hg, inv);
-  for (int c0 = 0; c0 < DC; c0 += CB) weigh_values<HG, CB>(g, h0, hg, scores, inv, c0);
+  for (int c0 = 0; c0 < DC; c0 += CB) weigh_values<HALF, HG, CB>(g, h0, hg, scores, inv, c0);
 }
 
 // Every head of the group, HG at a time, through `heads`.
@@ -157,16 +168,22 @@ void attn_all(const AttnGroup& g, float* scores,
   for (int h0 = 0; h0 < g.heads; h0 += HG) heads(g, h0, std::min(HG, g.heads - h0), scores);
 }
 
+template <bool HALF>
+bool attn_group(const AttnGroup& g, float* scores) {
+  switch (g.D) {
+    case 64: attn_all<3>(g, scores, attn_heads<HALF, 4, 3>); return true;
+    case 128: attn_all<2>(g, scores, attn_heads<HALF, 8, 2>); return true;
+    case 256: attn_all<4>(g, scores, attn_heads_wide<HALF, 16, 4, 4>); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 bool attn_group_avx512(const AttnGroup& g, float* scores) {
   if (g.heads > AttnGroup::kMaxHeads) return false;
-  switch (g.D) {
-    case 64: attn_all<3>(g, scores, attn_heads<4, 3>); return true;
-    case 128: attn_all<2>(g, scores, attn_heads<8, 2>); return true;
-    case 256: attn_all<4>(g, scores, attn_heads_wide<16, 4, 4>); return true;
-    default: return false;
-  }
+  // A group's keys and values are both float16 or both float32.
+  return g.k16 ? attn_group<true>(g, scores) : attn_group<false>(g, scores);
 }
 
 }  // namespace specd_mlx::qmm
