@@ -66,6 +66,7 @@ struct Q8Avx2 {
     for (int g = 0; g < groups; g++) {
       const uint32_t* base[CB];
       for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
+      prefetch_ahead(base, gw);
       __m256 t[R][CB][NV];
       if constexpr (!ONE)
         for (int r = 0; r < R; r++)

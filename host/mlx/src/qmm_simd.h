@@ -20,12 +20,6 @@
 #include "qmm.h"
 #include "qmm_tiles.h"
 
-// Groups a tile prefetches ahead of its reads (CXXFLAGS=-DSPECD_QMM_PREFETCH=N
-// builds another distance to measure; 0 turns it off).
-#ifndef SPECD_QMM_PREFETCH
-#define SPECD_QMM_PREFETCH 8
-#endif
-
 namespace specd_mlx::qmm {
 
 template <class I>
@@ -35,8 +29,6 @@ struct Kernel {
   static constexpr int W = I::W;
   static constexpr int NV = kLanes / W;  // vectors per column block
   static constexpr int kOutputs = I::kOutputs;
-  // How many groups ahead of its reads a tile prefetches each block's words.
-  static constexpr int kPrefetchGroups = SPECD_QMM_PREFETCH;
 
   template <int BITS, bool F32S, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {
@@ -54,16 +46,7 @@ struct Kernel {
           for (int v = 0; v < NV; v++) t[r][c][v] = I::zero();
       const uint32_t* base[CB];
       for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
-      // Each block's words are one contiguous stream (groups in order, then
-      // the next block's), and the hardware prefetcher does not run far
-      // enough ahead of it: without this the loads wait on memory and the
-      // FMAs wait on the loads (measured on Zen 5, qmm_bench's cold column).
-      // Past the block's end this fetches the next block's words, which the
-      // next tile reads; past the matrix's end a prefetch is dropped.
-      for (int c = 0; c < CB; c++) {
-        const char* ahead = reinterpret_cast<const char*>(base[c] + (size_t)kPrefetchGroups * gw);
-        for (int b = 0; b < gw * 4; b += 64) __builtin_prefetch(ahead + b, 0, 3);
-      }
+      prefetch_ahead(base, gw);
       for (int d = 0; d < dpg; d++) {
         const float* xk = a.x + (size_t)m0 * a.K + g * a.group + d * per;
         // Value j of every vector before value j + 1 of any: the FMAs that

@@ -7,10 +7,32 @@
 // which independent chains run side by side, never a result.
 #pragma once
 #include <algorithm>
+#include <cstdint>
 
 #include "qmm.h"
 
+// Groups a tile prefetches ahead of its reads (CXXFLAGS=-DSPECD_QMM_PREFETCH=N
+// builds another distance to measure; 0 turns it off).
+#ifndef SPECD_QMM_PREFETCH
+#define SPECD_QMM_PREFETCH 8
+#endif
+
 namespace specd_mlx::qmm {
+
+// Called once per group with the CB blocks' words of that group. Each
+// block's words are one contiguous stream (groups in order, then the next
+// block's), and the hardware prefetcher does not run far enough ahead of
+// it: without this the loads wait on memory and the FMAs on the loads
+// (measured on Zen 5, qmm_bench's cold column). Past a block's end this
+// fetches the next block's words, which the next tile reads; past the
+// matrix's end a prefetch is dropped.
+template <int CB>
+inline void prefetch_ahead(const uint32_t* const (&base)[CB], int gw) {
+  for (int c = 0; c < CB; c++) {
+    const char* ahead = reinterpret_cast<const char*>(base[c] + (size_t)SPECD_QMM_PREFETCH * gw);
+    for (int b = 0; b < gw * 4; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+  }
+}
 
 template <class K>
 struct Tiles {

@@ -47,6 +47,7 @@ struct Vnni {
     for (int g = 0; g < groups; g++) {
       const uint32_t* base[CB];
       for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
+      prefetch_ahead(base, gw);
       __m512 t[R][CB];
       for (int r = 0; r < R; r++)
         for (int c = 0; c < CB; c++) t[r][c] = _mm512_setzero_ps();
