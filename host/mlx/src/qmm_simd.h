@@ -29,6 +29,11 @@ struct Kernel {
   static constexpr int W = I::W;
   static constexpr int NV = kLanes / W;  // vectors per column block
   static constexpr int kOutputs = I::kOutputs;
+  // Output vectors of a tile of R rows (tile_outputs).
+  template <int BITS, int R>
+  static constexpr int outputs() {
+    return tile_outputs<I, BITS, R>();
+  }
 
   template <int BITS, bool F32S, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {

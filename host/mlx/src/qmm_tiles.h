@@ -34,9 +34,19 @@ inline void prefetch_ahead(const uint32_t* const (&base)[CB], int gw) {
   }
 }
 
+// Output vectors of a tile of R rows: K::outputs<BITS, R>() where K
+// gives it, else K::kOutputs (never more columns than kOutputs / NV).
+template <class K, int BITS, int R>
+constexpr int tile_outputs() {
+  if constexpr (requires { K::template outputs<BITS, R>(); })
+    return K::template outputs<BITS, R>();
+  else
+    return K::kOutputs;
+}
+
 template <class K>
 struct Tiles {
-  template <int BITS, bool F32S, int R, int CB = K::kOutputs / (R * K::NV)>
+  template <int BITS, bool F32S, int R, int CB = tile_outputs<K, BITS, R>() / (R * K::NV)>
   static void row_tile(const Args& a, int cb, int cb1, int m) {
     for (; cb + CB <= cb1; cb += CB) K::template tile<BITS, F32S, R, CB>(a, cb, m);
     if constexpr (CB > 1) row_tile<BITS, F32S, R, CB / 2>(a, cb, cb1, m);
