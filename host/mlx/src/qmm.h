@@ -102,9 +102,9 @@ void quantize_avx2(const float* x, int M, int K, int bits, int8_t* xq, float* xd
 // Causal attention of query row t for the heads that share one kv head
 // (GQA): each key and value row is loaded once for all of them. AVX-512,
 // contiguous rows, head dim 64, 128 or 256, a float32 or float16 cache;
-// returns false (nothing done) for other shapes. Per head the float operations are those of a lone head:
-// scores in key order, softmax (exp_sum_avx2), then o = sum_j p_j v_j in key
-// order, times 1 / sum.
+// returns false (nothing done) for other shapes. Per head the float
+// operations are those of a lone head: scores in key order, softmax
+// (exp_sum_avx2), then o = sum_j p_j v_j in key order, times 1 / sum.
 struct AttnGroup {
   static constexpr int kMaxHeads = 16;
   const float* q[kMaxHeads];  // query rows, D floats each

@@ -113,8 +113,9 @@ __m512 cache16(const float* f, const uint16_t* h, int64_t at) {
 template <bool HALF, int DC>
 void prefetch_row(const float* f, const uint16_t* h, int64_t at, int64_t row) {
   if constexpr (SPECD_ATTN_PREFETCH > 0) {
-    const char* p = HALF ? reinterpret_cast<const char*>(h + at + SPECD_ATTN_PREFETCH * row)
-                         : reinterpret_cast<const char*>(f + at + SPECD_ATTN_PREFETCH * row);
+    const int64_t ahead = at + SPECD_ATTN_PREFETCH * row;
+    const char* p = HALF ? reinterpret_cast<const char*>(h + ahead)
+                         : reinterpret_cast<const char*>(f + ahead);
     constexpr int bytes = DC * 16 * (HALF ? 2 : 4);
     for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
   }
