@@ -156,12 +156,38 @@ def run_mlx_lm(cfg: dict) -> dict:
     return result("mlx-lm", mlx_lm.__version__, cfg, load_seconds, prefill_s, tokens, decode_s)
 
 
+def llama_cpp_without_amx(llama_cpp) -> bool:
+    """On a CPU with AMX-INT8, loads models without ggml's extra buffer types.
+
+    There ggml repacks Q4_0 / Q4_1 weights for its AMX kernels, which give
+    wrong logits (upstream llama.cpp PR #16315: "The AMX backend produces
+    garbage with Q4_0 and Q4_1 quantizations", not fixed in the pinned
+    version). Measured on the default model: the first greedy token's top
+    logit 28.7 ("The") against 24.9 ("Once") without them, where specd,
+    mlx-lm and llama.cpp on other CPUs agree on "Once". An anchor that
+    computes something else is no anchor, so its plain CPU kernels run.
+    Returns whether it did that."""
+    if b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info():
+        return False
+    default = llama_cpp.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    # Llama() reads the defaults through this module attribute.
+    llama_cpp.llama_cpp.llama_model_default_params = params
+    return True
+
+
 def run_llama_cpp(cfg: dict) -> dict:
     import llama_cpp
 
     long_ids = cfg["prefill_prompt"]
     ids = cfg["decode_prompt"]
     batch = max(512, len(long_ids))
+    no_amx = llama_cpp_without_amx(llama_cpp)
     t = time.perf_counter()
     llm = llama_cpp.Llama(
         model_path=cfg["model"],
@@ -193,7 +219,10 @@ def run_llama_cpp(cfg: dict) -> dict:
 
     decode(WARMUP_TOKENS)
     tokens, decode_s = decode(cfg["max_tokens"])
-    return result("llama.cpp", llama_cpp.__version__, cfg, load_seconds, prefill_s, tokens, decode_s)
+    r = result("llama.cpp", llama_cpp.__version__, cfg, load_seconds, prefill_s, tokens, decode_s)
+    if no_amx:
+        r["backend_note"] = "AMX repacking off (wrong Q4 logits upstream, llama.cpp #16315)"
+    return r
 
 
 def result(engine, version, cfg, load_seconds, prefill_s, tokens, decode_s) -> dict:

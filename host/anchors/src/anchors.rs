@@ -483,6 +483,9 @@ struct ScriptRun {
     prefill: Prefill,
     decode: Decode,
     tokens: Vec<u32>,
+    /// How the engine was run where it departs from its defaults.
+    #[serde(default)]
+    backend_note: Option<String>,
 }
 
 /// One anchor in its own Python process.
@@ -655,6 +658,9 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
                 r.prefill = Some(s.prefill);
                 r.decode = Some(s.decode);
                 r.tokens = s.tokens;
+                if let Some(note) = s.backend_note {
+                    r.backend = format!("{}, {note}", r.backend);
+                }
             }
             Err((err, hint)) => {
                 r.error = Some(err);
