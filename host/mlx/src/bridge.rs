@@ -153,6 +153,15 @@ pub(crate) mod ffi {
             bits: i32,
             residual: &Array,
         ) -> Result<UniquePtr<Array>>;
+        fn qmatmul_packed_glu_add(
+            gu: &Array,
+            packed: &Array,
+            n: i32,
+            group_size: i32,
+            bits: i32,
+            residual: &Array,
+            gelu: bool,
+        ) -> Result<UniquePtr<Array>>;
         fn qmatmul_packed_norm(
             x: &Array,
             norm_w: &Array,

@@ -362,12 +362,29 @@ std::vector<int64_t> row_offsets(const mx::array& a) {
   return off;
 }
 
+// A gated unit's input row: silu(g) * u, or with `gelu` gelu_tanh(g) * u
+// (Gemma's GeGLU), over D values of two (possibly strided) rows. The
+// swiglu op and a matmul that folds it in (`Glu`) both call this, so the
+// two give the same bits.
+enum class Glu { None, Silu, Gelu };
+void glu_row(const float* g, const float* u, int64_t gc, int64_t uc, float* y, int D, bool gelu) {
+#if defined(SPECD_X86_KERNELS)
+  if (gc == 1 && uc == 1 && isa() != Isa::Scalar)
+    return (gelu ? qmm::geglu_avx2 : qmm::swiglu_avx2)(g, u, y, D);
+#endif
+  for (int i = 0; i < D; i++) {
+    float gv = g[i * gc];
+    float z = gelu ? -1.5957691216057308f * std::fma(0.044715f * (gv * gv), gv, gv) : -gv;
+    y[i] = gv / (1.f + std::exp(z)) * u[i * uc];
+  }
+}
+
 // Rows of x as a dense [M, K] block (x itself when it already is one, and
 // no norm is to be applied) and their per-group sums, in a fixed order.
 const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int64_t col, int M,
-                       int K, int group, const float* norm_w, float eps,
+                       int K, int group, const float* norm_w, float eps, Glu glu,
                        std::vector<float>& dense, float* xs) {
-  bool packed = col == 1 && !norm_w;
+  bool packed = col == 1 && !norm_w && glu == Glu::None;
   for (int m = 0; m < M && packed; m++) packed = row_off[m] == (int64_t)m * K;
   if (!packed) {
     dense.resize((size_t)M * K);
@@ -375,6 +392,8 @@ const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int6
       float* d = dense.data() + (size_t)m * K;
       if (norm_w)
         rms_norm_row(x + row_off[m], col, norm_w, K, eps, d);
+      else if (glu != Glu::None)
+        glu_row(x + row_off[m], x + row_off[m] + K * col, col, col, d, K, glu == Glu::Gelu);
       else
         for (int i = 0; i < K; i++) d[i] = x[row_off[m] + i * col];
     }
@@ -522,11 +541,11 @@ constexpr size_t kParallelBytes = 32 * 1024;
 
 void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, const uint32_t* w,
              const float* norm_w, float eps, const float* r, float* y, int M, int N, int K,
-             int group, int bits) {
+             int group, int bits, Glu glu) {
   // Reused across calls: this runs a few hundred times per token.
   thread_local std::vector<float> dense, xs;
   xs.resize((size_t)M * (K / group));
-  const float* xd = prepare_x(x, row_off, col, M, K, group, norm_w, eps, dense, xs.data());
+  const float* xd = prepare_x(x, row_off, col, M, K, group, norm_w, eps, glu, dense, xs.data());
   const bool q8 = (bits & qmm::kActQ8) && qmm::q8_fits(K, group, bits);
   bits &= ~qmm::kActQ8;
   QArgs a{xd, xs.data(), w, r, y, M, N, K, group, bits};
@@ -572,6 +591,10 @@ struct QmmBody {
   int n = 0, group = 0, bits = 0;
   bool norm = false, residual = false;
   float eps = 0.f;
+  // x holds a gated unit's gate and up halves side by side ([..., 2 K]):
+  // the matmul's input is glu_row of them, made as the rows are prepared
+  // (one op and one pass over the rows fewer than a separate swiglu op).
+  Glu glu = Glu::None;
   // Rope folded in: heads of head_dim over columns [0, rope_cols) rotated
   // in place, row t at position rope_offset + t (rows are one sequence), or
   // at rope_positions[t] where given (rows of several sequences: a batch).
@@ -590,13 +613,13 @@ struct QmmBody {
     return {row_offsets(in[0]), in[0].strides().back()};
   }
   void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
-    int K = in[0].shape(-1);
+    int K = glu == Glu::None ? in[0].shape(-1) : in[0].shape(-1) / 2;
     const float* norm_w = norm ? in[2].data<float>() : nullptr;
     const float* r = residual ? in[norm ? 3 : 2].data<float>() : nullptr;
-    int M = in[0].size() / K;
+    int M = in[0].size() / in[0].shape(-1);
     float* y = out.data<float>();
     qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), norm_w, eps, r, y, M,
-            n, K, group, bits);
+            n, K, group, bits, glu);
     if (rope_cols > 0) {
       Rope rope(head_dim, rope_traditional, rope_base, 1.f);
       for (int t = 0; t < M; t++) {
@@ -1108,19 +1131,8 @@ struct SwigluBody {
     float* y = out.data<float>();
     int D = out.shape(-1);
     int64_t gc = in[0].strides().back(), uc = in[1].strides().back();
-    for (size_t r = 0; r < rows.g.size(); r++) {
-#if defined(SPECD_X86_KERNELS)
-      if (gc == 1 && uc == 1 && isa() != Isa::Scalar) {
-        (gelu ? qmm::geglu_avx2 : qmm::swiglu_avx2)(g + rows.g[r], u + rows.u[r], y + r * D, D);
-        continue;
-      }
-#endif
-      for (int i = 0; i < D; i++) {
-        float gv = g[rows.g[r] + i * gc];
-        float z = gelu ? -1.5957691216057308f * std::fma(0.044715f * (gv * gv), gv, gv) : -gv;
-        y[r * D + i] = gv / (1.f + std::exp(z)) * u[rows.u[r] + i * uc];
-      }
-    }
+    for (size_t r = 0; r < rows.g.size(); r++)
+      glu_row(g + rows.g[r], u + rows.u[r], gc, uc, y + r * D, D, gelu);
   }
 };
 
@@ -1286,7 +1298,10 @@ A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t gr
   const auto& p = packed.a;
   check_packed(p, n, group_size, bits, "qmatmul_packed");
   int K = p.shape(1) * group_size;
-  if (x.a.shape(-1) != K)
+  if (body.glu != Glu::None && x.a.shape(-1) != 2 * K)
+    throw std::invalid_argument("qmatmul: a gated input has " + std::to_string(x.a.shape(-1)) +
+                                " features, not twice the weight's " + std::to_string(K));
+  if (body.glu == Glu::None && x.a.shape(-1) != K)
     throw std::invalid_argument("qmatmul: x has " + std::to_string(x.a.shape(-1)) +
                                 " features, the weight " + std::to_string(K));
   mx::Shape shape = x.a.shape();
@@ -1316,6 +1331,13 @@ A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_s
 A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t group_size,
                      int32_t bits, const Array& residual) {
   return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr, 0.f, &residual);
+}
+
+A qmatmul_packed_glu_add(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
+                         int32_t bits, const Array& residual, bool gelu) {
+  QmmBody body;
+  body.glu = gelu ? Glu::Gelu : Glu::Silu;
+  return qmatmul_packed_impl(gu, packed, n, group_size, bits, nullptr, 0.f, &residual, body);
 }
 
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,

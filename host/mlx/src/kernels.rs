@@ -30,6 +30,13 @@ pub fn qmatmul_packed(x: &Array, packed: &Array, n: i32, group_size: i32, bits: 
 pub fn qmatmul_packed_add(
     x: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array,
 );
+/// `residual + qmatmul_packed(swiglu(g, u), ...)` in one op, where `gu`
+/// holds the gate and up halves side by side (`[..., 2 K]`, as a fused
+/// gate/up matmul gives them); `gelu`: [`geglu`] instead. Bitwise the
+/// separate ops. CPU only.
+pub fn qmatmul_packed_glu_add(
+    gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array, gelu: bool,
+);
 /// `qmatmul_packed(rms_norm(x, norm_w, eps), ...)` in one op (the norm
 /// rounds as [`rms_norm`] does). CPU only.
 pub fn qmatmul_packed_norm(

@@ -296,6 +296,38 @@ fn qmatmul_batched_leading_axes_and_errors() {
         "fused residual"
     );
     assert!(kernels::qmatmul_packed_add(&x3, &packed, 70, 32, 4, &x3).is_err());
+    // The gated unit folded in (x holds gate and up side by side): the bits
+    // of the swiglu / geglu op, then the matmul with its residual, at 1, 3
+    // and 6 rows, 4-bit and 8-bit activations (the fold comes before the
+    // rows are quantized).
+    for act in [0, ACT_Q8] {
+        for t in [1usize, 3, 6] {
+            let gu_v = g.f32s(t * 192, -4.0, 4.0);
+            let gu = Array::from_f32(&gu_v, &[1, t as i32, 192]).unwrap();
+            let gate = gu.slice(&[0, 0, 0], &[1, t as i32, 96]).unwrap();
+            let up = gu.slice(&[0, 0, 96], &[1, t as i32, 192]).unwrap();
+            let r = Array::from_f32(&g.f32s(t * 70, -3.0, 3.0), &[1, t as i32, 70]).unwrap();
+            for gelu in [false, true] {
+                let h = if gelu {
+                    kernels::geglu(&gate, &up)
+                } else {
+                    kernels::swiglu(&gate, &up)
+                }
+                .unwrap();
+                let apart = kernels::qmatmul_packed_add(&h, &packed, 70, 32, 4 | act, &r).unwrap();
+                let fused =
+                    kernels::qmatmul_packed_glu_add(&gu, &packed, 70, 32, 4 | act, &r, gelu)
+                        .unwrap();
+                assert_eq!(
+                    fused.to_vec_f32().unwrap(),
+                    apart.to_vec_f32().unwrap(),
+                    "glu folded into the matmul: {t} rows, gelu {gelu}, act {act}"
+                );
+            }
+        }
+    }
+    // A gated input is twice the weight's features.
+    assert!(kernels::qmatmul_packed_glu_add(&x3, &packed, 70, 32, 4, &r, false).is_err());
     // The RMS norm folded in rounds exactly as the norm op, strided x too.
     let nw = Array::from_f32(&g.f32s(96, 0.5, 1.5), &[96]).unwrap();
     for x in [&x3, &xw] {

@@ -541,14 +541,7 @@ impl Llama {
     /// where the layer has it) over `x` `[1, T, hidden]`.
     pub(super) fn gate_up(&self, l: &Layer, x: &Array) -> Result<(Array, Array)> {
         Ok(match &l.gate_up {
-            Some(f) => {
-                let y = self.norm_linear(x, &l.ffn_norm, f)?;
-                let (t, n) = (y.dim(1), y.dim(2) / 2);
-                (
-                    y.slice(&[0, 0, 0], &[1, t, n])?,
-                    y.slice(&[0, 0, n], &[1, t, 2 * n])?,
-                )
-            }
+            Some(f) => halves(&self.norm_linear(x, &l.ffn_norm, f)?)?,
             None => {
                 let h = self.rms_norm(x, &l.ffn_norm)?;
                 (l.gate.forward(&h)?, l.up.forward(&h)?)
@@ -565,8 +558,25 @@ impl Llama {
         };
         probe("o matmul + residual", &[&x])?;
 
-        let (g, u) = self.gate_up(l, &x)?;
-        probe("norm + gate/up matmuls", &[&g, &u])?;
+        let (g, u) = match (&l.gate_up, self.own_kernels) {
+            // The swiglu folded into the down matmul where its weights are
+            // packed: the same bits, one op a layer fewer.
+            (Some(f), true) => {
+                let gu = self.norm_linear(&x, &l.ffn_norm, f)?;
+                probe("norm + gate/up matmuls", &[&gu])?;
+                if let Some(y) = l.down.forward_glu_add(&gu, &x, false) {
+                    let y = y?;
+                    probe("silu * up + down matmul + residual", &[&y])?;
+                    return Ok(y);
+                }
+                halves(&gu)?
+            }
+            _ => {
+                let (g, u) = self.gate_up(l, &x)?;
+                probe("norm + gate/up matmuls", &[&g, &u])?;
+                (g, u)
+            }
+        };
         let gu = self.swiglu(&g, &u)?;
         probe("silu * up", &[&gu])?;
         let x = l.down.forward_add(&gu, &x)?;
@@ -765,4 +775,13 @@ impl Llama {
         }
         w
     }
+}
+
+/// A fused gate/up matmul's output `[1, T, 2 n]` as its gate and up halves.
+fn halves(y: &Array) -> Result<(Array, Array)> {
+    let (t, n) = (y.dim(1), y.dim(2) / 2);
+    Ok((
+        y.slice(&[0, 0, 0], &[1, t, n])?,
+        y.slice(&[0, 0, n], &[1, t, 2 * n])?,
+    ))
 }
