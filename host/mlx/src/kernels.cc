@@ -380,7 +380,8 @@ void glu_row(const float* g, const float* u, int64_t gc, int64_t uc, float* y, i
 }
 
 // Rows of x as a dense [M, K] block (x itself when it already is one, and
-// no norm is to be applied) and their per-group sums, in a fixed order.
+// no norm or gated unit is to be applied; with `glu` each row of x holds
+// 2 K values, gate then up) and their per-group sums, in a fixed order.
 const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int64_t col, int M,
                        int K, int group, const float* norm_w, float eps, Glu glu,
                        std::vector<float>& dense, float* xs) {
