@@ -566,7 +566,7 @@ impl Llama {
                 probe("norm + gate/up matmuls", &[&gu])?;
                 if let Some(y) = l.down.forward_glu_add(&gu, &x, false) {
                     let y = y?;
-                    probe("silu * up + down matmul + residual", &[&y])?;
+                    probe("silu * up + down + residual", &[&y])?;
                     return Ok(y);
                 }
                 halves(&gu)?
