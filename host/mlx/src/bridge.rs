@@ -162,6 +162,14 @@ pub(crate) mod ffi {
             residual: &Array,
             gelu: bool,
         ) -> Result<UniquePtr<Array>>;
+        fn qmatmul_packed_glu(
+            gu: &Array,
+            packed: &Array,
+            n: i32,
+            group_size: i32,
+            bits: i32,
+            gelu: bool,
+        ) -> Result<UniquePtr<Array>>;
         fn qmatmul_packed_norm(
             x: &Array,
             norm_w: &Array,

@@ -1341,6 +1341,13 @@ A qmatmul_packed_glu_add(const Array& gu, const Array& packed, int32_t n, int32_
   return qmatmul_packed_impl(gu, packed, n, group_size, bits, nullptr, 0.f, &residual, body);
 }
 
+A qmatmul_packed_glu(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
+                     int32_t bits, bool gelu) {
+  QmmBody body;
+  body.glu = gelu ? Glu::Gelu : Glu::Silu;
+  return qmatmul_packed_impl(gu, packed, n, group_size, bits, nullptr, 0.f, nullptr, body);
+}
+
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
                       int32_t n, int32_t group_size, int32_t bits) {
   return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr);

@@ -37,6 +37,9 @@ pub fn qmatmul_packed_add(
 pub fn qmatmul_packed_glu_add(
     gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array, gelu: bool,
 );
+/// [`qmatmul_packed_glu_add`] without the residual (Gemma's post-MLP norm
+/// comes between the matmul and its residual). CPU only.
+pub fn qmatmul_packed_glu(gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, gelu: bool);
 /// `qmatmul_packed(rms_norm(x, norm_w, eps), ...)` in one op (the norm
 /// rounds as [`rms_norm`] does). CPU only.
 pub fn qmatmul_packed_norm(

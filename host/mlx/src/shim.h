@@ -121,6 +121,8 @@ A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t gro
                      int32_t bits, const Array& residual);
 A qmatmul_packed_glu_add(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
                          int32_t bits, const Array& residual, bool gelu);
+A qmatmul_packed_glu(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
+                     int32_t bits, bool gelu);
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
                       int32_t n, int32_t group_size, int32_t bits);
 A qmatmul_packed_norm_rope(const Array& x, const Array& norm_w, float eps, const Array& packed,

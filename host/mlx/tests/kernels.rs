@@ -323,11 +323,21 @@ fn qmatmul_batched_leading_axes_and_errors() {
                     apart.to_vec_f32().unwrap(),
                     "glu folded into the matmul: {t} rows, gelu {gelu}, act {act}"
                 );
+                // Without the residual (Gemma's post-MLP norm sits between).
+                let apart = kernels::qmatmul_packed(&h, &packed, 70, 32, 4 | act).unwrap();
+                let fused =
+                    kernels::qmatmul_packed_glu(&gu, &packed, 70, 32, 4 | act, gelu).unwrap();
+                assert_eq!(
+                    fused.to_vec_f32().unwrap(),
+                    apart.to_vec_f32().unwrap(),
+                    "glu folded into the matmul, no residual: {t} rows, gelu {gelu}, act {act}"
+                );
             }
         }
     }
     // A gated input is twice the weight's features.
     assert!(kernels::qmatmul_packed_glu_add(&x3, &packed, 70, 32, 4, &r, false).is_err());
+    assert!(kernels::qmatmul_packed_glu(&x3, &packed, 70, 32, 4, false).is_err());
     // The RMS norm folded in rounds exactly as the norm op, strided x too.
     let nw = Array::from_f32(&g.f32s(96, 0.5, 1.5), &[96]).unwrap();
     for x in [&x3, &xw] {

@@ -16,7 +16,7 @@
 //! (llama.cpp's converter adds the one), so the norms here are plain RMS
 //! norms over the file's weights. The matmuls, norms and attention are the
 //! llama path's batch-invariant kernels.
-use super::llama::{Layer, Llama, PostNorms, Probe};
+use super::llama::{halves, Layer, Llama, PostNorms, Probe};
 use super::LlamaConfig;
 use crate::cache::LayerCache;
 use specd_mlx::{fast, kernels, ops, Array, Result};
@@ -151,13 +151,33 @@ impl Llama {
         let x = ops::add(x, &self.rms_norm(&o, &n.attn)?)?;
         probe("o matmul + post-norm + residual", &[&x])?;
 
-        let (g, u) = self.gate_up(l, &x)?;
+        let d = self.mlp(l, &x, probe)?;
+        let x = ops::add(&x, &self.rms_norm(&d, &n.ffn)?)?;
+        probe("post-norm + residual", &[&x])?;
+        Ok(x)
+    }
+
+    /// The MLP without its residual: norm, gate/up matmuls, geglu, down.
+    fn mlp(&self, l: &Layer, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
+        // The geglu folded into the down matmul where its weights are
+        // packed: the same bits, one op a layer fewer (as llama's swiglu).
+        if let (Some(f), true) = (&l.gate_up, self.own_kernels) {
+            let gu = self.norm_linear(x, &l.ffn_norm, f)?;
+            probe("norm + gate/up matmuls", &[&gu])?;
+            if let Some(d) = l.down.forward_glu(&gu, None, true) {
+                let d = d?;
+                probe("geglu + down matmul", &[&d])?;
+                return Ok(d);
+            }
+            let (g, u) = halves(&gu)?;
+            return l.down.forward(&self.geglu(&g, &u)?);
+        }
+        let (g, u) = self.gate_up(l, x)?;
         let gu = self.geglu(&g, &u)?;
         probe("norm + gate/up matmuls + geglu", &[&gu])?;
         let d = l.down.forward(&gu)?;
-        let x = ops::add(&x, &self.rms_norm(&d, &n.ffn)?)?;
-        probe("down matmul + post-norm + residual", &[&x])?;
-        Ok(x)
+        probe("down matmul", &[&d])?;
+        Ok(d)
     }
 }
 

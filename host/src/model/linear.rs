@@ -177,19 +177,21 @@ impl QuantizedWeight {
         let (p, n, g, b) = self.packed_for_rope()?;
         kernels::qmatmul_packed_norm_rope_rows(x, norm, eps, p, n, g, b, rope, positions)
     }
-    /// `residual + forward(swiglu(g, u))` (`gelu`: geglu) in one op, for
-    /// `gu` holding g and u side by side; `None` where the weights are not
-    /// packed (the caller runs the separate ops).
-    pub fn forward_glu_add(
+    /// `residual + forward(swiglu(g, u))` (`gelu`: geglu; no residual:
+    /// the product alone) in one op, for `gu` holding g and u side by
+    /// side; `None` where the weights are not packed (the caller runs the
+    /// separate ops).
+    pub fn forward_glu(
         &self,
         gu: &Array,
-        residual: &Array,
+        residual: Option<&Array>,
         gelu: bool,
     ) -> Option<Result<Array>> {
         let (p, n, g, b) = self.packed()?;
-        Some(kernels::qmatmul_packed_glu_add(
-            gu, p, n, g, b, residual, gelu,
-        ))
+        Some(match residual {
+            Some(r) => kernels::qmatmul_packed_glu_add(gu, p, n, g, b, r, gelu),
+            None => kernels::qmatmul_packed_glu(gu, p, n, g, b, gelu),
+        })
     }
     /// `residual + forward(x)`, in one op where packed.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
@@ -254,17 +256,17 @@ impl Linear {
             Linear::Quantized(q) => q.forward(x),
         }
     }
-    /// `residual + forward(swiglu(g, u))` in one op where the weights are
-    /// packed ([`QuantizedWeight::forward_glu_add`]); `None` elsewhere.
-    pub fn forward_glu_add(
+    /// `[residual +] forward(swiglu(g, u))` in one op where the weights
+    /// are packed ([`QuantizedWeight::forward_glu`]); `None` elsewhere.
+    pub fn forward_glu(
         &self,
         gu: &Array,
-        residual: &Array,
+        residual: Option<&Array>,
         gelu: bool,
     ) -> Option<Result<Array>> {
         match self {
             Linear::Dense(_) => None,
-            Linear::Quantized(q) => q.forward_glu_add(gu, residual, gelu),
+            Linear::Quantized(q) => q.forward_glu(gu, residual, gelu),
         }
     }
     /// `residual + forward(x)` (a residual connection).

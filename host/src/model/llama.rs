@@ -564,7 +564,7 @@ impl Llama {
             (Some(f), true) => {
                 let gu = self.norm_linear(&x, &l.ffn_norm, f)?;
                 probe("norm + gate/up matmuls", &[&gu])?;
-                if let Some(y) = l.down.forward_glu_add(&gu, &x, false) {
+                if let Some(y) = l.down.forward_glu(&gu, Some(&x), false) {
                     let y = y?;
                     probe("silu * up + down + residual", &[&y])?;
                     return Ok(y);
@@ -778,7 +778,7 @@ impl Llama {
 }
 
 /// A fused gate/up matmul's output `[1, T, 2 n]` as its gate and up halves.
-fn halves(y: &Array) -> Result<(Array, Array)> {
+pub(super) fn halves(y: &Array) -> Result<(Array, Array)> {
     let (t, n) = (y.dim(1), y.dim(2) / 2);
     Ok((
         y.slice(&[0, 0, 0], &[1, t, n])?,
