@@ -191,3 +191,36 @@ fn a_first_round_in_a_batch_shares_the_initial_guess() {
     assert_eq!(decide(&first(2)), 2);
     assert_eq!(decide(&first(8)), 0);
 }
+
+#[test]
+fn a_fresh_request_in_a_batch_hedges_the_carried_acceptance_with_the_prior() {
+    use specd_policy_logic::ThroughputCarry;
+    // Lone requests on other prompts kept 83% of their first drafts: scaled
+    // to 8 rounds and smoothed, (6.64 + 1) / (8 + 2) = 0.764. This request
+    // has no round of its own yet (round 0, nothing measured: the carried
+    // timing decides).
+    let carried = ThroughputCarry {
+        reached: vec![100.0],
+        kept: vec![83.0],
+        plain_seconds: lone(0),
+        row_seconds: 0.0012,
+        draft_seconds: 0.0,
+    }
+    .encode();
+    let fresh = |n: u32, planned: u32| {
+        let mut s = Throughput::create(r#"{"prior": 0.5}"#, Some(&carried)).unwrap();
+        let mut i = input(1, f64::NAN, n, planned);
+        i.round = 0;
+        i.verify_seconds_by_len = vec![0.0; 2];
+        s.next_draft_length(&i)
+    };
+    // Alone the carried 0.764 stands against a threshold of 0.22.
+    assert_eq!(fresh(0, 0), 1);
+    assert_eq!(fresh(1, 0), 1);
+    // In a step of 4 the share is (5.5 + 3 x 1.2) / 4 = 2.28 ms, so a draft
+    // row needs 0.53: hedged, (2 x 0.764 + 0.5) / 3 = 0.68, it drafts.
+    assert_eq!(fresh(4, 3), 1);
+    // In a step of 8 a draft row needs 0.69. The carried 0.764 alone would
+    // draft; hedged, (0.764 + 0.5) / 2 = 0.63, the step keeps its rows.
+    assert_eq!(fresh(8, 7), 0);
+}
