@@ -19,6 +19,16 @@ struct Avx2 {
   // each unpacked weight vector feeds 4 FMAs: 1.34x the old 2-row tiles of
   // 4 outputs with 2 partial sums each (measured on a 2-core Zen 3).
   static constexpr int kOutputs = 8;
+  // A tile of 5 rows (a verify of 4 drafts, a batched step's last rows)
+  // holds 10: each unpacked weight vector then feeds all 5, where 4 + 1
+  // unpacked it twice (qmm_bench, 2 threads, fastest call, alternated 3
+  // times on Zen 3: 1536x576 85-93 -> 72-79 us, 8-bit head 2.8-3.0 ->
+  // 1.9-2.5 ms). 6 rows in 12 spill (1536x576 91-107 -> 136-141 us):
+  // they stay 4 + 2.
+  template <int BITS, int R>
+  static constexpr int outputs() {
+    return R == 5 ? 10 : kOutputs;
+  }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
