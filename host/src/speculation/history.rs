@@ -20,6 +20,16 @@ pub struct ScheduleHistory {
     draft_seconds_per_token: f64,
     /// `[j]`: smoothed time of a verify with j drafts.
     verify_seconds_by_len: Vec<f64>,
+    /// `[j]`, j >= 1: smoothed ratio of a verify with j drafts to the plain
+    /// step's smoothed time when it ran (0 = none yet). A shared machine's
+    /// speed drifts by tens of percent within seconds, and plain steps are
+    /// measured far more often than any one draft length: absolute times
+    /// from different moments made a draft row look as dear as a whole
+    /// step after a slow spell (a 4-draft round at 25 ms beside later
+    /// plain steps of 7.5 ms), and the schedule stopped drafting. Ratios
+    /// measured beside the plain step of their moment are reported scaled
+    /// to the plain step of now.
+    ratio_by_len: Vec<f64>,
 }
 
 impl ScheduleHistory {
@@ -30,7 +40,28 @@ impl ScheduleHistory {
             kept: Vec::new(),
             draft_seconds_per_token: 0.0,
             verify_seconds_by_len: vec![0.0; draft_max + 1],
+            ratio_by_len: vec![0.0; draft_max + 1],
         }
+    }
+
+    /// `verify_seconds_by_len` as the schedule sees it: the plain step's
+    /// smoothed time, and each draft length's at that speed (its ratio),
+    /// or as measured where no plain step ran before it.
+    fn verify_seconds(&self, max_draft: usize) -> Vec<f64> {
+        let plain = self.verify_seconds_by_len[0];
+        self.verify_seconds_by_len
+            .iter()
+            .zip(&self.ratio_by_len)
+            .enumerate()
+            .take(max_draft + 1)
+            .map(|(j, (&t, &r))| {
+                if j > 0 && r > 0.0 && plain > 0.0 {
+                    r * plain
+                } else {
+                    t
+                }
+            })
+            .collect()
     }
 
     /// The schedule's input for the next round.
@@ -58,9 +89,7 @@ impl ScheduleHistory {
             recent: self.recent[start..].to_vec(),
             position_acceptance,
             draft_seconds_per_token: self.draft_seconds_per_token,
-            verify_seconds_by_len: self.verify_seconds_by_len
-                [..=max_draft.min(self.verify_seconds_by_len.len() - 1)]
-                .to_vec(),
+            verify_seconds_by_len: self.verify_seconds(max_draft),
             // The batch context is the caller's (`SpecState::plan`).
             batch_sequences: 0,
             batch_rows_planned: 0,
@@ -93,6 +122,21 @@ impl ScheduleHistory {
             }
         }
         if drafted < self.verify_seconds_by_len.len() {
+            let plain = self.verify_seconds_by_len[0];
+            if drafted > 0 && plain > 0.0 {
+                self.ratio_by_len[drafted] =
+                    ema(self.ratio_by_len[drafted], verify_seconds / plain);
+            }
+            if drafted == 0 && plain == 0.0 {
+                // The first plain step: lengths measured before it are
+                // taken at its speed (the nearest in time there is).
+                for j in 1..self.ratio_by_len.len() {
+                    let t = self.verify_seconds_by_len[j];
+                    if t > 0.0 && verify_seconds > 0.0 {
+                        self.ratio_by_len[j] = t / verify_seconds;
+                    }
+                }
+            }
             self.verify_seconds_by_len[drafted] =
                 ema(self.verify_seconds_by_len[drafted], verify_seconds);
         }
@@ -105,5 +149,46 @@ impl ScheduleHistory {
         if self.recent.len() > 4 * RECENT_WINDOW {
             self.recent.drain(..self.recent.len() - RECENT_WINDOW);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verify(h: &ScheduleHistory) -> Vec<f64> {
+        h.input(0, 0, 100, 4).verify_seconds_by_len
+    }
+
+    #[test]
+    fn a_draft_length_is_reported_at_the_speed_of_the_latest_plain_steps() {
+        let mut h = ScheduleHistory::new(4);
+        h.push(0, 0, 0.0, 0.010);
+        h.push(2, 1, 0.0, 0.012);
+        assert!((verify(&h)[2] - 0.012).abs() < 1e-12);
+        // The machine speeds up: plain steps go from 10 to 5 ms.
+        for _ in 0..60 {
+            h.push(0, 0, 0.0, 0.005);
+        }
+        let v = verify(&h);
+        assert!((v[0] - 0.005).abs() < 1e-6, "{v:?}");
+        // 1.2 times the plain step, not the 12 ms of the slow spell.
+        assert!((v[2] - 0.006).abs() < 1e-6, "{v:?}");
+        assert_eq!(v[1], 0.0, "a length never measured stays unknown");
+        assert_eq!(v.len(), 5);
+    }
+
+    #[test]
+    fn a_length_measured_before_any_plain_step_is_taken_at_the_first_ones_speed() {
+        let mut h = ScheduleHistory::new(4);
+        h.push(4, 0, 0.0, 0.020);
+        assert_eq!(verify(&h)[4], 0.020);
+        h.push(0, 0, 0.0, 0.008);
+        assert!((verify(&h)[4] - 0.020).abs() < 1e-12);
+        for _ in 0..60 {
+            h.push(0, 0, 0.0, 0.004);
+        }
+        // 2.5 plain steps, at today's plain step.
+        assert!((verify(&h)[4] - 0.010).abs() < 1e-6, "{:?}", verify(&h));
     }
 }
