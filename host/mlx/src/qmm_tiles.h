@@ -52,13 +52,12 @@ struct Tiles {
     if constexpr (CB > 1) row_tile<BITS, F32S, R, CB / 2>(a, cb, cb1, m);
   }
 
-  // Whether `left` rows are one 5-row tile (below).
-  template <int BITS>
-  static constexpr bool five_tail(int left) {
-    if constexpr (tile_outputs<K, BITS, 5>() / (5 * K::NV) >= 1 && K::NV == 2)
-      return left == 5;
-    else
-      return false;
+  // Whether the kernel runs a tail of R rows as one tile: the AVX2 kernels
+  // (2 vectors a column block) where R rows fit their outputs. The AVX-512
+  // ones were not measured with such tails.
+  template <int BITS, int R>
+  static constexpr bool tail_tile() {
+    return K::NV == 2 && tile_outputs<K, BITS, R>() / (R * K::NV) >= 1;
   }
 
   template <int BITS, bool F32S>
@@ -69,20 +68,18 @@ struct Tiles {
       if constexpr (step >= 8)
         for (; m + 8 <= a.M; m += 8) row_tile<BITS, F32S, 8>(a, c0, c1, m);
       if constexpr (step >= 4)
-        for (; m + 4 <= a.M && !five_tail<BITS>(a.M - m); m += 4) row_tile<BITS, F32S, 4>(a, c0, c1, m);
-      // Three rows left (a verify of 2 drafts, 7 rows): one tile of 3, not
-      // a 2-row tile and a 1-row tile that unpack every weight twice (a
+        for (; m + 4 <= a.M && !(tail_tile<BITS, 5>() && a.M - m == 5); m += 4)
+          row_tile<BITS, F32S, 4>(a, c0, c1, m);
+      // Three or five rows left (a verify of 2 or 4 drafts, 7 or 9 rows):
+      // one tile, not 2 + 1 or 4 + 1 that unpack every weight twice (a
       // 3-row verify on Zen 3: 14.2-15.1 -> 10.5-11.5 ms, alternated 3
-      // times). The AVX2 kernels only (2 vectors a column block): the
-      // AVX-512 ones were not measured with it.
-      if constexpr (K::NV == 2 && tile_outputs<K, BITS, 3>() / (3 * K::NV) >= 1)
+      // times; the 5-row tile is the float kernels', qmm_avx2.h).
+      if constexpr (tail_tile<BITS, 3>())
         if (a.M - m == 3) {
           row_tile<BITS, F32S, 3>(a, c0, c1, m);
           m += 3;
         }
-      // Five left, where the kernel has a tile that wide (AVX2's float
-      // kernels: 10 partial sums in its 16 registers): one pass, not 4 + 1.
-      if constexpr (five_tail<BITS>(5))
+      if constexpr (tail_tile<BITS, 5>())
         if (a.M - m == 5) {
           row_tile<BITS, F32S, 5>(a, c0, c1, m);
           m += 5;

@@ -18,18 +18,17 @@ pub struct ScheduleHistory {
     reached: Vec<u64>,
     kept: Vec<u64>,
     draft_seconds_per_token: f64,
-    /// `[j]`: smoothed time of a verify with j drafts.
-    verify_seconds_by_len: Vec<f64>,
-    /// `[j]`, j >= 1: smoothed ratio of a verify with j drafts to the plain
-    /// step's smoothed time when it ran (0 = none yet). A shared machine's
-    /// speed drifts by tens of percent within seconds, and plain steps are
-    /// measured far more often than any one draft length: absolute times
-    /// from different moments made a draft row look as dear as a whole
-    /// step after a slow spell (a 4-draft round at 25 ms beside later
-    /// plain steps of 7.5 ms), and the schedule stopped drafting. Ratios
-    /// measured beside the plain step of their moment are reported scaled
-    /// to the plain step of now.
-    ratio_by_len: Vec<f64>,
+    /// `[0]`: the plain step's smoothed seconds. `[j]`, j >= 1: a verify
+    /// with j drafts as a smoothed ratio to the plain step's time when it
+    /// ran (0 = not measured); seconds as measured while no plain step has
+    /// run, turned into ratios by the first one (the nearest in time).
+    /// A shared machine's speed drifts by tens of percent within seconds,
+    /// and plain steps are measured far more often than any one draft
+    /// length: absolute times from different moments made a draft row look
+    /// as dear as a whole step after a slow spell (a 4-draft round at 25 ms
+    /// beside later plain steps of 7.5 ms), and the schedule stopped
+    /// drafting. So a length is reported at the plain step of now.
+    verify_by_len: Vec<f64>,
 }
 
 impl ScheduleHistory {
@@ -39,28 +38,20 @@ impl ScheduleHistory {
             reached: Vec::new(),
             kept: Vec::new(),
             draft_seconds_per_token: 0.0,
-            verify_seconds_by_len: vec![0.0; draft_max + 1],
-            ratio_by_len: vec![0.0; draft_max + 1],
+            verify_by_len: vec![0.0; draft_max + 1],
         }
     }
 
-    /// `verify_seconds_by_len` as the schedule sees it: the plain step's
-    /// smoothed time, and each draft length's at that speed (its ratio),
-    /// or as measured where no plain step ran before it.
+    /// `verify_seconds_by_len` as the schedule sees it: seconds of a
+    /// verify with 0 ..= max_draft drafts, at the plain step's speed.
     fn verify_seconds(&self, max_draft: usize) -> Vec<f64> {
-        let plain = self.verify_seconds_by_len[0];
-        self.verify_seconds_by_len
+        let plain = self.verify_by_len[0];
+        let to_seconds = |(j, &v): (usize, &f64)| if j > 0 && plain > 0.0 { v * plain } else { v };
+        self.verify_by_len
             .iter()
-            .zip(&self.ratio_by_len)
             .enumerate()
             .take(max_draft + 1)
-            .map(|(j, (&t, &r))| {
-                if j > 0 && r > 0.0 && plain > 0.0 {
-                    r * plain
-                } else {
-                    t
-                }
-            })
+            .map(to_seconds)
             .collect()
     }
 
@@ -121,24 +112,23 @@ impl ScheduleHistory {
                 }
             }
         }
-        if drafted < self.verify_seconds_by_len.len() {
-            let plain = self.verify_seconds_by_len[0];
-            if drafted > 0 && plain > 0.0 {
-                self.ratio_by_len[drafted] =
-                    ema(self.ratio_by_len[drafted], verify_seconds / plain);
-            }
-            if drafted == 0 && plain == 0.0 {
-                // The first plain step: lengths measured before it are
-                // taken at its speed (the nearest in time there is).
-                for j in 1..self.ratio_by_len.len() {
-                    let t = self.verify_seconds_by_len[j];
-                    if t > 0.0 && verify_seconds > 0.0 {
-                        self.ratio_by_len[j] = t / verify_seconds;
-                    }
+        if drafted < self.verify_by_len.len() {
+            let plain = self.verify_by_len[0];
+            let v = &mut self.verify_by_len;
+            if drafted > 0 {
+                let measured = if plain > 0.0 {
+                    verify_seconds / plain
+                } else {
+                    verify_seconds
+                };
+                v[drafted] = ema(v[drafted], measured);
+            } else {
+                v[0] = ema(plain, verify_seconds);
+                if plain == 0.0 && v[0] > 0.0 {
+                    let first = v[0];
+                    v[1..].iter_mut().for_each(|t| *t /= first);
                 }
             }
-            self.verify_seconds_by_len[drafted] =
-                ema(self.verify_seconds_by_len[drafted], verify_seconds);
         }
         self.recent.push(RoundRecord {
             drafted: drafted as u32,
