@@ -26,9 +26,9 @@ use crate::model::LlamaConfig;
 use crate::model::Logits;
 use crate::options::DrafterSpec;
 use crate::pipeline::PREFILL_CHUNK;
-use crate::pipeline::{Finished, Sequence, Settings, Sink, VerifyTime};
+use crate::pipeline::{Deciding, Finished, Sequence, Settings, Sink, VerifyTime};
 use crate::speculation::target::{forward_batch_verify, StepRows};
-use crate::speculation::{read_rows, row_threads, VerifyMode, VerifyRows};
+use crate::speculation::{read_rows, row_threads, Decided, ReadRows, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, LlamaTarget, Speculation};
 use anyhow::{anyhow, Result};
 use std::collections::VecDeque;
@@ -156,6 +156,8 @@ pub struct StepReport {
     /// Seconds the requests' policies (schedule and acceptance calls) ran
     /// in it, summed over its requests.
     pub policy_seconds: f64,
+    /// Threads its rounds' acceptance decisions ran on (0: no round).
+    pub decision_threads: usize,
 }
 
 /// A request waiting to start or to resume. At most `max_sequences` wait:
@@ -181,6 +183,10 @@ pub struct Scheduler<'e> {
     curve: StepCurve,
     /// What a prefill row costs the requests decoding beside it.
     prefill_cost: PrefillCost,
+    /// Acceptance-call seconds per step from which decisions run on
+    /// several threads, and how many ([`decide_all`]).
+    decide_parallel_from: f64,
+    decide_threads: usize,
 }
 
 impl<'e> Scheduler<'e> {
@@ -194,7 +200,18 @@ impl<'e> Scheduler<'e> {
             per_token: engine.model.kv_bytes_per_token(),
             curve: StepCurve::default(),
             prefill_cost: PrefillCost::default(),
+            decide_parallel_from: DECIDE_PARALLEL_FROM,
+            decide_threads: row_threads(),
         }
+    }
+
+    /// Spreads a step's acceptance decisions over up to `threads` threads
+    /// once they are expected to take `seconds` together (default: 150 µs,
+    /// the kernels' threads; 0 s: whenever two requests decide). Results
+    /// do not depend on it.
+    pub fn with_parallel_decisions(mut self, seconds: f64, threads: usize) -> Self {
+        (self.decide_parallel_from, self.decide_threads) = (seconds, threads);
+        self
     }
 
     /// Starts from `fit`, the step-cost fit another scheduler learnt (its
@@ -594,15 +611,33 @@ impl<'e> Scheduler<'e> {
                     }
                 }
                 let (who, masked): (Vec<usize>, Vec<_>) = masked.into_iter().unzip();
-                let read = read_rows(masked, row_threads());
-                for (i, r) in who.into_iter().zip(read) {
-                    let (a, p) = (&mut self.active[i], &planned[i]);
+                let mut read: Vec<Option<ReadRows>> =
+                    (0..self.active.len()).map(|_| None).collect();
+                for (i, r) in who.into_iter().zip(read_rows(masked, row_threads())) {
+                    read[i] = Some(r);
+                }
+                // Every round decided (the acceptance calls, on several
+                // threads where they are dear), then applied in order.
+                let mut jobs = Vec::new();
+                for (i, ((a, p), r)) in self.active.iter_mut().zip(&planned).zip(read).enumerate() {
+                    let Some(r) = r else { continue };
                     let rows = p.as_ref().map_or(0, |p| p.tokens.len());
                     let time = VerifyTime {
                         lone: split.lone(rows),
                         share: split.of(rows),
                     };
-                    if let Err(e) = a.seq.complete_read(&mut a.target, r, time) {
+                    match a.seq.deciding(r, time) {
+                        Ok(job) => jobs.push((i, job)),
+                        Err(e) => a.failed = Some(e),
+                    }
+                }
+                let (who, jobs): (Vec<usize>, Vec<_>) = jobs.into_iter().unzip();
+                let (decided, threads) =
+                    decide_all(jobs, self.decide_threads, self.decide_parallel_from);
+                report.decision_threads = threads;
+                for (i, d) in who.into_iter().zip(decided) {
+                    let a = &mut self.active[i];
+                    if let Err(e) = d.and_then(|d| a.seq.apply_decided(&mut a.target, d)) {
                         a.failed = Some(e);
                     }
                 }
@@ -636,6 +671,68 @@ impl<'e> Scheduler<'e> {
         report
     }
 }
+
+/// Runs a step's round decisions ([`Deciding::run`]), in their order:
+/// on up to `threads` threads where two or more make an acceptance call
+/// and those are expected to take `parallel_from` seconds or more together (a thread costs tens
+/// of microseconds to start; a built-in policy decides in about ten, a
+/// Python one in about 130), else on this one. Each request's decision
+/// reads and writes only its own state, so the threads change no result.
+/// Returns the results and the threads they ran on (0: none to run).
+fn decide_all(
+    jobs: Vec<Deciding<'_>>,
+    threads: usize,
+    parallel_from: f64,
+) -> (Vec<Result<Decided>>, usize) {
+    let calls = jobs.iter().filter(|j| j.estimate.is_some()).count();
+    let cost = |j: &Deciding<'_>| j.estimate.unwrap_or(0.0);
+    let total: f64 = jobs.iter().map(cost).sum();
+    let threads = threads.min(calls);
+    if threads < 2 || total < parallel_from {
+        let n = usize::from(!jobs.is_empty());
+        return (jobs.into_iter().map(Deciding::run).collect(), n);
+    }
+    // Dearest first, each to the least loaded thread.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| cost(&jobs[b]).total_cmp(&cost(&jobs[a])));
+    let mut load = vec![0.0f64; threads];
+    let mut lanes: Vec<Vec<(usize, Deciding<'_>)>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut slots: Vec<Option<Deciding<'_>>> = jobs.into_iter().map(Some).collect();
+    for i in order {
+        let job = slots[i].take().expect("each job once");
+        let t = (0..threads)
+            .min_by(|&a, &b| {
+                (load[a].total_cmp(&load[b])).then(lanes[a].len().cmp(&lanes[b].len()))
+            })
+            .expect("threads >= 2");
+        load[t] += cost(&job);
+        lanes[t].push((i, job));
+    }
+    let run = |lane: Vec<(usize, Deciding<'_>)>| {
+        lane.into_iter()
+            .map(|(i, j)| (i, j.run()))
+            .collect::<Vec<_>>()
+    };
+    let mut lanes = lanes.into_iter();
+    let first = lanes.next().expect("threads >= 2");
+    let mut done: Vec<(usize, Result<Decided>)> = std::thread::scope(|s| {
+        let others: Vec<_> = lanes.map(|l| s.spawn(move || run(l))).collect();
+        let mut out = run(first);
+        for h in others {
+            match h.join() {
+                Ok(d) => out.extend(d),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        out
+    });
+    done.sort_by_key(|(i, _)| *i);
+    (done.into_iter().map(|(_, d)| d).collect(), threads)
+}
+
+/// Acceptance-call seconds per step from which [`decide_all`] spreads the
+/// decisions over threads.
+const DECIDE_PARALLEL_FROM: f64 = 150e-6;
 
 /// A request's rows in a step.
 struct Planned {

@@ -164,6 +164,25 @@ def test_schedule_per_request(server):
     assert r.model_extra["speculation"]["schedule"] == "constant"
 
 
+def test_speculative_context_ends_where_plain_decoding_does(server):
+    # The answer repeats an earlier one that the prompt follows with
+    # <|im_end|>\n: n-gram drafts run on past the EOS and the target agrees
+    # with them, so the round commits tokens after it. What comes back
+    # (Ollama's `context`) ends at the EOS all the same, as plain decoding's.
+    prompt = ("<|im_start|>user\nRepeat after me: the quick brown fox jumps over the lazy dog."
+              "<|im_end|>\n<|im_start|>assistant\nthe quick brown fox jumps over the lazy dog."
+              "<|im_end|>\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n")
+    plain = raw_generate(server, prompt, drafter="none", num_predict=24)
+    spec = raw_generate(server, prompt, drafter="ngram", schedule="constant",
+                        schedule_config={"k": 8}, num_predict=24)
+    assert plain["done_reason"] == "stop" and plain["response"] == spec["response"]
+    s = spec["speculation"]
+    # Committed (a round's accepted drafts and its own token) past the EOS.
+    assert s["rounds"] + s["accepted"] > plain["eval_count"] + 1, s
+    assert spec["context"] == plain["context"]
+    assert len(plain["context"]) == plain["prompt_eval_count"] + plain["eval_count"] + 1  # the EOS
+
+
 # --- errors ------------------------------------------------------------------
 
 @pytest.mark.parametrize("body,status,needle", [

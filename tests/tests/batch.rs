@@ -271,6 +271,100 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
     );
 }
 
+#[test]
+fn decisions_on_several_threads_keep_every_requests_solo_tokens() {
+    let e = engine();
+    let spec = |drafter: &str, schedule: &str, acceptance: &str| SpecOptions {
+        drafter: Some(drafter.parse().unwrap()),
+        schedule: Some(schedule.into()),
+        acceptance: Some(acceptance.into()),
+        ..Default::default()
+    };
+    let sampled = |temperature: f32, seed: u64| SamplingParams {
+        temperature,
+        seed,
+        ..Default::default()
+    };
+    let copy = "Repeat exactly, twice: the quick brown fox jumps over the lazy dog.";
+    let cases: Vec<(&str, SamplingParams, SpecOptions)> = vec![
+        (
+            copy,
+            SamplingParams::default(),
+            spec("ngram", "constant", "greedy"),
+        ),
+        (
+            copy,
+            sampled(0.8, 3),
+            spec("ngram", "constant", "rejection"),
+        ),
+        (
+            "Count from one to twenty in words.",
+            sampled(0.7, 11),
+            spec("ngram", "heuristic-transient", "typical"),
+        ),
+        // The suffix drafter's drafts depend on what the other requests
+        // wrote (its corpus spans requests): greedy keeps the tokens.
+        (
+            "Spell the word banana letter by letter, twice.",
+            SamplingParams::default(),
+            spec("suffix", "constant", "greedy"),
+        ),
+    ];
+    let n = 32;
+    let prompts: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|(p, ..)| e.encode(&chat(p)).unwrap())
+        .collect();
+    // What each request returns alone (its log may go on past its end
+    // where a round accepted drafts beyond it: see `Finished::context`).
+    let solo: Vec<Vec<u32>> = cases
+        .iter()
+        .zip(&prompts)
+        .map(|((_, params, opts), p)| {
+            let spec = e.speculation(opts, params).unwrap();
+            let settings = e.settings(params.clone(), Some(n), vec![]);
+            let fin = e.generate(None, p, &settings, spec, &mut |_| true).unwrap();
+            fin.context().to_vec()
+        })
+        .collect();
+    let finished = Rc::new(RefCell::new(
+        (0..cases.len()).map(|_| None).collect::<Vec<_>>(),
+    ));
+    // Every step with two rounds to decide spreads them over 2 threads.
+    let mut sched = Scheduler::new(&e, BatchLimits::default()).with_parallel_decisions(0.0, 2);
+    for (i, ((_, params, opts), p)) in cases.iter().zip(&prompts).enumerate() {
+        let f = finished.clone();
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: p.clone(),
+            settings: e.settings(params.clone(), Some(n), vec![]),
+            spec: e.speculation(opts, params).unwrap(),
+            sink: Box::new(|_: &str| true),
+            done: Box::new(move |r| {
+                f.borrow_mut()[i] = Some(r.map(|f| (f.context().to_vec(), f.stats)))
+            }),
+        });
+    }
+    let mut spread = 0;
+    while !sched.is_idle() {
+        let s = sched.step(&mut || true);
+        if s.decision_threads > 1 {
+            spread += 1;
+        }
+    }
+    assert!(spread > 0, "no step decided its rounds on several threads");
+    for (i, r) in finished.borrow_mut().drain(..).enumerate() {
+        let (log, stats) = r.expect("finished").expect("no failure");
+        assert!(stats.drafted > 0, "request {i} drafted nothing");
+        assert!(
+            stats.policy_failure.is_none(),
+            "request {i}: {:?}",
+            stats.policy_failure
+        );
+        assert_eq!(log, solo[i], "request {i} differs from its solo run");
+    }
+}
+
 /// The chi-square statistic of a 2 x C table (two samples' counts over the
 /// same categories) and its degrees of freedom. Categories are the tokens
 /// both samples together drew at least `min` times; the rest are pooled.

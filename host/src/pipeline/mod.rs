@@ -6,7 +6,7 @@ pub mod prompt_logprobs;
 pub mod sequence;
 
 pub use prompt_logprobs::PromptLogprobHook;
-pub use sequence::{BatchCounters, Sequence, VerifyTime};
+pub use sequence::{BatchCounters, Deciding, Sequence, VerifyTime};
 
 use crate::sampling::{LogprobRequest, SamplingParams, TokenLogprob};
 use crate::speculation::{SpecCounters, Speculation, Target};
@@ -188,6 +188,20 @@ pub struct Finished {
     /// Per committed token (`log[prompt.len()..]`), the target's top-2
     /// logit margin where it was chosen (near-tie diagnostics).
     pub margins: Vec<f32>,
+    /// Tokens of `log` up to the one that ended the request ([`Finished::context`]).
+    pub context_len: usize,
+}
+
+impl Finished {
+    /// The prompt and the tokens generated up to the one that ended the
+    /// request (an EOS included): what plain decoding commits. The log
+    /// may go on past it, where a speculative round accepted drafts
+    /// beyond that token; those were never returned and depend on what
+    /// was drafted, so an API that hands tokens back (Ollama's `context`)
+    /// hands these.
+    pub fn context(&self) -> &[u32] {
+        &self.log[..self.context_len.min(self.log.len())]
+    }
 }
 
 /// Receives text as it is produced; returns false to cancel.
@@ -201,12 +215,16 @@ struct Emitter<'a> {
     stops: StopMatcher,
     sink: Box<Sink<'a>>,
     emitted: Vec<u32>,
+    /// Tokens pushed: the emitted ones, an EOS, the one a cancelled
+    /// client did not take.
+    pushed: usize,
     max_tokens: usize,
 }
 
 impl Emitter<'_> {
     /// Streams one token; the reason generation ends with it, if it does.
     fn push(&mut self, tok: u32) -> Option<DoneReason> {
+        self.pushed += 1;
         if self.tokenizer.is_eos(tok) {
             return Some(DoneReason::Stop);
         }

@@ -5,10 +5,10 @@
 //! through the same code, so a request's tokens do not depend on which.
 use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
-use crate::sampling::{token_logprob, Rng};
+use crate::sampling::{token_logprob, Rng, SamplingParams};
 use crate::speculation::{
-    read_one, row_threads, BatchContext, MaskedRows, ReadRows, RoundPlan, SpecState, Speculation,
-    Target, VerifyMode, VerifyRows,
+    read_one, row_threads, BatchContext, Decided, MaskedRows, ReadRows, RoundPlan, SpecState,
+    Speculation, Target, VerifyMode, VerifyRows,
 };
 use anyhow::{bail, Result};
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
@@ -115,6 +115,7 @@ impl<'a> Sequence<'a> {
                 stops: StopMatcher::new(settings.stop.iter().cloned()),
                 sink,
                 emitted: Vec::new(),
+                pushed: 0,
                 max_tokens,
             },
             near_ties: 0,
@@ -364,19 +365,38 @@ impl<'a> Sequence<'a> {
         read: ReadRows,
         time: VerifyTime,
     ) -> Result<()> {
+        let decided = self.deciding(read, time)?.run()?;
+        self.apply_decided(target, decided)
+    }
+
+    /// The planned round's decision (its acceptance call) as a job that
+    /// borrows only the request's host state, so it can run on another
+    /// thread beside other requests' ([`Deciding::run`]); its result goes
+    /// to [`Sequence::apply_decided`]. Together they are
+    /// [`Sequence::complete_read`].
+    pub fn deciding(&mut self, read: ReadRows, time: VerifyTime) -> Result<Deciding<'_>> {
         let Some(plan) = self.plan.take() else {
             bail!("a round completed without a plan");
         };
-        let round = self.state.complete_read(
+        // What its acceptance calls took so far, per call (0 before the
+        // first); a plain round makes none.
+        let c = &self.state.counters;
+        let estimate = (plan.drafted() > 0).then(|| c.phases.accept / c.spec_rounds.max(1) as f64);
+        Ok(Deciding {
+            state: &mut self.state,
+            rng: &mut self.rng,
+            params: &self.settings.params,
             plan,
             read,
-            time.lone,
-            target,
-            &self.log,
-            &self.settings.params,
-            &mut self.rng,
-        )?;
-        self.state.counters.verify_seconds += time.share - time.lone;
+            time,
+            estimate,
+        })
+    }
+
+    /// Ends the round [`Sequence::deciding`] decided: roll back, stream
+    /// what was committed.
+    pub fn apply_decided(&mut self, target: &mut dyn Target, decided: Decided) -> Result<()> {
+        let round = self.state.apply(decided, target, &self.log)?;
         if let (Some(hook), Some(t)) = (
             &self.settings.on_round,
             self.state.trace.as_ref().and_then(|t| t.last()),
@@ -468,6 +488,7 @@ impl<'a> Sequence<'a> {
         stats.preemptions = self.batch.preemptions;
         Finished {
             stats,
+            context_len: self.prompt_len + self.em.pushed,
             log: self.log,
             emitted: self.em.emitted,
             margins: self.margins,
@@ -489,6 +510,38 @@ fn verify_mode(settings: &Settings) -> VerifyMode {
         VerifyMode::Argmax
     } else {
         VerifyMode::Rows
+    }
+}
+
+/// A round's decision cut off from the rest of its request
+/// ([`Sequence::deciding`]).
+pub struct Deciding<'s> {
+    state: &'s mut SpecState,
+    rng: &'s mut Rng,
+    params: &'s SamplingParams,
+    plan: RoundPlan,
+    read: ReadRows,
+    time: VerifyTime,
+    /// Seconds its acceptance call is expected to take (the request's mean
+    /// so far, 0 before its first); `None`: the round makes none (no
+    /// drafts).
+    pub estimate: Option<f64>,
+}
+
+impl Deciding<'_> {
+    pub fn run(self) -> Result<Decided> {
+        let Deciding {
+            state,
+            rng,
+            params,
+            plan,
+            read,
+            time,
+            ..
+        } = self;
+        let d = state.decide(plan, read, time.lone, params, rng)?;
+        state.counters.verify_seconds += time.share - time.lone;
+        Ok(d)
     }
 }
 

@@ -357,6 +357,7 @@ pub struct Collected {
     /// One per emitted token, when asked for.
     pub logprobs: Vec<LogprobEntry>,
     pub stats: Box<Stats>,
+    /// The prompt and the tokens returned ([`crate::pipeline::Finished::context`]).
     pub log: Vec<u32>,
 }
 

@@ -465,9 +465,10 @@ fn prepare<'e>(
                         tracing::warn!("writing trace {}: {e:#}", p.display());
                     }
                 }
+                let log = fin.context().to_vec();
                 let _ = reply.send(Msg::Done {
                     stats: Box::new(fin.stats),
-                    log: fin.log,
+                    log,
                 });
             }
             Err(e) => {

@@ -430,7 +430,23 @@ impl SpecState {
         params: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<RoundOutcome> {
-        let before = log.len() - 1;
+        let decided = self.decide(plan, read, verify_seconds, params, rng)?;
+        self.apply(decided, target, log)
+    }
+
+    /// The first half of [`SpecState::complete_read`]: the acceptance
+    /// policy's decision and the token it implies. It touches only this
+    /// request's host state (its policies' stores, counters, RNG), never
+    /// the target, so a batched step decides its requests on several
+    /// threads and then applies them ([`SpecState::apply`]) one by one.
+    pub fn decide(
+        &mut self,
+        plan: RoundPlan,
+        read: ReadRows,
+        verify_seconds: f64,
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<Decided> {
         let RoundPlan {
             round_no,
             policy_before,
@@ -532,6 +548,42 @@ impl SpecState {
         rows.truncate(out.tokens.len());
         out.rows = rows;
         out.dists = dists.into_committed(out.tokens.len());
+        Ok(Decided {
+            out,
+            decision,
+            traced_positions,
+            round_no,
+            policy_before,
+            traced_input,
+            k,
+            draft_seconds: dt,
+            draft_steps,
+            verify_seconds: vt,
+        })
+    }
+
+    /// The second half of [`SpecState::complete_read`]: roll the target
+    /// back to what `d` kept, tell the drafter, count, trace.
+    pub fn apply(
+        &mut self,
+        d: Decided,
+        target: &mut dyn Target,
+        log: &[u32],
+    ) -> Result<RoundOutcome> {
+        let before = log.len() - 1;
+        let Decided {
+            out,
+            decision,
+            traced_positions,
+            round_no,
+            policy_before,
+            traced_input,
+            k,
+            draft_seconds: dt,
+            draft_steps,
+            verify_seconds: vt,
+        } = d;
+        let kd = out.drafted;
 
         // 5. Roll back to what was kept: the pending token plus accepted drafts.
         let t = Instant::now();
@@ -587,6 +639,20 @@ pub struct BatchContext {
     /// Rows already planned for this step by the requests asked before it,
     /// plus every prefill row (`batch-rows-planned`).
     pub batch_rows_planned: u32,
+}
+
+/// A round decided, not yet applied ([`SpecState::decide`]).
+pub struct Decided {
+    out: RoundOutcome,
+    decision: Option<Decision>,
+    traced_positions: Vec<Position>,
+    round_no: u32,
+    policy_before: f64,
+    traced_input: Option<ScheduleInput>,
+    k: usize,
+    draft_seconds: f64,
+    draft_steps: Vec<HookCall>,
+    verify_seconds: f64,
 }
 
 /// A round planned up to its verify ([`SpecState::plan`]).

@@ -294,6 +294,9 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
         fin.log.len() > 12 + fin.emitted.len(),
         "the run was accepted past EOS and recorded"
     );
+    // What is handed back ends at the EOS, as plain decoding's log does.
+    assert_eq!(fin.context(), &fin.log[..12 + fin.emitted.len() + 1]);
+    assert_eq!(fin.context().last(), Some(&2));
 
     // The budget cuts a run short.
     for max in [1, 2, 5, 9] {
@@ -302,6 +305,8 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
         let fin = run_scripted(&mut t, s, max, &[], &mut |_| true);
         assert_eq!(fin.emitted.len(), max);
         assert_eq!(fin.stats.done_reason, DoneReason::Length);
+        assert_eq!(fin.context(), &fin.log[..12 + max]);
+        assert_eq!(&fin.context()[12..], &fin.emitted[..]);
     }
 
     // A stop string in the middle of a run: the text ends before it.
@@ -314,6 +319,9 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
     });
     assert_eq!(fin.stats.done_reason, DoneReason::Stop);
     assert_eq!(text, " e");
+    // Up to the token that completed the stop string.
+    assert_eq!(&fin.context()[12..], &fin.emitted[..]);
+    assert!(fin.log.len() > fin.context().len());
     assert!(w.len() == 8);
 }
 
