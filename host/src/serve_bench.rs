@@ -58,6 +58,10 @@ pub struct ServeRow {
 pub struct ServeBench {
     pub concurrency: Vec<usize>,
     pub drafters: Vec<String>,
+    /// The speculative requests' schedule and acceptance policy (`None`:
+    /// the default for the temperature).
+    pub schedule: String,
+    pub acceptance: Option<String>,
     /// Temperatures to run: 0 is `greedy`, above it `sampled` (seeded).
     pub temperatures: Vec<f32>,
     pub max_tokens: usize,
@@ -244,21 +248,27 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         );
         for &temp in &b.temperatures {
             for drafter in &b.drafters {
-                // The default schedule for greedy and sampled requests alike:
-                // what a client that only names a drafter gets.
+                // By default `throughput` for greedy and sampled requests
+                // alike: what a client that only names a drafter gets.
                 let opts = SpecOptions {
                     drafter: Some(drafter.parse()?),
-                    schedule: Some("throughput".into()),
+                    schedule: Some(b.schedule.clone()),
+                    acceptance: b.acceptance.clone(),
                     ..Default::default()
                 };
                 for &n in &b.concurrency {
                     progress(&format!(
                         "repeat {rep}: temperature {temp} drafter {drafter} N={n}"
                     ));
-                    merge(
-                        &mut rows,
-                        one(e, &mut fit, n, &opts, temp, b.max_tokens, b.prompt_tokens)?,
-                    );
+                    let mut row = one(e, &mut fit, n, &opts, temp, b.max_tokens, b.prompt_tokens)?;
+                    if drafter != "none" && (b.schedule != "throughput" || b.acceptance.is_some()) {
+                        row.drafter = format!(
+                            "{drafter}/{}/{}",
+                            b.schedule,
+                            b.acceptance.as_deref().unwrap_or("default")
+                        );
+                    }
+                    merge(&mut rows, row);
                 }
             }
         }

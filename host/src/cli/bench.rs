@@ -83,6 +83,16 @@ pub enum BenchCmd {
         /// Comma-separated temperatures (0: greedy; above: seeded sampling).
         #[arg(long, default_value = "0,0.7")]
         temperatures: String,
+        /// The speculative requests' schedule.
+        #[arg(long, default_value = "throughput")]
+        schedule: String,
+        /// The speculative requests' acceptance policy (default: greedy, or
+        /// rejection above temperature 0).
+        #[arg(long)]
+        acceptance: Option<String>,
+        /// Extra policy components (*.wasm) to load.
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
         #[arg(long, default_value_t = 48)]
         max_tokens: usize,
         #[arg(long, default_value_t = 1)]
@@ -178,6 +188,9 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             concurrency,
             drafters,
             temperatures,
+            schedule,
+            acceptance,
+            policy_dir,
             max_tokens,
             repeats,
             prompt_tokens,
@@ -190,7 +203,11 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                 !(anchor && prompt_tokens > 0),
                 "--anchor runs the short prompts only: drop --prompt-tokens"
             );
-            let e = load_engine(&model.model, &SpecArgs::default(), load)?;
+            let spec = SpecArgs {
+                policy_dir,
+                ..Default::default()
+            };
+            let e = load_engine(&model.model, &spec, load)?;
             let parse = |s: &str, what: &str| -> Result<Vec<f64>> {
                 comma_list(s)
                     .iter()
@@ -206,6 +223,8 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                     .map(|n| (n as usize).max(1))
                     .collect(),
                 drafters: comma_list(&drafters),
+                schedule,
+                acceptance,
                 temperatures: parse(&temperatures, "temperature")?
                     .into_iter()
                     .map(|t| t as f32)
