@@ -672,13 +672,14 @@ impl<'e> Scheduler<'e> {
     }
 }
 
-/// Runs a step's round decisions ([`Deciding::run`]), in their order:
-/// on up to `threads` threads where two or more make an acceptance call
-/// and those are expected to take `parallel_from` seconds or more together (a thread costs tens
-/// of microseconds to start; a built-in policy decides in about ten, a
-/// Python one in about 130), else on this one. Each request's decision
-/// reads and writes only its own state, so the threads change no result.
-/// Returns the results and the threads they ran on (0: none to run).
+/// Runs a step's round decisions ([`Deciding::run`]), in their order: on
+/// up to `threads` threads where two or more make an acceptance call and
+/// those are expected to take `parallel_from` seconds or more together (a
+/// thread costs tens of microseconds to start; a built-in policy decides
+/// in about ten, a Python one in about 130), else on this one. Each
+/// request's decision reads and writes only its own state, so the threads
+/// change no result. Returns the results and the threads they ran on (0:
+/// none to run).
 fn decide_all(
     jobs: Vec<Deciding<'_>>,
     threads: usize,
@@ -713,19 +714,10 @@ fn decide_all(
             .map(|(i, j)| (i, j.run()))
             .collect::<Vec<_>>()
     };
-    let mut lanes = lanes.into_iter();
-    let first = lanes.next().expect("threads >= 2");
-    let mut done: Vec<(usize, Result<Decided>)> = std::thread::scope(|s| {
-        let others: Vec<_> = lanes.map(|l| s.spawn(move || run(l))).collect();
-        let mut out = run(first);
-        for h in others {
-            match h.join() {
-                Ok(d) => out.extend(d),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-        out
-    });
+    let mut done: Vec<(usize, Result<Decided>)> = crate::spread::on_threads(lanes, run)
+        .into_iter()
+        .flatten()
+        .collect();
     done.sort_by_key(|(i, _)| *i);
     (done.into_iter().map(|(_, d)| d).collect(), threads)
 }

@@ -21,5 +21,6 @@ pub mod sampling;
 pub mod serve_bench;
 pub mod server;
 pub mod speculation;
+pub mod spread;
 pub use specd_store as store;
 pub mod trace;

@@ -472,19 +472,11 @@ pub fn distributions(tasks: &[RowTask<'_>], threads: usize) -> Vec<Distribution>
     if threads == 1 {
         return run(tasks);
     }
-    let mut chunks = tasks.chunks(tasks.len().div_ceil(threads));
-    let first = chunks.next().unwrap_or_default();
-    std::thread::scope(|s| {
-        let others: Vec<_> = chunks.map(|c| s.spawn(move || run(c))).collect();
-        let mut out = run(first);
-        for h in others {
-            match h.join() {
-                Ok(d) => out.extend(d),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-        out
-    })
+    let lanes: Vec<&[RowTask<'_>]> = tasks.chunks(tasks.len().div_ceil(threads)).collect();
+    crate::spread::on_threads(lanes, run)
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 fn normalize(p: &mut [f32]) {
