@@ -5,7 +5,7 @@ use specd::batch::{kv_bytes_per_token, Admitted, BatchLimits, Scheduler};
 use specd::engine::Prompt;
 use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
-use specd::pipeline::{LogprobHook, PromptLogprobHook, PREFILL_CHUNK};
+use specd::pipeline::{Finished, LogprobHook, PromptLogprobHook, PREFILL_CHUNK};
 use specd::sampling::SamplingParams;
 use specd::sampling::{distribution, token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
 use specd::speculation::target::{forward_batch, forward_batch_verify, StepRows};
@@ -167,6 +167,19 @@ fn a_light_batched_step_reads_back_the_argmax_of_its_full_rows() {
     }
 }
 
+fn solo_run(
+    e: &specd::engine::Engine,
+    prompt: &[u32],
+    params: &SamplingParams,
+    opts: &SpecOptions,
+    n: usize,
+) -> Finished {
+    let spec = e.speculation(opts, params).unwrap();
+    let settings = e.settings(params.clone(), Some(n), vec![]);
+    e.generate(None, prompt, &settings, spec, &mut |_| true)
+        .unwrap()
+}
+
 fn solo_tokens(
     e: &specd::engine::Engine,
     prompt: &[u32],
@@ -174,11 +187,7 @@ fn solo_tokens(
     opts: &SpecOptions,
     n: usize,
 ) -> Vec<u32> {
-    let spec = e.speculation(opts, params).unwrap();
-    let settings = e.settings(params.clone(), Some(n), vec![]);
-    e.generate(None, prompt, &settings, spec, &mut |_| true)
-        .unwrap()
-        .log
+    solo_run(e, prompt, params, opts, n).log
 }
 
 #[test]
@@ -320,12 +329,7 @@ fn decisions_on_several_threads_keep_every_requests_solo_tokens() {
     let solo: Vec<Vec<u32>> = cases
         .iter()
         .zip(&prompts)
-        .map(|((_, params, opts), p)| {
-            let spec = e.speculation(opts, params).unwrap();
-            let settings = e.settings(params.clone(), Some(n), vec![]);
-            let fin = e.generate(None, p, &settings, spec, &mut |_| true).unwrap();
-            fin.context().to_vec()
-        })
+        .map(|((_, params, opts), p)| solo_run(&e, p, params, opts, n).context().to_vec())
         .collect();
     let finished = Rc::new(RefCell::new(
         (0..cases.len()).map(|_| None).collect::<Vec<_>>(),

@@ -447,16 +447,7 @@ impl SpecState {
         params: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<Decided> {
-        let RoundPlan {
-            round_no,
-            policy_before,
-            traced_input,
-            k,
-            draft,
-            draft_seconds: dt,
-            draft_steps,
-            ..
-        } = plan;
+        let draft = &plan.draft;
         let kd = draft.tokens.len();
         anyhow::ensure!(
             read.dists.len() == if kd > 0 { kd + 1 } else { 1 },
@@ -549,15 +540,10 @@ impl SpecState {
         out.rows = rows;
         out.dists = dists.into_committed(out.tokens.len());
         Ok(Decided {
+            plan,
             out,
             decision,
             traced_positions,
-            round_no,
-            policy_before,
-            traced_input,
-            k,
-            draft_seconds: dt,
-            draft_steps,
             verify_seconds: vt,
         })
     }
@@ -572,17 +558,21 @@ impl SpecState {
     ) -> Result<RoundOutcome> {
         let before = log.len() - 1;
         let Decided {
+            plan,
             out,
             decision,
             traced_positions,
+            verify_seconds: vt,
+        } = d;
+        let RoundPlan {
             round_no,
             policy_before,
             traced_input,
             k,
             draft_seconds: dt,
             draft_steps,
-            verify_seconds: vt,
-        } = d;
+            ..
+        } = plan;
         let kd = out.drafted;
 
         // 5. Roll back to what was kept: the pending token plus accepted drafts.
@@ -643,15 +633,10 @@ pub struct BatchContext {
 
 /// A round decided, not yet applied ([`SpecState::decide`]).
 pub struct Decided {
+    plan: RoundPlan,
     out: RoundOutcome,
     decision: Option<Decision>,
     traced_positions: Vec<Position>,
-    round_no: u32,
-    policy_before: f64,
-    traced_input: Option<ScheduleInput>,
-    k: usize,
-    draft_seconds: f64,
-    draft_steps: Vec<HookCall>,
     verify_seconds: f64,
 }
 
