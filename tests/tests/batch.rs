@@ -190,10 +190,47 @@ fn solo_tokens(
     solo_run(e, prompt, params, opts, n).log
 }
 
+/// A case of a batch test: its prompt text, sampling and speculation.
+type Case<'a> = (&'a str, SamplingParams, SpecOptions);
+
+/// The cases' prompts as chat turns.
+fn encode_cases(e: &specd::engine::Engine, cases: &[Case<'_>]) -> Vec<Vec<u32>> {
+    cases
+        .iter()
+        .map(|(p, ..)| e.encode(&chat(p)).unwrap())
+        .collect()
+}
+
+/// Admits every case (`n` tokens each) into `sched`; each request's
+/// outcome lands in its slot of the returned list when it finishes.
+fn admit_cases<'e>(
+    sched: &mut Scheduler<'e>,
+    e: &'e specd::engine::Engine,
+    cases: &[Case<'_>],
+    prompts: &[Vec<u32>],
+    n: usize,
+) -> Rc<RefCell<Vec<Option<anyhow::Result<Finished>>>>> {
+    let finished = Rc::new(RefCell::new(
+        (0..cases.len()).map(|_| None).collect::<Vec<_>>(),
+    ));
+    for (i, ((_, params, opts), p)) in cases.iter().zip(prompts).enumerate() {
+        let f = finished.clone();
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: p.clone(),
+            settings: e.settings(params.clone(), Some(n), vec![]),
+            spec: e.speculation(opts, params).unwrap(),
+            sink: Box::new(|_: &str| true),
+            done: Box::new(move |r| f.borrow_mut()[i] = Some(r)),
+        });
+    }
+    finished
+}
+
 #[test]
 fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
     let e = engine();
-    let cases: Vec<(&str, SamplingParams, SpecOptions)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (
             "Name three colors of the rainbow.",
             SamplingParams::default(),
@@ -226,10 +263,7 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
         ),
     ];
     let n = 24;
-    let prompts: Vec<Vec<u32>> = cases
-        .iter()
-        .map(|(p, ..)| e.encode(&chat(p)).unwrap())
-        .collect();
+    let prompts = encode_cases(&e, &cases);
     let solo: Vec<Vec<u32>> = cases
         .iter()
         .zip(&prompts)
@@ -244,21 +278,8 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
         step_tokens: 512,
         kv_budget: Some((prompt_tokens + 24) * per_token),
     };
-    let finished = Rc::new(RefCell::new(
-        (0..cases.len()).map(|_| None).collect::<Vec<_>>(),
-    ));
     let mut sched = Scheduler::new(&e, limits);
-    for (i, ((_, params, opts), p)) in cases.iter().zip(&prompts).enumerate() {
-        let f = finished.clone();
-        sched.admit(Admitted {
-            tenant: None,
-            prompt: p.clone(),
-            settings: e.settings(params.clone(), Some(n), vec![]),
-            spec: e.speculation(opts, params).unwrap(),
-            sink: Box::new(|_: &str| true),
-            done: Box::new(move |r| f.borrow_mut()[i] = Some(r.map(|f| (f.log, f.stats)))),
-        });
-    }
+    let finished = admit_cases(&mut sched, &e, &cases, &prompts, n);
     let mut preempted = 0;
     let mut widest = 0;
     while !sched.is_idle() {
@@ -270,9 +291,9 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
     assert!(widest >= 2, "the requests should have shared steps");
     let mut counted = 0;
     for (i, r) in finished.borrow_mut().drain(..).enumerate() {
-        let (log, stats) = r.expect("finished").expect("no failure");
-        assert_eq!(log, solo[i], "request {i} differs from its solo run");
-        counted += stats.preemptions;
+        let fin = r.expect("finished").expect("no failure");
+        assert_eq!(fin.log, solo[i], "request {i} differs from its solo run");
+        counted += fin.stats.preemptions;
     }
     assert_eq!(
         counted as usize, preempted,
@@ -295,7 +316,7 @@ fn decisions_on_several_threads_keep_every_requests_solo_tokens() {
         ..Default::default()
     };
     let copy = "Repeat exactly, twice: the quick brown fox jumps over the lazy dog.";
-    let cases: Vec<(&str, SamplingParams, SpecOptions)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (
             copy,
             SamplingParams::default(),
@@ -320,10 +341,7 @@ fn decisions_on_several_threads_keep_every_requests_solo_tokens() {
         ),
     ];
     let n = 32;
-    let prompts: Vec<Vec<u32>> = cases
-        .iter()
-        .map(|(p, ..)| e.encode(&chat(p)).unwrap())
-        .collect();
+    let prompts = encode_cases(&e, &cases);
     // What each request returns alone (its log may go on past its end
     // where a round accepted drafts beyond it: see `Finished::context`).
     let solo: Vec<Vec<u32>> = cases
@@ -331,24 +349,9 @@ fn decisions_on_several_threads_keep_every_requests_solo_tokens() {
         .zip(&prompts)
         .map(|((_, params, opts), p)| solo_run(&e, p, params, opts, n).context().to_vec())
         .collect();
-    let finished = Rc::new(RefCell::new(
-        (0..cases.len()).map(|_| None).collect::<Vec<_>>(),
-    ));
     // Every step with two rounds to decide spreads them over 2 threads.
     let mut sched = Scheduler::new(&e, BatchLimits::default()).with_parallel_decisions(0.0, 2);
-    for (i, ((_, params, opts), p)) in cases.iter().zip(&prompts).enumerate() {
-        let f = finished.clone();
-        sched.admit(Admitted {
-            tenant: None,
-            prompt: p.clone(),
-            settings: e.settings(params.clone(), Some(n), vec![]),
-            spec: e.speculation(opts, params).unwrap(),
-            sink: Box::new(|_: &str| true),
-            done: Box::new(move |r| {
-                f.borrow_mut()[i] = Some(r.map(|f| (f.context().to_vec(), f.stats)))
-            }),
-        });
-    }
+    let finished = admit_cases(&mut sched, &e, &cases, &prompts, n);
     let mut spread = 0;
     while !sched.is_idle() {
         let s = sched.step(&mut || true);
@@ -358,14 +361,19 @@ fn decisions_on_several_threads_keep_every_requests_solo_tokens() {
     }
     assert!(spread > 0, "no step decided its rounds on several threads");
     for (i, r) in finished.borrow_mut().drain(..).enumerate() {
-        let (log, stats) = r.expect("finished").expect("no failure");
+        let fin = r.expect("finished").expect("no failure");
+        let stats = &fin.stats;
         assert!(stats.drafted > 0, "request {i} drafted nothing");
         assert!(
             stats.policy_failure.is_none(),
             "request {i}: {:?}",
             stats.policy_failure
         );
-        assert_eq!(log, solo[i], "request {i} differs from its solo run");
+        assert_eq!(
+            fin.context(),
+            solo[i],
+            "request {i} differs from its solo run"
+        );
     }
 }
 

@@ -189,7 +189,7 @@ pub struct Finished {
     /// logit margin where it was chosen (near-tie diagnostics).
     pub margins: Vec<f32>,
     /// Tokens of `log` up to the one that ended the request ([`Finished::context`]).
-    pub context_len: usize,
+    context_len: usize,
 }
 
 impl Finished {
