@@ -379,18 +379,39 @@ void glu_row(const float* g, const float* u, int64_t gc, int64_t uc, float* y, i
   }
 }
 
+// The sums of a row's groups of `group` values, each added in order from
+// 0 (the bits of a sequential loop). A lone chain of adds runs at their
+// latency; the AVX2 version advances 8 groups side by side.
+void group_sums(const float* xr, int K, int group, float* out) {
+#if defined(SPECD_X86_KERNELS)
+  if (isa() != Isa::Scalar) return qmm::group_sums_avx2(xr, K, group, out);
+#endif
+  for (int g = 0; g < K / group; g++) {
+    float acc = 0.f;
+    for (int i = 0; i < group; i++) acc += xr[(size_t)g * group + i];
+    out[g] = acc;
+  }
+}
+
 // Rows of x as a dense [M, K] block (x itself when it already is one, and
 // no norm or gated unit is to be applied; with `glu` each row of x holds
 // 2 K values, gate then up) and their per-group sums, in a fixed order.
+// `also(m, row)` then runs on each dense row (the 8-bit or nibble-scaled
+// copies). Rows are independent, so with several they are spread over the
+// pool: the matmul's threads would otherwise wait on this part.
+template <class F>
 const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int64_t col, int M,
                        int K, int group, const float* norm_w, float eps, Glu glu,
-                       std::vector<float>& dense, float* xs) {
+                       std::vector<float>& dense, float* xs, F&& also) {
   bool packed = col == 1 && !norm_w && glu == Glu::None;
   for (int m = 0; m < M && packed; m++) packed = row_off[m] == (int64_t)m * K;
-  if (!packed) {
-    dense.resize((size_t)M * K);
-    for (int m = 0; m < M; m++) {
-      float* d = dense.data() + (size_t)m * K;
+  if (!packed) dense.resize((size_t)M * K);
+  float* d0 = packed ? nullptr : dense.data();
+  const float* xr0 = packed ? x : d0;
+  const int groups = K / group;
+  auto row = [&](int m) {
+    if (!packed) {
+      float* d = d0 + (size_t)m * K;
       if (norm_w)
         rms_norm_row(x + row_off[m], col, norm_w, K, eps, d);
       else if (glu != Glu::None)
@@ -398,17 +419,12 @@ const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int6
       else
         for (int i = 0; i < K; i++) d[i] = x[row_off[m] + i * col];
     }
-    x = dense.data();
-  }
-  int groups = K / group;
-  for (int m = 0; m < M; m++)
-    for (int g = 0; g < groups; g++) {
-      float acc = 0.f;
-      const float* xr = x + (size_t)m * K + g * group;
-      for (int i = 0; i < group; i++) acc += xr[i];
-      xs[(size_t)m * groups + g] = acc;
-    }
-  return x;
+    const float* xr = xr0 + (size_t)m * K;
+    group_sums(xr, K, group, xs + (size_t)m * groups);
+    also(m, xr);
+  };
+  pool().run(M, row);
+  return xr0;
 }
 
 // The packed layout's formula (qmm_simd.h), one lane at a time.
@@ -544,37 +560,47 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
              const float* norm_w, float eps, const float* r, float* y, int M, int N, int K,
              int group, int bits, Glu glu) {
   // Reused across calls: this runs a few hundred times per token.
-  thread_local std::vector<float> dense, xs;
-  xs.resize((size_t)M * (K / group));
-  const float* xd = prepare_x(x, row_off, col, M, K, group, norm_w, eps, glu, dense, xs.data());
+  thread_local std::vector<float> dense, xs, xqd, xn;
+  thread_local std::vector<int8_t> xq;
   const bool q8 = (bits & qmm::kActQ8) && qmm::q8_fits(K, group, bits);
   bits &= ~qmm::kActQ8;
-  QArgs a{xd, xs.data(), w, r, y, M, N, K, group, bits};
-  thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> xqd;
-  if (q8) {
-    xq.resize((size_t)M * K);
-    xqd.resize((size_t)M * (K / 32));
-    switch (q8_level()) {
-#if defined(SPECD_X86_KERNELS)
-      case Q8::Vnni: qmm::quantize_vnni(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data()); break;
-      case Q8::Avx2: qmm::quantize_avx2(xd, M, K, qmm::value_bits(bits), xq.data(), xqd.data()); break;
-#endif
-      default: quantize_x(xd, M, K, bits, xq.data(), xqd.data()); break;
-    }
-    a.xq = xq.data(), a.xd = xqd.data();
-  }
-#if defined(SPECD_X86_KERNELS)
+  const int vb = qmm::value_bits(bits);
+  xs.resize((size_t)M * (K / group));
+  if (q8) xq.resize((size_t)M * K), xqd.resize((size_t)M * (K / 32));
   // Decode and verify sizes only (below the panel kernel's rows, which
   // unpacks once for all rows): a prefill's x copy would crowd its own
   // rows out of the cache (measured: prefill 0.93x at 190 rows), where
   // the shift saved is worth 2% (1.2x at one row).
-  thread_local std::vector<float> xn;
-  if (!q8 && isa() == Isa::Avx2 && qmm::value_bits(bits) == 4 && K % 8 == 0 && M < qmm::kPanelRows) {
-    xn.resize((size_t)M * K);
-    if (qmm::scale_nibbles(xd, M, K, xn.data())) a.x = xn.data(), a.x_nibble_scaled = true;
-  }
+  bool nibbles = false;
+#if defined(SPECD_X86_KERNELS)
+  nibbles = !q8 && isa() == Isa::Avx2 && vb == 4 && K % 8 == 0 && M < qmm::kPanelRows;
 #endif
+  if (nibbles) xn.resize((size_t)M * K);
+  // Plain pointers: the rows may be prepared on the pool's threads, where
+  // these names are that thread's own (thread_local) buffers.
+  int8_t* xq0 = xq.data();
+  float *xqd0 = xqd.data(), *xn0 = xn.data();
+  std::atomic<bool> exact{true};
+  const float* xd = prepare_x(
+      x, row_off, col, M, K, group, norm_w, eps, glu, dense, xs.data(), [&](int m, const float* xr) {
+        if (q8) {
+          int8_t* q = xq0 + (size_t)m * K;
+          float* d = xqd0 + (size_t)m * (K / 32);
+          switch (q8_level()) {
+#if defined(SPECD_X86_KERNELS)
+            case Q8::Vnni: qmm::quantize_vnni(xr, 1, K, vb, q, d); break;
+            case Q8::Avx2: qmm::quantize_avx2(xr, 1, K, vb, q, d); break;
+#endif
+            default: quantize_x(xr, 1, K, bits, q, d); break;
+          }
+        }
+#if defined(SPECD_X86_KERNELS)
+        if (nibbles && !qmm::scale_nibbles(xr, 1, K, xn0 + (size_t)m * K)) exact = false;
+#endif
+      });
+  QArgs a{xd, xs.data(), w, r, y, M, N, K, group, bits};
+  if (q8) a.xq = xq0, a.xd = xqd0;
+  if (nibbles && exact) a.x = xn0, a.x_nibble_scaled = true;
   int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
   size_t bytes = (size_t)N * K * qmm::value_bits(bits) / 8;
   // Chunks of 4 blocks keep the widest one-row tile whole.
@@ -622,14 +648,15 @@ struct QmmBody {
     qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), norm_w, eps, r, y, M,
             n, K, group, bits, glu);
     if (rope_cols > 0) {
-      Rope rope(head_dim, rope_traditional, rope_base, 1.f);
-      for (int t = 0; t < M; t++) {
+      // Row by row (each its own angles), spread over the pool.
+      pool().run(M, [&](int t) {
+        Rope rope(head_dim, rope_traditional, rope_base, 1.f);
         rope.at(rope_positions.empty() ? rope_offset + t : rope_positions[t]);
         for (int c = 0; c < rope_cols; c += head_dim) {
           float* h = y + (size_t)t * n + c;
           rope.row(h, 1, h, head_dim);
         }
-      }
+      });
     }
   }
 };

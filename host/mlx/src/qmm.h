@@ -129,6 +129,9 @@ bool attn_group_avx512(const AttnGroup& g, float* scores);
 // axpy_avx2), so its results are bitwise that path's.
 bool attn_group_avx2(const AttnGroup& g, float* scores);
 
+// out[g] = the sum of x[g * group .. (g + 1) * group), K / group groups,
+// each added in order from 0 (a sequential loop's bits).
+void group_sums_avx2(const float* x, int K, int group, float* out);
 // Attention helpers: a fixed-order dot product, and y += a * x.
 float dot_avx2(const float* a, const float* b, int n);
 void axpy_avx2(float a, const float* x, float* y, int n);

@@ -1239,8 +1239,10 @@ fn qmatmul_int8_is_its_formula_exactly() {
         (40, 256, 32, 4, 51),
         (33, 192, 64, 8, 52),
         (17, 128, 128, 4, 53),
+        (24, 96, 32, 8, 54),
     ];
-    // 9, 17 and 40: every row tile and tail of the 8-bit-activation kernels.
+    // 9, 17 and 40: every row tile and tail of the 8-bit-activation kernels
+    // (with 8-bit values from 3 rows, one column vector at a time).
     check_formula(&cases, &[1, 2, 3, 8, 9, 17, 40], ACT_Q8);
 }
 
