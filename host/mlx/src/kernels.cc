@@ -648,13 +648,17 @@ struct QmmBody {
     qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), norm_w, eps, r, y, M,
             n, K, group, bits, glu);
     if (rope_cols > 0) {
-      // Row by row (each its own angles), spread over the pool.
-      pool().run(M, [&](int t) {
+      // Row by row (each at its own angles), rows spread over the pool.
+      int chunks = std::min(M, 4 * pool().size());
+      pool().run(chunks, [&](int i) {
+        auto [t0, t1] = share(M, chunks, i, 1);
         Rope rope(head_dim, rope_traditional, rope_base, 1.f);
-        rope.at(rope_positions.empty() ? rope_offset + t : rope_positions[t]);
-        for (int c = 0; c < rope_cols; c += head_dim) {
-          float* h = y + (size_t)t * n + c;
-          rope.row(h, 1, h, head_dim);
+        for (int t = t0; t < t1; t++) {
+          rope.at(rope_positions.empty() ? rope_offset + t : rope_positions[t]);
+          for (int c = 0; c < rope_cols; c += head_dim) {
+            float* h = y + (size_t)t * n + c;
+            rope.row(h, 1, h, head_dim);
+          }
         }
       });
     }

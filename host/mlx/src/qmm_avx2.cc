@@ -178,12 +178,12 @@ void group_sums_avx2(const float* x, int K, int group, float* out) {
       _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(group));
   for (int g0 = 0; g0 < groups; g0 += 8) {
     const int n = std::min(8, groups - g0);
-    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 live = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
     const float* b = x + (size_t)g0 * group;
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < group; i++)
-      acc = _mm256_add_ps(
-          acc, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), b + i, idx, _mm256_castsi256_ps(live), 4));
+      acc = _mm256_add_ps(acc, _mm256_mask_i32gather_ps(_mm256_setzero_ps(), b + i, idx, live, 4));
     alignas(32) float t[8];
     _mm256_store_ps(t, acc);
     for (int l = 0; l < n; l++) out[g0 + l] = t[l];

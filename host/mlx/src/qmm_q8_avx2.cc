@@ -52,9 +52,9 @@ struct Q8Avx2 {
   // all of K in turn (the second pass reads the block's words again, from
   // L1). With both at once, their R x 2 x 2 int16 sums and R x 2 float
   // accumulators do not fit the 16 registers and spill on every word
-  // (qmm_bench, the 8-bit head at 8 rows, best of 5 alternated runs:
-  // 5.11 -> 3.87 ms on Zen 3). 4-bit weights (half the sums) ran no faster
-  // so.
+  // (qmm_bench, the 8-bit head, best of 5 alternated runs on Zen 3: 8 rows
+  // 3.85 -> 3.63 ms, 16 rows 7.61 -> 7.34 ms). 4-bit weights (half the
+  // sums) ran no faster so.
   template <int BITS, bool F32S, int R, int CB, bool ONE>
   static void body(const Args& a, int cb0, int m0) {
     __m256 acc[R][CB][NV];
