@@ -134,12 +134,14 @@ lint: build
 # The kernel tests run again at the lower SIMD levels: an AVX-512 machine
 # otherwise never runs the AVX2 kernels (8-bit activations, grouped
 # attention) that AVX2-only machines serve with, and no x86 machine the
-# scalar ones that other CPUs run (seconds each).
+# scalar ones that other CPUs run (seconds each). `--workspace` keeps the
+# workspace's feature set, so the test binary built above is reused (with
+# `-p specd-mlx` cargo rebuilt its dependencies: 1.5 min cold).
 test-rust: build pull python-plugins js-plugins
 	cargo test --release --workspace
 	if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then \
-	    SPECD_KERNEL_ISA=avx2 cargo test --release -p specd-mlx --test kernels; fi
-	SPECD_KERNEL_ISA=scalar cargo test --release -p specd-mlx --test kernels
+	    SPECD_KERNEL_ISA=avx2 cargo test --release --workspace --test kernels; fi
+	SPECD_KERNEL_ISA=scalar cargo test --release --workspace --test kernels
 	cargo test --release --manifest-path plugins/Cargo.toml -p specd-policy-logic --tests
 
 # pytest exits 5 when it collects no tests: that is a broken test setup, not a pass.

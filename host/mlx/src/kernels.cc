@@ -795,14 +795,30 @@ void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
 inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
 #if defined(SPECD_X86_KERNELS)
-// The grouped attention at the CPU's SIMD level (grouped_dim shapes).
-inline void attn_group(const qmm::AttnGroup& g, float* scores) {
-  if (isa() == Isa::Avx512)
-    qmm::attn_group_avx512(g, scores);
-  else
-    qmm::attn_group_avx2(g, scores);
+// The grouped attention at the CPU's SIMD level (grouped_dim shapes) for
+// `rows` query rows of one sequence and kv head (qmm::attn_rows_avx2);
+// `scores` holds heads * (the rows' n summed) floats.
+inline void attn_groups(const qmm::AttnGroup* g, int rows, float* scores) {
+  if (isa() == Isa::Avx512) {
+    for (int r = 0; r < rows; r++) {
+      qmm::attn_group_avx512(g[r], scores);
+      scores += (size_t)g[r].heads * g[r].n;
+    }
+  } else {
+    qmm::attn_rows_avx2(g, rows, scores);
+  }
 }
 #endif
+
+// Query rows per unit of the grouped attention, for T rows of a sequence
+// over Hkv kv heads: rows of a unit share each read of the cache, up to
+// kAttnMaxRows, while there are still units for every thread (at T = 8
+// over 3 kv heads on 2 threads: 2 units of 4 rows per kv head).
+inline int rows_per_unit(int T, int Hkv) {
+  int per_head = std::max((T + qmm::kAttnMaxRows - 1) / qmm::kAttnMaxRows,
+                          std::min(T, (2 * pool().size() + Hkv - 1) / Hkv));
+  return (T + per_head - 1) / per_head;
+}
 
 // q, k, v [1, heads, len, dim], any strides; output [1, T, H, Dv].
 struct AttnBody {
@@ -835,32 +851,38 @@ struct AttnBody {
     });
   }
 
-  // One unit per (kv head, query row): the query heads sharing that kv head
-  // read each key and value row once.
+  // One unit per (kv head, block of query rows): the query heads sharing
+  // that kv head, and the block's rows, read each key and value row once.
   void grouped(const AttnArgs& a) const {
-    int rep = a.H / a.Hkv, units = a.Hkv * a.T;
+    int rep = a.H / a.Hkv, rb = rows_per_unit(a.T, a.Hkv), per_head = (a.T + rb - 1) / rb,
+        units = a.Hkv * per_head;
     int chunks = (int64_t)a.H * a.T * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), units);
     pool().run(chunks, [&](int i) {
       thread_local std::vector<float> scores;
       auto [u0, u1] = share(units, chunks, i, 1);
       for (int u = u0; u < u1; u++) {
-        int kvh = u / a.T, t = u % a.T;
-        qmm::AttnGroup g{};
-        g.heads = rep;
-        for (int r = 0; r < rep; r++) {
-          int h = kvh * rep + r;
-          g.q[r] = a.q + h * a.q_head + t * a.q_row;
-          g.o[r] = a.o + ((size_t)t * a.H + h) * a.Dv;
+        int kvh = u / per_head, t0 = u % per_head * rb, t1 = std::min(a.T, t0 + rb);
+        qmm::AttnGroup g[qmm::kAttnMaxRows];
+        size_t need = 0;
+        for (int t = t0; t < t1; t++) {
+          qmm::AttnGroup& gt = g[t - t0];
+          gt.heads = rep;
+          for (int r = 0; r < rep; r++) {
+            int h = kvh * rep + r;
+            gt.q[r] = a.q + h * a.q_head + t * a.q_row;
+            gt.o[r] = a.o + ((size_t)t * a.H + h) * a.Dv;
+          }
+          gt.k = a.k + kvh * a.k_head;
+          gt.v = a.v + kvh * a.v_head;
+          gt.k_row = a.k_row;
+          gt.v_row = a.v_row;
+          gt.n = a.causal ? a.L - a.T + t + 1 : a.L;
+          gt.D = a.D;
+          gt.scale = a.scale;
+          need += (size_t)rep * gt.n;
         }
-        g.k = a.k + kvh * a.k_head;
-        g.v = a.v + kvh * a.v_head;
-        g.k_row = a.k_row;
-        g.v_row = a.v_row;
-        g.n = a.causal ? a.L - a.T + t + 1 : a.L;
-        g.D = a.D;
-        g.scale = a.scale;
-        scores.resize((size_t)rep * g.n);
-        attn_group(g, scores.data());
+        scores.resize(need);
+        attn_groups(g, t1 - t0, scores.data());
       }
     });
   }
@@ -948,11 +970,15 @@ struct RaggedAttnBody {
         }
       }
     }
-    // One unit per (sequence row, kv head); `first[s]` is sequence s's first unit.
-    std::vector<int> first(seqs.size() + 1, 0);
+    // One unit per (block of a sequence's rows, kv head): the block's rows
+    // share each read of the cache (rows_per_unit; one row a unit on the
+    // per-head path). `first[s]` is sequence s's first unit, `rb[s]` its
+    // rows per unit.
+    std::vector<int> first(seqs.size() + 1, 0), rb(seqs.size());
     int64_t work = 0;
     for (size_t s = 0; s < seqs.size(); s++) {
-      first[s + 1] = first[s] + seqs[s].n * Hkv;
+      rb[s] = grouped() ? rows_per_unit(seqs[s].n, Hkv) : 1;
+      first[s + 1] = first[s] + (seqs[s].n + rb[s] - 1) / rb[s] * Hkv;
       work += (int64_t)H * seqs[s].n * (seqs[s].off + seqs[s].n) * D;
     }
     int units = first.back();
@@ -979,8 +1005,8 @@ struct RaggedAttnBody {
       size_t s = 0;
       for (int u = u0; u < u1; u++) {
         while (u >= first[s + 1]) s++;
-        int t = (u - first[s]) / Hkv, kvh = (u - first[s]) % Hkv;
-        unit(r, w, s, t, kvh, scratch);
+        int t0 = (u - first[s]) / Hkv * rb[s], kvh = (u - first[s]) % Hkv;
+        unit(r, w, s, t0, std::min(seqs[s].n, t0 + rb[s]), kvh, scratch);
       }
     });
   }
@@ -1000,33 +1026,38 @@ struct RaggedAttnBody {
 #endif
   }
 
-  // Row t of sequence s, the query heads of kv head `kvh`.
-  void unit(const RaggedArgs& r, const Widened& w, size_t s, int t, int kvh,
+  // Rows [t0, t1) of sequence s, the query heads of kv head `kvh`.
+  void unit(const RaggedArgs& r, const Widened& w, size_t s, int t0, int t1, int kvh,
             std::vector<float>& scratch) const {
     const auto& sp = seqs[s];
     int rep = H / Hkv;
 #if defined(SPECD_X86_KERNELS)
     if (grouped()) {
-      qmm::AttnGroup g{};
-      g.heads = rep;
-      for (int i = 0; i < rep; i++) {
-        int h = kvh * rep + i;
-        g.q[i] = r.y + (int64_t)(sp.a + t) * r.y_row + (int64_t)h * D;
-        g.o[i] = r.o + ((size_t)(sp.a + t) * H + h) * D;
+      qmm::AttnGroup g[qmm::kAttnMaxRows];
+      size_t need = 0;
+      for (int t = t0; t < t1; t++) {
+        qmm::AttnGroup& gt = g[t - t0];
+        gt.heads = rep;
+        for (int i = 0; i < rep; i++) {
+          int h = kvh * rep + i;
+          gt.q[i] = r.y + (int64_t)(sp.a + t) * r.y_row + (int64_t)h * D;
+          gt.o[i] = r.o + ((size_t)(sp.a + t) * H + h) * D;
+        }
+        if (half) {
+          gt.k16 = r.k16[s] + (int64_t)kvh * r.cap[s] * D;
+          gt.v16 = r.v16[s] + (int64_t)kvh * r.cap[s] * D;
+        } else {
+          gt.k = r.k[s] + (int64_t)kvh * r.cap[s] * D;
+          gt.v = r.v[s] + (int64_t)kvh * r.cap[s] * D;
+        }
+        gt.k_row = gt.v_row = D;
+        gt.n = sp.off + t + 1;
+        gt.D = D;
+        gt.scale = scale;
+        need += (size_t)rep * gt.n;
       }
-      if (half) {
-        g.k16 = r.k16[s] + (int64_t)kvh * r.cap[s] * D;
-        g.v16 = r.v16[s] + (int64_t)kvh * r.cap[s] * D;
-      } else {
-        g.k = r.k[s] + (int64_t)kvh * r.cap[s] * D;
-        g.v = r.v[s] + (int64_t)kvh * r.cap[s] * D;
-      }
-      g.k_row = g.v_row = D;
-      g.n = sp.off + t + 1;
-      g.D = D;
-      g.scale = scale;
-      scratch.resize((size_t)rep * g.n);
-      attn_group(g, scratch.data());
+      scratch.resize(need);
+      attn_groups(g, t1 - t0, scratch.data());
       return;
     }
 #endif
@@ -1056,10 +1087,11 @@ struct RaggedAttnBody {
                1,
                scale,
                true};
-    for (int i = 0; i < rep; i++) {
-      int hr = (kvh * rep + i) * sp.n + t;
-      attn_rows(a, hr, hr + 1, scratch);
-    }
+    for (int t = t0; t < t1; t++)
+      for (int i = 0; i < rep; i++) {
+        int hr = (kvh * rep + i) * sp.n + t;
+        attn_rows(a, hr, hr + 1, scratch);
+      }
   }
 };
 

@@ -124,10 +124,14 @@ struct AttnGroup {
 // y = x rounded to f16 (to nearest, ties to even: F16C's), n floats.
 void to_half_avx2(const float* x, uint16_t* y, int n);
 bool attn_group_avx512(const AttnGroup& g, float* scores);
-// The same on AVX2 (head dims a multiple of 32), with the float operations
-// of the per-head AVX2 path (kernels.cc `attn_rows`: dot_avx2, exp_sum_avx2,
-// axpy_avx2), so its results are bitwise that path's.
-bool attn_group_avx2(const AttnGroup& g, float* scores);
+// The same on AVX2 for `rows` query rows of one sequence at once (g[r]:
+// row r's q, o and n; k, v, heads, D and scale the same in all), head dims
+// a multiple of 64, with the float operations of the per-head AVX2 path
+// (kernels.cc `attn_rows`: dot_avx2, exp_sum_avx2, axpy_avx2), so its
+// results are bitwise that path's whatever rows share a call. `scores`
+// holds heads * (the rows' n summed) floats.
+constexpr int kAttnMaxRows = 8;
+bool attn_rows_avx2(const AttnGroup* g, int rows, float* scores);
 
 // out[g] = the sum of x[g * group .. (g + 1) * group), K / group groups,
 // each added in order from 0 (a sequential loop's bits).

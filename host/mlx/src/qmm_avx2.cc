@@ -364,7 +364,7 @@ __m256 cache8(const float* f, const uint16_t* h, int64_t at) {
 // Scores of keys [j0, j0 + J) for heads [h0, h0 + HG): each one dot_avx2's
 // chain (acc = 0, then fma per 8 floats in order, hsum) times the scale, so
 // it is bitwise the per-head path's. J keys side by side keep J * HG
-// independent chains in flight.
+// independent chains in flight. (The tail of fewer than 8 keys.)
 template <bool HALF, int J, int HG>
 void scores_keys(const AttnGroup& g, int h0, int j0, float* scores) {
   __m256 acc[J][HG];
@@ -382,56 +382,138 @@ void scores_keys(const AttnGroup& g, int h0, int j0, float* scores) {
     for (int i = 0; i < J; i++) scores[(h0 + h) * g.n + j0 + i] = Avx2::hsum(acc[i][h]) * g.scale;
 }
 
-// Output floats [c0, c0 + 64) of head h: o = fma(p_j, v_j, o) in key
-// order from 0 (axpy_avx2's), times inv (the per-head path's multiply).
-// A head at a time over 8 vectors of each value row, so the rows stream in
-// order (4 heads x 2 vectors strided over them, a 64-byte line of each
-// 256-byte row per pass, and waited on L2).
-template <bool HALF>
-void weigh_values(const AttnGroup& g, int h, const float* scores, const float* inv, int c0) {
-  constexpr int CB = 8;
-  __m256 o[CB];
-  for (int c = 0; c < CB; c++) o[c] = _mm256_setzero_ps();
-  const float* p = scores + h * g.n;
-  for (int j = 0; j < g.n; j++) {
-    __m256 pj = _mm256_set1_ps(p[j]);
-    for (int c = 0; c < CB; c++)
-      o[c] = _mm256_fmadd_ps(pj, cache8<HALF>(g.v, g.v16, (int64_t)j * g.v_row + c0 + 8 * c), o[c]);
-  }
-  __m256 s = _mm256_set1_ps(inv[h]);
-  for (int c = 0; c < CB; c++) _mm256_storeu_ps(g.o[h] + c0 + 8 * c, _mm256_mul_ps(o[c], s));
+// Lane l = Avx2::hsum(v[l]), bitwise: the 8 reductions run side by side and
+// every lane adds what hsum adds, in its order (lo + hi halves, then
+// elements 0 + 2 and 1 + 3, then those two). 21 shuffles and adds for 8
+// sums where 8 hsums take 48 and 8 scalar stores.
+inline __m256 hsum8(const __m256 (&v)[8]) {
+  __m256 t[4];  // t[i]: v[i]'s 4 half sums in the low 128 bits, v[i + 4]'s in the high
+  for (int i = 0; i < 4; i++)
+    t[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[i], v[i + 4], 0x20),
+                         _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
+  // u[0]: v[0], v[1] | v[4], v[5] as (0 + 2, 1 + 3) pairs; u[1]: v[2], v[3] | v[6], v[7].
+  __m256 u[2];
+  for (int i = 0; i < 2; i++)
+    u[i] = _mm256_add_ps(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Heads [h0, h0 + HG) of the group: the scores share each key load across
-// them.
+// Scores of keys [j0, j0 + 8) for head h: one dot_avx2 chain per key, as
+// scores_keys, the 8 sums reduced together (hsum8) and scaled in one
+// vector. The 8 key rows (2 KB at D = 64) stay in L1 for the group's next
+// head.
+template <bool HALF>
+void scores_8keys(const AttnGroup& g, int h, int j0, float* scores) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+  const float* q = g.q[h];
+  for (int c = 0; c < g.D; c += 8) {
+    __m256 qv = _mm256_loadu_ps(q + c);
+    for (int i = 0; i < 8; i++)
+      acc[i] = _mm256_fmadd_ps(qv, cache8<HALF>(g.k, g.k16, (int64_t)(j0 + i) * g.k_row + c), acc[i]);
+  }
+  _mm256_storeu_ps(scores + h * g.n + j0, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(g.scale)));
+}
+
+// The tail keys [j0, n) (fewer than 8) of heads [h0, h0 + HG).
 template <bool HALF, int HG>
-void attn_heads(const AttnGroup& g, int h0, float* scores, float* inv) {
-  int j = 0;
+void scores_tail(const AttnGroup& g, int h0, int j0, float* scores) {
+  int j = j0;
   for (; j + 2 <= g.n; j += 2) scores_keys<HALF, 2, HG>(g, h0, j, scores);
   if (j < g.n) scores_keys<HALF, 1, HG>(g, h0, j, scores);
-  for (int h = h0; h < h0 + HG; h++) {
-    // The per-head path's softmax: max from -inf in key order, then
-    // exp_sum_avx2, then 1 / sum.
-    float* p = scores + h * g.n;
-    float mx = -INFINITY;
-    for (int i = 0; i < g.n; i++) mx = std::max(mx, p[i]);
-    inv[h] = 1.f / exp_sum_avx2(p, g.n, mx);
-  }
-  for (int h = h0; h < h0 + HG; h++)
-    for (int c0 = 0; c0 < g.D; c0 += 64) weigh_values<HALF>(g, h, scores, inv, c0);
 }
 
 template <bool HALF>
-void attn_group(const AttnGroup& g, float* scores) {
-  float inv[AttnGroup::kMaxHeads];
+void scores_tail(const AttnGroup& g, int j0, float* scores) {
   int h0 = 0;
-  for (; h0 + 4 <= g.heads; h0 += 4) attn_heads<HALF, 4>(g, h0, scores, inv);
+  for (; h0 + 4 <= g.heads; h0 += 4) scores_tail<HALF, 4>(g, h0, j0, scores);
   switch (g.heads - h0) {
-    case 3: attn_heads<HALF, 3>(g, h0, scores, inv); break;
-    case 2: attn_heads<HALF, 2>(g, h0, scores, inv); break;
-    case 1: attn_heads<HALF, 1>(g, h0, scores, inv); break;
+    case 3: scores_tail<HALF, 3>(g, h0, j0, scores); break;
+    case 2: scores_tail<HALF, 2>(g, h0, j0, scores); break;
+    case 1: scores_tail<HALF, 1>(g, h0, j0, scores); break;
     default: break;
   }
+}
+
+// The per-head path's max (from -inf in key order, std::max) in 8 lanes:
+// max is exact, so only which of +0 and -0 survives a tie could differ,
+// and p - (+0) and p - (-0) differ only for p = -0, whose exp8 is 1 either
+// way.
+inline float max_of(const float* p, int n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int i = 0;
+  // max_ps(x, m) keeps m where x is NaN, as std::max(m, x) does.
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(p + i), m);
+  alignas(32) float l[8];
+  _mm256_store_ps(l, m);
+  float mx = -INFINITY;
+  for (float x : l) mx = std::max(mx, x);
+  for (; i < n; i++) mx = std::max(mx, p[i]);
+  return mx;
+}
+
+// Causal attention of `rows` query rows of one sequence over one kv head's
+// keys and values (g[r]: row r's query and output rows and its n; the rest
+// shared). Keys go in blocks whose rows fit L1 (16 KB), and each block
+// serves every row and head before the next is read: the rows and heads
+// share one read of the cache from L2 or memory, where one (row, head) at
+// a time over all keys read it once per row and head. Per (row, head) the
+// float operations are those of the per-head path, in its order: scores
+// (dot_avx2's chains, 8 keys reduced side by side), max, exp_sum_avx2,
+// then o = fma(p_j, v_j, o) in key order from 0 (axpy_avx2's), times
+// 1 / sum. Between blocks a row's partial sums rest in its output row,
+// exactly (a float stored and loaded back).
+template <bool HALF>
+void attn_rows(const AttnGroup* g, int rows, float* scores) {
+  const AttnGroup& g0 = g[0];
+  const int kb = std::max(8, 4096 / g0.D);  // a multiple of 8
+  float* sc[kAttnMaxRows];
+  int n_max = 0;
+  for (int r = 0; r < rows; r++) {
+    sc[r] = r == 0 ? scores : sc[r - 1] + (size_t)g[r - 1].heads * g[r - 1].n;
+    n_max = std::max(n_max, g[r].n);
+  }
+  for (int j0 = 0; j0 < n_max; j0 += kb)
+    for (int r = 0; r < rows; r++) {
+      const int j1 = std::min(g[r].n, j0 + kb);
+      int j = j0;
+      for (; j + 8 <= j1; j += 8)
+        for (int h = 0; h < g[r].heads; h++) scores_8keys<HALF>(g[r], h, j, sc[r]);
+      if (j < j1) scores_tail<HALF>(g[r], j, sc[r]);  // the row's last keys
+    }
+  float inv[kAttnMaxRows][AttnGroup::kMaxHeads];
+  for (int r = 0; r < rows; r++)
+    for (int h = 0; h < g[r].heads; h++) {
+      float* p = sc[r] + h * g[r].n;
+      inv[r][h] = 1.f / exp_sum_avx2(p, g[r].n, max_of(p, g[r].n));
+    }
+  constexpr int CB = 8;  // 64 floats of a row per pass
+  for (int j0 = 0; j0 < n_max; j0 += kb)
+    for (int r = 0; r < rows; r++) {
+      if (j0 >= g[r].n) continue;
+      const int j1 = std::min(g[r].n, j0 + kb);
+      for (int h = 0; h < g[r].heads; h++) {
+        const float* p = sc[r] + h * g[r].n;
+        for (int c0 = 0; c0 < g0.D; c0 += 8 * CB) {
+          float* out = g[r].o[h] + c0;
+          __m256 o[CB];
+          for (int c = 0; c < CB; c++) o[c] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * c);
+          for (int j = j0; j < j1; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            for (int c = 0; c < CB; c++)
+              o[c] = _mm256_fmadd_ps(pj, cache8<HALF>(g0.v, g0.v16, (int64_t)j * g0.v_row + c0 + 8 * c),
+                                     o[c]);
+          }
+          if (j1 == g[r].n) {
+            __m256 s = _mm256_set1_ps(inv[r][h]);
+            for (int c = 0; c < CB; c++) o[c] = _mm256_mul_ps(o[c], s);
+          }
+          for (int c = 0; c < CB; c++) _mm256_storeu_ps(out + 8 * c, o[c]);
+        }
+      }
+    }
 }
 
 }  // namespace
@@ -444,14 +526,14 @@ void to_half_avx2(const float* x, uint16_t* y, int n) {
   for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
-bool attn_group_avx2(const AttnGroup& g, float* scores) {
-  // Whole 64-float chunks per weigh_values pass (grouped_dim: 64, 128, 256).
-  if (g.heads > AttnGroup::kMaxHeads || g.D % 64 != 0) return false;
+bool attn_rows_avx2(const AttnGroup* g, int rows, float* scores) {
+  // Whole 64-float chunks per pass (grouped_dim: 64, 128, 256).
+  if (rows > kAttnMaxRows || g[0].heads > AttnGroup::kMaxHeads || g[0].D % 64 != 0) return false;
   // A group's keys and values are both float16 or both float32.
-  if (g.k16)
-    attn_group<true>(g, scores);
+  if (g[0].k16)
+    attn_rows<true>(g, rows, scores);
   else
-    attn_group<false>(g, scores);
+    attn_rows<false>(g, rows, scores);
   return true;
 }
 
