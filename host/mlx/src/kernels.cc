@@ -808,6 +808,27 @@ inline void attn_groups(const qmm::AttnGroup* g, int rows, float* scores) {
     qmm::attn_rows_avx2(g, rows, scores);
   }
 }
+
+// Rows [t0, t1) of one sequence over kv head `kvh`, each a copy of `shared`
+// (cache, heads, head dim, scale) with its own rows: head h's query and
+// output rows of row t at q(t, h) and o(t, h), its keys n(t).
+template <class Q, class O, class N>
+void attn_block(const qmm::AttnGroup& shared, int kvh, int t0, int t1, Q q, O o, N n,
+                std::vector<float>& scores) {
+  qmm::AttnGroup g[qmm::kAttnMaxRows];
+  size_t need = 0;
+  for (int t = t0; t < t1; t++) {
+    qmm::AttnGroup& gt = g[t - t0] = shared;
+    for (int i = 0; i < shared.heads; i++) {
+      gt.q[i] = q(t, kvh * shared.heads + i);
+      gt.o[i] = o(t, kvh * shared.heads + i);
+    }
+    gt.n = n(t);
+    need += (size_t)shared.heads * gt.n;
+  }
+  scores.resize(need);
+  attn_groups(g, t1 - t0, scores.data());
+}
 #endif
 
 // Query rows per unit of the grouped attention, for T rows of a sequence
@@ -862,27 +883,18 @@ struct AttnBody {
       auto [u0, u1] = share(units, chunks, i, 1);
       for (int u = u0; u < u1; u++) {
         int kvh = u / per_head, t0 = u % per_head * rb, t1 = std::min(a.T, t0 + rb);
-        qmm::AttnGroup g[qmm::kAttnMaxRows];
-        size_t need = 0;
-        for (int t = t0; t < t1; t++) {
-          qmm::AttnGroup& gt = g[t - t0];
-          gt.heads = rep;
-          for (int r = 0; r < rep; r++) {
-            int h = kvh * rep + r;
-            gt.q[r] = a.q + h * a.q_head + t * a.q_row;
-            gt.o[r] = a.o + ((size_t)t * a.H + h) * a.Dv;
-          }
-          gt.k = a.k + kvh * a.k_head;
-          gt.v = a.v + kvh * a.v_head;
-          gt.k_row = a.k_row;
-          gt.v_row = a.v_row;
-          gt.n = a.causal ? a.L - a.T + t + 1 : a.L;
-          gt.D = a.D;
-          gt.scale = a.scale;
-          need += (size_t)rep * gt.n;
-        }
-        scores.resize(need);
-        attn_groups(g, t1 - t0, scores.data());
+        qmm::AttnGroup shared{};
+        shared.heads = rep;
+        shared.k = a.k + kvh * a.k_head;
+        shared.v = a.v + kvh * a.v_head;
+        shared.k_row = a.k_row;
+        shared.v_row = a.v_row;
+        shared.D = a.D;
+        shared.scale = a.scale;
+        attn_block(
+            shared, kvh, t0, t1, [&](int t, int h) { return a.q + h * a.q_head + t * a.q_row; },
+            [&](int t, int h) { return a.o + ((size_t)t * a.H + h) * a.Dv; },
+            [&](int t) { return a.causal ? a.L - a.T + t + 1 : a.L; }, scores);
       }
     });
   }
@@ -1033,31 +1045,23 @@ struct RaggedAttnBody {
     int rep = H / Hkv;
 #if defined(SPECD_X86_KERNELS)
     if (grouped()) {
-      qmm::AttnGroup g[qmm::kAttnMaxRows];
-      size_t need = 0;
-      for (int t = t0; t < t1; t++) {
-        qmm::AttnGroup& gt = g[t - t0];
-        gt.heads = rep;
-        for (int i = 0; i < rep; i++) {
-          int h = kvh * rep + i;
-          gt.q[i] = r.y + (int64_t)(sp.a + t) * r.y_row + (int64_t)h * D;
-          gt.o[i] = r.o + ((size_t)(sp.a + t) * H + h) * D;
-        }
-        if (half) {
-          gt.k16 = r.k16[s] + (int64_t)kvh * r.cap[s] * D;
-          gt.v16 = r.v16[s] + (int64_t)kvh * r.cap[s] * D;
-        } else {
-          gt.k = r.k[s] + (int64_t)kvh * r.cap[s] * D;
-          gt.v = r.v[s] + (int64_t)kvh * r.cap[s] * D;
-        }
-        gt.k_row = gt.v_row = D;
-        gt.n = sp.off + t + 1;
-        gt.D = D;
-        gt.scale = scale;
-        need += (size_t)rep * gt.n;
+      qmm::AttnGroup shared{};
+      shared.heads = rep;
+      if (half) {
+        shared.k16 = r.k16[s] + (int64_t)kvh * r.cap[s] * D;
+        shared.v16 = r.v16[s] + (int64_t)kvh * r.cap[s] * D;
+      } else {
+        shared.k = r.k[s] + (int64_t)kvh * r.cap[s] * D;
+        shared.v = r.v[s] + (int64_t)kvh * r.cap[s] * D;
       }
-      scratch.resize(need);
-      attn_groups(g, t1 - t0, scratch.data());
+      shared.k_row = shared.v_row = D;
+      shared.D = D;
+      shared.scale = scale;
+      attn_block(
+          shared, kvh, t0, t1,
+          [&](int t, int h) { return r.y + (int64_t)(sp.a + t) * r.y_row + (int64_t)h * D; },
+          [&](int t, int h) { return r.o + ((size_t)(sp.a + t) * H + h) * D; },
+          [&](int t) { return sp.off + t + 1; }, scratch);
       return;
     }
 #endif
@@ -1480,6 +1484,8 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
       k.a.shape(2) != v.a.shape(2) || q.a.shape(3) != k.a.shape(3) ||
       (causal && q.a.shape(2) > k.a.shape(2)))
     throw std::invalid_argument("attention: shapes of q, k, v do not fit together");
+  // A softmax over no keys has no value (and the kernels write nothing).
+  if (k.a.shape(2) == 0) throw std::invalid_argument("attention: no keys");
   // Keys and values keep their (cache-slice) strides: the kernel reads them
   // in place.
   return kernel_op("SpecdAttention", AttnBody{scale, causal},
