@@ -454,9 +454,9 @@ inline float max_of(const float* p, int n) {
   return mx;
 }
 
-// Causal attention of `rows` query rows of one sequence over one kv head's
-// keys and values (g[r]: row r's query and output rows and its n; the rest
-// shared). Keys go in blocks whose rows fit L1 (16 KB), and each block
+// Attention of `rows` query rows of one sequence over one kv head's keys
+// and values, row r over keys [0, g[r].n) (g[r]: row r's query and output
+// rows and its n; the rest shared). Keys go in blocks whose rows fit L1 (16 KB), and each block
 // serves every row and head before the next is read: the rows and heads
 // share one read of the cache from L2 or memory, where one (row, head) at
 // a time over all keys read it once per row and head. Per (row, head) the
