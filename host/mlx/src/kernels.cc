@@ -175,6 +175,18 @@ std::pair<int, int> share(int n, int parts, int part, int align) {
   return {std::min(n, b0 * align), std::min(n, b1 * align)};
 }
 
+// f(first, end) over the items [0, n) on the pool: one range when `alone`
+// (too little work to be worth a second thread), else up to 4 ranges a
+// thread, so a thread that finishes early takes another.
+template <class F>
+void run_ranges(int n, bool alone, F f) {
+  int chunks = alone ? 1 : std::min(4 * pool().size(), n);
+  pool().run(chunks, [&](int i) {
+    auto [first, end] = share(n, chunks, i, 1);
+    f(first, end);
+  });
+}
+
 // ---- SIMD level ---------------------------------------------------------------
 
 enum class Isa { Scalar, Avx2, Avx512 };
@@ -649,9 +661,7 @@ struct QmmBody {
             n, K, group, bits, glu);
     if (rope_cols > 0) {
       // Row by row (each at its own angles), rows spread over the pool.
-      int chunks = std::min(M, 4 * pool().size());
-      pool().run(chunks, [&](int i) {
-        auto [t0, t1] = share(M, chunks, i, 1);
+      run_ranges(M, false, [&](int t0, int t1) {
         Rope rope(head_dim, rope_traditional, rope_base, 1.f);
         for (int t = t0; t < t1; t++) {
           rope.at(rope_positions.empty() ? rope_offset + t : rope_positions[t]);
@@ -796,7 +806,7 @@ inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
 #if defined(SPECD_X86_KERNELS)
 // The grouped attention at the CPU's SIMD level (grouped_dim shapes) for
-// `rows` query rows of one sequence and kv head (qmm::attn_rows_avx2);
+// `rows` query rows of one sequence and kv head (qmm::attn_group_rows_avx2);
 // `scores` holds heads * (the rows' n summed) floats.
 inline void attn_groups(const qmm::AttnGroup* g, int rows, float* scores) {
   if (isa() == Isa::Avx512) {
@@ -805,7 +815,7 @@ inline void attn_groups(const qmm::AttnGroup* g, int rows, float* scores) {
       scores += (size_t)g[r].heads * g[r].n;
     }
   } else {
-    qmm::attn_rows_avx2(g, rows, scores);
+    qmm::attn_group_rows_avx2(g, rows, scores);
   }
 }
 
@@ -831,14 +841,19 @@ void attn_block(const qmm::AttnGroup& shared, int kvh, int t0, int t1, Q q, O o,
 }
 #endif
 
-// Query rows per unit of the grouped attention, for T rows of a sequence
-// over Hkv kv heads: rows of a unit share each read of the cache, up to
-// kAttnMaxRows, while there are still units for every thread (at T = 8
-// over 3 kv heads on 2 threads: 2 units of 4 rows per kv head).
-inline int rows_per_unit(int T, int Hkv) {
-  int per_head = std::max((T + qmm::kAttnMaxRows - 1) / qmm::kAttnMaxRows,
-                          std::min(T, (2 * pool().size() + Hkv - 1) / Hkv));
-  return (T + per_head - 1) / per_head;
+// How the grouped attention cuts T query rows of a sequence over Hkv kv
+// heads into units: `rows` a unit (they share each read of the cache), up
+// to kAttnMaxRows, while there are still units for every thread; `blocks`
+// units a kv head. At T = 8 over 3 kv heads on 2 threads: 2 blocks of 4.
+struct RowBlocks {
+  int rows, blocks;
+};
+inline RowBlocks row_blocks(int T, int Hkv) {
+  if (T == 0) return {1, 0};
+  int want = std::max((T + qmm::kAttnMaxRows - 1) / qmm::kAttnMaxRows,
+                      std::min(T, (2 * pool().size() + Hkv - 1) / Hkv));
+  int rows = (T + want - 1) / want;
+  return {rows, (T + rows - 1) / rows};
 }
 
 // q, k, v [1, heads, len, dim], any strides; output [1, T, H, Dv].
@@ -864,10 +879,8 @@ struct AttnBody {
 #endif
     int rows = a.H * a.T;
     // A row costs ~L*D; below ~64K multiply-adds per call stay on one thread.
-    int chunks = (int64_t)rows * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), rows);
-    pool().run(chunks, [&](int i) {
+    run_ranges(rows, (int64_t)rows * a.L * a.D < 65536, [&](int r0, int r1) {
       thread_local std::vector<float> p;
-      auto [r0, r1] = share(rows, chunks, i, 1);
       attn_rows(a, r0, r1, p);
     });
   }
@@ -875,12 +888,11 @@ struct AttnBody {
   // One unit per (kv head, block of query rows): the query heads sharing
   // that kv head, and the block's rows, read each key and value row once.
   void grouped(const AttnArgs& a) const {
-    int rep = a.H / a.Hkv, rb = rows_per_unit(a.T, a.Hkv), per_head = (a.T + rb - 1) / rb,
-        units = a.Hkv * per_head;
-    int chunks = (int64_t)a.H * a.T * a.L * a.D < 65536 ? 1 : std::min(4 * pool().size(), units);
-    pool().run(chunks, [&](int i) {
+    int rep = a.H / a.Hkv;
+    auto [rb, per_head] = row_blocks(a.T, a.Hkv);
+    int units = a.Hkv * per_head;
+    run_ranges(units, (int64_t)a.H * a.T * a.L * a.D < 65536, [&](int u0, int u1) {
       thread_local std::vector<float> scores;
-      auto [u0, u1] = share(units, chunks, i, 1);
       for (int u = u0; u < u1; u++) {
         int kvh = u / per_head, t0 = u % per_head * rb, t1 = std::min(a.T, t0 + rb);
         qmm::AttnGroup shared{};
@@ -983,14 +995,15 @@ struct RaggedAttnBody {
       }
     }
     // One unit per (block of a sequence's rows, kv head): the block's rows
-    // share each read of the cache (rows_per_unit; one row a unit on the
+    // share each read of the cache (row_blocks; one row a unit on the
     // per-head path). `first[s]` is sequence s's first unit, `rb[s]` its
     // rows per unit.
     std::vector<int> first(seqs.size() + 1, 0), rb(seqs.size());
     int64_t work = 0;
     for (size_t s = 0; s < seqs.size(); s++) {
-      rb[s] = grouped() ? rows_per_unit(seqs[s].n, Hkv) : 1;
-      first[s + 1] = first[s] + (seqs[s].n + rb[s] - 1) / rb[s] * Hkv;
+      RowBlocks b = grouped() ? row_blocks(seqs[s].n, Hkv) : RowBlocks{1, seqs[s].n};
+      rb[s] = b.rows;
+      first[s + 1] = first[s] + b.blocks * Hkv;
       work += (int64_t)H * seqs[s].n * (seqs[s].off + seqs[s].n) * D;
     }
     int units = first.back();
@@ -1010,10 +1023,8 @@ struct RaggedAttnBody {
       }
     }
     // Below ~64K multiply-adds per call stay on one thread (as AttnBody).
-    int chunks = work < 65536 ? 1 : std::min(4 * pool().size(), units);
-    pool().run(chunks, [&](int c) {
+    run_ranges(units, work < 65536, [&](int u0, int u1) {
       thread_local std::vector<float> scratch;
-      auto [u0, u1] = share(units, chunks, c, 1);
       size_t s = 0;
       for (int u = u0; u < u1; u++) {
         while (u >= first[s + 1]) s++;
@@ -1248,9 +1259,7 @@ struct Top2Body {
     // values (a 5-row verify of a 49K vocabulary) the call stays on one
     // thread: splitting 2-5 rows saved nothing measurable in a verify (under
     // load), and 1-2 rows alone ran slower split.
-    int chunks = (int64_t)R * V < (1 << 18) ? 1 : std::min(units, 4 * pool().size());
-    pool().run(chunks, [&](int c) {
-      auto [u0, u1] = share(units, chunks, c, 1);
+    run_ranges(units, (int64_t)R * V < (1 << 18), [&](int u0, int u1) {
       for (int u = u0; u < u1; u++) {
         int r = u / pieces, p0 = (u % pieces) * kTop2Piece, n = std::min(kTop2Piece, V - p0);
         part[u] = top2_scan(rows.at[r] + p0 * rows.col[r], rows.col[r], n, p0);

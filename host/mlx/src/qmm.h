@@ -131,7 +131,7 @@ bool attn_group_avx512(const AttnGroup& g, float* scores);
 // results are bitwise that path's whatever rows share a call. `scores`
 // holds heads * (the rows' n summed) floats.
 constexpr int kAttnMaxRows = 8;
-bool attn_rows_avx2(const AttnGroup* g, int rows, float* scores);
+bool attn_group_rows_avx2(const AttnGroup* g, int rows, float* scores);
 
 // out[g] = the sum of x[g * group .. (g + 1) * group), K / group groups,
 // each added in order from 0 (a sequential loop's bits).

@@ -466,7 +466,7 @@ inline float max_of(const float* p, int n) {
 // 1 / sum. Between blocks a row's partial sums rest in its output row,
 // exactly (a float stored and loaded back).
 template <bool HALF>
-void attn_rows(const AttnGroup* g, int rows, float* scores) {
+void group_rows(const AttnGroup* g, int rows, float* scores) {
   const AttnGroup& g0 = g[0];
   const int kb = std::max(8, 4096 / g0.D);  // a multiple of 8
   float* sc[kAttnMaxRows];
@@ -526,14 +526,14 @@ void to_half_avx2(const float* x, uint16_t* y, int n) {
   for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
-bool attn_rows_avx2(const AttnGroup* g, int rows, float* scores) {
+bool attn_group_rows_avx2(const AttnGroup* g, int rows, float* scores) {
   // Whole 64-float chunks per pass (grouped_dim: 64, 128, 256).
   if (rows > kAttnMaxRows || g[0].heads > AttnGroup::kMaxHeads || g[0].D % 64 != 0) return false;
   // A group's keys and values are both float16 or both float32.
   if (g[0].k16)
-    attn_rows<true>(g, rows, scores);
+    group_rows<true>(g, rows, scores);
   else
-    attn_rows<false>(g, rows, scores);
+    group_rows<false>(g, rows, scores);
   return true;
 }
 
