@@ -28,27 +28,38 @@ def conformance(*args) -> tuple[int, str, int]:
     return p.returncode, out, int(m.group(1))
 
 
+# The verdicts below come from one fixed seed, so they replay. A random seed
+# refuses a lossless policy with probability `alpha` (0.001) a run by
+# design, and this test ran three such runs: CI once drew a seed at which
+# both the built-in and the JavaScript rejection "drifted" (p = 4.2e-5
+# against a corrected 5.3e-5), identically, as the same rounds would.
+SEED = 1
+
+
 def test_policy_check_conformance_cli():
-    rc, out, seed = conformance("rejection")
+    rc, out, seed = conformance("rejection", "--seed", SEED)
+    assert seed == SEED
     assert rc == 0 and "rejection: lossless: passed" in out, out
-    rc2, out2, seed2 = conformance("rejection")
-    assert rc2 == 0 and seed2 != seed, "every run draws its own rounds"
+    # without --seed every run draws its own rounds (their verdicts are not
+    # asserted: see SEED)
+    seeds = {conformance("rejection")[2] for _ in range(2)}
+    assert len(seeds) == 2 and SEED not in seeds, "every run draws its own rounds"
     # a seed replays a run exactly
-    rc3, out3, _ = conformance("rejection", "--seed", seed)
+    rc3, out3, _ = conformance("rejection", "--seed", SEED)
     assert out3.splitlines()[-1] == out.splitlines()[-1]
 
-    rc, out, _ = conformance("greedy")
+    rc, out, _ = conformance("greedy", "--seed", SEED)
     assert rc == 0 and "lossless at temperature 0 only: passed" in out, out
-    rc, out, _ = conformance("typical")
+    rc, out, _ = conformance("typical", "--seed", SEED)
     assert rc == 0 and "typical: lossy: drift at temperature > 0" in out, out
     # typical tested as lossless fails, exit status 1
-    rc, out, _ = conformance("typical", "--claim", "lossless")
+    rc, out, _ = conformance("typical", "--claim", "lossless", "--seed", SEED)
     assert rc == 1 and "FAILED: claims to be lossless" in out, out
 
     # any component file: the JavaScript rejection passes as lossless
     js = ROOT / "plugins" / "target" / "js" / "rejection-js.wasm"
     assert js.is_file(), f"{js}: run scripts/build-js-plugins.sh (`make test` does)"
-    rc, out, _ = conformance(js)
+    rc, out, _ = conformance(js, "--seed", SEED)
     assert rc == 0 and "rejection-js: lossless: passed" in out, out
 
     # the verdicts show in `policy list` (kept per hash under $SPECD_HOME)

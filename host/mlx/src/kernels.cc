@@ -810,10 +810,13 @@ inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
 // `scores` holds heads * (the rows' n summed) floats.
 inline void attn_groups(const qmm::AttnGroup* g, int rows, float* scores) {
   if (isa() == Isa::Avx512) {
-    for (int r = 0; r < rows; r++) {
-      qmm::attn_group_avx512(g[r], scores);
-      scores += (size_t)g[r].heads * g[r].n;
-    }
+    // One row: the per-row kernel, which prefetches the cache rows ahead (a
+    // batched decode step reads each sequence's cache from memory).
+    if (rows == 1 || !qmm::attn_group_rows_avx512(g, rows, scores))
+      for (int r = 0; r < rows; r++) {
+        qmm::attn_group_avx512(g[r], scores);
+        scores += (size_t)g[r].heads * g[r].n;
+      }
   } else {
     qmm::attn_group_rows_avx2(g, rows, scores);
   }

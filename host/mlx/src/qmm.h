@@ -132,6 +132,9 @@ bool attn_group_avx512(const AttnGroup& g, float* scores);
 // holds heads * (the rows' n summed) floats.
 constexpr int kAttnMaxRows = 8;
 bool attn_group_rows_avx2(const AttnGroup* g, int rows, float* scores);
+// The same on AVX-512 with attn_group_avx512's float operations (head dims
+// 64, 128, 256): a row's results are bitwise that kernel's on the row alone.
+bool attn_group_rows_avx512(const AttnGroup* g, int rows, float* scores);
 
 // out[g] = the sum of x[g * group .. (g + 1) * group), K / group groups,
 // each added in order from 0 (a sequential loop's bits).

@@ -212,7 +212,180 @@ bool attn_group(const AttnGroup& g, float* scores) {
   }
 }
 
+// Lane l = Avx512::hsum(v[l]), bitwise: the 16 reductions run side by
+// side and every lane adds what hsum adds, in its order (the 256-bit
+// halves, then the 128-bit quarters, then elements 0 + 2 and 1 + 3, then
+// those two). 30 shuffles and 15 adds for 16 sums where 16 hsums take 48
+// shuffles, 64 adds and 16 scalar stores.
+inline __m512 hsum16(const __m512 (&v)[16]) {
+  // t[2i]: the 8 half sums of v[i] (quarters 0, 1) and v[i + 4] (2, 3);
+  // t[2i + 1]: those of v[i + 8] and v[i + 12].
+  __m512 t[8];
+  for (int i = 0; i < 4; i++)
+    for (int s = 0; s < 2; s++) {
+      const __m512 a = v[i + 8 * s], b = v[i + 4 + 8 * s];
+      t[2 * i + s] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+  // w[i]: quarter c holds the 4 quarter sums of v[4c + i].
+  __m512 w[4];
+  for (int i = 0; i < 4; i++)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // Per quarter as hsum8 in qmm_avx2.cc: (0 + 2, 1 + 3) pairs, then their sum.
+  __m512 u[2];
+  for (int i = 0; i < 2; i++)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Scores of keys [j0, j0 + 16) for head h: per key attn_heads' chain (q
+// times the first 16 floats, then an fma per 16 in order), the 16 sums
+// reduced together (hsum16) and scaled in one vector. The 16 key rows (4
+// KB at D = 64) stay in L1 for the group's next head and the unit's next
+// row.
+template <bool HALF>
+void scores_16keys(const AttnGroup& g, int h, int j0, float* scores) {
+  __m512 acc[16];
+  const float* q = g.q[h];
+  const __m512 q0 = _mm512_loadu_ps(q);
+  for (int i = 0; i < 16; i++)
+    acc[i] = _mm512_mul_ps(q0, cache16<HALF>(g.k, g.k16, (int64_t)(j0 + i) * g.k_row));
+  for (int c = 16; c < g.D; c += 16) {
+    const __m512 qc = _mm512_loadu_ps(q + c);
+    for (int i = 0; i < 16; i++)
+      acc[i] = _mm512_fmadd_ps(qc, cache16<HALF>(g.k, g.k16, (int64_t)(j0 + i) * g.k_row + c), acc[i]);
+  }
+  _mm512_storeu_ps(scores + h * g.n + j0, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(g.scale)));
+}
+
+// The last keys [j0, n) of a row (fewer than 16), every head: attn_heads'
+// chain and hsum per (key, head), the heads' chains side by side.
+template <bool HALF>
+void scores_tail(const AttnGroup& g, int j0, float* scores) {
+  __m512 acc[AttnGroup::kMaxHeads];
+  for (int j = j0; j < g.n; j++) {
+    const int64_t kr = j * g.k_row;
+    const __m512 k0 = cache16<HALF>(g.k, g.k16, kr);
+    for (int h = 0; h < g.heads; h++) acc[h] = _mm512_mul_ps(_mm512_loadu_ps(g.q[h]), k0);
+    for (int c = 16; c < g.D; c += 16) {
+      const __m512 k = cache16<HALF>(g.k, g.k16, kr + c);
+      for (int h = 0; h < g.heads; h++)
+        acc[h] = _mm512_fmadd_ps(_mm512_loadu_ps(g.q[h] + c), k, acc[h]);
+    }
+    for (int h = 0; h < g.heads; h++) scores[h * g.n + j] = Avx512::hsum(acc[h]) * g.scale;
+  }
+}
+
+// softmax_heads' max (std::max in key order) in 16 lanes: max is exact, so
+// only which of +0 and -0 survives a tie could differ, and p - (+0) and
+// p - (-0) differ only for p = -0, whose exp is 1 either way.
+inline float max_of(const float* p, int n) {
+  // Every lane starts from p[0], as the scan does; max_ps(x, m) keeps m
+  // where x is NaN, as std::max(m, x) does.
+  __m512 m = _mm512_set1_ps(p[0]);
+  int i = 1;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(p + i), m);
+  alignas(64) float l[16];
+  _mm512_store_ps(l, m);
+  float mx = l[0];
+  for (int k = 1; k < 16; k++) mx = std::max(mx, l[k]);
+  for (; i < n; i++) mx = std::max(mx, p[i]);
+  return mx;
+}
+
+// Keys [j0, j1) of a row's output vectors [c0, c0 + CB) for heads [h0, h0
+// + hg): weigh_values' fma chains (o = fma(p_j, v_j, o) in key order from
+// 0), taken up from the output rows where an earlier block left them and
+// times 1 / sum after the row's last key.
+template <bool HALF, int HG, int CB>
+void weigh_block(const AttnGroup& g, const float* sc, const float* inv, int h0, int hg, int c0,
+                 int j0, int j1) {
+  __m512 o[HG][CB];
+  for (int h = 0; h < hg; h++)
+    for (int c = 0; c < CB; c++)
+      o[h][c] = j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(g.o[h0 + h] + 16 * (c0 + c));
+  for (int j = j0; j < j1; j++) {
+    const int64_t vr = j * g.v_row + 16 * c0;
+    __m512 v[CB];
+    for (int c = 0; c < CB; c++) v[c] = cache16<HALF>(g.v, g.v16, vr + 16 * c);
+    for (int h = 0; h < hg; h++) {
+      const __m512 pj = _mm512_set1_ps(sc[(h0 + h) * g.n + j]);
+      for (int c = 0; c < CB; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
+    }
+  }
+  for (int h = 0; h < hg; h++) {
+    const __m512 s = _mm512_set1_ps(j1 == g.n ? inv[h0 + h] : 1.f);
+    for (int c = 0; c < CB; c++) {
+      const __m512 x = j1 == g.n ? _mm512_mul_ps(o[h][c], s) : o[h][c];
+      _mm512_storeu_ps(g.o[h0 + h] + 16 * (c0 + c), x);
+    }
+  }
+}
+
+// Attention of `rows` query rows of one sequence over one kv head's keys
+// and values, row r over keys [0, g[r].n). Keys go in blocks whose rows fit
+// L1 (16 KB), and each block serves every row and head of the unit before
+// the next is read, where attn_group_avx512 a row at a time reads the cache
+// once per row. Per (row, head) the float operations are attn_heads', in
+// its order (the scores' chains, 16 keys reduced side by side; max,
+// exp_sum_avx2, the fma chains over the values, times 1 / sum), so a row's
+// bits are those of the row alone. Between blocks a row's partial sums rest
+// in its output row, exactly (a float stored and loaded back).
+template <bool HALF, int HG, int CB>
+void group_rows(const AttnGroup* g, int rows, float* scores) {
+  const AttnGroup& g0 = g[0];
+  const int kb = std::max(16, 4096 / g0.D);  // a multiple of 16
+  float* sc[kAttnMaxRows];
+  int n_max = 0;
+  for (int r = 0; r < rows; r++) {
+    sc[r] = r == 0 ? scores : sc[r - 1] + (size_t)g[r - 1].heads * g[r - 1].n;
+    n_max = std::max(n_max, g[r].n);
+  }
+  for (int j0 = 0; j0 < n_max; j0 += kb)
+    for (int r = 0; r < rows; r++) {
+      const int j1 = std::min(g[r].n, j0 + kb);
+      int j = j0;
+      for (; j + 16 <= j1; j += 16)
+        for (int h = 0; h < g[r].heads; h++) scores_16keys<HALF>(g[r], h, j, sc[r]);
+      if (j < j1) scores_tail<HALF>(g[r], j, sc[r]);
+    }
+  float inv[kAttnMaxRows][AttnGroup::kMaxHeads];
+  for (int r = 0; r < rows; r++)
+    for (int h = 0; h < g[r].heads; h++) {
+      float* p = sc[r] + h * g[r].n;
+      inv[r][h] = 1.f / exp_sum_avx2(p, g[r].n, max_of(p, g[r].n));
+    }
+  for (int j0 = 0; j0 < n_max; j0 += kb)
+    for (int r = 0; r < rows; r++) {
+      if (j0 >= g[r].n) continue;
+      const int j1 = std::min(g[r].n, j0 + kb);
+      for (int h0 = 0; h0 < g[r].heads; h0 += HG)
+        for (int c0 = 0; c0 < g0.D / 16; c0 += CB)
+          weigh_block<HALF, HG, CB>(g[r], sc[r], inv[r], h0, std::min(HG, g[r].heads - h0), c0,
+                                    j0, j1);
+    }
+}
+
+template <bool HALF>
+bool group_rows(const AttnGroup* g, int rows, float* scores) {
+  // The heads and output vectors per pass of attn_group's shapes.
+  switch (g[0].D) {
+    case 64: group_rows<HALF, 3, 4>(g, rows, scores); return true;
+    case 128: group_rows<HALF, 2, 8>(g, rows, scores); return true;
+    case 256: group_rows<HALF, 4, 4>(g, rows, scores); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
+
+bool attn_group_rows_avx512(const AttnGroup* g, int rows, float* scores) {
+  if (rows > kAttnMaxRows || g[0].heads > AttnGroup::kMaxHeads) return false;
+  return g[0].k16 ? group_rows<true>(g, rows, scores) : group_rows<false>(g, rows, scores);
+}
 
 bool attn_group_avx512(const AttnGroup& g, float* scores) {
   if (g.heads > AttnGroup::kMaxHeads) return false;
