@@ -806,8 +806,8 @@ inline bool grouped_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
 #if defined(SPECD_X86_KERNELS)
 // The grouped attention at the CPU's SIMD level (grouped_dim shapes) for
-// `rows` query rows of one sequence and kv head (qmm::attn_group_rows_avx2);
-// `scores` holds heads * (the rows' n summed) floats.
+// `rows` query rows of one sequence and kv head (qmm::attn_group_rows_avx512
+// / _avx2); `scores` holds heads * (the rows' n summed) floats.
 inline void attn_groups(const qmm::AttnGroup* g, int rows, float* scores) {
   if (isa() == Isa::Avx512) {
     // One row: the per-row kernel, which prefetches the cache rows ahead (a
