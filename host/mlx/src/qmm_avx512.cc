@@ -76,15 +76,30 @@ void avx512(const Args& a, int cb0, int cb1) { Kernel<Avx512>::run(a, cb0, cb1);
 
 namespace {
 
-// Per head of the group: its scores turned into exp(score - max) in place,
-// and 1 / their sum in inv[h].
-template <int HG>
-void softmax_heads(float* scores, int n, int hg, float* inv) {
+// The max of p[0, n) as a scan from p[0] with std::max finds it, in 16
+// lanes: max is exact, so only which of +0 and -0 survives a tie could
+// differ, and p - (+0) and p - (-0) differ only for p = -0, whose exp is 1
+// either way.
+inline float max_of(const float* p, int n) {
+  // Every lane starts from p[0], as the scan does; max_ps(x, m) keeps m
+  // where x is NaN, as std::max(m, x) does.
+  __m512 m = _mm512_set1_ps(p[0]);
+  int i = 1;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(p + i), m);
+  alignas(64) float l[16];
+  _mm512_store_ps(l, m);
+  float mx = l[0];
+  for (int k = 1; k < 16; k++) mx = std::max(mx, l[k]);
+  for (; i < n; i++) mx = std::max(mx, p[i]);
+  return mx;
+}
+
+// Per head: its scores turned into exp(score - max) in place, and 1 / their
+// sum in inv[h].
+inline void softmax_heads(float* scores, int n, int hg, float* inv) {
   for (int h = 0; h < hg; h++) {
     float* p = scores + h * n;
-    float mx = p[0];
-    for (int j = 1; j < n; j++) mx = std::max(mx, p[j]);
-    inv[h] = 1.f / exp_sum_avx2(p, n, mx);
+    inv[h] = 1.f / exp_sum_avx2(p, n, max_of(p, n));
   }
 }
 
@@ -121,18 +136,23 @@ void prefetch_row(const float* f, const uint16_t* h, int64_t at, int64_t row) {
   }
 }
 
-// Output vectors [c0, c0 + CB) of each head: sum_j p_j v_j in key order,
-// times 1 / sum.
-template <bool HALF, int HG, int CB>
-void weigh_values(const AttnGroup& g, int h0, int hg, const float* scores, const float* inv,
-                  int c0) {
+// Output vectors [c0, c0 + CB) of heads [h0, h0 + hg) over keys [j0, j1)
+// (head h's scores at scores[(h - h0) * n], 1 / sum at inv[h - h0]):
+// o = fma(p_j, v_j, o) in key order from 0, taken up from the output rows
+// where an earlier block of keys left it, times 1 / sum after the last key.
+// PREFETCH: value rows fetched ahead (a lone row streams its cache from
+// memory; a unit of rows reads a block that its first row brought in).
+template <bool HALF, int HG, int CB, bool PREFETCH>
+void weigh_keys(const AttnGroup& g, int h0, int hg, const float* scores, const float* inv, int c0,
+                int j0, int j1) {
   const int n = g.n;
   __m512 o[HG][CB];
   for (int h = 0; h < hg; h++)
-    for (int c = 0; c < CB; c++) o[h][c] = _mm512_setzero_ps();
-  for (int j = 0; j < n; j++) {
+    for (int c = 0; c < CB; c++)
+      o[h][c] = j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(g.o[h0 + h] + 16 * (c0 + c));
+  for (int j = j0; j < j1; j++) {
     const int64_t vr = j * g.v_row + 16 * c0;
-    prefetch_row<HALF, CB>(g.v, g.v16, vr, g.v_row);
+    if constexpr (PREFETCH) prefetch_row<HALF, CB>(g.v, g.v16, vr, g.v_row);
     __m512 v[CB];
     for (int c = 0; c < CB; c++) v[c] = cache16<HALF>(g.v, g.v16, vr + 16 * c);
     for (int h = 0; h < hg; h++) {
@@ -141,8 +161,10 @@ void weigh_values(const AttnGroup& g, int h0, int hg, const float* scores, const
     }
   }
   for (int h = 0; h < hg; h++)
-    for (int c = 0; c < CB; c++)
-      _mm512_storeu_ps(g.o[h0 + h] + 16 * (c0 + c), _mm512_mul_ps(o[h][c], _mm512_set1_ps(inv[h])));
+    for (int c = 0; c < CB; c++) {
+      __m512 x = j1 == n ? _mm512_mul_ps(o[h][c], _mm512_set1_ps(inv[h])) : o[h][c];
+      _mm512_storeu_ps(g.o[h0 + h] + 16 * (c0 + c), x);
+    }
 }
 
 // Heads [h0, h0 + HG) of the group, head dim 16 * DC.
@@ -164,8 +186,8 @@ void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
     }
   }
   float inv[HG];
-  softmax_heads<HG>(scores, n, hg, inv);
-  weigh_values<HALF, HG, DC>(g, h0, hg, scores, inv, 0);
+  softmax_heads(scores, n, hg, inv);
+  weigh_keys<HALF, HG, DC, true>(g, h0, hg, scores, inv, 0, 0, n);
 }
 
 // Head dim 16 * DC too wide to keep the group's queries in registers (256,
@@ -191,8 +213,9 @@ void attn_heads_wide(const AttnGroup& g, int h0, int hg, float* scores) {
     for (int h = 0; h < hg; h++) scores[h * n + j] = Avx512::hsum(acc[h]) * g.scale;
   }
   float inv[HG];
-  softmax_heads<HG>(scores, n, hg, inv);
-  for (int c0 = 0; c0 < DC; c0 += CB) weigh_values<HALF, HG, CB>(g, h0, hg, scores, inv, c0);
+  softmax_heads(scores, n, hg, inv);
+  for (int c0 = 0; c0 < DC; c0 += CB)
+    weigh_keys<HALF, HG, CB, true>(g, h0, hg, scores, inv, c0, 0, n);
 }
 
 // Every head of the group, HG at a time, through `heads`.
@@ -279,52 +302,6 @@ void scores_tail(const AttnGroup& g, int j0, float* scores) {
   }
 }
 
-// softmax_heads' max (std::max in key order) in 16 lanes: max is exact, so
-// only which of +0 and -0 survives a tie could differ, and p - (+0) and
-// p - (-0) differ only for p = -0, whose exp is 1 either way.
-inline float max_of(const float* p, int n) {
-  // Every lane starts from p[0], as the scan does; max_ps(x, m) keeps m
-  // where x is NaN, as std::max(m, x) does.
-  __m512 m = _mm512_set1_ps(p[0]);
-  int i = 1;
-  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(p + i), m);
-  alignas(64) float l[16];
-  _mm512_store_ps(l, m);
-  float mx = l[0];
-  for (int k = 1; k < 16; k++) mx = std::max(mx, l[k]);
-  for (; i < n; i++) mx = std::max(mx, p[i]);
-  return mx;
-}
-
-// Keys [j0, j1) of a row's output vectors [c0, c0 + CB) for heads [h0, h0
-// + hg): weigh_values' fma chains (o = fma(p_j, v_j, o) in key order from
-// 0), taken up from the output rows where an earlier block left them and
-// times 1 / sum after the row's last key.
-template <bool HALF, int HG, int CB>
-void weigh_block(const AttnGroup& g, const float* sc, const float* inv, int h0, int hg, int c0,
-                 int j0, int j1) {
-  __m512 o[HG][CB];
-  for (int h = 0; h < hg; h++)
-    for (int c = 0; c < CB; c++)
-      o[h][c] = j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(g.o[h0 + h] + 16 * (c0 + c));
-  for (int j = j0; j < j1; j++) {
-    const int64_t vr = j * g.v_row + 16 * c0;
-    __m512 v[CB];
-    for (int c = 0; c < CB; c++) v[c] = cache16<HALF>(g.v, g.v16, vr + 16 * c);
-    for (int h = 0; h < hg; h++) {
-      const __m512 pj = _mm512_set1_ps(sc[(h0 + h) * g.n + j]);
-      for (int c = 0; c < CB; c++) o[h][c] = _mm512_fmadd_ps(pj, v[c], o[h][c]);
-    }
-  }
-  for (int h = 0; h < hg; h++) {
-    const __m512 s = _mm512_set1_ps(j1 == g.n ? inv[h0 + h] : 1.f);
-    for (int c = 0; c < CB; c++) {
-      const __m512 x = j1 == g.n ? _mm512_mul_ps(o[h][c], s) : o[h][c];
-      _mm512_storeu_ps(g.o[h0 + h] + 16 * (c0 + c), x);
-    }
-  }
-}
-
 // Attention of `rows` query rows of one sequence over one kv head's keys
 // and values, row r over keys [0, g[r].n). Keys go in blocks whose rows fit
 // L1 (16 KB), and each block serves every row and head of the unit before
@@ -353,19 +330,15 @@ void group_rows(const AttnGroup* g, int rows, float* scores) {
       if (j < j1) scores_tail<HALF>(g[r], j, sc[r]);
     }
   float inv[kAttnMaxRows][AttnGroup::kMaxHeads];
-  for (int r = 0; r < rows; r++)
-    for (int h = 0; h < g[r].heads; h++) {
-      float* p = sc[r] + h * g[r].n;
-      inv[r][h] = 1.f / exp_sum_avx2(p, g[r].n, max_of(p, g[r].n));
-    }
+  for (int r = 0; r < rows; r++) softmax_heads(sc[r], g[r].n, g[r].heads, inv[r]);
   for (int j0 = 0; j0 < n_max; j0 += kb)
     for (int r = 0; r < rows; r++) {
       if (j0 >= g[r].n) continue;
       const int j1 = std::min(g[r].n, j0 + kb);
       for (int h0 = 0; h0 < g[r].heads; h0 += HG)
         for (int c0 = 0; c0 < g0.D / 16; c0 += CB)
-          weigh_block<HALF, HG, CB>(g[r], sc[r], inv[r], h0, std::min(HG, g[r].heads - h0), c0,
-                                    j0, j1);
+          weigh_keys<HALF, HG, CB, false>(g[r], h0, std::min(HG, g[r].heads - h0),
+                                          sc[r] + h0 * g[r].n, inv[r] + h0, c0, j0, j1);
     }
 }
 
