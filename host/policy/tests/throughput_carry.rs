@@ -182,6 +182,17 @@ fn malformed_carried_bytes_are_ignored() {
         plain_seconds: 0.01,
         row_seconds: 0.001,
         draft_seconds: 0.0,
+        batch_row_seconds: 0.003,
     };
-    assert_eq!(ThroughputCarry::decode(&c.encode()), Some(c));
+    assert_eq!(ThroughputCarry::decode(&c.encode()), Some(c.clone()));
+    // Version 1 (no batched slope) still decodes: the state a server kept
+    // before the slope was carried per regime.
+    let mut v1 = c.encode();
+    v1[0] = 1;
+    v1.truncate(v1.len() - 8);
+    let old = ThroughputCarry {
+        batch_row_seconds: 0.0,
+        ..c
+    };
+    assert_eq!(ThroughputCarry::decode(&v1), Some(old));
 }

@@ -317,7 +317,7 @@ impl ScheduleLogic for HeuristicTransient {
 /// It learns across requests through its carried state (see
 /// [`ThroughputCarry`]): per draft position, the rounds that reached it and
 /// kept it, and the timing it measured (plain-step seconds, seconds per
-/// extra verify row, drafter seconds per token).  A request's first rounds
+/// extra verify row alone and in batched steps, drafter seconds per token).  A request's first rounds
 /// then start from what earlier requests saw instead of `initial` and the
 /// prior, which matters most for short requests: a request of 48 tokens
 /// otherwise ends before it has measured its own acceptance.
@@ -336,6 +336,15 @@ impl ScheduleLogic for HeuristicTransient {
 ///   anchored on its one measured length when it has one) instead of
 ///   `initial` or a flat line.  With two or more, lengths below the
 ///   shortest measured follow the slope of the two shortest (not flat).
+///   The per-row slope is carried twice, as learnt alone and as learnt in
+///   batched steps, and each regime reads only its own: alone a few rows
+///   ride on one stream of the weights, while in a step that already holds
+///   8 rows each further row adds its full compute (0.3 against 0.9 ms a
+///   row, int8 on a 2-core Xeon), so the lone slope made drafts look three
+///   times cheaper than they were in a batch of 8 and it drafted at 0.2
+///   acceptance there.  With no batched slope known, a batched request
+///   takes its one measured length as proportional to the rows (plain
+///   rounds; a probe measures the slope).
 ///
 /// Without carried state it decides exactly as described in the first
 /// paragraph.  Concurrent requests each carry the state they started from
@@ -377,18 +386,27 @@ const CARRY_POSITIONS: usize = 32;
 
 /// `throughput`'s carried state: format version 1 byte; positions n (1
 /// byte); n times reached and kept (f32 LE each); then plain-step seconds,
-/// seconds per extra verify row and drafter seconds per token (f64 LE
-/// each, 0 = unknown).  Bytes in any other shape are ignored.
+/// seconds per extra verify row alone, drafter seconds per token and (from
+/// version 2) seconds per extra verify row in a batched step (f64 LE each,
+/// 0 = unknown).  Version 1 bytes decode with no batched slope; bytes in
+/// any other shape are ignored.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ThroughputCarry {
     pub reached: Vec<f64>,
     pub kept: Vec<f64>,
     pub plain_seconds: f64,
+    /// Learnt alone: a verify of a few rows is bound by streaming the
+    /// weights, so its rows come cheap.
     pub row_seconds: f64,
     pub draft_seconds: f64,
+    /// Learnt in batched steps, where the step's rows already make it
+    /// compute-bound and each further row costs several times more (int8 on
+    /// a 2-core Xeon: 0.3 ms a row alone, 0.9 ms at 8 rows).  Kept apart,
+    /// so a slope learnt alone never makes drafts look cheap in a batch.
+    pub batch_row_seconds: f64,
 }
 
-const THROUGHPUT_CARRY_VERSION: u8 = 1;
+const THROUGHPUT_CARRY_VERSION: u8 = 2;
 
 /// A timing: the newer where known (> 0).
 fn newer(new: f64, old: f64) -> f64 {
@@ -404,7 +422,12 @@ impl ThroughputCarry {
         let (&version, rest) = bytes.split_first()?;
         let (&n, rest) = rest.split_first()?;
         let n = n as usize;
-        if version != THROUGHPUT_CARRY_VERSION || rest.len() != n * 8 + 24 {
+        let timings = match version {
+            1 => 3,
+            THROUGHPUT_CARRY_VERSION => 4,
+            _ => return None,
+        };
+        if rest.len() != n * 8 + 8 * timings {
             return None;
         }
         let f32_at = |i: usize| {
@@ -430,19 +453,27 @@ impl ThroughputCarry {
         c.plain_seconds = f64_at(8 * n);
         c.row_seconds = f64_at(8 * n + 8);
         c.draft_seconds = f64_at(8 * n + 16);
+        if timings > 3 {
+            c.batch_row_seconds = f64_at(8 * n + 24);
+        }
         Some(c)
     }
 
     pub fn encode(&self) -> Vec<u8> {
         let n = self.reached.len().min(CARRY_POSITIONS);
-        let mut out = Vec::with_capacity(2 + n * 8 + 24);
+        let mut out = Vec::with_capacity(2 + n * 8 + 32);
         out.push(THROUGHPUT_CARRY_VERSION);
         out.push(n as u8);
         for i in 0..n {
             out.extend_from_slice(&(self.reached[i] as f32).to_le_bytes());
             out.extend_from_slice(&(self.kept[i] as f32).to_le_bytes());
         }
-        for v in [self.plain_seconds, self.row_seconds, self.draft_seconds] {
+        for v in [
+            self.plain_seconds,
+            self.row_seconds,
+            self.draft_seconds,
+            self.batch_row_seconds,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out
@@ -484,6 +515,15 @@ impl ThroughputCarry {
         }
     }
 
+    /// Seconds per extra verify row learnt in a step of `batch` requests'
+    /// kind (alone, or batched), 0 where unknown.
+    fn row_slope(&self, batch: u32) -> f64 {
+        match batch >= 2 {
+            true => self.batch_row_seconds,
+            false => self.row_seconds,
+        }
+    }
+
     /// Both sets of counts together; the timing `other` measured where
     /// it did, else `self`'s.
     fn plus(&self, other: &ThroughputCarry) -> ThroughputCarry {
@@ -499,6 +539,7 @@ impl ThroughputCarry {
             plain_seconds: newer(other.plain_seconds, self.plain_seconds),
             row_seconds: newer(other.row_seconds, self.row_seconds),
             draft_seconds: newer(other.draft_seconds, self.draft_seconds),
+            batch_row_seconds: newer(other.batch_row_seconds, self.batch_row_seconds),
         }
     }
 }
@@ -566,7 +607,8 @@ impl Throughput {
     /// a request in a step of `batch` requests.
     fn verify_curve(&self, measured: &[f64], kmax: u32, batch: u32) -> Option<Vec<f64>> {
         let own = measured_lengths(measured);
-        let (plain, row) = (self.carry.plain_seconds, self.carry.row_seconds);
+        let plain = self.carry.plain_seconds;
+        let row = self.carry.row_slope(batch);
         match own.as_slice() {
             // One length: the carried slope through it, never below a
             // tenth of it (a slope learnt in a bigger batch must not make
@@ -576,7 +618,9 @@ impl Throughput {
                     .map(|k| (t + row * (k as f64 - *j as f64)).max(0.1 * t))
                     .collect(),
             ),
-            [] if plain > 0.0 => Some((0..=kmax).map(|k| plain + row * k as f64).collect()),
+            [] if plain > 0.0 && row > 0.0 => {
+                Some((0..=kmax).map(|k| plain + row * k as f64).collect())
+            }
             // Two or more lengths: this request's own line; below the
             // shortest measured it goes on down with the slope of the two
             // shortest (flat there would make drafting look free).
@@ -615,12 +659,20 @@ impl Throughput {
     /// Remembers this request's timing for the requests after it.
     fn learn_timing(&mut self, input: &ScheduleInput) {
         let own = measured_lengths(&input.verify_seconds_by_len);
+        let batched = input.batch_sequences >= 2;
         if let (Some(&(lo, tl)), Some(&(hi, th))) = (own.first(), own.last()) {
             if hi > lo {
-                self.own.row_seconds = ((th - tl) / (hi - lo) as f64).max(0.0);
+                let slope = ((th - tl) / (hi - lo) as f64).max(0.0);
+                match batched {
+                    true => self.own.batch_row_seconds = slope,
+                    false => self.own.row_seconds = slope,
+                }
             }
             // Only longer rounds measured: back down the slope known best.
-            let row = newer(self.own.row_seconds, self.carry.row_seconds);
+            let row = newer(
+                self.own.row_slope(input.batch_sequences),
+                self.carry.row_slope(input.batch_sequences),
+            );
             self.own.plain_seconds = if lo == 0 {
                 tl
             } else {

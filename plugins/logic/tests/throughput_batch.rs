@@ -118,6 +118,7 @@ fn in_a_batch_the_request_trusts_its_own_rounds_over_the_carried_ones() {
         plain_seconds: lone(0),
         row_seconds: 0.0012,
         draft_seconds: 0.0,
+        batch_row_seconds: 0.0012,
     }
     .encode();
     // This request drafted once and lost it: its own estimate is 1/3.
@@ -205,6 +206,7 @@ fn a_fresh_request_in_a_batch_hedges_the_carried_acceptance_with_the_prior() {
         plain_seconds: lone(0),
         row_seconds: 0.0012,
         draft_seconds: 0.0,
+        batch_row_seconds: 0.0012,
     }
     .encode();
     let fresh = |n: u32, planned: u32| {
@@ -223,4 +225,41 @@ fn a_fresh_request_in_a_batch_hedges_the_carried_acceptance_with_the_prior() {
     // In a step of 8 a draft row needs 0.69. The carried 0.764 alone would
     // draft; hedged, (0.764 + 0.5) / 2 = 0.63, the step keeps its rows.
     assert_eq!(fresh(8, 7), 0);
+}
+
+#[test]
+fn a_slope_learnt_alone_does_not_price_draft_rows_in_a_batch() {
+    use specd_policy_logic::ThroughputCarry;
+    // Earlier requests ran alone, where a draft row cost 0.3 ms against a
+    // 5.5 ms step, and kept 90% of their first drafts.
+    let alone = ThroughputCarry {
+        reached: vec![100.0],
+        kept: vec![90.0],
+        plain_seconds: lone(0),
+        row_seconds: 0.0003,
+        draft_seconds: 0.0,
+        batch_row_seconds: 0.0,
+    };
+    // This request is in a step of 8 and has measured only plain rounds.
+    let decide_with = |carried: &ThroughputCarry, n: u32| {
+        let mut s = Throughput::create("{}", Some(&carried.encode())).unwrap();
+        let mut i = second_round(0, n);
+        i.max_draft = 4;
+        i.position_acceptance = vec![f64::NAN; 4];
+        s.next_draft_length(&i)
+    };
+    // Alone the cheap lone slope stands: it drafts.
+    assert!(decide_with(&alone, 1) > 0);
+    // In the batch nothing says what a row costs there: plain rounds (the
+    // lone slope would price a row at 0.3 ms, and the hedged 0.74
+    // acceptance would then draft).
+    assert_eq!(decide_with(&alone, 8), 0);
+    // A batched slope carried from earlier batches decides: cheap rows
+    // there draft, dear ones do not.
+    let batched = |row: f64| ThroughputCarry {
+        batch_row_seconds: row,
+        ..alone.clone()
+    };
+    assert!(decide_with(&batched(0.0003), 8) > 0);
+    assert_eq!(decide_with(&batched(0.002), 8), 0);
 }
