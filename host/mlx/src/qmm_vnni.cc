@@ -35,6 +35,8 @@ struct Vnni {
 
   template <int BITS, bool F32S, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {
+    if constexpr (BITS == 4)
+      if (a.group == 32) return tile_g32<F32S, R, CB>(a, cb0, m0);
     constexpr int per = 32 / BITS;  // values per word
     constexpr int wpb = 32 / per;   // words per 32-value block
     const int groups = a.K / a.group, bpg = a.group / 32, dpg = a.group / per,
@@ -88,14 +90,7 @@ struct Vnni {
       }
       for (int c = 0; c < CB; c++) {
         __m512 sc, bi;
-        if constexpr (F32S) {
-          const float* sf = reinterpret_cast<const float*>(base[c] + dpg * kLanes);
-          sc = _mm512_loadu_ps(sf), bi = _mm512_loadu_ps(sf + kLanes);
-        } else {
-          const __m256i* sb = reinterpret_cast<const __m256i*>(base[c] + dpg * kLanes);
-          sc = _mm512_cvtph_ps(_mm256_loadu_si256(sb));
-          bi = _mm512_cvtph_ps(_mm256_loadu_si256(sb + 1));
-        }
+        group_scales<F32S>(base[c] + dpg * kLanes, sc, bi);
         for (int r = 0; r < R; r++) {
           acc[r][c] = _mm512_fmadd_ps(t[r][c], sc, acc[r][c]);
           acc[r][c] = _mm512_fmadd_ps(bi, _mm512_set1_ps(a.xsum[(size_t)(m0 + r) * groups + g]),
@@ -103,6 +98,26 @@ struct Vnni {
         }
       }
     }
+    store(a, acc, cb0, m0);
+  }
+
+  // A column block's scales and biases of one group (they follow its
+  // value words): float32, or float16 widened.
+  template <bool F32S>
+  static void group_scales(const uint32_t* at, __m512& sc, __m512& bi) {
+    if constexpr (F32S) {
+      const float* sf = reinterpret_cast<const float*>(at);
+      sc = _mm512_loadu_ps(sf), bi = _mm512_loadu_ps(sf + kLanes);
+    } else {
+      const __m256i* sb = reinterpret_cast<const __m256i*>(at);
+      sc = _mm512_cvtph_ps(_mm256_loadu_si256(sb));
+      bi = _mm512_cvtph_ps(_mm256_loadu_si256(sb + 1));
+    }
+  }
+
+  // y (+ r) from a tile's accumulators.
+  template <int R, int CB>
+  static void store(const Args& a, const __m512 (&acc)[R][CB], int cb0, int m0) {
     for (int r = 0; r < R; r++)
       for (int c = 0; c < CB; c++) {
         int n = (cb0 + c) * kLanes;
@@ -114,6 +129,62 @@ struct Vnni {
         if (a.r) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(k, a.r + at));
         _mm512_mask_storeu_ps(a.y + at, k, out);
       }
+  }
+
+  // 4-bit weights in groups of one 32-value block (GGUF's Q4_0 / Q4_1, the
+  // default model), the same operations as `tile`: each output's low- and
+  // high-nibble products go to two int32 chains, added before the
+  // conversion (integer sums are exact in any order), so a block's 8
+  // dependent vpdpbusd become two chains of 4 and the tile's 8 outputs
+  // keep 16 of them in flight; with one block a group, no running t
+  // (t = fma(isum, xd, 0) as `tile` computes it from t = 0).
+  template <bool F32S, int R, int CB>
+  static void tile_g32(const Args& a, int cb0, int m0) {
+    const int groups = a.K / 32;
+    const int gw = group_words(32, 4 | (F32S ? kScaleF32 : 0));
+    const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 acc[R][CB];
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < CB; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+      const uint32_t* base[CB];
+      for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
+      prefetch_ahead(base, gw);
+      const int32_t* xw[R];
+      for (int r = 0; r < R; r++)
+        xw[r] = reinterpret_cast<const int32_t*>(a.xq + (size_t)(m0 + r) * a.K + g * 32);
+      __m512i sl[R][CB], sh[R][CB];
+      for (int r = 0; r < R; r++)
+        for (int c = 0; c < CB; c++) sl[r][c] = sh[r][c] = _mm512_setzero_si512();
+  #pragma GCC unroll 4
+      for (int d = 0; d < 4; d++) {
+  #pragma GCC unroll 8
+        for (int c = 0; c < CB; c++) {
+          __m512i wv = _mm512_loadu_si512(base[c] + d * kLanes);
+          __m512i lo = _mm512_and_si512(wv, nib);
+          __m512i hi = _mm512_and_si512(_mm512_srli_epi32(wv, 4), nib);
+  #pragma GCC unroll 8
+          for (int r = 0; r < R; r++) {
+            sl[r][c] = _mm512_dpbusd_epi32(sl[r][c], lo, _mm512_set1_epi32(xw[r][2 * d]));
+            sh[r][c] = _mm512_dpbusd_epi32(sh[r][c], hi, _mm512_set1_epi32(xw[r][2 * d + 1]));
+          }
+        }
+      }
+      for (int c = 0; c < CB; c++) {
+        __m512 sc, bi;
+        group_scales<F32S>(base[c] + 4 * kLanes, sc, bi);
+        for (int r = 0; r < R; r++) {
+          __m512 xd = _mm512_set1_ps(a.xd[(size_t)(m0 + r) * groups + g]);
+          __m512 t = _mm512_fmadd_ps(
+              _mm512_cvtepi32_ps(_mm512_add_epi32(sl[r][c], sh[r][c])), xd, zero);
+          acc[r][c] = _mm512_fmadd_ps(t, sc, acc[r][c]);
+          acc[r][c] = _mm512_fmadd_ps(bi, _mm512_set1_ps(a.xsum[(size_t)(m0 + r) * groups + g]),
+                                      acc[r][c]);
+        }
+      }
+    }
+    store(a, acc, cb0, m0);
   }
 
 };

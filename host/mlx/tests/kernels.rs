@@ -1246,6 +1246,53 @@ fn qmatmul_int8_is_its_formula_exactly() {
     check_formula(&cases, &[1, 2, 3, 8, 9, 17, 40], ACT_Q8);
 }
 
+/// The float32-scale layout (`bits | 256`, GGUF K-quants) with 8-bit
+/// activations: the same formula, bit for bit, at every row tile (the VNNI
+/// kernel runs 4-bit groups of one 32-value block in a tile of their own).
+#[test]
+fn qmatmul_int8_float32_scales_is_its_formula_exactly() {
+    for (i, (n, k, group, bits)) in [(40, 256, 32, 4), (33, 192, 64, 4), (24, 96, 32, 8)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut g = Gen(90 + i as u64);
+        let (words, groups) = (k * bits as usize / 32, k / group as usize);
+        let dims = [n as i32, groups as i32];
+        let scales: Vec<f32> = g
+            .f32s(n * groups, 0.0002, 0.01)
+            .iter()
+            .map(|s| s * 1.000_123)
+            .collect();
+        let q = QWeight {
+            w: Array::from_u32(&g.u32s(n * words), &[n as i32, words as i32]).unwrap(),
+            s: Array::from_f32(&scales, &dims).unwrap(),
+            b: Array::from_f32(&g.f32s(n * groups, -0.1, 0.1), &dims).unwrap(),
+            group,
+            bits,
+        };
+        let packed = kernels::qpack(&q.w, &q.s, &q.b, group, bits).unwrap();
+        for m in [1, 2, 3, 8, 9, 17, 40] {
+            let xs = g.f32s(m * k, -3.0, 3.0);
+            let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
+            let got = kernels::qmatmul_packed(&x, &packed, n as i32, group, bits | 256 | ACT_Q8)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            let want = formula_reference(&xs, m, &q, true);
+            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} {n}x{k} g{group} {bits}-bit f32 scales, {m} rows, [{}, {}]: {a} vs {b}",
+                    kernels::isa(),
+                    j / n,
+                    j % n
+                );
+            }
+        }
+    }
+}
+
 /// Every instruction set computes the same bits (`make test` runs this file
 /// again at `SPECD_KERNEL_ISA=avx2` and `scalar`), so a model's output does
 /// not depend on the machine's SIMD level.
