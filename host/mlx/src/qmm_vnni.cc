@@ -35,8 +35,7 @@ struct Vnni {
 
   template <int BITS, bool F32S, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {
-    if constexpr (BITS == 4)
-      if (a.group == 32) return tile_g32<F32S, R, CB>(a, cb0, m0);
+    if (a.group == 32) return tile_g32<BITS, F32S, R, CB>(a, cb0, m0);
     constexpr int per = 32 / BITS;  // values per word
     constexpr int wpb = 32 / per;   // words per 32-value block
     const int groups = a.K / a.group, bpg = a.group / 32, dpg = a.group / per,
@@ -131,17 +130,19 @@ struct Vnni {
       }
   }
 
-  // 4-bit weights in groups of one 32-value block (GGUF's Q4_0 / Q4_1, the
-  // default model), the same operations as `tile`: each output's low- and
-  // high-nibble products go to two int32 chains, added before the
-  // conversion (integer sums are exact in any order), so a block's 8
-  // dependent vpdpbusd become two chains of 4 and the tile's 8 outputs
-  // keep 16 of them in flight; with one block a group, no running t
-  // (t = fma(isum, xd, 0) as `tile` computes it from t = 0).
-  template <bool F32S, int R, int CB>
+  // Groups of one 32-value block (GGUF's Q4_0 / Q4_1, the default model,
+  // and Q8_0), the same operations as `tile`: each output's products go to
+  // two int32 chains (4-bit: low and high nibbles; 8-bit: even and odd
+  // words), added before the conversion (integer sums are exact in any
+  // order), so a block's 8 dependent vpdpbusd become two chains of 4 and
+  // the tile's 8 outputs keep 16 of them in flight; with one block a
+  // group, no running t (t = fma(isum, xd, 0) as `tile` computes it from
+  // t = 0).
+  template <int BITS, bool F32S, int R, int CB>
   static void tile_g32(const Args& a, int cb0, int m0) {
+    constexpr int wpb = BITS;  // words per 32-value block
     const int groups = a.K / 32;
-    const int gw = group_words(32, 4 | (F32S ? kScaleF32 : 0));
+    const int gw = group_words(32, BITS | (F32S ? kScaleF32 : 0));
     const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512 zero = _mm512_setzero_ps();
     __m512 acc[R][CB];
@@ -161,9 +162,15 @@ struct Vnni {
       for (int d = 0; d < 4; d++) {
   #pragma GCC unroll 8
         for (int c = 0; c < CB; c++) {
-          __m512i wv = _mm512_loadu_si512(base[c] + d * kLanes);
-          __m512i lo = _mm512_and_si512(wv, nib);
-          __m512i hi = _mm512_and_si512(_mm512_srli_epi32(wv, 4), nib);
+          __m512i lo, hi;
+          if constexpr (BITS == 4) {
+            __m512i wv = _mm512_loadu_si512(base[c] + d * kLanes);
+            lo = _mm512_and_si512(wv, nib);
+            hi = _mm512_and_si512(_mm512_srli_epi32(wv, 4), nib);
+          } else {
+            lo = _mm512_loadu_si512(base[c] + 2 * d * kLanes);
+            hi = _mm512_loadu_si512(base[c] + (2 * d + 1) * kLanes);
+          }
   #pragma GCC unroll 8
           for (int r = 0; r < R; r++) {
             sl[r][c] = _mm512_dpbusd_epi32(sl[r][c], lo, _mm512_set1_epi32(xw[r][2 * d]));
@@ -173,7 +180,7 @@ struct Vnni {
       }
       for (int c = 0; c < CB; c++) {
         __m512 sc, bi;
-        group_scales<F32S>(base[c] + 4 * kLanes, sc, bi);
+        group_scales<F32S>(base[c] + wpb * kLanes, sc, bi);
         for (int r = 0; r < R; r++) {
           __m512 xd = _mm512_set1_ps(a.xd[(size_t)(m0 + r) * groups + g]);
           __m512 t = _mm512_fmadd_ps(
