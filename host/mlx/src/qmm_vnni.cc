@@ -42,13 +42,10 @@ struct Vnni {
               blocks = a.K / 32;
     const int gw = group_words(a.group, BITS | (F32S ? kScaleF32 : 0));
     const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
-    __m512 acc[R][CB];
-    for (int r = 0; r < R; r++)
-      for (int c = 0; c < CB; c++) acc[r][c] = _mm512_setzero_ps();
+    __m512 acc[R][CB] = {};
     for (int g = 0; g < groups; g++) {
       const uint32_t* base[CB];
-      for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
-      prefetch_ahead(base, gw);
+      group_words_at(a, cb0, groups, g, gw, base);
       __m512 t[R][CB];
       for (int r = 0; r < R; r++)
         for (int c = 0; c < CB; c++) t[r][c] = _mm512_setzero_ps();
@@ -100,6 +97,15 @@ struct Vnni {
     store(a, acc, cb0, m0);
   }
 
+  // Where group g's words start in each of the tile's column blocks (its
+  // values, then its scales), prefetched ahead.
+  template <int CB>
+  static void group_words_at(const Args& a, int cb0, int groups, int g, int gw,
+                             const uint32_t* (&base)[CB]) {
+    for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
+    prefetch_ahead(base, gw);
+  }
+
   // A column block's scales and biases of one group (they follow its
   // value words): float32, or float16 widened.
   template <bool F32S>
@@ -145,13 +151,10 @@ struct Vnni {
     const int gw = group_words(32, BITS | (F32S ? kScaleF32 : 0));
     const __m512i nib = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512 zero = _mm512_setzero_ps();
-    __m512 acc[R][CB];
-    for (int r = 0; r < R; r++)
-      for (int c = 0; c < CB; c++) acc[r][c] = _mm512_setzero_ps();
+    __m512 acc[R][CB] = {};
     for (int g = 0; g < groups; g++) {
       const uint32_t* base[CB];
-      for (int c = 0; c < CB; c++) base[c] = a.w + ((size_t)(cb0 + c) * groups + g) * gw;
-      prefetch_ahead(base, gw);
+      group_words_at(a, cb0, groups, g, gw, base);
       const int32_t* xw[R];
       for (int r = 0; r < R; r++)
         xw[r] = reinterpret_cast<const int32_t*>(a.xq + (size_t)(m0 + r) * a.K + g * 32);

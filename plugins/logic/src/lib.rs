@@ -317,10 +317,11 @@ impl ScheduleLogic for HeuristicTransient {
 /// It learns across requests through its carried state (see
 /// [`ThroughputCarry`]): per draft position, the rounds that reached it and
 /// kept it, and the timing it measured (plain-step seconds, seconds per
-/// extra verify row alone and in batched steps, drafter seconds per token).  A request's first rounds
-/// then start from what earlier requests saw instead of `initial` and the
-/// prior, which matters most for short requests: a request of 48 tokens
-/// otherwise ends before it has measured its own acceptance.
+/// extra verify row alone and in batched steps, drafter seconds per
+/// token).  A request's first rounds then start from what earlier requests
+/// saw instead of `initial` and the prior, which matters most for short
+/// requests: a request of 48 tokens otherwise ends before it has measured
+/// its own acceptance.
 ///
 /// - Acceptance: a_i blends this request's estimate with the carried one,
 ///   weighted by the rounds behind each: (n_i * own_i + m_i * carried_i) /
@@ -524,6 +525,14 @@ impl ThroughputCarry {
         }
     }
 
+    /// The slope of `batch`'s kind, to set.
+    fn row_slope_mut(&mut self, batch: u32) -> &mut f64 {
+        match batch >= 2 {
+            true => &mut self.batch_row_seconds,
+            false => &mut self.row_seconds,
+        }
+    }
+
     /// Both sets of counts together; the timing `other` measured where
     /// it did, else `self`'s.
     fn plus(&self, other: &ThroughputCarry) -> ThroughputCarry {
@@ -659,14 +668,10 @@ impl Throughput {
     /// Remembers this request's timing for the requests after it.
     fn learn_timing(&mut self, input: &ScheduleInput) {
         let own = measured_lengths(&input.verify_seconds_by_len);
-        let batched = input.batch_sequences >= 2;
         if let (Some(&(lo, tl)), Some(&(hi, th))) = (own.first(), own.last()) {
             if hi > lo {
-                let slope = ((th - tl) / (hi - lo) as f64).max(0.0);
-                match batched {
-                    true => self.own.batch_row_seconds = slope,
-                    false => self.own.row_seconds = slope,
-                }
+                *self.own.row_slope_mut(input.batch_sequences) =
+                    ((th - tl) / (hi - lo) as f64).max(0.0);
             }
             // Only longer rounds measured: back down the slope known best.
             let row = newer(
