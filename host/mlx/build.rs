@@ -128,6 +128,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/shim.cc");
     for f in [
         "kernels.cc",
+        "pages.h",
+        "pages.cc",
         "qmm.h",
         "qmm_simd.h",
         "qmm_tiles.h",
@@ -159,6 +161,7 @@ fn main() {
     build
         .file("src/shim.cc")
         .file("src/kernels.cc")
+        .file("src/pages.cc")
         .include(&include)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")

@@ -26,6 +26,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "specd-mlx/src/pages.h"
 #include "specd-mlx/src/qmm.h"
 #include "specd-mlx/src/shim.h"
 #include "specd-mlx/src/top2.h"
@@ -1336,12 +1337,14 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
   const int dpg = group_size * bits / 32,
             gw = qmm::group_words(group_size, bits | (f32 ? qmm::kScaleF32 : 0));
   const int blocks = (N + qmm::kLanes - 1) / qmm::kLanes;
-  std::vector<uint32_t> out((size_t)blocks * groups * gw, 0);
+  // Zeroed: the lanes past N in the last block stay 0.
+  mx::array packed = weight_array({blocks, groups, gw}, mx::uint32);
+  uint32_t* out = packed.data<uint32_t>();
   const uint32_t* W = wc.data<uint32_t>();
   for (int n = 0; n < N; n++) {
     int cb = n / qmm::kLanes, l = n % qmm::kLanes;
     for (int g = 0; g < groups; g++) {
-      uint32_t* base = out.data() + ((size_t)cb * groups + g) * gw;
+      uint32_t* base = out + ((size_t)cb * groups + g) * gw;
       for (int d = 0; d < dpg; d++) base[d * qmm::kLanes + l] = W[(size_t)n * wpc + g * dpg + d];
       size_t at = (size_t)n * groups + g;
       if (f32) {
@@ -1355,7 +1358,7 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
       }
     }
   }
-  return wrap_array(mx::array(out.begin(), {blocks, groups, gw}, mx::uint32));
+  return wrap_array(std::move(packed));
 }
 
 namespace {

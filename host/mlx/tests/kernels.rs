@@ -215,6 +215,78 @@ fn qrows_packed_are_the_dequantized_rows() {
     }
 }
 
+/// Packed weights are carved from shared 2 MB-aligned mappings (pages.cc),
+/// and one too big to share gets its own: each keeps its words and its
+/// products while the weights around it are freed and new ones are carved
+/// (a mapping unmapped under a live weight would fault or read zeros).
+#[test]
+fn packed_weights_keep_their_words_as_neighbours_come_and_go() {
+    let mut g = Gen(46);
+    let (n, k) = (96usize, 256usize);
+    let x = Array::from_f32(&g.f32s(3 * k, -1.0, 1.0), &[3, k as i32]).unwrap();
+    let pack = |q: &QWeight| kernels::qpack(&q.w, &q.s, &q.b, q.group, q.bits).unwrap();
+    let product = |p: &Array, n: usize, q: &QWeight| {
+        kernels::qmatmul_packed(&x, p, n as i32, q.group, q.bits)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap()
+    };
+    let qs: Vec<QWeight> = (0..24).map(|_| qweight(&mut g, n, k, 32, 4)).collect();
+    let mut packed: Vec<Option<Array>> = qs.iter().map(|q| Some(pack(q))).collect();
+    let words: Vec<Vec<u32>> = packed
+        .iter()
+        .map(|p| p.as_ref().unwrap().to_vec_u32().unwrap())
+        .collect();
+    let ys: Vec<Vec<f32>> = packed
+        .iter()
+        .zip(&qs)
+        .map(|(p, q)| product(p.as_ref().unwrap(), n, q))
+        .collect();
+    for (i, q) in qs.iter().enumerate() {
+        assert_eq!(
+            pack(q).to_vec_u32().unwrap(),
+            words[i],
+            "weight {i} packs the same twice"
+        );
+        assert_eq!(ys[i], ours(&x, q), "weight {i}: packed product");
+    }
+    for p in packed.iter_mut().step_by(2) {
+        *p = None;
+    }
+    // 8192 x 2048 4-bit: over 8 MB packed, past what a shared chunk takes.
+    let big = qweight(&mut g, 8192, 2048, 32, 4);
+    let xb = Array::from_f32(&g.f32s(2 * 2048, -1.0, 1.0), &[2, 2048]).unwrap();
+    let big_packed = pack(&big);
+    let later_qs: Vec<QWeight> = (0..24).map(|_| qweight(&mut g, n, k, 32, 4)).collect();
+    let later: Vec<Array> = later_qs.iter().map(pack).collect();
+    for (i, p) in packed.iter().enumerate().skip(1).step_by(2) {
+        let p = p.as_ref().unwrap();
+        assert_eq!(
+            p.to_vec_u32().unwrap(),
+            words[i],
+            "weight {i} after its neighbours went"
+        );
+        assert_eq!(
+            product(p, n, &qs[i]),
+            ys[i],
+            "weight {i}: product after its neighbours went"
+        );
+    }
+    let got = kernels::qmatmul_packed(&xb, &big_packed, 8192, 32, 4)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    assert_eq!(got, ours(&xb, &big), "the big weight's product");
+    drop(packed);
+    for (i, (p, q)) in later.iter().zip(&later_qs).enumerate() {
+        assert_eq!(
+            product(p, n, q),
+            ours(&x, q),
+            "later weight {i}, the first ones gone"
+        );
+    }
+}
+
 #[test]
 fn qmatmul_head_shape_8bit() {
     // The Q8_0 embedding used as the tied head, cut to a slice of the vocab
