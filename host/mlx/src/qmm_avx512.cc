@@ -268,18 +268,19 @@ inline __m512 hsum16(const __m512 (&v)[16]) {
 // times the first 16 floats, then an fma per 16 in order), the 16 sums
 // reduced together (hsum16) and scaled in one vector. The 16 key rows (4
 // KB at D = 64) stay in L1 for the group's next head and the unit's next
-// row.
-template <bool HALF>
+// row. The head dim is 16 * DC: with it known, a key's chain is straight
+// code over one row pointer, and the query and the 16 sums stay in
+// registers (a run-time D kept 16 row pointers and spilled the sums).
+template <bool HALF, int DC>
 void scores_16keys(const AttnGroup& g, int h, int j0, float* scores) {
-  __m512 acc[16];
-  const float* q = g.q[h];
-  const __m512 q0 = _mm512_loadu_ps(q);
-  for (int i = 0; i < 16; i++)
-    acc[i] = _mm512_mul_ps(q0, cache16<HALF>(g.k, g.k16, (int64_t)(j0 + i) * g.k_row));
-  for (int c = 16; c < g.D; c += 16) {
-    const __m512 qc = _mm512_loadu_ps(q + c);
-    for (int i = 0; i < 16; i++)
-      acc[i] = _mm512_fmadd_ps(qc, cache16<HALF>(g.k, g.k16, (int64_t)(j0 + i) * g.k_row + c), acc[i]);
+  __m512 q[DC], acc[16];
+  for (int c = 0; c < DC; c++) q[c] = _mm512_loadu_ps(g.q[h] + 16 * c);
+  int64_t at = (int64_t)j0 * g.k_row;
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; i++, at += g.k_row) {
+    __m512 a = _mm512_mul_ps(q[0], cache16<HALF>(g.k, g.k16, at));
+    for (int c = 1; c < DC; c++) a = _mm512_fmadd_ps(q[c], cache16<HALF>(g.k, g.k16, at + 16 * c), a);
+    acc[i] = a;
   }
   _mm512_storeu_ps(scores + h * g.n + j0, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(g.scale)));
 }
@@ -311,7 +312,7 @@ void scores_tail(const AttnGroup& g, int j0, float* scores) {
 // exp_sum_avx2, the fma chains over the values, times 1 / sum), so a row's
 // bits are those of the row alone. Between blocks a row's partial sums rest
 // in its output row, exactly (a float stored and loaded back).
-template <bool HALF, int HG, int CB>
+template <bool HALF, int HG, int CB, int DC>
 void group_rows(const AttnGroup* g, int rows, float* scores) {
   const AttnGroup& g0 = g[0];
   const int kb = std::max(16, 4096 / g0.D);  // a multiple of 16
@@ -326,7 +327,7 @@ void group_rows(const AttnGroup* g, int rows, float* scores) {
       const int j1 = std::min(g[r].n, j0 + kb);
       int j = j0;
       for (; j + 16 <= j1; j += 16)
-        for (int h = 0; h < g[r].heads; h++) scores_16keys<HALF>(g[r], h, j, sc[r]);
+        for (int h = 0; h < g[r].heads; h++) scores_16keys<HALF, DC>(g[r], h, j, sc[r]);
       if (j < j1) scores_tail<HALF>(g[r], j, sc[r]);
     }
   float inv[kAttnMaxRows][AttnGroup::kMaxHeads];
@@ -346,9 +347,9 @@ template <bool HALF>
 bool group_rows(const AttnGroup* g, int rows, float* scores) {
   // The heads and output vectors per pass of attn_group's shapes.
   switch (g[0].D) {
-    case 64: group_rows<HALF, 3, 4>(g, rows, scores); return true;
-    case 128: group_rows<HALF, 2, 8>(g, rows, scores); return true;
-    case 256: group_rows<HALF, 4, 4>(g, rows, scores); return true;
+    case 64: group_rows<HALF, 3, 4, 4>(g, rows, scores); return true;
+    case 128: group_rows<HALF, 2, 8, 8>(g, rows, scores); return true;
+    case 256: group_rows<HALF, 4, 4, 16>(g, rows, scores); return true;
     default: return false;
   }
 }
