@@ -1,11 +1,12 @@
-//! The latency summary of one batch of concurrent streamed requests. One
+//! The latency summary of concurrent streamed requests (one batch, or a
+//! closed loop of clients). One
 //! type for both sides of `bench serve --anchor`: `bench serve` reports
 //! specd's batches with it, `specd-anchors --serve` reports mlx-lm's server
 //! with it and reads specd's rows back as they were written.
 use serde::{Deserialize, Serialize};
 
-/// `n` requests submitted at once: how many tokens came back, how fast, and
-/// when their pieces arrived.
+/// `n` concurrent requests (or clients): how many tokens came back, how
+/// fast, and when their pieces arrived.
 /// Read back, a field it lacks defaults (the anchor reads what it needs).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -28,12 +29,39 @@ impl Latency {
     /// The summary of `streams`, each request's non-empty pieces as seconds
     /// since the batch was submitted, over `seconds` of wall time.
     pub fn of(concurrency: usize, tokens: usize, seconds: f64, streams: &[Vec<f64>]) -> Latency {
-        let mut ttft: Vec<f64> = streams.iter().filter_map(|s| s.first()).copied().collect();
+        Latency::submitted_at(
+            concurrency,
+            tokens,
+            seconds,
+            streams,
+            &vec![0.0; streams.len()],
+        )
+    }
+
+    /// [`Latency::of`] for requests submitted at different times (a closed
+    /// loop of clients): `streams` and `submitted` on one clock, request
+    /// i's time to first token counted from `submitted[i]`.
+    pub fn submitted_at(
+        concurrency: usize,
+        tokens: usize,
+        seconds: f64,
+        streams: &[Vec<f64>],
+        submitted: &[f64],
+    ) -> Latency {
+        let mut ttft: Vec<f64> = streams
+            .iter()
+            .zip(submitted)
+            .filter_map(|(s, t)| s.first().map(|f| f - t))
+            .collect();
         let mut itl: Vec<f64> = streams
             .iter()
             .flat_map(|s| s.windows(2).map(|w| w[1] - w[0]))
             .collect();
-        let first = ttft.iter().copied().fold(f64::INFINITY, f64::min);
+        let first = streams
+            .iter()
+            .filter_map(|s| s.first())
+            .copied()
+            .fold(f64::INFINITY, f64::min);
         let last = streams
             .iter()
             .filter_map(|s| s.last())
@@ -90,5 +118,23 @@ mod tests {
             Latency::of(1, 0, 1.0, &[vec![]]).decode_tokens_per_second,
             0.0
         );
+    }
+
+    #[test]
+    fn time_to_first_token_counts_from_each_submission() {
+        // The second request was submitted at 2.0, after the first ended:
+        // its first piece 0.5 s later.
+        let l = Latency::submitted_at(
+            1,
+            5,
+            4.0,
+            &[vec![1.0, 1.5, 2.0], vec![2.5, 3.0]],
+            &[0.0, 2.0],
+        );
+        // Counted from 0, its 2.5 would be the tail.
+        assert_eq!((l.ttft_p50, l.ttft_p99), (1.0, 1.0));
+        // Pieces after each first (3) over the first first to the last.
+        assert_eq!(l.decode_tokens_per_second, 1.5);
+        assert_eq!((l.itl_p50, l.itl_p99), (0.5, 0.5));
     }
 }

@@ -1,6 +1,7 @@
 //! `specd bench serve`: N concurrent requests through the continuous-batching
 //! scheduler in-process (no HTTP in the way), per concurrency: aggregate
-//! tokens/s, time to first token and inter-token latency (p50/p99). The
+//! tokens/s, time to first token and inter-token latency (p50/p99); one
+//! batch of N, or N clients in a closed loop (`--requests-per-client`). The
 //! N = 1 row comes from the same run, and `bench decode`'s single stream is
 //! measured in it too, interleaved, so ratios compare like with like.
 use crate::batch::{Admitted, BatchLimits, Scheduler, StepFit};
@@ -28,6 +29,9 @@ pub struct ServeRow {
     pub latency: Latency,
     /// Mean prompt tokens of the row's requests.
     pub prompt_tokens: u64,
+    /// Requests the row's clients sent and got answered (N, or N x
+    /// requests per client).
+    pub requests: u64,
     /// Most requests one step held.
     pub max_batch: u64,
     /// Scheduler steps (a pipelined run of one request alone counts once)
@@ -70,6 +74,9 @@ pub struct ServeBench {
     /// of at least this many tokens (`request_prompt`), where attention
     /// over the caches weighs in every step.
     pub prompt_tokens: usize,
+    /// Requests each of the N clients sends, the next as soon as its last
+    /// one is done (a closed loop); 1: one batch of N submitted at once.
+    pub requests_per_client: usize,
 }
 
 /// Request `i`'s raw text to continue: long answers, rarely an early end of
@@ -105,13 +112,19 @@ pub fn request_prompt(e: &Engine, i: usize, prompt_tokens: usize) -> Result<Vec<
     unreachable!("the paragraphs cycle until the prompt is long enough")
 }
 
-/// One batch of `n` requests, all submitted at once. The scheduler starts
-/// from `fit` and leaves what it learnt there, as a server's one scheduler
-/// keeps its step-cost fit from request to request.
+/// `n` clients, each sending `per_client` requests one after another (the
+/// next admitted at the step boundary after its last one finished, its
+/// budget between half and all of `max_tokens`); with one each, a batch of
+/// `n` submitted at once, every request with `max_tokens`. Client c's j-th request is
+/// request c + n j (its prompt and seed). The scheduler starts from `fit`
+/// and leaves what it learnt there, as a server's one scheduler keeps its
+/// step-cost fit from request to request.
+#[allow(clippy::too_many_arguments)]
 fn one(
     e: &Engine,
     fit: &mut StepFit,
     n: usize,
+    per_client: usize,
     opts: &SpecOptions,
     temperature: f32,
     max_tokens: usize,
@@ -125,23 +138,39 @@ fn one(
         },
     )
     .with_fit(std::mem::take(fit));
-    let results = Rc::new(RefCell::new(Vec::new()));
-    // Per request, its non-empty pieces' seconds since submission.
-    let timings: Vec<Rc<RefCell<Vec<f64>>>> = (0..n).map(|_| Rc::default()).collect();
-    let prompts: Vec<Vec<u32>> = (0..n)
+    let total = n * per_client.max(1);
+    // Request i's result, as its `done` delivers it.
+    let results: Rc<RefCell<Vec<(usize, _)>>> = Rc::new(RefCell::new(Vec::new()));
+    // Per request, its non-empty pieces' seconds since t0, and when it was
+    // submitted.
+    let timings: Vec<Rc<RefCell<Vec<f64>>>> = (0..total).map(|_| Rc::default()).collect();
+    let mut submitted = vec![0.0; total];
+    let prompts: Vec<Vec<u32>> = (0..total)
         .map(|i| request_prompt(e, i, prompt_tokens))
         .collect::<Result<_>>()?;
     let prompt_total: usize = prompts.iter().map(Vec::len).sum();
+    let mut prompts: Vec<Option<Vec<u32>>> = prompts.into_iter().map(Some).collect();
+    // A closed loop's requests ask for max_tokens / 2 ..= max_tokens, so
+    // clients drift apart and requests join mid-batch, as on a server (equal
+    // budgets would finish together and run in waves).
+    let budget = |i: usize| {
+        if per_client > 1 {
+            let half = max_tokens / 2;
+            half + i * 7919 % (max_tokens - half + 1)
+        } else {
+            max_tokens
+        }
+    };
     let t0 = Instant::now();
-    for ((i, timing), prompt) in timings.iter().enumerate().zip(prompts) {
+    let mut admit = |sched: &mut Scheduler, i: usize| -> Result<()> {
         let params = SamplingParams {
             temperature,
             seed: 1 + i as u64,
             ..Default::default()
         };
         let spec = e.speculation(opts, &params)?;
-        let settings = e.settings(params, Some(max_tokens), vec![]);
-        let t = timing.clone();
+        let settings = e.settings(params, Some(budget(i)), vec![]);
+        let t = timings[i].clone();
         let sink = Box::new(move |s: &str| {
             if !s.is_empty() {
                 t.borrow_mut().push(t0.elapsed().as_secs_f64());
@@ -149,20 +178,37 @@ fn one(
             true
         });
         let r = results.clone();
+        submitted[i] = t0.elapsed().as_secs_f64();
         sched.admit(Admitted {
             tenant: None,
-            prompt,
+            prompt: prompts[i].take().expect("each request is admitted once"),
             settings,
             spec,
             sink,
-            done: Box::new(move |f| r.borrow_mut().push(f)),
+            done: Box::new(move |f| r.borrow_mut().push((i, f))),
         });
+        Ok(())
+    };
+    for i in 0..n.min(total) {
+        admit(&mut sched, i)?;
     }
+    let mut finished = 0;
     let (mut max_batch, mut steps, mut step_seconds, mut step_rows) = (0, 0, 0.0, 0);
     let mut decode_steps = Vec::new();
     let mut policy_seconds = 0.0;
     while !sched.is_idle() {
         let s = sched.step(&mut || true);
+        // The clients whose requests finished send their next.
+        let done: Vec<usize> = results.borrow()[finished..]
+            .iter()
+            .map(|(i, _)| *i)
+            .collect();
+        finished += done.len();
+        for i in done {
+            if i + n < total {
+                admit(&mut sched, i + n)?;
+            }
+        }
         max_batch = max_batch.max(s.sequences as u64);
         if s.sequences > 0 {
             steps += 1;
@@ -177,7 +223,8 @@ fn one(
     let seconds = t0.elapsed().as_secs_f64();
     *fit = sched.take_fit();
     let (mut tokens, mut rounds, mut drafted, mut accepted) = (0, 0, 0, 0);
-    for f in results.borrow_mut().drain(..) {
+    let requests = results.borrow().len() as u64;
+    for (_, f) in results.borrow_mut().drain(..) {
         let f = f.context("a benchmark request failed")?;
         tokens += f.stats.generated_tokens;
         rounds += f.stats.rounds;
@@ -196,7 +243,8 @@ fn one(
             .drafter
             .as_ref()
             .map_or("none".into(), |d| d.to_string()),
-        latency: Latency::of(n, tokens, seconds, &streams),
+        latency: Latency::submitted_at(n, tokens, seconds, &streams, &submitted),
+        requests,
         prompt_tokens: (prompt_total / n.max(1)) as u64,
         max_batch,
         steps,
@@ -223,7 +271,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         ..Default::default()
     };
     let mut fit = StepFit::default();
-    one(e, &mut fit, 2, &none, 0.0, 8, 0)?;
+    one(e, &mut fit, 2, 1, &none, 0.0, 8, 0)?;
     let mut rows: Vec<ServeRow> = Vec::new();
     for rep in 0..b.repeats.max(1) {
         let d = crate::bench::decode(e, b.max_tokens)?;
@@ -241,6 +289,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     ..Default::default()
                 },
                 prompt_tokens: d.prompt_tokens as u64,
+                requests: 1,
                 max_batch: 1,
                 repeats: 1,
                 ..Default::default()
@@ -260,7 +309,16 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     progress(&format!(
                         "repeat {rep}: temperature {temp} drafter {drafter} N={n}"
                     ));
-                    let mut row = one(e, &mut fit, n, &opts, temp, b.max_tokens, b.prompt_tokens)?;
+                    let mut row = one(
+                        e,
+                        &mut fit,
+                        n,
+                        b.requests_per_client,
+                        &opts,
+                        temp,
+                        b.max_tokens,
+                        b.prompt_tokens,
+                    )?;
                     if drafter != "none" && (b.schedule != "throughput" || b.acceptance.is_some()) {
                         row.drafter = format!(
                             "{drafter}/{}/{}",
@@ -284,6 +342,7 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
             let (l, rl) = (&mut x.latency, &r.latency);
             l.tokens += rl.tokens;
             l.seconds += rl.seconds;
+            x.requests += r.requests;
             x.steps += r.steps;
             x.step_seconds += r.step_seconds;
             x.step_rows += r.step_rows;
@@ -306,8 +365,9 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
     }
 }
 
-/// The rows as a table, with each row's decode throughput and p99
-/// inter-token latency relative to the N = 1 row of its mode and drafter;
+/// The rows as a table (after N, the requests answered), with each row's
+/// decode throughput and p99 inter-token latency relative to the N = 1 row
+/// of its mode and drafter;
 /// then per step its mean milliseconds and rows, per round the mean
 /// drafts (`k`) and the share of them accepted (`acc`), and the p50/p99
 /// milliseconds of the decoding steps (no prefill rows; none for a
@@ -315,10 +375,11 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 /// step (schedule and acceptance calls of all its requests).
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>6} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6}\n",
+        "{:<8} {:<8} {:>3} {:>4} {:>6} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6}\n",
         "mode",
         "drafter",
         "N",
+        "reqs",
         "prompt",
         "tokens",
         "tok/s",
@@ -357,8 +418,8 @@ pub fn table(rows: &[ServeRow]) -> String {
         });
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>6} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3}\n",
-            row.mode, row.drafter, r.concurrency, row.prompt_tokens, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
+            "{:<8} {:<8} {:>3} {:>4} {:>6} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3}\n",
+            row.mode, row.drafter, r.concurrency, row.requests, row.prompt_tokens, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, row.max_batch, row.steps, per(1e3 * row.step_seconds, row.steps as f64),
             per(row.step_rows as f64, row.steps as f64), per(row.drafted as f64, row.rounds as f64),
             per(row.accepted as f64, row.drafted as f64),

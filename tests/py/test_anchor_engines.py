@@ -52,10 +52,10 @@ def test_serve_anchor_is_mlx_lm_server_at_the_same_concurrencies():
     assert r.returncode == 0, f"bench serve --anchor failed:\n{r.stdout}\n{r.stderr}"
     out = r.stdout
     assert "mlx_lm.server" in out, out
-    # specd's own rows first (mode, drafter, N, prompt tokens, tokens,
-    # tok/s, ...), then mlx-lm's with specd's tok/s and the ratio.
+    # specd's own rows first (mode, drafter, N, requests, prompt tokens,
+    # tokens, tok/s, ...), then mlx-lm's with specd's tok/s and the ratio.
     ours = {int(m.group(1)): float(m.group(2))
-            for m in re.finditer(r"^greedy\s+none\s+(\d+)\s+\d+\s+\d+\s+([\d.]+)", out, re.M)}
+            for m in re.finditer(r"^greedy\s+none\s+(\d+)\s+\d+\s+\d+\s+\d+\s+([\d.]+)", out, re.M)}
     assert set(ours) == {1, 2}, out
     rows = re.findall(r"^mlx-lm\s+(\d+)\s+(\d+)\s+([\d.]+)\s.*\s([\d.]+)\s+([\d.]+)x$", out, re.M)
     assert [int(n) for n, *_ in rows] == [1, 2], out

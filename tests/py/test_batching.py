@@ -9,13 +9,15 @@ holds prompt + generated token ids, compared token for token.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import MODEL, Server
+from conftest import MODEL, Server, server_bin
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPETITIVE = "red green blue yellow red green blue yellow red green blue yellow red green"
@@ -220,3 +222,23 @@ def test_an_echo_request_prefills_in_the_others_steps_with_its_solo_logprobs(ser
     assert spec["batch_steps"] > 0, f"the echo prefill should have shared a step: {spec}"
     assert together["choices"][0]["logprobs"] == alone["choices"][0]["logprobs"]
     assert together["choices"][0]["text"] == long_prompt
+
+
+def test_bench_serve_closed_loop_answers_every_clients_requests():
+    """`specd bench serve --requests-per-client R`: each of N clients sends R
+    requests, the next as soon as its last one is done, each asking for
+    half to all of --max-tokens; the row counts the requests answered."""
+    r = subprocess.run([str(server_bin()), "bench", "serve", "--concurrency", "1,3", "--drafters", "none",
+                        "--temperatures", "0", "--max-tokens", "8", "--requests-per-client", "3"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"bench serve failed:\n{r.stdout}\n{r.stderr}"
+    # mode, drafter, N, requests, prompt tokens, tokens, ..., batch (the
+    # most requests a step held).
+    rows = {int(m[1]): (int(m[2]), int(m[3]), int(m[4]))
+            for m in re.finditer(r"^greedy\s+none\s+(\d+)\s+(\d+)\s+\d+\s+(\d+)(?:\s+[\d.]+){8}\s+(\d+)\s",
+                                 r.stdout, re.M)}
+    assert set(rows) == {1, 3}, r.stdout
+    for n, (requests, tokens, batch) in rows.items():
+        assert requests == 3 * n, r.stdout
+        assert requests <= tokens <= 8 * requests, r.stdout
+        assert batch == n, r.stdout

@@ -102,6 +102,12 @@ pub enum BenchCmd {
         /// the caches weighs in every step.
         #[arg(long, default_value_t = 0)]
         prompt_tokens: usize,
+        /// Requests each client sends, the next as soon as its last one is
+        /// done (a closed loop: finished requests make room for new ones
+        /// mid-batch, as on a server); 1: each concurrency one batch of N
+        /// requests submitted at once.
+        #[arg(long, default_value_t = 1)]
+        requests_per_client: usize,
         /// Write the rows as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -194,14 +200,23 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             max_tokens,
             repeats,
             prompt_tokens,
+            requests_per_client,
             json,
             steps_only,
             anchor,
         } => {
-            // The anchor sends mlx-lm's server the short prompts only.
+            // The anchor sends mlx-lm's server one batch of short prompts.
             anyhow::ensure!(
                 !(anchor && prompt_tokens > 0),
                 "--anchor runs the short prompts only: drop --prompt-tokens"
+            );
+            anyhow::ensure!(
+                !(anchor && requests_per_client > 1),
+                "--anchor sends one batch per concurrency: drop --requests-per-client"
+            );
+            anyhow::ensure!(
+                requests_per_client >= 1,
+                "--requests-per-client must be at least 1"
             );
             let spec = SpecArgs {
                 policy_dir,
@@ -232,6 +247,7 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                 max_tokens,
                 repeats,
                 prompt_tokens,
+                requests_per_client,
             };
             // The curve at the run's context (as far as the step prompt goes).
             let context = prompt_tokens.max(128);
