@@ -60,11 +60,38 @@ struct Tiles {
     return K::NV == 2 && tile_outputs<K, BITS, R>() / (R * K::NV) >= 1;
   }
 
+  // Whether the rows left after the 8-row tiles (1-7) run as one tile of
+  // that many rows (K::kOneTail: the VNNI kernel, where a tile of any
+  // 1-8 rows fits the registers). A verify of k drafts is 1 + k rows, and
+  // a batched step 8 + a few: 2 + 1 or 4 + 2 + 1 tiles unpack and stream
+  // every weight two or three times.
+  static constexpr bool one_tail() {
+    if constexpr (requires { K::kOneTail; })
+      return K::kOneTail;
+    else
+      return false;
+  }
+
+  // The tile of exactly `left` (<= R) rows.
+  template <int BITS, bool F32S, int R>
+  static void tail(const Args& a, int c0, int c1, int m, int left) {
+    if (left == R)
+      row_tile<BITS, F32S, R>(a, c0, c1, m);
+    else if constexpr (R > 1)
+      tail<BITS, F32S, R - 1>(a, c0, c1, m, left);
+  }
+
   template <int BITS, bool F32S>
   static void run_bits(const Args& a, int cb0, int cb1) {
     constexpr int step = K::kOutputs / K::NV;
     for (int c0 = cb0; c0 < cb1; c0 += step) {
       int c1 = std::min(cb1, c0 + step), m = 0;
+      if constexpr (one_tail()) {
+        static_assert(step >= 8, "one tail of up to 7 rows after 8-row tiles");
+        for (; m + 8 <= a.M; m += 8) row_tile<BITS, F32S, 8>(a, c0, c1, m);
+        if (m < a.M) tail<BITS, F32S, 7>(a, c0, c1, m, a.M - m);
+        continue;
+      }
       if constexpr (step >= 8)
         for (; m + 8 <= a.M; m += 8) row_tile<BITS, F32S, 8>(a, c0, c1, m);
       if constexpr (step >= 4)

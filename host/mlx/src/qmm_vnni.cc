@@ -32,6 +32,8 @@ struct Vnni {
   // 8 output vectors per tile (rows x column blocks), as the float kernel:
   // 8 int32 and 8 float accumulators leave room for the operands.
   static constexpr int kOutputs = 8, NV = 1;
+  // Rows past the 8-row tiles run as one tile (qmm_tiles.h).
+  static constexpr bool kOneTail = true;
 
   template <int BITS, bool F32S, int R, int CB>
   static void tile(const Args& a, int cb0, int m0) {

@@ -1313,9 +1313,10 @@ fn qmatmul_int8_is_its_formula_exactly() {
         (17, 128, 128, 4, 53),
         (24, 96, 32, 8, 54),
     ];
-    // 9, 17 and 40: every row tile and tail of the 8-bit-activation kernels
-    // (with 8-bit values from 3 rows, one column vector at a time).
-    check_formula(&cases, &[1, 2, 3, 8, 9, 17, 40], ACT_Q8);
+    // Every row tile and tail of the 8-bit-activation kernels: the VNNI
+    // kernel's tiles of 1-8 rows (and 8 + 3, 8 + 7), the AVX2 ones with
+    // 8-bit values from 3 rows, one column vector at a time.
+    check_formula(&cases, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 17, 40], ACT_Q8);
 }
 
 /// The float32-scale layout (`bits | 256`, GGUF K-quants) with 8-bit
@@ -1343,7 +1344,7 @@ fn qmatmul_int8_float32_scales_is_its_formula_exactly() {
             bits,
         };
         let packed = kernels::qpack(&q.w, &q.s, &q.b, group, bits).unwrap();
-        for m in [1, 2, 3, 8, 9, 17, 40] {
+        for m in [1, 2, 3, 5, 7, 8, 9, 11, 15, 17, 40] {
             let xs = g.f32s(m * k, -3.0, 3.0);
             let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
             let got = kernels::qmatmul_packed(&x, &packed, n as i32, group, bits | 256 | ACT_Q8)
