@@ -26,6 +26,8 @@ struct Avx512 {
   static constexpr int outputs() {
     return BITS == 4 && R >= 4 ? 16 : kOutputs;
   }
+  // Rows past the 8-row tiles (1-7) run as one tile (qmm_tiles.h).
+  static constexpr bool kOneTail = true;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }

@@ -1379,7 +1379,7 @@ fn qmatmul_is_its_formula_exactly() {
     ];
     // 32, 40 and 67 rows: the panel path (qmm.h kPanelRows), its 6-row
     // tiles and every tail.
-    check_formula(&cases, &[1, 2, 3, 4, 5, 8, 9, 32, 40, 67], 0);
+    check_formula(&cases, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 32, 40, 67], 0);
 }
 
 /// The host's greedy scan (`argmax_margin` in the host crate, which this
