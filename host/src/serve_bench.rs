@@ -112,24 +112,35 @@ pub fn request_prompt(e: &Engine, i: usize, prompt_tokens: usize) -> Result<Vec<
     unreachable!("the paragraphs cycle until the prompt is long enough")
 }
 
-/// `n` clients, each sending `per_client` requests one after another (the
-/// next admitted at the step boundary after its last one finished, its
+/// What each client sends: `per_client` requests one after another, each
+/// with up to `max_tokens` new tokens, on prompts of `prompt_tokens`
+/// (`request_prompt`).
+struct Load {
+    per_client: usize,
+    max_tokens: usize,
+    prompt_tokens: usize,
+}
+
+/// `n` clients, each sending `load.per_client` requests one after another
+/// (the next admitted at the step boundary after its last one finished, its
 /// budget between half and all of `max_tokens`); with one each, a batch of
-/// `n` submitted at once, every request with `max_tokens`. Client c's j-th request is
-/// request c + n j (its prompt and seed). The scheduler starts from `fit`
-/// and leaves what it learnt there, as a server's one scheduler keeps its
-/// step-cost fit from request to request.
-#[allow(clippy::too_many_arguments)]
+/// `n` submitted at once, every request with `max_tokens`. Client c's j-th
+/// request is request c + n j (its prompt and seed). The scheduler starts
+/// from `fit` and leaves what it learnt there, as a server's one scheduler
+/// keeps its step-cost fit from request to request.
 fn one(
     e: &Engine,
     fit: &mut StepFit,
     n: usize,
-    per_client: usize,
+    load: &Load,
     opts: &SpecOptions,
     temperature: f32,
-    max_tokens: usize,
-    prompt_tokens: usize,
 ) -> Result<ServeRow> {
+    let Load {
+        per_client,
+        max_tokens,
+        prompt_tokens,
+    } = *load;
     let mut sched = Scheduler::new(
         e,
         BatchLimits {
@@ -271,7 +282,17 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         ..Default::default()
     };
     let mut fit = StepFit::default();
-    one(e, &mut fit, 2, 1, &none, 0.0, 8, 0)?;
+    let warm = Load {
+        per_client: 1,
+        max_tokens: 8,
+        prompt_tokens: 0,
+    };
+    one(e, &mut fit, 2, &warm, &none, 0.0)?;
+    let load = Load {
+        per_client: b.requests_per_client,
+        max_tokens: b.max_tokens,
+        prompt_tokens: b.prompt_tokens,
+    };
     let mut rows: Vec<ServeRow> = Vec::new();
     for rep in 0..b.repeats.max(1) {
         let d = crate::bench::decode(e, b.max_tokens)?;
@@ -309,16 +330,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     progress(&format!(
                         "repeat {rep}: temperature {temp} drafter {drafter} N={n}"
                     ));
-                    let mut row = one(
-                        e,
-                        &mut fit,
-                        n,
-                        b.requests_per_client,
-                        &opts,
-                        temp,
-                        b.max_tokens,
-                        b.prompt_tokens,
-                    )?;
+                    let mut row = one(e, &mut fit, n, &load, &opts, temp)?;
                     if drafter != "none" && (b.schedule != "throughput" || b.acceptance.is_some()) {
                         row.drafter = format!(
                             "{drafter}/{}/{}",
