@@ -61,8 +61,8 @@ struct Tiles {
   }
 
   // Whether the rows left after the 8-row tiles (1-7) run as one tile of
-  // that many rows (K::kOneTail: the VNNI kernel, where a tile of any
-  // 1-8 rows fits the registers). A verify of k drafts is 1 + k rows, and
+  // that many rows (K::kOneTail: the VNNI and AVX-512 float kernels, whose
+  // tiles of 1-8 rows fit their 32 registers). A verify of k drafts is 1 + k rows, and
   // a batched step 8 + a few: 2 + 1 or 4 + 2 + 1 tiles unpack and stream
   // every weight two or three times.
   static constexpr bool one_tail() {
