@@ -256,7 +256,7 @@ fn one(
             .map_or("none".into(), |d| d.to_string()),
         latency: Latency::submitted_at(n, tokens, seconds, &streams, &submitted),
         requests,
-        prompt_tokens: (prompt_total / n.max(1)) as u64,
+        prompt_tokens: (prompt_total / total.max(1)) as u64,
         max_batch,
         steps,
         step_seconds,
