@@ -68,15 +68,9 @@ pub struct ServeBench {
     pub acceptance: Option<String>,
     /// Temperatures to run: 0 is `greedy`, above it `sampled` (seeded).
     pub temperatures: Vec<f32>,
-    pub max_tokens: usize,
     pub repeats: usize,
-    /// 0: each request's prompt is `request_text`; above: a distinct prompt
-    /// of at least this many tokens (`request_prompt`), where attention
-    /// over the caches weighs in every step.
-    pub prompt_tokens: usize,
-    /// Requests each of the N clients sends, the next as soon as its last
-    /// one is done (a closed loop); 1: one batch of N submitted at once.
-    pub requests_per_client: usize,
+    /// What each client sends.
+    pub load: Load,
 }
 
 /// Request `i`'s raw text to continue: long answers, rarely an early end of
@@ -112,13 +106,17 @@ pub fn request_prompt(e: &Engine, i: usize, prompt_tokens: usize) -> Result<Vec<
     unreachable!("the paragraphs cycle until the prompt is long enough")
 }
 
-/// What each client sends: `per_client` requests one after another, each
-/// with up to `max_tokens` new tokens, on prompts of `prompt_tokens`
-/// (`request_prompt`).
-struct Load {
-    per_client: usize,
-    max_tokens: usize,
-    prompt_tokens: usize,
+/// What each client sends.
+pub struct Load {
+    /// Requests one after another, the next as soon as its last one is done
+    /// (a closed loop); 1: one batch of N submitted at once.
+    pub per_client: usize,
+    /// New tokens a request asks for.
+    pub max_tokens: usize,
+    /// 0: each request's prompt is `request_text`; above: a distinct prompt
+    /// of at least this many tokens (`request_prompt`), where attention
+    /// over the caches weighs in every step.
+    pub prompt_tokens: usize,
 }
 
 /// `n` clients, each sending `load.per_client` requests one after another
@@ -288,14 +286,9 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         prompt_tokens: 0,
     };
     one(e, &mut fit, 2, &warm, &none, 0.0)?;
-    let load = Load {
-        per_client: b.requests_per_client,
-        max_tokens: b.max_tokens,
-        prompt_tokens: b.prompt_tokens,
-    };
     let mut rows: Vec<ServeRow> = Vec::new();
     for rep in 0..b.repeats.max(1) {
-        let d = crate::bench::decode(e, b.max_tokens)?;
+        let d = crate::bench::decode(e, b.load.max_tokens)?;
         merge(
             &mut rows,
             ServeRow {
@@ -330,7 +323,7 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     progress(&format!(
                         "repeat {rep}: temperature {temp} drafter {drafter} N={n}"
                     ));
-                    let mut row = one(e, &mut fit, n, &load, &opts, temp)?;
+                    let mut row = one(e, &mut fit, n, &b.load, &opts, temp)?;
                     if drafter != "none" && (b.schedule != "throughput" || b.acceptance.is_some()) {
                         row.drafter = format!(
                             "{drafter}/{}/{}",

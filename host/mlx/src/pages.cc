@@ -6,7 +6,6 @@
 // model returns its memory.
 #include "specd-mlx/src/pages.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>

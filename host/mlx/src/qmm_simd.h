@@ -30,12 +30,7 @@ struct Kernel {
   static constexpr int NV = kLanes / W;  // vectors per column block
   static constexpr int kOutputs = I::kOutputs;
   // Rows past the 8-row tiles as one tile (qmm_tiles.h), where I says so.
-  static constexpr bool kOneTail = [] {
-    if constexpr (requires { I::kOneTail; })
-      return I::kOneTail;
-    else
-      return false;
-  }();
+  static constexpr bool kOneTail = requires { requires I::kOneTail; };
   // Output vectors of a tile of R rows (tile_outputs).
   template <int BITS, int R>
   static constexpr int outputs() {

@@ -65,12 +65,7 @@ struct Tiles {
   // tiles of 1-8 rows fit their 32 registers). A verify of k drafts is 1 + k rows, and
   // a batched step 8 + a few: 2 + 1 or 4 + 2 + 1 tiles unpack and stream
   // every weight two or three times.
-  static constexpr bool one_tail() {
-    if constexpr (requires { K::kOneTail; })
-      return K::kOneTail;
-    else
-      return false;
-  }
+  static constexpr bool one_tail() { return requires { requires K::kOneTail; }; }
 
   // The tile of exactly `left` (<= R) rows.
   template <int BITS, bool F32S, int R>

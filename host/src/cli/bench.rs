@@ -244,10 +244,12 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                     .into_iter()
                     .map(|t| t as f32)
                     .collect(),
-                max_tokens,
                 repeats,
-                prompt_tokens,
-                requests_per_client,
+                load: crate::serve_bench::Load {
+                    per_client: requests_per_client,
+                    max_tokens,
+                    prompt_tokens,
+                },
             };
             // The curve at the run's context (as far as the step prompt goes).
             let context = prompt_tokens.max(128);
