@@ -139,6 +139,7 @@ fn main() {
         "qmm_q8_avx2.cc",
         "qmm_avx512.cc",
         "qmm_vnni.cc",
+        "waiting.h",
     ] {
         println!("cargo:rerun-if-changed=src/{f}");
     }

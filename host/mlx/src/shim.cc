@@ -3,6 +3,9 @@
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
+
+#include "specd-mlx/src/waiting.h"
 
 #ifdef SPECD_OPENBLAS
 // Referencing OpenBLAS from our own code keeps it a direct dependency of every
@@ -25,6 +28,15 @@ namespace {
 mx::Shape to_shape(rust::Slice<const int32_t> s) { return mx::Shape(s.begin(), s.end()); }
 A wrap(mx::array a) { return std::make_unique<Array>(std::move(a)); }
 
+// Evaluates `v`: the graph dispatched, then the wait for its results counted
+// as waiting (waiting.h), so the kernels' idle workers keep spinning for the
+// next call rather than yield to this thread.
+void eval_waiting(std::vector<mx::array> v) {
+  mx::async_eval(v);
+  Waiting w;
+  mx::eval(v);
+}
+
 const mx::Dtype kDtypes[] = {mx::bool_,   mx::uint8,   mx::uint16,  mx::uint32, mx::uint64,
                              mx::int8,    mx::int16,   mx::int32,   mx::int64,  mx::float16,
                              mx::float32, mx::float64, mx::bfloat16, mx::complex64};
@@ -38,7 +50,7 @@ void copy_out(const Array& x, rust::Slice<T> out, mx::Dtype want) {
   mx::array a = x.a.dtype() == want ? x.a : mx::astype(x.a, want);
   // An evaluated row-contiguous array is read where it lies: a contiguous
   // node would be one more graph to schedule and wait for per read.
-  a.eval();
+  eval_waiting({a});
   if (!a.flags().row_contiguous) {
     a = mx::contiguous(a);
     a.eval();
@@ -85,9 +97,9 @@ A list_get(const ArrayList& l, size_t i) {
   if (i >= l.v.size()) throw std::out_of_range("list_get: index past the list");
   return std::make_unique<Array>(l.v[i]);
 }
-void eval(const ArrayList& l) { mx::eval(l.v); }
+void eval(const ArrayList& l) { eval_waiting(l.v); }
 void async_eval(const ArrayList& l) { mx::async_eval(l.v); }
-void eval_one(const Array& x) { mx::eval({x.a}); }
+void eval_one(const Array& x) { eval_waiting({x.a}); }
 
 A add(const Array& a, const Array& b) { return wrap(mx::add(a.a, b.a)); }
 A subtract(const Array& a, const Array& b) { return wrap(mx::subtract(a.a, b.a)); }
