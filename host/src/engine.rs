@@ -60,6 +60,9 @@ pub struct Switches {
     /// Attention as one op per layer over every sequence's cache rows
     /// ([`Llama::kv_rows`]); off: the per-sequence ops it replaced.
     pub kv_rows: bool,
+    /// A layer's o, gate/up and down matmuls as one op
+    /// ([`Llama::fused_tail`]); off: three.
+    pub fused_tail: bool,
     /// Requests' default for [`Settings::light_rounds`].
     pub light_rounds: bool,
     /// 16-bit KV caches ([`Llama::kv_half`]): off by default, as the
@@ -71,6 +74,7 @@ impl Default for Switches {
     fn default() -> Switches {
         Switches {
             kv_rows: true,
+            fused_tail: true,
             light_rounds: true,
             kv_f16: false,
         }
@@ -130,6 +134,7 @@ impl Engine {
         for m in std::iter::once(&mut self.model).chain(self.drafts.values_mut()) {
             let m = Arc::get_mut(m).context("switches are set before the engine serves")?;
             m.kv_rows = switches.kv_rows;
+            m.fused_tail = switches.fused_tail;
             m.kv_half = switches.kv_f16;
         }
         self.switches = switches;
@@ -141,6 +146,7 @@ impl Engine {
         let (mut m, _) = load_model_with(path, self.weights)
             .with_context(|| format!("loading draft model {name}"))?;
         m.kv_rows = self.switches.kv_rows;
+        m.fused_tail = self.switches.fused_tail;
         m.kv_half = self.switches.kv_f16;
         if m.config.vocab_size != self.model.config.vocab_size {
             bail!(

@@ -1,7 +1,8 @@
-//! The engine's A/B switches (`--kv-rows`, `--light-rounds`) on the real
-//! default model: set through `Engine::set_switches` (the model and the
-//! pipeline read no environment), they reach the model and the requests'
-//! settings, and either way greedy speculation gives the same tokens.
+//! The engine's A/B switches (`--kv-rows`, `--fused-tail`, `--light-rounds`)
+//! on the real default model: set through `Engine::set_switches` (the model
+//! and the pipeline read no environment), they reach the model and the
+//! requests' settings, and either way greedy speculation gives the same
+//! tokens; the fused layer tail gives the three ops' logits bit for bit.
 use specd::engine::{Engine, Prompt, Switches};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
@@ -38,6 +39,7 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
     assert_eq!(e.switches, Switches::default());
     assert!(
         e.model.kv_rows
+            && e.model.fused_tail
             && e.settings(SamplingParams::default(), None, vec![])
                 .light_rounds
     );
@@ -45,11 +47,13 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
 
     let off = Switches {
         kv_rows: false,
+        fused_tail: false,
         light_rounds: false,
         kv_f16: false,
     };
     e.set_switches(off).unwrap();
     assert!(!e.model.kv_rows, "kv_rows reaches the model");
+    assert!(!e.model.fused_tail, "fused_tail reaches the model");
     let s = e.settings(SamplingParams::default(), None, vec![]);
     assert!(
         !s.light_rounds,
@@ -60,4 +64,38 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
     // Shared (serving) models are not switched behind a request's back.
     let _shared = e.model.clone();
     assert!(e.set_switches(Switches::default()).is_err());
+}
+
+/// Every row's logits of a prefill and of a verify after it, fused tail or
+/// not: bitwise the same, under both quantized weight modes.
+#[test]
+fn the_fused_layer_tail_gives_the_three_ops_logits_bit_for_bit() {
+    use specd::model::{load_model_with, Logits, WeightMode};
+    for mode in [WeightMode::Quantized, WeightMode::Int8] {
+        let (mut m, _) = load_model_with(&default_model_path(), mode).unwrap();
+        let prompt: Vec<u32> = (0..40u32).map(|i| 200 + (i * 131) % 9000).collect();
+        let verify = [17u32, 4242, 99, 1000, 31337, 5];
+        let mut run = |fused: bool| -> Vec<Vec<u32>> {
+            m.fused_tail = fused;
+            let mut caches = m.new_caches();
+            [&prompt[..], &verify[..]]
+                .iter()
+                .map(|toks| {
+                    let l = m.forward(toks, &mut caches, Logits::All).unwrap();
+                    l.to_vec_f32()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect()
+        };
+        let (fused, three) = (run(true), run(false));
+        assert_eq!(fused.len(), 2);
+        assert!(fused[0].len() > 40 * 1000, "every row's logits");
+        assert_eq!(
+            fused, three,
+            "{mode:?}: the fused tail rounds as the three ops"
+        );
+    }
 }

@@ -162,6 +162,24 @@ pub(crate) mod ffi {
             residual: &Array,
             gelu: bool,
         ) -> Result<UniquePtr<Array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn layer_tail(
+            o: &Array,
+            x: &Array,
+            w_o: &Array,
+            o_group: i32,
+            o_bits: i32,
+            norm_w: &Array,
+            eps: f32,
+            w_gate_up: &Array,
+            gate_up_n: i32,
+            gate_up_group: i32,
+            gate_up_bits: i32,
+            w_down: &Array,
+            down_group: i32,
+            down_bits: i32,
+            gelu: bool,
+        ) -> Result<UniquePtr<Array>>;
         fn qmatmul_packed_glu(
             gu: &Array,
             packed: &Array,

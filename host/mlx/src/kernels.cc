@@ -713,6 +713,44 @@ struct QmmBody {
   }
 };
 
+// A llama layer after its attention, as one op: h = x + o W_o^T, then
+// y = h + down(glu(rms_norm(h) W_gate_up^T)). The same three qmm_run calls
+// on the same rows, in the same order, as the three ops it replaces
+// (qmatmul_packed_add, qmatmul_packed_norm, qmatmul_packed_glu_add), so the
+// same bits; h and the gate/up rows live in this thread's scratch instead
+// of two arrays, and a layer has two op boundaries fewer (each a dispatch
+// on the engine thread and a pickup on the stream's).
+struct TailBody {
+  struct Weight {
+    int n = 0, group = 0, bits = 0;
+  };
+  Weight o, gate_up, down;
+  float eps = 0.f;
+  Glu glu = Glu::Silu;
+  QmmBody::Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
+    for (size_t i = 1; i < in.size(); i++)
+      if (!in[i].flags().row_contiguous)
+        throw std::runtime_error("SpecdLayerTail: weights, norm and residual must be row-contiguous");
+    return {row_offsets(in[0]), in[0].strides().back()};
+  }
+  // in: o (attention's output), x (the layer's input), W_o, the MLP's norm
+  // weight, W_gate_up, W_down.
+  void run(const std::vector<mx::array>& in, mx::array& out, const QmmBody::Rows& rows) const {
+    const int M = in[0].size() / in[0].shape(-1), d = o.n, gu = gate_up.n;
+    thread_local std::vector<float> h, g;
+    thread_local std::vector<int64_t> h_rows, g_rows;
+    h.resize((size_t)M * d), g.resize((size_t)M * gu);
+    h_rows.resize(M), g_rows.resize(M);
+    for (int t = 0; t < M; t++) h_rows[t] = (int64_t)t * d, g_rows[t] = (int64_t)t * gu;
+    qmm_run(in[0].data<float>(), rows.off, rows.col, in[2].data<uint32_t>(), nullptr, 0.f,
+            in[1].data<float>(), h.data(), M, d, in[0].shape(-1), o.group, o.bits, Glu::None);
+    qmm_run(h.data(), h_rows, 1, in[4].data<uint32_t>(), in[3].data<float>(), eps, nullptr,
+            g.data(), M, gu, d, gate_up.group, gate_up.bits, Glu::None);
+    qmm_run(g.data(), g_rows, 1, in[5].data<uint32_t>(), nullptr, 0.f, h.data(),
+            out.data<float>(), M, down.n, gu / 2, down.group, down.bits, glu);
+  }
+};
+
 // Rows `ids` of packed weights, dequantized: an embedding lookup straight
 // from the layout the matmul reads (w = scale * q + bias). The ids are read
 // when the op runs (they may be an argmax computed just before); one past
@@ -1442,6 +1480,32 @@ A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t gr
   return kernel_op("SpecdQMatmul", body, shape, std::move(in));
 }
 }  // namespace
+
+A layer_tail(const Array& o, const Array& x, const Array& w_o, int32_t o_group, int32_t o_bits,
+               const Array& norm_w, float eps, const Array& w_gate_up, int32_t gate_up_n,
+               int32_t gate_up_group, int32_t gate_up_bits, const Array& w_down,
+               int32_t down_group, int32_t down_bits, bool gelu) {
+  const int d = x.a.shape(-1);
+  check_packed(w_o.a, d, o_group, o_bits, "layer_tail (o)");
+  check_packed(w_gate_up.a, gate_up_n, gate_up_group, gate_up_bits, "layer_tail (gate/up)");
+  check_packed(w_down.a, d, down_group, down_bits, "layer_tail (down)");
+  auto in_features = [](const Array& w, int group) { return w.a.shape(1) * group; };
+  if (o.a.ndim() != x.a.ndim() || o.a.size() / o.a.shape(-1) != x.a.size() / d ||
+      o.a.shape(-1) != in_features(w_o, o_group))
+    throw std::invalid_argument("layer_tail: o must be x's rows of W_o's in features");
+  if (in_features(w_gate_up, gate_up_group) != d || gate_up_n % 2 != 0 ||
+      in_features(w_down, down_group) != gate_up_n / 2)
+    throw std::invalid_argument("layer_tail: gate/up must map the hidden size to twice down's in features");
+  if (norm_w.a.ndim() != 1 || norm_w.a.shape(0) != d)
+    throw std::invalid_argument("layer_tail: the norm weight must be [hidden]");
+  TailBody body;
+  body.o = {d, o_group, o_bits}, body.gate_up = {gate_up_n, gate_up_group, gate_up_bits};
+  body.down = {d, down_group, down_bits}, body.eps = eps;
+  body.glu = gelu ? Glu::Gelu : Glu::Silu;
+  std::vector<mx::array> in{f32(o.a),         rowmajor(f32(x.a)),      rowmajor(w_o.a),
+                            rowmajor(f32(norm_w.a)), rowmajor(w_gate_up.a), rowmajor(w_down.a)};
+  return kernel_op("SpecdLayerTail", body, x.a.shape(), std::move(in));
+}
 
 A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
                  int32_t bits) {

@@ -37,6 +37,17 @@ pub fn qmatmul_packed_add(
 pub fn qmatmul_packed_glu_add(
     gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array, gelu: bool,
 );
+/// A llama layer after attention in one op: `h = x + o W_o^T`, then
+/// `h + down(swiglu(rms_norm(h, norm_w, eps) W_gate_up^T))` (`gelu`: geglu),
+/// every weight packed; `gate_up_n` is the fused gate/up width. Bitwise
+/// [`qmatmul_packed_add`], [`qmatmul_packed_norm`] and
+/// [`qmatmul_packed_glu_add`] one after another. CPU only.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_tail(
+    o: &Array, x: &Array, w_o: &Array, o_group: i32, o_bits: i32, norm_w: &Array, eps: f32,
+    w_gate_up: &Array, gate_up_n: i32, gate_up_group: i32, gate_up_bits: i32, w_down: &Array,
+    down_group: i32, down_bits: i32, gelu: bool,
+);
 /// [`qmatmul_packed_glu_add`] without the residual (Gemma's post-MLP norm
 /// comes between the matmul and its residual). CPU only.
 pub fn qmatmul_packed_glu(gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, gelu: bool);

@@ -31,6 +31,11 @@ struct Cli {
     /// other). Same as SPECD_KV_ROWS=0.
     #[arg(long, global = true, hide = true, value_name = "on|off", value_parser = parse_on_off)]
     kv_rows: Option<bool>,
+    /// `off`: a layer's o, gate/up and down matmuls as the three ops that
+    /// one op replaced (`specd profile` then times them part by part).
+    /// Same as SPECD_FUSED_TAIL=0.
+    #[arg(long, global = true, hide = true, value_name = "on|off", value_parser = parse_on_off)]
+    fused_tail: Option<bool>,
     /// `on`: KV caches of 16-bit floats (f16) instead of float32, on the
     /// CPU kernels' path: half the bytes a token takes and a step reads, so
     /// long contexts decode faster and twice the tokens fit the KV budget;
@@ -230,6 +235,7 @@ pub fn main() -> Result<()> {
         weights,
         switches: crate::engine::Switches {
             kv_rows: switch(cli.kv_rows, "SPECD_KV_ROWS", true),
+            fused_tail: switch(cli.fused_tail, "SPECD_FUSED_TAIL", true),
             light_rounds: switch(cli.light_rounds, "SPECD_LIGHT_ROUNDS", true),
             kv_f16: switch(cli.kv_f16, "SPECD_KV_F16", false),
         },
@@ -363,6 +369,7 @@ pub fn main() -> Result<()> {
             let path = crate::store::Store::default().resolve(&model.model, false)?;
             let (mut m, _) = crate::model::load_model_with(&path, weights)?;
             m.kv_rows = load.switches.kv_rows;
+            m.fused_tail = load.switches.fused_tail;
             m.kv_half = load.switches.kv_f16;
             let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
             print!("{}", crate::profile::report(&p));

@@ -269,6 +269,14 @@ impl Linear {
             Linear::Quantized(q) => q.forward_glu(gu, residual, gelu),
         }
     }
+    /// Packed weights' arguments to the kernels (the array, out features,
+    /// group size, bits with their flags); `None` unless quantized and packed.
+    pub fn packed(&self) -> Option<(&Array, i32, i32, i32)> {
+        match self {
+            Linear::Dense(_) => None,
+            Linear::Quantized(q) => q.packed(),
+        }
+    }
     /// `residual + forward(x)` (a residual connection).
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match self {

@@ -95,6 +95,11 @@ pub struct Llama {
     /// measure one against the other with one build
     /// ([`crate::engine::Switches`]).
     pub kv_rows: bool,
+    /// Whether a layer's o, gate/up and down matmuls run as one op where
+    /// they can ([`kernels::layer_tail`]; true when loaded); false: three,
+    /// as `specd profile` shows them part by part
+    /// ([`crate::engine::Switches`]).
+    pub fused_tail: bool,
     /// Whether the caches that attention writes in place hold f16 keys and
     /// values (half the bytes a token, and half what a step reads) instead
     /// of float32 ([`crate::engine::Switches::kv_f16`]); off when loaded.
@@ -549,8 +554,43 @@ impl Llama {
         })
     }
 
+    /// A layer after attention as one op ([`kernels::layer_tail`]) where
+    /// its three matmuls are packed and nothing comes between them (no o
+    /// bias; a fused gate/up whose SwiGLU folds into down).
+    fn fused_tail(&self, l: &Layer, o: &Array, x: &Array) -> Option<Result<Array>> {
+        if !(self.fused_tail && self.own_kernels) || l.o_bias.is_some() {
+            return None;
+        }
+        let (w_o, _, o_group, o_bits) = l.o.packed()?;
+        let (w_gu, gu_n, gu_group, gu_bits) = l.gate_up.as_ref()?.packed()?;
+        let (w_down, _, down_group, down_bits) = l.down.packed()?;
+        let eps = self.config.rms_norm_eps;
+        Some(kernels::layer_tail(
+            o,
+            x,
+            w_o,
+            o_group,
+            o_bits,
+            &l.ffn_norm,
+            eps,
+            w_gu,
+            gu_n,
+            gu_group,
+            gu_bits,
+            w_down,
+            down_group,
+            down_bits,
+            false,
+        ))
+    }
+
     /// A layer after attention: `o` matmul + residual, then the MLP.
     fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
+        if let Some(y) = self.fused_tail(l, o, x) {
+            let y = y?;
+            probe("o matmul + MLP, one op", &[&y])?;
+            return Ok(y);
+        }
         let x = l.o.forward_add(o, x)?;
         let x = match &l.o_bias {
             Some(b) => ops::add(&x, b)?,

@@ -339,6 +339,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         norm: t.dense(names.norm)?,
         lm_head,
         kv_rows: true,
+        fused_tail: true,
         kv_half: false,
     };
     check_shapes(&model)?;
