@@ -2,7 +2,8 @@
 //! on the real default model: set through `Engine::set_switches` (the model
 //! and the pipeline read no environment), they reach the model and the
 //! requests' settings, and either way greedy speculation gives the same
-//! tokens; the fused layer tail gives the three ops' logits bit for bit.
+//! tokens; the fused layer tail gives the three ops' logits bit for bit,
+//! and the q/k/v matmul inside the attention op the two ops' rows.
 use specd::engine::{Engine, Prompt, Switches};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
@@ -97,5 +98,44 @@ fn the_fused_layer_tail_gives_the_three_ops_logits_bit_for_bit() {
             fused, three,
             "{mode:?}: the fused tail rounds as the three ops"
         );
+    }
+}
+
+/// The q/k/v matmul taken into the attention op (where nothing else asked
+/// for its rows) gives the hidden states of the two ops bit for bit: a
+/// probe that evaluates the matmul's rows first, as `specd profile` does,
+/// keeps them apart.
+#[test]
+fn the_qkv_matmul_inside_the_attention_op_gives_the_two_ops_bits() {
+    use specd::model::{load_model_with, WeightMode};
+    for mode in [WeightMode::Quantized, WeightMode::Int8] {
+        let (m, _) = load_model_with(&default_model_path(), mode).unwrap();
+        let prompt: Vec<u32> = (0..40u32).map(|i| 300 + (i * 173) % 9000).collect();
+        let verify = [11u32, 4242, 77, 1000, 31337, 8];
+        let run = |apart: bool| -> Vec<Vec<u32>> {
+            let mut caches = m.new_caches();
+            [&prompt[..], &verify[..]]
+                .iter()
+                .map(|toks| {
+                    let mut probe = |name: &'static str, outs: &[&specd_mlx::Array]| {
+                        if apart && name.starts_with("norm + q/k/v") {
+                            specd_mlx::eval(outs)?;
+                        }
+                        Ok(())
+                    };
+                    let h = m
+                        .hidden_probed(toks, &mut caches, m.layers.len(), &mut probe)
+                        .unwrap();
+                    h.to_vec_f32()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect()
+        };
+        let (one_op, two_ops) = (run(false), run(true));
+        assert_eq!(one_op[0].len(), 40 * 576, "every row's hidden state");
+        assert_eq!(one_op, two_ops, "{mode:?}: the fused op rounds as the two");
     }
 }

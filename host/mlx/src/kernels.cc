@@ -281,6 +281,7 @@ class KernelOp : public mx::UnaryPrimitive {
     throw std::runtime_error(std::string(name_) + " has no GPU kernel (the op falls back to MLX's)");
   }
   const char* name() const override { return name_; }
+  const Body& body() const { return body_; }
 
  private:
   const char* name_;
@@ -690,13 +691,16 @@ struct QmmBody {
     return {row_offsets(in[0]), in[0].strides().back()};
   }
   void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
-    int K = glu == Glu::None ? in[0].shape(-1) : in[0].shape(-1) / 2;
     const float* norm_w = norm ? in[2].data<float>() : nullptr;
     const float* r = residual ? in[norm ? 3 : 2].data<float>() : nullptr;
-    int M = in[0].size() / in[0].shape(-1);
-    float* y = out.data<float>();
-    qmm_run(in[0].data<float>(), rows.off, rows.col, in[1].data<uint32_t>(), norm_w, eps, r, y, M,
-            n, K, group, bits, glu);
+    compute(in[0], rows, in[1].data<uint32_t>(), norm_w, r, out.data<float>());
+  }
+  // The matmul (and rope) of x's rows into y, [rows, n] row-major.
+  void compute(const mx::array& x, const Rows& rows, const uint32_t* w, const float* norm_w,
+               const float* r, float* y) const {
+    int K = glu == Glu::None ? x.shape(-1) : x.shape(-1) / 2;
+    int M = x.size() / x.shape(-1);
+    qmm_run(x.data<float>(), rows.off, rows.col, w, norm_w, eps, r, y, M, n, K, group, bits, glu);
     if (rope_cols > 0) {
       // Row by row (each at its own angles), rows spread over the pool.
       run_ranges(M, false, [&](int t0, int t1) {
@@ -1030,12 +1034,17 @@ struct RaggedAttnBody {
   bool half = false;
 
   RaggedArgs prepare(const std::vector<mx::array>& in, mx::array& out) const {
-    RaggedArgs r;
+    RaggedArgs r = prepare_caches(in, 1, out);
     r.y = in[0].data<float>();
     r.y_row = in[0].strides()[1];
     if (in[0].strides()[2] != 1) throw std::runtime_error("attention_kv_rows: y must be row-major");
+    return r;
+  }
+  // Everything but y: the caches are inputs `first`, `first + 1`, ...
+  RaggedArgs prepare_caches(const std::vector<mx::array>& in, size_t first, mx::array& out) const {
+    RaggedArgs r;
     for (size_t s = 0; s < seqs.size(); s++) {
-      const auto &k = in[1 + 2 * s], &v = in[2 + 2 * s];
+      const auto &k = in[first + 2 * s], &v = in[first + 1 + 2 * s];
       for (auto* c : {&k, &v})
         if (!c->flags().row_contiguous || c->data_size() != c->size())
           throw std::runtime_error("attention_kv_rows: cache buffers must be contiguous");
@@ -1608,6 +1617,47 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
                    {1, q.a.shape(2), q.a.shape(1), v.a.shape(3)}, {f32(q.a), f32(k.a), f32(v.a)});
 }
 
+namespace {
+// The q/k/v matmul (norm and rope folded in) and the ragged attention that
+// reads its rows, as one op: attention_kv_rows takes in the matmul op that
+// makes its y when nothing else has asked for y yet. The same matmul call
+// writes y's rows into this thread's scratch instead of an array, then the
+// same attention reads them, so the same bits, and a layer has one op
+// boundary fewer.
+struct QkvAttnBody {
+  QmmBody qkv;
+  RaggedAttnBody attn;
+  struct Args {
+    QmmBody::Rows rows;
+    RaggedArgs attn;
+  };
+  // in: x, the packed weights, the norm weight, then the caches.
+  Args prepare(const std::vector<mx::array>& in, mx::array& out) const {
+    for (size_t i = 1; i < 3; i++)
+      if (!in[i].flags().row_contiguous)
+        throw std::runtime_error("SpecdQkvAttention: weights and norm must be row-contiguous");
+    return {{row_offsets(in[0]), in[0].strides().back()}, attn.prepare_caches(in, 3, out)};
+  }
+  void run(const std::vector<mx::array>& in, mx::array& out, Args& a) const {
+    const int M = in[0].size() / in[0].shape(-1);
+    thread_local std::vector<float> y;
+    y.resize((size_t)M * qkv.n);
+    qkv.compute(in[0], a.rows, in[1].data<uint32_t>(), in[2].data<float>(), nullptr, y.data());
+    a.attn.y = y.data(), a.attn.y_row = qkv.n;
+    attn.run(in, out, a.attn);
+  }
+};
+
+// The matmul op that makes `y`, where attention may take it in: a q/k/v
+// matmul with its norm and no residual or gate, not yet asked for.
+const KernelOp<QmmBody>* fusable_qkv(const mx::array& y) {
+  if (y.status() != mx::array::Status::unscheduled || !y.has_primitive()) return nullptr;
+  auto* op = dynamic_cast<const KernelOp<QmmBody>*>(&y.primitive());
+  if (!op || !op->body().norm || op->body().residual || op->body().glu != Glu::None) return nullptr;
+  return y.inputs().size() == 3 ? op : nullptr;
+}
+}  // namespace
+
 std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& caches,
                                              rust::Slice<const int32_t> spans, int32_t heads,
                                              int32_t kv_heads, int32_t head_dim, float scale) {
@@ -1641,7 +1691,16 @@ std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& ca
     in.push_back(v);
   }
   if (a != T) throw std::invalid_argument("attention_kv_rows: the spans must cover y's rows");
-  auto o = kernel_op("SpecdAttentionKvRows", std::move(body), {1, T, heads * head_dim}, in);
+  A o;
+  if (auto* qkv = fusable_qkv(y.a)) {
+    const auto& src = y.a.inputs();
+    std::vector<mx::array> fused{src[0], src[1], src[2]};
+    fused.insert(fused.end(), in.begin() + 1, in.end());
+    o = kernel_op("SpecdQkvAttention", QkvAttnBody{qkv->body(), std::move(body)},
+                  {1, T, heads * head_dim}, std::move(fused));
+  } else {
+    o = kernel_op("SpecdAttentionKvRows", std::move(body), {1, T, heads * head_dim}, in);
+  }
   // The caches written in place, as arrays that depend on the op: whatever
   // reads them next (the next step's op, an eval of the cache) runs it first.
   std::vector<mx::array> kv(in.begin() + 1, in.end());
