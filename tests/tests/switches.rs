@@ -4,7 +4,9 @@
 //! requests' settings, and either way greedy speculation gives the same
 //! tokens; the fused layer tail gives the three ops' logits bit for bit,
 //! and the q/k/v matmul inside the attention op the two ops' rows.
+use specd::cache::LayerCache;
 use specd::engine::{Engine, Prompt, Switches};
+use specd::model::{load_model_with, Llama, Logits, WeightMode};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
 use specd_tests::{default_model_path, OPEN};
@@ -34,7 +36,7 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
         "smollm2:135m",
         &default_model_path(),
         policies,
-        specd::model::WeightMode::default(),
+        WeightMode::default(),
     )
     .unwrap();
     assert_eq!(e.switches, Switches::default());
@@ -67,29 +69,46 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
     assert!(e.set_switches(Switches::default()).is_err());
 }
 
+/// The bits of what `forward` gives, on fresh caches, for a 40-token
+/// prefill and then a 6-row verify after it.
+fn prefill_then_verify(
+    m: &Llama,
+    forward: impl Fn(&[u32], &mut [Box<dyn LayerCache>]) -> specd_mlx::Array,
+) -> Vec<Vec<u32>> {
+    let prompt: Vec<u32> = (0..40u32).map(|i| 200 + (i * 131) % 9000).collect();
+    let verify = [17u32, 4242, 99, 1000, 31337, 5];
+    let mut caches = m.new_caches();
+    [&prompt[..], &verify[..]]
+        .iter()
+        .map(|toks| {
+            let out = forward(toks, &mut caches).to_vec_f32().unwrap();
+            out.iter().map(|v| v.to_bits()).collect()
+        })
+        .collect()
+}
+
+/// Both quantized weight modes of the default model.
+fn quantized_models() -> impl Iterator<Item = (WeightMode, Llama)> {
+    [WeightMode::Quantized, WeightMode::Int8]
+        .into_iter()
+        .map(|mode| {
+            (
+                mode,
+                load_model_with(&default_model_path(), mode).unwrap().0,
+            )
+        })
+}
+
 /// Every row's logits of a prefill and of a verify after it, fused tail or
 /// not: bitwise the same, under both quantized weight modes.
 #[test]
 fn the_fused_layer_tail_gives_the_three_ops_logits_bit_for_bit() {
-    use specd::model::{load_model_with, Logits, WeightMode};
-    for mode in [WeightMode::Quantized, WeightMode::Int8] {
-        let (mut m, _) = load_model_with(&default_model_path(), mode).unwrap();
-        let prompt: Vec<u32> = (0..40u32).map(|i| 200 + (i * 131) % 9000).collect();
-        let verify = [17u32, 4242, 99, 1000, 31337, 5];
-        let mut run = |fused: bool| -> Vec<Vec<u32>> {
+    for (mode, mut m) in quantized_models() {
+        let mut run = |fused: bool| {
             m.fused_tail = fused;
-            let mut caches = m.new_caches();
-            [&prompt[..], &verify[..]]
-                .iter()
-                .map(|toks| {
-                    let l = m.forward(toks, &mut caches, Logits::All).unwrap();
-                    l.to_vec_f32()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect()
-                })
-                .collect()
+            prefill_then_verify(&m, |toks, caches| {
+                m.forward(toks, caches, Logits::All).unwrap()
+            })
         };
         let (fused, three) = (run(true), run(false));
         assert_eq!(fused.len(), 2);
@@ -107,32 +126,18 @@ fn the_fused_layer_tail_gives_the_three_ops_logits_bit_for_bit() {
 /// keeps them apart.
 #[test]
 fn the_qkv_matmul_inside_the_attention_op_gives_the_two_ops_bits() {
-    use specd::model::{load_model_with, WeightMode};
-    for mode in [WeightMode::Quantized, WeightMode::Int8] {
-        let (m, _) = load_model_with(&default_model_path(), mode).unwrap();
-        let prompt: Vec<u32> = (0..40u32).map(|i| 300 + (i * 173) % 9000).collect();
-        let verify = [11u32, 4242, 77, 1000, 31337, 8];
-        let run = |apart: bool| -> Vec<Vec<u32>> {
-            let mut caches = m.new_caches();
-            [&prompt[..], &verify[..]]
-                .iter()
-                .map(|toks| {
-                    let mut probe = |name: &'static str, outs: &[&specd_mlx::Array]| {
-                        if apart && name.starts_with("norm + q/k/v") {
-                            specd_mlx::eval(outs)?;
-                        }
-                        Ok(())
-                    };
-                    let h = m
-                        .hidden_probed(toks, &mut caches, m.layers.len(), &mut probe)
-                        .unwrap();
-                    h.to_vec_f32()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect()
-                })
-                .collect()
+    for (mode, m) in quantized_models() {
+        let run = |apart: bool| {
+            prefill_then_verify(&m, |toks, caches| {
+                let mut probe = |name: &'static str, outs: &[&specd_mlx::Array]| {
+                    if apart && name.starts_with("norm + q/k/v") {
+                        specd_mlx::eval(outs)?;
+                    }
+                    Ok(())
+                };
+                m.hidden_probed(toks, caches, m.layers.len(), &mut probe)
+                    .unwrap()
+            })
         };
         let (one_op, two_ops) = (run(false), run(true));
         assert_eq!(one_op[0].len(), 40 * 576, "every row's hidden state");

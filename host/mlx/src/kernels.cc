@@ -684,23 +684,29 @@ struct QmmBody {
     std::vector<int64_t> off;
     int64_t col;
   };
-  Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
-    for (size_t i = 1; i < in.size(); i++)
+  // The rows of in[0] (x) as the matmul reads them, once inputs 1 to
+  // `last` - 1 (weights, norm, residual) are checked row-contiguous.
+  static Rows rows_of(const std::vector<mx::array>& in, size_t last, const char* op) {
+    for (size_t i = 1; i < last; i++)
       if (!in[i].flags().row_contiguous)
-        throw std::runtime_error("SpecdQMatmul: weights, norm and residual must be row-contiguous");
+        throw std::runtime_error(std::string(op) + ": weights, norm and residual must be row-contiguous");
     return {row_offsets(in[0]), in[0].strides().back()};
+  }
+  Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
+    return rows_of(in, in.size(), "SpecdQMatmul");
   }
   void run(const std::vector<mx::array>& in, mx::array& out, const Rows& rows) const {
     const float* norm_w = norm ? in[2].data<float>() : nullptr;
     const float* r = residual ? in[norm ? 3 : 2].data<float>() : nullptr;
-    compute(in[0], rows, in[1].data<uint32_t>(), norm_w, r, out.data<float>());
+    compute(in[0].data<float>(), rows, in[0].size() / in[0].shape(-1), in[0].shape(-1),
+            in[1].data<uint32_t>(), norm_w, r, out.data<float>());
   }
-  // The matmul (and rope) of x's rows into y, [rows, n] row-major.
-  void compute(const mx::array& x, const Rows& rows, const uint32_t* w, const float* norm_w,
-               const float* r, float* y) const {
-    int K = glu == Glu::None ? x.shape(-1) : x.shape(-1) / 2;
-    int M = x.size() / x.shape(-1);
-    qmm_run(x.data<float>(), rows.off, rows.col, w, norm_w, eps, r, y, M, n, K, group, bits, glu);
+  // The matmul (and rope) of M rows of x (`width` features each, laid out
+  // as `rows` says) into y, [M, n] row-major.
+  void compute(const float* x, const Rows& rows, int M, int width, const uint32_t* w,
+               const float* norm_w, const float* r, float* y) const {
+    int K = glu == Glu::None ? width : width / 2;
+    qmm_run(x, rows.off, rows.col, w, norm_w, eps, r, y, M, n, K, group, bits, glu);
     if (rope_cols > 0) {
       // Row by row (each at its own angles), rows spread over the pool.
       run_ranges(M, false, [&](int t0, int t1) {
@@ -718,40 +724,32 @@ struct QmmBody {
 };
 
 // A llama layer after its attention, as one op: h = x + o W_o^T, then
-// y = h + down(glu(rms_norm(h) W_gate_up^T)). The same three qmm_run calls
-// on the same rows, in the same order, as the three ops it replaces
-// (qmatmul_packed_add, qmatmul_packed_norm, qmatmul_packed_glu_add), so the
-// same bits; h and the gate/up rows live in this thread's scratch instead
-// of two arrays, and a layer has two op boundaries fewer (each a dispatch
-// on the engine thread and a pickup on the stream's).
+// y = h + down(glu(rms_norm(h) W_gate_up^T)). The three matmuls of the ops
+// it replaces (qmatmul_packed_add, qmatmul_packed_norm,
+// qmatmul_packed_glu_add), computed on the same rows in the same order, so
+// the same bits; h and the gate/up rows live in this thread's scratch
+// instead of two arrays, and a layer has two op boundaries fewer (each a
+// dispatch on the engine thread and a pickup on the stream's).
 struct TailBody {
-  struct Weight {
-    int n = 0, group = 0, bits = 0;
-  };
-  Weight o, gate_up, down;
-  float eps = 0.f;
-  Glu glu = Glu::Silu;
+  QmmBody o, gate_up, down;
   QmmBody::Rows prepare(const std::vector<mx::array>& in, const mx::array&) const {
-    for (size_t i = 1; i < in.size(); i++)
-      if (!in[i].flags().row_contiguous)
-        throw std::runtime_error("SpecdLayerTail: weights, norm and residual must be row-contiguous");
-    return {row_offsets(in[0]), in[0].strides().back()};
+    return QmmBody::rows_of(in, in.size(), "SpecdLayerTail");
   }
   // in: o (attention's output), x (the layer's input), W_o, the MLP's norm
   // weight, W_gate_up, W_down.
   void run(const std::vector<mx::array>& in, mx::array& out, const QmmBody::Rows& rows) const {
     const int M = in[0].size() / in[0].shape(-1), d = o.n, gu = gate_up.n;
     thread_local std::vector<float> h, g;
-    thread_local std::vector<int64_t> h_rows, g_rows;
+    thread_local QmmBody::Rows h_rows{{}, 1}, g_rows{{}, 1};
     h.resize((size_t)M * d), g.resize((size_t)M * gu);
-    h_rows.resize(M), g_rows.resize(M);
-    for (int t = 0; t < M; t++) h_rows[t] = (int64_t)t * d, g_rows[t] = (int64_t)t * gu;
-    qmm_run(in[0].data<float>(), rows.off, rows.col, in[2].data<uint32_t>(), nullptr, 0.f,
-            in[1].data<float>(), h.data(), M, d, in[0].shape(-1), o.group, o.bits, Glu::None);
-    qmm_run(h.data(), h_rows, 1, in[4].data<uint32_t>(), in[3].data<float>(), eps, nullptr,
-            g.data(), M, gu, d, gate_up.group, gate_up.bits, Glu::None);
-    qmm_run(g.data(), g_rows, 1, in[5].data<uint32_t>(), nullptr, 0.f, h.data(),
-            out.data<float>(), M, down.n, gu / 2, down.group, down.bits, glu);
+    h_rows.off.resize(M), g_rows.off.resize(M);
+    for (int t = 0; t < M; t++) h_rows.off[t] = (int64_t)t * d, g_rows.off[t] = (int64_t)t * gu;
+    o.compute(in[0].data<float>(), rows, M, in[0].shape(-1), in[2].data<uint32_t>(), nullptr,
+              in[1].data<float>(), h.data());
+    gate_up.compute(h.data(), h_rows, M, d, in[4].data<uint32_t>(), in[3].data<float>(), nullptr,
+                    g.data());
+    down.compute(g.data(), g_rows, M, gu, in[5].data<uint32_t>(), nullptr, h.data(),
+                 out.data<float>());
   }
 };
 
@@ -1507,10 +1505,16 @@ A layer_tail(const Array& o, const Array& x, const Array& w_o, int32_t o_group, 
     throw std::invalid_argument("layer_tail: gate/up must map the hidden size to twice down's in features");
   if (norm_w.a.ndim() != 1 || norm_w.a.shape(0) != d)
     throw std::invalid_argument("layer_tail: the norm weight must be [hidden]");
-  TailBody body;
-  body.o = {d, o_group, o_bits}, body.gate_up = {gate_up_n, gate_up_group, gate_up_bits};
-  body.down = {d, down_group, down_bits}, body.eps = eps;
-  body.glu = gelu ? Glu::Gelu : Glu::Silu;
+  auto matmul = [](int n, int group, int bits) {
+    QmmBody b;
+    b.n = n, b.group = group, b.bits = bits;
+    return b;
+  };
+  TailBody body{matmul(d, o_group, o_bits), matmul(gate_up_n, gate_up_group, gate_up_bits),
+                matmul(d, down_group, down_bits)};
+  body.o.residual = true;
+  body.gate_up.norm = true, body.gate_up.eps = eps;
+  body.down.residual = true, body.down.glu = gelu ? Glu::Gelu : Glu::Silu;
   std::vector<mx::array> in{f32(o.a),         rowmajor(f32(x.a)),      rowmajor(w_o.a),
                             rowmajor(f32(norm_w.a)), rowmajor(w_gate_up.a), rowmajor(w_down.a)};
   return kernel_op("SpecdLayerTail", body, x.a.shape(), std::move(in));
@@ -1633,16 +1637,14 @@ struct QkvAttnBody {
   };
   // in: x, the packed weights, the norm weight, then the caches.
   Args prepare(const std::vector<mx::array>& in, mx::array& out) const {
-    for (size_t i = 1; i < 3; i++)
-      if (!in[i].flags().row_contiguous)
-        throw std::runtime_error("SpecdQkvAttention: weights and norm must be row-contiguous");
-    return {{row_offsets(in[0]), in[0].strides().back()}, attn.prepare_caches(in, 3, out)};
+    return {QmmBody::rows_of(in, 3, "SpecdQkvAttention"), attn.prepare_caches(in, 3, out)};
   }
   void run(const std::vector<mx::array>& in, mx::array& out, Args& a) const {
     const int M = in[0].size() / in[0].shape(-1);
     thread_local std::vector<float> y;
     y.resize((size_t)M * qkv.n);
-    qkv.compute(in[0], a.rows, in[1].data<uint32_t>(), in[2].data<float>(), nullptr, y.data());
+    qkv.compute(in[0].data<float>(), a.rows, M, in[0].shape(-1), in[1].data<uint32_t>(),
+                in[2].data<float>(), nullptr, y.data());
     a.attn.y = y.data(), a.attn.y_row = qkv.n;
     attn.run(in, out, a.attn);
   }

@@ -53,7 +53,7 @@ void copy_out(const Array& x, rust::Slice<T> out, mx::Dtype want) {
   eval_waiting({a});
   if (!a.flags().row_contiguous) {
     a = mx::contiguous(a);
-    a.eval();
+    eval_waiting({a});
   }
   if (out.size() != a.size())
     throw std::invalid_argument("output buffer has " + std::to_string(out.size()) +
