@@ -67,6 +67,14 @@ pub enum Logits {
     All,
 }
 
+/// The logits of a [`Llama::forward_batch`]: `[rows, vocab]` for the rows
+/// the sequences asked for, in order (`None` where none did), and per
+/// sequence its rows `(first, count)` among them (`None`: a prefill chunk).
+pub struct BatchLogits {
+    pub logits: Option<Array>,
+    pub spans: Vec<Option<(i32, i32)>>,
+}
+
 /// One sequence's part of [`Llama::forward_batch`].
 pub struct BatchRows<'a> {
     /// Its new tokens (at least one), after what its caches hold.
@@ -635,9 +643,9 @@ impl Llama {
     /// Gemma 3's layers run their q/k norms, rope and windowed attention per
     /// sequence ([`Llama::gemma3_layer`]). With [`Llama::batch_invariant`]
     /// weights every sequence's logits are bitwise those of a forward of it
-    /// alone. Returns, per sequence, its logits (`None` where it asked for
-    /// none: a prefill chunk).
-    pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<Vec<Option<Array>>> {
+    /// alone. Returns the logits of the rows asked for, in sequence order,
+    /// and which of them are each sequence's.
+    pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<BatchLogits> {
         let n_layers = self.layers.len();
         let mut tokens = Vec::new();
         let mut spans = Vec::with_capacity(seqs.len());
@@ -664,43 +672,52 @@ impl Llama {
                 None => self.layer_batch(layer, &x, i, seqs, &spans)?,
             };
         }
-        // The head over the rows asked for only, in one matmul.
-        let mut picked = Vec::new();
-        let mut out_spans = Vec::with_capacity(seqs.len());
+        // The head over the rows asked for only, in one matmul. Runs of
+        // them that follow on are one slice: in a decode step every
+        // sequence's last row is every row, so the head reads x as it is.
+        let mut runs: Vec<(i32, i32)> = Vec::new();
+        let mut spans_out = Vec::with_capacity(seqs.len());
         let mut rows = 0;
         for (s, &(a, n)) in seqs.iter().zip(&spans) {
             let (from, len) = match s.logits {
                 None => {
-                    out_spans.push(None);
+                    spans_out.push(None);
                     continue;
                 }
                 Some(Logits::All) => (a, n),
                 Some(Logits::Last) => (a + n - 1, 1),
             };
-            picked.push(x.slice(&[0, from, 0], &[1, from + len, d])?);
-            out_spans.push(Some((rows, len)));
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == from => r.1 += len,
+                _ => runs.push((from, len)),
+            }
+            spans_out.push(Some((rows, len)));
             rows += len;
         }
-        if picked.is_empty() {
-            return Ok(vec![None; seqs.len()]);
+        if runs.is_empty() {
+            return Ok(BatchLogits {
+                logits: None,
+                spans: spans_out,
+            });
         }
-        let refs: Vec<&Array> = picked.iter().collect();
-        let h = if refs.len() == 1 {
-            picked[0].clone()
-        } else {
-            ops::concatenate(&refs, 1)?
+        let run = |&(from, len): &(i32, i32)| x.slice(&[0, from, 0], &[1, from + len, d]);
+        let h = match runs.as_slice() {
+            [(0, n)] if *n == t => x.clone(),
+            [one] => run(one)?,
+            _ => {
+                let picked = runs
+                    .iter()
+                    .map(run)
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                ops::concatenate(&picked.iter().collect::<Vec<_>>(), 1)?
+            }
         }
         .reshape(&[rows, d])?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let logits = self.norm_linear(&h, &self.norm, head)?;
-        let v = logits.dim(1);
-        out_spans
-            .into_iter()
-            .map(|s| {
-                s.map(|(a, n)| logits.slice(&[a, 0], &[a + n, v]))
-                    .transpose()
-            })
-            .collect()
+        Ok(BatchLogits {
+            logits: Some(self.norm_linear(&h, &self.norm, head)?),
+            spans: spans_out,
+        })
     }
 
     /// Layer `li` of [`Llama::forward_batch`]: the norm + q/k/v matmul over

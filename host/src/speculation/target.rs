@@ -425,7 +425,7 @@ pub fn forward_batch_verify(
             "a batched step runs full targets of one model"
         );
     }
-    let outs = {
+    let batch = {
         let mut rows: Vec<BatchRows<'_>> = parts
             .iter_mut()
             .map(|p| BatchRows {
@@ -436,39 +436,66 @@ pub fn forward_batch_verify(
             .collect();
         model.forward_batch(&mut rows)?
     };
-    // Every light part's rows in one op, queued with the step.
-    let light: Vec<&Array> = outs
+    let part_rows = |l: &Array, (a, n): (i32, i32)| l.slice(&[a, 0], &[a + n, l.dim(1)]);
+    // Where every part that has rows reads them light (a greedy decode or
+    // verify step), the statistics of all the rows come from one op over
+    // the logits as they are; otherwise each part's rows are a slice.
+    let all_light = batch
+        .spans
         .iter()
         .zip(modes)
-        .filter_map(|(o, m)| o.as_ref().filter(|_| *m == VerifyMode::Argmax))
-        .collect();
+        .all(|(s, m)| s.is_none() || *m == VerifyMode::Argmax);
+    let outs: Vec<Option<Array>> = match (&batch.logits, all_light) {
+        (Some(l), false) => batch
+            .spans
+            .iter()
+            .map(|s| s.map(|s| part_rows(l, s)).transpose())
+            .collect::<std::result::Result<_, _>>()?,
+        _ => vec![None; parts.len()],
+    };
+    let light: Vec<&Array> = match (&batch.logits, all_light) {
+        (Some(l), true) => vec![l],
+        _ => outs
+            .iter()
+            .zip(modes)
+            .filter_map(|(o, m)| o.as_ref().filter(|_| *m == VerifyMode::Argmax))
+            .collect(),
+    };
     let stats = if light.is_empty() {
         None
     } else {
         Some(DeviceArgmax::queue(&light)?)
     };
-    let mut wanted: Vec<&Array> = outs.iter().flatten().collect();
+    let mut wanted: Vec<&Array> = outs.iter().flatten().chain(&batch.logits).collect();
     wanted.extend(stats.as_ref().map(|s| &s.values));
-    for (p, o) in parts.iter().zip(&outs) {
-        if o.is_none() {
+    for (p, s) in parts.iter().zip(&batch.spans) {
+        if s.is_none() {
             wanted.extend(p.target.caches.iter().flat_map(|c| c.state()));
         }
     }
     specd_mlx::eval(&wanted)?;
-    let mut light_rows = stats
+    let mut light_rows: Vec<Vec<RowArgmax>> = stats
         .map(|s| s.read(&light))
         .transpose()?
-        .unwrap_or_default()
-        .into_iter();
+        .unwrap_or_default();
+    // One array for the whole step: its rows cut by part.
+    let mut whole = (all_light && light_rows.len() == 1).then(|| light_rows.remove(0).into_iter());
+    let mut light_rows = light_rows.into_iter();
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
-    for ((p, o), mode) in parts.iter_mut().zip(&outs).zip(modes) {
+    for ((p, (o, span)), mode) in parts
+        .iter_mut()
+        .zip(outs.iter().zip(&batch.spans))
+        .zip(modes)
+    {
         p.target.collect_snapshots();
-        res.push(match (o, mode) {
-            (Some(_), VerifyMode::Argmax) => {
-                VerifyRows::Argmax(light_rows.next().context("rows for each light part")?)
-            }
-            (Some(l), VerifyMode::Rows) => {
+        res.push(match (span, mode) {
+            (Some((_, n)), VerifyMode::Argmax) => VerifyRows::Argmax(match whole.as_mut() {
+                Some(rows) => rows.by_ref().take(*n as usize).collect(),
+                None => light_rows.next().context("rows for each light part")?,
+            }),
+            (Some(_), VerifyMode::Rows) => {
+                let l = o.as_ref().context("a slice for each part read whole")?;
                 VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
             }
             (None, _) => VerifyRows::Logits(Vec::new()),
