@@ -164,6 +164,10 @@ impl Array {
     pub fn nbytes(&self) -> usize {
         ffi::nbytes(&self.0)
     }
+    /// The address of the first element once evaluated (0 before).
+    pub fn data_address(&self) -> usize {
+        ffi::data_address(&self.0)
+    }
     /// Evaluates and copies out as f32 (converting if needed).
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
         let mut v = vec![0f32; self.size()];

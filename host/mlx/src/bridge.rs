@@ -19,6 +19,7 @@ pub(crate) mod ffi {
         fn shape(x: &Array) -> Vec<i32>;
         fn dtype(x: &Array) -> u8;
         fn nbytes(x: &Array) -> usize;
+        fn data_address(x: &Array) -> usize;
         fn to_f32(x: &Array, out: &mut [f32]) -> Result<()>;
         fn to_i32(x: &Array, out: &mut [i32]) -> Result<()>;
         fn to_u32(x: &Array, out: &mut [u32]) -> Result<()>;

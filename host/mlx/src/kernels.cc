@@ -268,7 +268,7 @@ class KernelOp : public mx::UnaryPrimitive {
   KernelOp(mx::Stream s, const char* name, Body body)
       : UnaryPrimitive(s), name_(name), body_(std::move(body)) {}
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    out.set_data(aligned_data(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (auto& x : in) enc.set_input_array(x);
     enc.set_output_array(out);

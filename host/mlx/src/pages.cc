@@ -7,6 +7,7 @@
 #include "specd-mlx/src/pages.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -113,6 +114,17 @@ mx::array weight_array(const mx::Shape& shape, mx::Dtype dtype) {
   mx::allocator::Data data(mx::allocator::Buffer(header),
                            [owner](mx::allocator::Buffer) {});
   return mx::array(std::move(data), shape, dtype);
+}
+
+mx::allocator::Data aligned_data(size_t bytes) {
+  if (!carved_buffers_fit()) return mx::allocator::malloc(bytes);
+  // One cache line ahead of the data holds its header, as in weight_array.
+  char* base = static_cast<char*>(std::aligned_alloc(64, round_up(bytes, 64) + 64));
+  if (!base) throw std::bad_alloc();
+  char* header = base + 64 - sizeof(size_t);
+  *reinterpret_cast<size_t*>(header) = bytes;
+  return mx::allocator::Data(mx::allocator::Buffer(header),
+                             [base](mx::allocator::Buffer) { std::free(base); });
 }
 
 }  // namespace specd_mlx

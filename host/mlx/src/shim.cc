@@ -86,6 +86,9 @@ uint8_t dtype(const Array& x) {
   return 255;
 }
 size_t nbytes(const Array& x) { return x.a.nbytes(); }
+size_t data_address(const Array& x) {
+  return x.a.is_available() ? reinterpret_cast<size_t>(x.a.data<char>()) : 0;
+}
 void to_f32(const Array& x, rust::Slice<float> out) { copy_out(x, out, mx::float32); }
 void to_i32(const Array& x, rust::Slice<int32_t> out) { copy_out(x, out, mx::int32); }
 void to_u32(const Array& x, rust::Slice<uint32_t> out) { copy_out(x, out, mx::uint32); }

@@ -40,6 +40,8 @@ A clone_array(const Array& x);
 rust::Vec<int32_t> shape(const Array& x);
 uint8_t dtype(const Array& x);
 size_t nbytes(const Array& x);
+// Where x's data starts (0 before evaluation): for alignment checks.
+size_t data_address(const Array& x);
 void to_f32(const Array& x, rust::Slice<float> out);
 void to_i32(const Array& x, rust::Slice<int32_t> out);
 void to_u32(const Array& x, rust::Slice<uint32_t> out);

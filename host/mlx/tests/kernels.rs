@@ -1075,6 +1075,52 @@ fn attention_kv_rows_is_each_sequence_alone() {
     }
 }
 
+/// Every kernel output starts on a cache line (MLX's own allocations sit 8
+/// bytes past malloc's 16-byte alignment, which split every 64-byte load of
+/// a cache row in two), whatever its size, and holds what it should.
+#[test]
+fn kernel_outputs_start_on_a_cache_line() {
+    let mut g = Gen(71);
+    let (hkv, dim) = (3usize, 64usize);
+    for len in [1usize, 3, 17, 100, 301] {
+        let old = g.f32s(hkv * len * dim, -1.0, 1.0);
+        let old_a = heads(&old, hkv, len, dim);
+        let cap = len + 5;
+        let cache = kernels::kv_alloc(
+            Some(&old_a),
+            len as i32,
+            hkv as i32,
+            cap as i32,
+            dim as i32,
+            false,
+        )
+        .unwrap();
+        let got = cache.to_vec_f32().unwrap();
+        assert_eq!(cache.data_address() % 64, 0, "a cache of {cap} rows");
+        for h in 0..hkv {
+            let row = |t: usize| &got[(h * cap + t) * dim..(h * cap + t + 1) * dim];
+            for t in 0..cap {
+                let want: &[f32] = if t < len {
+                    &old[(h * len + t) * dim..(h * len + t + 1) * dim]
+                } else {
+                    &[0.0; 64]
+                };
+                assert_eq!(row(t), want, "head {h} row {t} of {cap}");
+            }
+        }
+        let q = heads(&g.f32s(9 * len * dim, -1.0, 1.0), 9, len, dim);
+        let o = kernels::attention(&q, &cache, &cache, 0.125, false).unwrap();
+        o.eval().unwrap();
+        assert_eq!(o.data_address() % 64, 0, "attention over {len} rows");
+        let w = Array::from_f32(&g.f32s(dim, 0.5, 1.5), &[dim as i32]).unwrap();
+        let x =
+            Array::from_f32(&g.f32s(len * dim, -1.0, 1.0), &[1, len as i32, dim as i32]).unwrap();
+        let n = kernels::rms_norm(&x, &w, 1e-5).unwrap();
+        n.eval().unwrap();
+        assert_eq!(n.data_address() % 64, 0, "a norm of {len} rows");
+    }
+}
+
 /// A write in place is ordered: a second call on the caches the first one
 /// returned runs the first (never evaluated on its own) before it reads.
 #[test]
