@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -41,6 +42,28 @@ namespace specd_mlx {
 namespace mx = mlx::core;
 
 namespace {
+
+// Scratch rows (a fused op's intermediates, attention scores, prepared
+// activations) on cache lines, as kernel outputs are (pages.cc
+// `aligned_data`): std::vector's malloc gives 16 bytes, and a 64-byte
+// vector at 16 past a line is two loads.
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const LineAligned<U>&) const {
+    return true;
+  }
+};
+template <class T>
+using Scratch = std::vector<T, LineAligned<T>>;
 
 // ---- thread pool --------------------------------------------------------------
 //
@@ -453,7 +476,7 @@ void group_sums(const float* xr, int K, int group, float* out) {
 template <class F>
 const float* prepare_x(const float* x, const std::vector<int64_t>& row_off, int64_t col, int M,
                        int K, int group, const float* norm_w, float eps, Glu glu,
-                       std::vector<float>& dense, float* xs, F&& also) {
+                       Scratch<float>& dense, float* xs, F&& also) {
   bool packed = col == 1 && !norm_w && glu == Glu::None;
   for (int m = 0; m < M && packed; m++) packed = row_off[m] == (int64_t)m * K;
   if (!packed) dense.resize((size_t)M * K);
@@ -611,8 +634,8 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
              const float* norm_w, float eps, const float* r, float* y, int M, int N, int K,
              int group, int bits, Glu glu) {
   // Reused across calls: this runs a few hundred times per token.
-  thread_local std::vector<float> dense, xs, xqd, xn;
-  thread_local std::vector<int8_t> xq;
+  thread_local Scratch<float> dense, xs, xqd, xn;
+  thread_local Scratch<int8_t> xq;
   const bool q8 = (bits & qmm::kActQ8) && qmm::q8_fits(K, group, bits);
   bits &= ~qmm::kActQ8;
   const int vb = qmm::value_bits(bits);
@@ -739,7 +762,7 @@ struct TailBody {
   // weight, W_gate_up, W_down.
   void run(const std::vector<mx::array>& in, mx::array& out, const QmmBody::Rows& rows) const {
     const int M = in[0].size() / in[0].shape(-1), d = o.n, gu = gate_up.n;
-    thread_local std::vector<float> h, g;
+    thread_local Scratch<float> h, g;
     thread_local QmmBody::Rows h_rows{{}, 1}, g_rows{{}, 1};
     h.resize((size_t)M * d), g.resize((size_t)M * gu);
     h_rows.off.resize(M), g_rows.off.resize(M);
@@ -847,7 +870,7 @@ float exp_sum(float* p, int n, float shift) {
   return sum;
 }
 
-void attn_rows(const AttnArgs& a, int r0, int r1, std::vector<float>& p) {
+void attn_rows(const AttnArgs& a, int r0, int r1, Scratch<float>& p) {
   int rep = a.H / a.Hkv;
   p.resize(a.L + 2 * a.D + a.Dv);
   float* ktmp = p.data() + a.L;
@@ -905,7 +928,7 @@ inline void attn_groups(const qmm::AttnGroup* g, int rows, float* scores) {
 // output rows of row t at q(t, h) and o(t, h), its keys n(t).
 template <class Q, class O, class N>
 void attn_block(const qmm::AttnGroup& shared, int kvh, int t0, int t1, Q q, O o, N n,
-                std::vector<float>& scores) {
+                Scratch<float>& scores) {
   qmm::AttnGroup g[qmm::kAttnMaxRows];
   size_t need = 0;
   for (int t = t0; t < t1; t++) {
@@ -961,7 +984,7 @@ struct AttnBody {
     int rows = a.H * a.T;
     // A row costs ~L*D; below ~64K multiply-adds per call stay on one thread.
     run_ranges(rows, (int64_t)rows * a.L * a.D < 65536, [&](int r0, int r1) {
-      thread_local std::vector<float> p;
+      thread_local Scratch<float> p;
       attn_rows(a, r0, r1, p);
     });
   }
@@ -973,7 +996,7 @@ struct AttnBody {
     auto [rb, per_head] = row_blocks(a.T, a.Hkv);
     int units = a.Hkv * per_head;
     run_ranges(units, (int64_t)a.H * a.T * a.L * a.D < 65536, [&](int u0, int u1) {
-      thread_local std::vector<float> scores;
+      thread_local Scratch<float> scores;
       for (int u = u0; u < u1; u++) {
         int kvh = u / per_head, t0 = u % per_head * rb, t1 = std::min(a.T, t0 + rb);
         qmm::AttnGroup shared{};
@@ -1110,7 +1133,7 @@ struct RaggedAttnBody {
     }
     // Below ~64K multiply-adds per call stay on one thread (as AttnBody).
     run_ranges(units, work < 65536, [&](int u0, int u1) {
-      thread_local std::vector<float> scratch;
+      thread_local Scratch<float> scratch;
       size_t s = 0;
       for (int u = u0; u < u1; u++) {
         while (u >= first[s + 1]) s++;
@@ -1137,7 +1160,7 @@ struct RaggedAttnBody {
 
   // Rows [t0, t1) of sequence s, the query heads of kv head `kvh`.
   void unit(const RaggedArgs& r, const Widened& w, size_t s, int t0, int t1, int kvh,
-            std::vector<float>& scratch) const {
+            Scratch<float>& scratch) const {
     const auto& sp = seqs[s];
     int rep = H / Hkv;
 #if defined(SPECD_X86_KERNELS)
@@ -1641,7 +1664,7 @@ struct QkvAttnBody {
   }
   void run(const std::vector<mx::array>& in, mx::array& out, Args& a) const {
     const int M = in[0].size() / in[0].shape(-1);
-    thread_local std::vector<float> y;
+    thread_local Scratch<float> y;
     y.resize((size_t)M * qkv.n);
     qkv.compute(in[0].data<float>(), a.rows, M, in[0].shape(-1), in[1].data<uint32_t>(),
                 in[2].data<float>(), nullptr, y.data());
