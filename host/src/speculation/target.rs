@@ -474,13 +474,14 @@ pub fn forward_batch_verify(
         }
     }
     specd_mlx::eval(&wanted)?;
-    let mut light_rows: Vec<Vec<RowArgmax>> = stats
+    // The light parts' rows in part order, whether read from the whole
+    // logits or from each light part's slice in turn.
+    let mut light_rows = stats
         .map(|s| s.read(&light))
         .transpose()?
-        .unwrap_or_default();
-    // One array for the whole step: its rows cut by part.
-    let mut whole = (all_light && light_rows.len() == 1).then(|| light_rows.remove(0).into_iter());
-    let mut light_rows = light_rows.into_iter();
+        .unwrap_or_default()
+        .into_iter()
+        .flatten();
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
     for ((p, (o, span)), mode) in parts
@@ -490,10 +491,11 @@ pub fn forward_batch_verify(
     {
         p.target.collect_snapshots();
         res.push(match (span, mode) {
-            (Some((_, n)), VerifyMode::Argmax) => VerifyRows::Argmax(match whole.as_mut() {
-                Some(rows) => rows.by_ref().take(*n as usize).collect(),
-                None => light_rows.next().context("rows for each light part")?,
-            }),
+            (Some((_, n)), VerifyMode::Argmax) => {
+                let rows: Vec<RowArgmax> = light_rows.by_ref().take(*n as usize).collect();
+                anyhow::ensure!(rows.len() == *n as usize, "rows for each light part");
+                VerifyRows::Argmax(rows)
+            }
             (Some(_), VerifyMode::Rows) => {
                 let l = o.as_ref().context("a slice for each part read whole")?;
                 VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
