@@ -236,6 +236,30 @@ pub(crate) mod ffi {
             causal: bool,
         ) -> Result<UniquePtr<Array>>;
         #[allow(clippy::too_many_arguments)]
+        fn layer_kv_rows(
+            y: &Array,
+            caches: &ArrayList,
+            spans: &[i32],
+            heads: i32,
+            kv_heads: i32,
+            head_dim: i32,
+            scale: f32,
+            x: &Array,
+            w_o: &Array,
+            o_group: i32,
+            o_bits: i32,
+            norm_w: &Array,
+            eps: f32,
+            w_gate_up: &Array,
+            gate_up_n: i32,
+            gate_up_group: i32,
+            gate_up_bits: i32,
+            w_down: &Array,
+            down_group: i32,
+            down_bits: i32,
+            gelu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+        #[allow(clippy::too_many_arguments)]
         fn attention_kv_rows(
             y: &Array,
             caches: &ArrayList,

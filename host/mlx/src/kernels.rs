@@ -37,17 +37,6 @@ pub fn qmatmul_packed_add(
 pub fn qmatmul_packed_glu_add(
     gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array, gelu: bool,
 );
-/// A llama layer after attention in one op: `h = x + o W_o^T`, then
-/// `h + down(swiglu(rms_norm(h, norm_w, eps) W_gate_up^T))` (`gelu`: geglu),
-/// every weight packed; `gate_up_n` is the fused gate/up width. Bitwise
-/// [`qmatmul_packed_add`], [`qmatmul_packed_norm`] and
-/// [`qmatmul_packed_glu_add`] one after another. CPU only.
-#[allow(clippy::too_many_arguments)]
-pub fn layer_tail(
-    o: &Array, x: &Array, w_o: &Array, o_group: i32, o_bits: i32, norm_w: &Array, eps: f32,
-    w_gate_up: &Array, gate_up_n: i32, gate_up_group: i32, gate_up_bits: i32, w_down: &Array,
-    down_group: i32, down_bits: i32, gelu: bool,
-);
 /// [`qmatmul_packed_glu_add`] without the residual (Gemma's post-MLP norm
 /// comes between the matmul and its residual). CPU only.
 pub fn qmatmul_packed_glu(gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, gelu: bool);
@@ -168,17 +157,126 @@ pub fn attention_kv_rows(
     let spans: Vec<i32> = seqs.iter().flat_map(|s| [s.offset, s.rows]).collect();
     let out = ffi::attention_kv_rows(&y.0, &caches, &spans, heads, kv_heads, head_dim, scale)
         .map_err(crate::Exception::from)?;
-    if ffi::list_len(&out) != 1 + 2 * seqs.len() {
-        return Err(crate::Exception(
-            "attention_kv_rows: one output and a cache pair per sequence".into(),
-        ));
+    let mut list = unlist(&out, 1, seqs.len(), "attention_kv_rows")?;
+    let kv = pairs(list.split_off(1));
+    Ok((list.pop().expect("one array"), kv))
+}
+/// A llama layer's weights after attention, every one packed: `W_o`, the
+/// MLP's norm and its fused gate/up (`gate_up_n` wide) and down matmuls.
+pub struct Tail<'a> {
+    pub w_o: &'a Array,
+    pub o_group: i32,
+    pub o_bits: i32,
+    pub norm_w: &'a Array,
+    pub eps: f32,
+    pub w_gate_up: &'a Array,
+    pub gate_up_n: i32,
+    pub gate_up_group: i32,
+    pub gate_up_bits: i32,
+    pub w_down: &'a Array,
+    pub down_group: i32,
+    pub down_bits: i32,
+    /// GeGLU between gate/up and down (else SwiGLU).
+    pub gelu: bool,
+}
+/// A llama layer after attention in one op: `h = x + o W_o^T`, then
+/// `h + down(swiglu(rms_norm(h, norm_w, eps) W_gate_up^T))` (`gelu`:
+/// geglu). Bitwise [`qmatmul_packed_add`], [`qmatmul_packed_norm`] and
+/// [`qmatmul_packed_glu_add`] one after another. CPU only.
+pub fn layer_tail(o: &Array, x: &Array, t: &Tail<'_>) -> Result<Array> {
+    wrap(ffi::layer_tail(
+        &o.0,
+        &x.0,
+        &t.w_o.0,
+        t.o_group,
+        t.o_bits,
+        &t.norm_w.0,
+        t.eps,
+        &t.w_gate_up.0,
+        t.gate_up_n,
+        t.gate_up_group,
+        t.gate_up_bits,
+        &t.w_down.0,
+        t.down_group,
+        t.down_bits,
+        t.gelu,
+    ))
+}
+/// What [`layer_kv_rows`] gives.
+pub struct LayerRows {
+    /// The layer's output, shaped as `x`.
+    pub out: Array,
+    /// The attention's output where it is an op of its own (`y` was
+    /// evaluated first, as a profile's probe does); else `out` again.
+    pub attention: Array,
+    /// As [`attention_kv_rows`]'s.
+    pub caches: Vec<(Array, Array)>,
+}
+/// A whole llama layer: [`attention_kv_rows`] of `y`, then [`layer_tail`]
+/// of its output and `x` (the layer's input, whose q/k/v matmul made
+/// `y`). Where that matmul has not been evaluated, all three are one op
+/// (the same bits: the same calls on the same rows), else two. CPU only.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_kv_rows(
+    y: &Array,
+    seqs: &[KvRows<'_>],
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    x: &Array,
+    t: &Tail<'_>,
+) -> Result<LayerRows> {
+    let caches = crate::array::list(seqs.iter().flat_map(|s| [s.keys, s.values]));
+    let spans: Vec<i32> = seqs.iter().flat_map(|s| [s.offset, s.rows]).collect();
+    let out = ffi::layer_kv_rows(
+        &y.0,
+        &caches,
+        &spans,
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+        &x.0,
+        &t.w_o.0,
+        t.o_group,
+        t.o_bits,
+        &t.norm_w.0,
+        t.eps,
+        &t.w_gate_up.0,
+        t.gate_up_n,
+        t.gate_up_group,
+        t.gate_up_bits,
+        &t.w_down.0,
+        t.down_group,
+        t.down_bits,
+        t.gelu,
+    )
+    .map_err(crate::Exception::from)?;
+    let mut list = unlist(&out, 2, seqs.len(), "layer_kv_rows")?;
+    let caches = pairs(list.split_off(2));
+    let attention = list.pop().expect("two arrays");
+    let out = list.pop().expect("two arrays");
+    Ok(LayerRows {
+        out,
+        attention,
+        caches,
+    })
+}
+/// The arrays of `out`: `front` of them, then a cache pair per sequence.
+fn unlist(out: &ffi::ArrayList, front: usize, seqs: usize, what: &str) -> Result<Vec<Array>> {
+    if ffi::list_len(out) != front + 2 * seqs {
+        return Err(crate::Exception(format!(
+            "{what}: {front} outputs and a cache pair per sequence"
+        )));
     }
-    let get = |i: usize| wrap(ffi::list_get(&out, i));
-    let attn = get(0)?;
-    let kv = (0..seqs.len())
-        .map(|s| Ok((get(1 + 2 * s)?, get(2 + 2 * s)?)))
-        .collect::<Result<_>>()?;
-    Ok((attn, kv))
+    (0..front + 2 * seqs)
+        .map(|i| wrap(ffi::list_get(out, i)))
+        .collect()
+}
+fn pairs(v: Vec<Array>) -> Vec<(Array, Array)> {
+    let mut it = v.into_iter();
+    std::iter::from_fn(|| Some((it.next()?, it.next()?))).collect()
 }
 /// A cache buffer `[1, heads, cap, dim]` of specd's own (contiguous,
 /// float32, or float16 where `half`): the first `keep` positions of `old`

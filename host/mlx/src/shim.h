@@ -142,6 +142,15 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
 std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& caches,
                                              rust::Slice<const int32_t> spans, int32_t heads,
                                              int32_t kv_heads, int32_t head_dim, float scale);
+std::unique_ptr<ArrayList> layer_kv_rows(const Array& y, const ArrayList& caches,
+                                         rust::Slice<const int32_t> spans, int32_t heads,
+                                         int32_t kv_heads, int32_t head_dim, float scale,
+                                         const Array& x, const Array& w_o, int32_t o_group,
+                                         int32_t o_bits, const Array& norm_w, float eps,
+                                         const Array& w_gate_up, int32_t gate_up_n,
+                                         int32_t gate_up_group, int32_t gate_up_bits,
+                                         const Array& w_down, int32_t down_group,
+                                         int32_t down_bits, bool gelu);
 A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t cap,
            int32_t dim, bool half);
 A rms_norm_rows(const Array& x, const Array& w, float eps);

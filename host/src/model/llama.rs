@@ -475,9 +475,7 @@ impl Llama {
                 self.rope(offset),
             )?;
             probe("norm + q/k/v matmuls + rope", &[&y])?;
-            let o = self.attention_kv_rows(&y, &mut [kv], &[x.dim(1)])?;
-            probe("cache update + attention", &[&o])?;
-            return self.layer_rest(l, &o, x, probe);
+            return self.attention_and_rest(l, &y, x, &mut [kv], &[x.dim(1)], probe);
         }
 
         let (q, k, v) = self.qkv_heads(l, x, offset, probe)?;
@@ -526,7 +524,23 @@ impl Llama {
         caches: &mut [&mut KvCache],
         rows: &[i32],
     ) -> Result<Array> {
-        let (nh, nkv, hd) = self.head_counts();
+        self.with_kv_rows(caches, rows, |seqs, (nh, nkv, hd), scale| {
+            let (o, kv) = kernels::attention_kv_rows(y, seqs, nh, nkv, hd, scale)?;
+            Ok((kv, o))
+        })
+    }
+
+    /// `f` over each cache's writable buffers for its `rows` new rows (with
+    /// the head counts and attention scale); the caches it gives back are
+    /// kept, as written.
+    fn with_kv_rows<T>(
+        &self,
+        caches: &mut [&mut KvCache],
+        rows: &[i32],
+        f: impl FnOnce(&[KvRows<'_>], (i32, i32, i32), f32) -> Result<(Vec<(Array, Array)>, T)>,
+    ) -> Result<T> {
+        let heads = self.head_counts();
+        let (_, nkv, hd) = heads;
         let scale = 1.0 / (self.config.head_dim as f32).sqrt();
         let seqs = caches
             .iter_mut()
@@ -542,12 +556,12 @@ impl Llama {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let (o, kv) = kernels::attention_kv_rows(y, &seqs, nh, nkv, hd, scale)?;
+        let (kv, out) = f(&seqs, heads, scale)?;
         drop(seqs);
         for ((c, &n), (k, v)) in caches.iter_mut().zip(rows).zip(kv) {
             c.written(n as usize, k, v);
         }
-        Ok(o)
+        Ok(out)
     }
 
     /// The MLP's input norm and its gate and up matmuls (one fused matmul
@@ -562,40 +576,64 @@ impl Llama {
         })
     }
 
-    /// A layer after attention as one op ([`kernels::layer_tail`]) where
-    /// its three matmuls are packed and nothing comes between them (no o
-    /// bias; a fused gate/up whose SwiGLU folds into down).
-    fn fused_tail(&self, l: &Layer, o: &Array, x: &Array) -> Option<Result<Array>> {
+    /// A layer's weights after attention where they run as one op
+    /// ([`kernels::layer_tail`]): its three matmuls packed and nothing
+    /// between them (no o bias; a fused gate/up whose SwiGLU folds into
+    /// down).
+    fn tail<'a>(&self, l: &'a Layer) -> Option<kernels::Tail<'a>> {
         if !(self.fused_tail && self.own_kernels) || l.o_bias.is_some() {
             return None;
         }
         let (w_o, _, o_group, o_bits) = l.o.packed()?;
-        let (w_gu, gu_n, gu_group, gu_bits) = l.gate_up.as_ref()?.packed()?;
+        let (w_gate_up, gate_up_n, gate_up_group, gate_up_bits) = l.gate_up.as_ref()?.packed()?;
         let (w_down, _, down_group, down_bits) = l.down.packed()?;
-        let eps = self.config.rms_norm_eps;
-        Some(kernels::layer_tail(
-            o,
-            x,
+        Some(kernels::Tail {
             w_o,
             o_group,
             o_bits,
-            &l.ffn_norm,
-            eps,
-            w_gu,
-            gu_n,
-            gu_group,
-            gu_bits,
+            norm_w: &l.ffn_norm,
+            eps: self.config.rms_norm_eps,
+            w_gate_up,
+            gate_up_n,
+            gate_up_group,
+            gate_up_bits,
             w_down,
             down_group,
             down_bits,
-            false,
-        ))
+            gelu: false,
+        })
+    }
+
+    /// Attention over the caches (as [`Self::attention_kv_rows`]) and the
+    /// rest of the layer: where the layer's tail fuses, the whole layer is
+    /// one op ([`kernels::layer_kv_rows`]; two where a probe evaluated `y`).
+    fn attention_and_rest(
+        &self,
+        l: &Layer,
+        y: &Array,
+        x: &Array,
+        caches: &mut [&mut KvCache],
+        rows: &[i32],
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        let Some(tail) = self.tail(l) else {
+            let o = self.attention_kv_rows(y, caches, rows)?;
+            probe("cache update + attention", &[&o])?;
+            return self.layer_rest(l, &o, x, probe);
+        };
+        let (out, attention) = self.with_kv_rows(caches, rows, |seqs, (nh, nkv, hd), scale| {
+            let r = kernels::layer_kv_rows(y, seqs, nh, nkv, hd, scale, x, &tail)?;
+            Ok((r.caches, (r.out, r.attention)))
+        })?;
+        probe("cache update + attention", &[&attention])?;
+        probe("o matmul + MLP, one op", &[&out])?;
+        Ok(out)
     }
 
     /// A layer after attention: `o` matmul + residual, then the MLP.
     fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
-        if let Some(y) = self.fused_tail(l, o, x) {
-            let y = y?;
+        if let Some(t) = self.tail(l) {
+            let y = kernels::layer_tail(o, x, &t)?;
             probe("o matmul + MLP, one op", &[&y])?;
             return Ok(y);
         }
@@ -768,8 +806,7 @@ impl Llama {
                 // Every cache a plain one: all the sequences' cache writes
                 // and attention in one op, as alone (`layer`).
                 let rows: Vec<i32> = spans.iter().map(|&(_, n)| n).collect();
-                let o = self.attention_kv_rows(&y, &mut kvs, &rows)?;
-                return self.layer_rest(l, &o, x, &mut no_probe);
+                return self.attention_and_rest(l, &y, x, &mut kvs, &rows, &mut no_probe);
             }
             drop(kvs);
             let (q, k, v) = (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?);
