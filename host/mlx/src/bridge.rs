@@ -163,23 +163,14 @@ pub(crate) mod ffi {
             residual: &Array,
             gelu: bool,
         ) -> Result<UniquePtr<Array>>;
-        #[allow(clippy::too_many_arguments)]
+        /// `tail`: W_o, the MLP's norm weight, W_gate_up, W_down;
+        /// `params`: kernels::Tail's integers (Tail::params).
         fn layer_tail(
             o: &Array,
             x: &Array,
-            w_o: &Array,
-            o_group: i32,
-            o_bits: i32,
-            norm_w: &Array,
+            tail: &ArrayList,
+            params: &[i32],
             eps: f32,
-            w_gate_up: &Array,
-            gate_up_n: i32,
-            gate_up_group: i32,
-            gate_up_bits: i32,
-            w_down: &Array,
-            down_group: i32,
-            down_bits: i32,
-            gelu: bool,
         ) -> Result<UniquePtr<Array>>;
         fn qmatmul_packed_glu(
             gu: &Array,
@@ -245,19 +236,9 @@ pub(crate) mod ffi {
             head_dim: i32,
             scale: f32,
             x: &Array,
-            w_o: &Array,
-            o_group: i32,
-            o_bits: i32,
-            norm_w: &Array,
+            tail: &ArrayList,
+            params: &[i32],
             eps: f32,
-            w_gate_up: &Array,
-            gate_up_n: i32,
-            gate_up_group: i32,
-            gate_up_bits: i32,
-            w_down: &Array,
-            down_group: i32,
-            down_bits: i32,
-            gelu: bool,
         ) -> Result<UniquePtr<ArrayList>>;
         #[allow(clippy::too_many_arguments)]
         fn attention_kv_rows(

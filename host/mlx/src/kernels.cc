@@ -1529,26 +1529,32 @@ A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t gr
 namespace {
 // A layer tail's body and the inputs it takes after o: x (row-major),
 // W_o, the MLP's norm weight, W_gate_up, W_down. `o_width` and `rows`:
-// the o rows it will read.
+// the o rows it will read; `tail`: the four weights; `p`: the o, gate/up
+// and down matmuls' group sizes and bits, the gate/up width, GeGLU or not
+// (kernels.rs `Tail::params`).
 struct TailPlan {
   TailBody body;
   std::vector<mx::array> in;
 };
-TailPlan plan_tail(int o_width, int64_t rows, const Array& x, const Array& w_o, int32_t o_group,
-                   int32_t o_bits, const Array& norm_w, float eps, const Array& w_gate_up,
-                   int32_t gate_up_n, int32_t gate_up_group, int32_t gate_up_bits,
-                   const Array& w_down, int32_t down_group, int32_t down_bits, bool gelu) {
+TailPlan plan_tail(int o_width, int64_t rows, const Array& x, const ArrayList& tail,
+                   rust::Slice<const int32_t> p, float eps) {
+  if (tail.v.size() != 4 || p.size() != 8)
+    throw std::invalid_argument("layer_tail: four weights and eight integers");
+  const auto &w_o = tail.v[0], &norm_w = tail.v[1], &w_gate_up = tail.v[2], &w_down = tail.v[3];
+  const int o_group = p[0], o_bits = p[1], gate_up_n = p[2], gate_up_group = p[3],
+            gate_up_bits = p[4], down_group = p[5], down_bits = p[6];
+  const bool gelu = p[7] != 0;
   const int d = x.a.shape(-1);
-  check_packed(w_o.a, d, o_group, o_bits, "layer_tail (o)");
-  check_packed(w_gate_up.a, gate_up_n, gate_up_group, gate_up_bits, "layer_tail (gate/up)");
-  check_packed(w_down.a, d, down_group, down_bits, "layer_tail (down)");
-  auto in_features = [](const Array& w, int group) { return w.a.shape(1) * group; };
+  check_packed(w_o, d, o_group, o_bits, "layer_tail (o)");
+  check_packed(w_gate_up, gate_up_n, gate_up_group, gate_up_bits, "layer_tail (gate/up)");
+  check_packed(w_down, d, down_group, down_bits, "layer_tail (down)");
+  auto in_features = [](const mx::array& w, int group) { return w.shape(1) * group; };
   if (rows != (int64_t)(x.a.size() / d) || o_width != in_features(w_o, o_group))
     throw std::invalid_argument("layer_tail: o must be x's rows of W_o's in features");
   if (in_features(w_gate_up, gate_up_group) != d || gate_up_n % 2 != 0 ||
       in_features(w_down, down_group) != gate_up_n / 2)
     throw std::invalid_argument("layer_tail: gate/up must map the hidden size to twice down's in features");
-  if (norm_w.a.ndim() != 1 || norm_w.a.shape(0) != d)
+  if (norm_w.ndim() != 1 || norm_w.shape(0) != d)
     throw std::invalid_argument("layer_tail: the norm weight must be [hidden]");
   auto matmul = [](int n, int group, int bits) {
     QmmBody b;
@@ -1561,19 +1567,15 @@ TailPlan plan_tail(int o_width, int64_t rows, const Array& x, const Array& w_o, 
   body.gate_up.norm = true, body.gate_up.eps = eps;
   body.down.residual = true, body.down.glu = gelu ? Glu::Gelu : Glu::Silu;
   return {body,
-          {rowmajor(f32(x.a)), rowmajor(w_o.a), rowmajor(f32(norm_w.a)), rowmajor(w_gate_up.a),
-           rowmajor(w_down.a)}};
+          {rowmajor(f32(x.a)), rowmajor(w_o), rowmajor(f32(norm_w)), rowmajor(w_gate_up),
+           rowmajor(w_down)}};
 }
 }  // namespace
 
-A layer_tail(const Array& o, const Array& x, const Array& w_o, int32_t o_group, int32_t o_bits,
-             const Array& norm_w, float eps, const Array& w_gate_up, int32_t gate_up_n,
-             int32_t gate_up_group, int32_t gate_up_bits, const Array& w_down,
-             int32_t down_group, int32_t down_bits, bool gelu) {
+A layer_tail(const Array& o, const Array& x, const ArrayList& tail,
+             rust::Slice<const int32_t> params, float eps) {
   if (o.a.ndim() != x.a.ndim()) throw std::invalid_argument("layer_tail: o and x differ in rank");
-  auto plan = plan_tail(o.a.shape(-1), o.a.size() / o.a.shape(-1), x, w_o, o_group, o_bits, norm_w,
-                        eps, w_gate_up, gate_up_n, gate_up_group, gate_up_bits, w_down, down_group,
-                        down_bits, gelu);
+  auto plan = plan_tail(o.a.shape(-1), o.a.size() / o.a.shape(-1), x, tail, params, eps);
   plan.in.insert(plan.in.begin(), f32(o.a));
   return kernel_op("SpecdLayerTail", plan.body, x.a.shape(), std::move(plan.in));
 }
@@ -1834,29 +1836,23 @@ std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& ca
 std::unique_ptr<ArrayList> layer_kv_rows(const Array& y, const ArrayList& caches,
                                          rust::Slice<const int32_t> spans, int32_t heads,
                                          int32_t kv_heads, int32_t head_dim, float scale,
-                                         const Array& x, const Array& w_o, int32_t o_group,
-                                         int32_t o_bits, const Array& norm_w, float eps,
-                                         const Array& w_gate_up, int32_t gate_up_n,
-                                         int32_t gate_up_group, int32_t gate_up_bits,
-                                         const Array& w_down, int32_t down_group,
-                                         int32_t down_bits, bool gelu) {
+                                         const Array& x, const ArrayList& tail,
+                                         rust::Slice<const int32_t> params, float eps) {
   auto p = plan_attention(y, caches, spans, heads, kv_heads, head_dim, scale);
   if (x.a.ndim() != 3) throw std::invalid_argument("layer_kv_rows: x must be [1, T, hidden]");
-  auto tail = plan_tail(heads * head_dim, p.T, x, w_o, o_group, o_bits, norm_w, eps, w_gate_up,
-                        gate_up_n, gate_up_group, gate_up_bits, w_down, down_group, down_bits,
-                        gelu);
+  auto t = plan_tail(heads * head_dim, p.T, x, tail, params, eps);
   if (auto* qkv = fusable_qkv(y.a)) {
     auto in = with_qkv_inputs(y.a, p);
-    in.insert(in.end(), tail.in.begin(), tail.in.end());
-    auto out = kernel_op("SpecdLayer", LayerBody{{qkv->body(), p.body}, tail.body}, x.a.shape(),
+    in.insert(in.end(), t.in.begin(), t.in.end());
+    auto out = kernel_op("SpecdLayer", LayerBody{{qkv->body(), p.body}, t.body}, x.a.shape(),
                          std::move(in));
     return with_caches({out->a, out->a}, p, out->a);
   }
   // y already asked for (a profile's probe): the attention and the tail
   // as two ops, and the attention's output to time them apart.
   auto o = attention_op(p, y.a);
-  tail.in.insert(tail.in.begin(), o->a);
-  auto out = kernel_op("SpecdLayerTail", tail.body, x.a.shape(), std::move(tail.in));
+  t.in.insert(t.in.begin(), o->a);
+  auto out = kernel_op("SpecdLayerTail", t.body, x.a.shape(), std::move(t.in));
   return with_caches({out->a, o->a}, p, o->a);
 }
 

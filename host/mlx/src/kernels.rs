@@ -187,20 +187,29 @@ pub fn layer_tail(o: &Array, x: &Array, t: &Tail<'_>) -> Result<Array> {
     wrap(ffi::layer_tail(
         &o.0,
         &x.0,
-        &t.w_o.0,
-        t.o_group,
-        t.o_bits,
-        &t.norm_w.0,
+        &t.weights(),
+        &t.params(),
         t.eps,
-        &t.w_gate_up.0,
-        t.gate_up_n,
-        t.gate_up_group,
-        t.gate_up_bits,
-        &t.w_down.0,
-        t.down_group,
-        t.down_bits,
-        t.gelu,
     ))
+}
+impl Tail<'_> {
+    /// The weights as the shim takes them, in `layer_tail`'s order.
+    fn weights(&self) -> cxx::UniquePtr<ffi::ArrayList> {
+        crate::array::list([self.w_o, self.norm_w, self.w_gate_up, self.w_down])
+    }
+    /// The integers as the shim takes them (`kernels.cc` `TailParams`).
+    fn params(&self) -> [i32; 8] {
+        [
+            self.o_group,
+            self.o_bits,
+            self.gate_up_n,
+            self.gate_up_group,
+            self.gate_up_bits,
+            self.down_group,
+            self.down_bits,
+            self.gelu as i32,
+        ]
+    }
 }
 /// What [`layer_kv_rows`] gives.
 pub struct LayerRows {
@@ -238,19 +247,9 @@ pub fn layer_kv_rows(
         head_dim,
         scale,
         &x.0,
-        &t.w_o.0,
-        t.o_group,
-        t.o_bits,
-        &t.norm_w.0,
+        &t.weights(),
+        &t.params(),
         t.eps,
-        &t.w_gate_up.0,
-        t.gate_up_n,
-        t.gate_up_group,
-        t.gate_up_bits,
-        &t.w_down.0,
-        t.down_group,
-        t.down_bits,
-        t.gelu,
     )
     .map_err(crate::Exception::from)?;
     let mut list = unlist(&out, 2, seqs.len(), "layer_kv_rows")?;

@@ -123,10 +123,8 @@ A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t gro
                      int32_t bits, const Array& residual);
 A qmatmul_packed_glu_add(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
                          int32_t bits, const Array& residual, bool gelu);
-A layer_tail(const Array& o, const Array& x, const Array& w_o, int32_t o_group, int32_t o_bits,
-               const Array& norm_w, float eps, const Array& w_gate_up, int32_t gate_up_n,
-               int32_t gate_up_group, int32_t gate_up_bits, const Array& w_down,
-               int32_t down_group, int32_t down_bits, bool gelu);
+A layer_tail(const Array& o, const Array& x, const ArrayList& tail,
+             rust::Slice<const int32_t> params, float eps);
 A qmatmul_packed_glu(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
                      int32_t bits, bool gelu);
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
@@ -145,12 +143,8 @@ std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& ca
 std::unique_ptr<ArrayList> layer_kv_rows(const Array& y, const ArrayList& caches,
                                          rust::Slice<const int32_t> spans, int32_t heads,
                                          int32_t kv_heads, int32_t head_dim, float scale,
-                                         const Array& x, const Array& w_o, int32_t o_group,
-                                         int32_t o_bits, const Array& norm_w, float eps,
-                                         const Array& w_gate_up, int32_t gate_up_n,
-                                         int32_t gate_up_group, int32_t gate_up_bits,
-                                         const Array& w_down, int32_t down_group,
-                                         int32_t down_bits, bool gelu);
+                                         const Array& x, const ArrayList& tail,
+                                         rust::Slice<const int32_t> params, float eps);
 A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t cap,
            int32_t dim, bool half);
 A rms_norm_rows(const Array& x, const Array& w, float eps);
