@@ -285,7 +285,9 @@ float h2f(uint16_t h) {
 // and strides are known (and throws on misfits); `Body::run(inputs, output,
 // prepared)` is the work, dispatched on the CPU stream's thread. The inputs
 // ride along in the task so their buffers outlive it.
-// What every kernel op is: its output is always a fresh row-major buffer.
+//
+// `OwnOp` is what every kernel op is: its output is always a fresh
+// row-major buffer, so `rowmajor` can take one before it is computed.
 class OwnOp : public mx::UnaryPrimitive {
   using UnaryPrimitive::UnaryPrimitive;
 };
@@ -1403,10 +1405,10 @@ A wrap_array(mx::array a) { return std::make_unique<Array>(std::move(a)); }
 mx::array f32(const mx::array& a) { return mx::astype(a, mx::float32); }
 
 // A row-contiguous view (a copy only where the layout needs one).
-// Weights are evaluated, row-contiguous arrays from the loader: used as they
-// are. Anything else gets a contiguous copy first.
-// A kernel op's output not yet computed is one too (it will be row-major):
-// no copy op in between (each op costs the engine thread a dispatch).
+// Weights are evaluated, row-contiguous arrays from the loader, and a
+// kernel op's output not yet computed will be row-major: both used as they
+// are, with no copy op in between (each op costs the engine thread a
+// dispatch). Anything else gets a contiguous copy first.
 mx::array rowmajor(const mx::array& a) {
   if (a.is_available() ? a.flags().row_contiguous
                        : a.has_primitive() && dynamic_cast<const OwnOp*>(&a.primitive()))

@@ -197,7 +197,7 @@ impl Tail<'_> {
     fn weights(&self) -> cxx::UniquePtr<ffi::ArrayList> {
         crate::array::list([self.w_o, self.norm_w, self.w_gate_up, self.w_down])
     }
-    /// The integers as the shim takes them (`kernels.cc` `TailParams`).
+    /// The integers as the shim takes them, in `kernels.cc` `plan_tail`'s order.
     fn params(&self) -> [i32; 8] {
         [
             self.o_group,
