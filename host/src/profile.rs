@@ -6,7 +6,7 @@ use crate::cache::LayerCache;
 use crate::model::{Linear, Llama};
 use crate::sampling::{distribution, SamplingParams};
 use anyhow::Result;
-use specd_mlx::Array;
+use specd_mlx::{kernels, Array};
 use std::time::Instant;
 
 #[derive(Debug, Default, Clone)]
@@ -16,6 +16,10 @@ pub struct Profile {
     pub step_ms: f64,
     /// Of a whole step: building the lazy graph (host side, before eval).
     pub build_ms: f64,
+    /// A whole step whose rows are reduced on the device to what a greedy
+    /// light round reads (argmax and top-2, [`kernels::row_top2_list`]),
+    /// with only those numbers copied back: what a verify costs a round.
+    pub light_step_ms: f64,
     pub parts: Vec<(String, f64)>,
     /// CPU ms of the process per part, in `parts`' order (threads spinning
     /// for work included): on a shared machine wall time counts others'
@@ -99,6 +103,17 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
     }
     step_ms /= steps as f64;
     build_ms /= steps as f64;
+    let mut light_step_ms = 0.0;
+    for i in 0..steps + 2 {
+        rewind(&mut caches);
+        let t = Instant::now();
+        let lazy = m.forward(&toks, &mut caches, which)?;
+        kernels::row_top2_list(&[&lazy])?.to_vec_f32()?;
+        if i >= 2 {
+            light_step_ms += t.elapsed().as_secs_f64() * 1e3;
+        }
+    }
+    light_step_ms /= steps as f64;
 
     // Part by part: the model's own forward, evaluated and timed at every
     // part boundary it reports.
@@ -151,13 +166,14 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
         } else {
             ""
         },
-        specd_mlx::kernels::isa(),
-        specd_mlx::kernels::threads()
+        kernels::isa(),
+        kernels::threads()
     );
     Ok(Profile {
         path,
         step_ms,
         build_ms,
+        light_step_ms,
         parts,
         cpu,
     })
@@ -193,6 +209,10 @@ pub fn report(p: &Profile) -> String {
     s += &format!(
         "{:<28} {:>9.3}   (host side; plain greedy decoding overlaps it with the previous step)\n",
         "  of which graph building", p.build_ms
+    );
+    s += &format!(
+        "{:<28} {:>9.3}   (rows' argmax and top-2 on the device, as a greedy light round reads them)\n",
+        "one whole step, light", p.light_step_ms
     );
     let ratio = 100.0 * p.step_ms / sum.max(1e-9);
     s += &if ratio < 100.0 {

@@ -292,3 +292,6 @@ def test_profile_breaks_a_verify_into_parts(binary, gguf_path):
     assert all(ms > 0 and cpu >= 0 for ms, cpu in parts.values()), parts
     whole = next(line for line in lines if line.startswith("one whole step"))
     assert float(whole[28:].split()[0]) > 0, whole
+    # The same step read back as a greedy light round reads it.
+    light = next(line for line in lines if line.startswith("one whole step, light"))
+    assert float(light[28:].split()[0]) > 0, light

@@ -52,6 +52,8 @@ pub struct Next {
     pub p: f32,
     /// How many tokens of context matched.
     pub depth: usize,
+    /// How often it followed that context.
+    pub count: u32,
     /// The corpus sequence it came from (for LRU).
     pub seq: u32,
 }
@@ -162,6 +164,7 @@ impl SuffixTrie {
                     token: b.token,
                     p: best_count as f32 / total as f32,
                     depth: i + 1,
+                    count: best_count,
                     seq: b.seq,
                 });
             }
