@@ -10,7 +10,7 @@ use crate::options::{
 use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
 use crate::speculation::{
-    LlamaTarget, ModelDrafter, NgramDrafter, Speculation, SuffixDrafter, Target,
+    suffix::space_keys, LlamaTarget, ModelDrafter, NgramDrafter, Speculation, SuffixDrafter, Target,
 };
 use anyhow::{bail, Context, Result};
 use specd_policy::{PolicyConfig, PolicyHost};
@@ -203,7 +203,13 @@ impl Engine {
                 max_n: *max,
                 ..Default::default()
             }),
-            DrafterSpec::Suffix => Box::new(SuffixDrafter::new(self.suffix.clone(), tenant)),
+            DrafterSpec::Suffix => {
+                // Made at the first suffix request (20 ms for a vocabulary
+                // of 49k), not at load.
+                (self.suffix.lock().unwrap_or_else(|p| p.into_inner()))
+                    .keys_or_init(|| space_keys(&self.tokenizer));
+                Box::new(SuffixDrafter::new(self.suffix.clone(), tenant))
+            }
             DrafterSpec::SelfLayers(n) => {
                 let layers = self.model.layers.len();
                 if *n > layers {

@@ -189,3 +189,25 @@ fn the_cross_request_corpus_stays_under_its_bound() {
     );
     *e.suffix.lock().unwrap() = before;
 }
+
+#[test]
+fn a_word_matches_with_and_without_its_leading_space() {
+    let e = engine();
+    let keys = specd::speculation::suffix::space_keys(&e.tokenizer);
+    let one = |text: &str| -> u32 {
+        let ids = e.tokenizer.encode(text, false).unwrap();
+        assert_eq!(ids.len(), 1, "{text:?} is one token: {ids:?}");
+        ids[0]
+    };
+    let (the, space_the) = (one("The"), one(" The"));
+    assert_ne!(the, space_the);
+    assert_eq!(keys[space_the as usize], the);
+    assert_eq!(keys[the as usize], the);
+    // A lone space, and control tokens, match only themselves.
+    let space = one(" ");
+    assert_eq!(keys[space as usize], space);
+    for eos in e.tokenizer.eos_ids() {
+        assert_eq!(keys[eos as usize], eos);
+    }
+    assert_eq!(keys.len(), e.tokenizer.vocab_size());
+}

@@ -52,8 +52,17 @@ fn main() {
     }
     println!("isa {} threads {}", kernels::isa(), kernels::threads());
     println!(
-        "{:>12} {:>4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
-        "shape", "bits", "rows", "ours us", "cold us", "int8 us", "mlx-q us", "f32 us", "cold GB/s"
+        "{:>12} {:>4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
+        "shape",
+        "bits",
+        "rows",
+        "ours us",
+        "cold us",
+        "int8 us",
+        "int8 cold",
+        "mlx-q us",
+        "f32 us",
+        "cold GB/s"
     );
     for (n, k, bits) in [
         (1536, 576, 4),
@@ -113,18 +122,22 @@ fn main() {
             let int8 = time(reps, || {
                 kernels::qmatmul_packed(&x, packed, n as i32, 32, bits as i32 | 512).unwrap()
             });
+            let int8_cold = time_cold(&copies, |p| {
+                kernels::qmatmul_packed(&x, p, n as i32, 32, bits as i32 | 512).unwrap()
+            });
             let mlxq = time(reps, || {
                 ops::quantized_matmul(&x, &w, &s, &b, true, 32, bits as i32).unwrap()
             });
             let f32 = time(reps, || ops::matmul(&x, &dense).unwrap());
             println!(
-                "{:>12} {:>4} {:>5} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9.1}",
+                "{:>12} {:>4} {:>5} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9.1}",
                 format!("{n}x{k}"),
                 bits,
                 rows,
                 ours,
                 cold,
                 int8,
+                int8_cold,
                 mlxq,
                 f32,
                 bytes as f64 / cold / 1e3

@@ -10,8 +10,18 @@
 //! per tenant (as the prefix cache keeps one trie per tenant, so no tenant
 //! drafts from another's text), all under one byte bound, least recently
 //! used sequence out first.
+//!
+//! Contexts match by [`Keys`]: a token that is another token with a leading
+//! space matches as that token, so an answer's line-opening "The" finds the
+//! prompt's " The early bird" and drafts on from it. What a node drafts is
+//! the token last seen there, in the form it had.
 use rustc_hash::FxBuildHasher;
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Per token id, the id contexts match it by (itself, or the same token
+/// without its leading space); ids past the end match as themselves.
+pub type Keys = Arc<[u32]>;
 
 /// Longest substring the tries hold. Deeper contexts rarely change the
 /// prediction, and each level costs a node per token.
@@ -23,6 +33,7 @@ const NIL: u32 = u32::MAX;
 struct Node {
     /// Occurrences of this node's substring.
     count: u32,
+    /// The token last seen here (the edge to it is keyed by its key).
     token: u32,
     first_child: u32,
     next_sibling: u32,
@@ -34,9 +45,10 @@ struct Node {
 #[derive(Debug, Clone)]
 pub struct SuffixTrie {
     nodes: Vec<Node>,
-    /// (parent << 32 | token) -> child, so a step is one lookup even at the
+    /// (parent << 32 | key) -> child, so a step is one lookup even at the
     /// root, whose fan-out is the vocabulary seen.
     edges: HashMap<u64, u32, FxBuildHasher>,
+    keys: Option<Keys>,
 }
 
 /// Nodes of the suffixes of a context that the trie holds, shortest first:
@@ -66,6 +78,11 @@ impl Default for SuffixTrie {
 
 impl SuffixTrie {
     pub fn new() -> Self {
+        Self::with_keys(None)
+    }
+
+    /// A trie whose contexts match by `keys` (None: by token id).
+    pub fn with_keys(keys: Option<Keys>) -> Self {
         SuffixTrie {
             nodes: vec![Node {
                 count: 0,
@@ -75,19 +92,34 @@ impl SuffixTrie {
                 seq: NIL,
             }],
             edges: HashMap::default(),
+            keys,
         }
     }
 
-    fn key(parent: u32, token: u32) -> u64 {
-        (parent as u64) << 32 | token as u64
+    fn edge(parent: u32, key: u32) -> u64 {
+        (parent as u64) << 32 | key as u64
     }
 
+    /// The id `token` matches by.
+    fn key(&self, token: u32) -> u32 {
+        match &self.keys {
+            Some(k) => k.get(token as usize).copied().unwrap_or(token),
+            None => token,
+        }
+    }
+
+    /// The child of `node` that `token` leads to.
     pub fn child(&self, node: u32, token: u32) -> Option<u32> {
-        self.edges.get(&Self::key(node, token)).copied()
+        self.child_by_key(node, self.key(token))
     }
 
-    fn child_or_insert(&mut self, parent: u32, token: u32) -> u32 {
-        if let Some(c) = self.child(parent, token) {
+    fn child_by_key(&self, node: u32, key: u32) -> Option<u32> {
+        self.edges.get(&Self::edge(node, key)).copied()
+    }
+
+    fn child_or_insert(&mut self, parent: u32, key: u32, token: u32) -> u32 {
+        if let Some(c) = self.child_by_key(parent, key) {
+            self.nodes[c as usize].token = token;
             return c;
         }
         let id = self.nodes.len() as u32;
@@ -101,7 +133,7 @@ impl SuffixTrie {
             next_sibling,
             seq: NIL,
         });
-        self.edges.insert(Self::key(parent, token), id);
+        self.edges.insert(Self::edge(parent, key), id);
         id
     }
 
@@ -109,9 +141,10 @@ impl SuffixTrie {
     /// suffixes so far are `active`, counting each new occurrence.
     pub fn extend(&mut self, active: &mut Active, token: u32, seq: u32) {
         let prev = std::mem::take(active);
+        let key = self.key(token);
         let mut parents = std::iter::once(0).chain(prev.into_iter().take(DEPTH - 1));
         for parent in &mut parents {
-            let c = self.child_or_insert(parent, token);
+            let c = self.child_or_insert(parent, key, token);
             let n = &mut self.nodes[c as usize];
             n.count = n.count.saturating_add(1);
             n.seq = seq;
@@ -123,8 +156,9 @@ impl SuffixTrie {
     /// into the trie (another request's, or a draft).
     pub fn follow(&self, active: &mut Active, token: u32) {
         let prev = std::mem::take(active);
+        let key = self.key(token);
         for parent in std::iter::once(0).chain(prev.into_iter().take(DEPTH - 1)) {
-            match self.child(parent, token) {
+            match self.child_by_key(parent, key) {
                 Some(c) => active.push(c),
                 // Gone at this length: gone at every longer one.
                 None => break,
@@ -200,6 +234,7 @@ pub struct SuffixCorpus {
     next_id: u32,
     clock: u64,
     limit_bytes: usize,
+    keys: Option<Keys>,
 }
 
 impl SuffixCorpus {
@@ -208,6 +243,17 @@ impl SuffixCorpus {
             limit_bytes,
             ..Default::default()
         }
+    }
+
+    /// Sets what its tries match contexts by, once: the first call's
+    /// `make` decides (sequences only come from drafters made after it).
+    pub fn keys_or_init(&mut self, make: impl FnOnce() -> Keys) -> Keys {
+        self.keys.get_or_insert_with(make).clone()
+    }
+
+    /// What its tries match contexts by (a request's own trie takes the same).
+    pub fn keys(&self) -> Option<Keys> {
+        self.keys.clone()
     }
 
     pub fn limit_bytes(&self) -> usize {
@@ -249,7 +295,11 @@ impl SuffixCorpus {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         self.clock += 1;
-        let trie = self.tries.entry(tenant.to_string()).or_default();
+        let keys = &self.keys;
+        let trie = self
+            .tries
+            .entry(tenant.to_string())
+            .or_insert_with(|| SuffixTrie::with_keys(keys.clone()));
         let mut active = Active::new();
         for &t in tokens {
             trie.extend(&mut active, t, id);
@@ -298,7 +348,7 @@ impl SuffixCorpus {
             }
         }
         for tenant in touched {
-            let mut trie = SuffixTrie::new();
+            let mut trie = SuffixTrie::with_keys(self.keys.clone());
             let mut ids: Vec<u32> = self
                 .seqs
                 .iter()
@@ -364,6 +414,25 @@ mod tests {
             assert_eq!(a, t.active_for(&seq[..=i]));
             assert_eq!(a.len(), (i + 1).min(DEPTH));
         }
+    }
+
+    #[test]
+    fn keys_match_two_spellings_and_draft_the_one_last_seen() {
+        // Token 11 is 1 with a leading space: they match as one key.
+        let keys: Keys = (0..16).map(|t| if t == 11 { 1 } else { t }).collect();
+        let mut t = SuffixTrie::with_keys(Some(keys));
+        let mut a = Active::new();
+        for x in [5, 11, 2, 3, 9] {
+            t.extend(&mut a, x, 0);
+        }
+        // "1 2" (the context's own spelling) matches "11 2": two deep.
+        let n = t.next(&t.active_for(&[7, 1, 2])).unwrap();
+        assert_eq!((n.token, n.depth), (3, 2));
+        // After 5 came 11, and 11 is what it drafts.
+        assert_eq!(t.next(&t.active_for(&[5])).unwrap().token, 11);
+        // Without keys the two do not meet.
+        let plain = trie_of(&[5, 11, 2, 3, 9]);
+        assert_eq!(plain.next(&plain.active_for(&[7, 1, 2])).unwrap().depth, 1);
     }
 
     #[test]

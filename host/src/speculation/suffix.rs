@@ -15,9 +15,11 @@
 //! than a plain step. For acceptance it is a point-mass drafter (q = 1), as
 //! `ngram` is.
 use super::drafter::{Draft, DraftProb, Drafter};
-use crate::cache::suffix::{Active, Next, SuffixCorpus, SuffixTrie};
+use crate::cache::suffix::{Active, Keys, Next, SuffixCorpus, SuffixTrie};
 use crate::sampling::{Rng, SamplingParams};
 use anyhow::Result;
+use specd_text::Tokenizer;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Stop once the draft's estimated chance of being all right is below this.
@@ -47,6 +49,8 @@ pub const PROMPT_CONTEXT: usize = 8;
 pub struct SuffixDrafter {
     corpus: Arc<Mutex<SuffixCorpus>>,
     tenant: String,
+    /// The corpus's keys, for the request's own trie.
+    keys: Option<Keys>,
     /// The request's prompt and output so far.
     local: SuffixTrie,
     local_active: Active,
@@ -58,10 +62,12 @@ pub struct SuffixDrafter {
 
 impl SuffixDrafter {
     pub fn new(corpus: Arc<Mutex<SuffixCorpus>>, tenant: &str) -> Self {
+        let keys = corpus.lock().unwrap_or_else(|p| p.into_inner()).keys();
         SuffixDrafter {
             corpus,
             tenant: tenant.to_string(),
-            local: SuffixTrie::new(),
+            local: SuffixTrie::with_keys(keys.clone()),
+            keys,
             local_active: Active::new(),
             seen: Vec::new(),
             prompt_len: None,
@@ -78,7 +84,7 @@ impl SuffixDrafter {
     fn ingest(&mut self, log: &[u32]) {
         if !log.starts_with(&self.seen) {
             // Not a continuation (never in the round): start over.
-            self.local = SuffixTrie::new();
+            self.local = SuffixTrie::with_keys(self.keys.clone());
             self.local_active.clear();
             self.seen.clear();
             self.prompt_len = None;
@@ -89,6 +95,34 @@ impl SuffixDrafter {
         }
         self.seen.extend_from_slice(&log[self.seen.len()..]);
     }
+}
+
+/// The keys a suffix trie matches `tok`'s tokens by: a token whose text is
+/// a space and then another token's text (" The", "The") matches as that
+/// token. An answer often opens a line with a word the prompt has
+/// mid-sentence, and byte-level BPE spells the two differently, so the
+/// answer's first tokens matched nothing in the prompt and its first
+/// rounds drafted nothing.
+pub fn space_keys(tok: &Tokenizer) -> Keys {
+    let n = tok.vocab_size() as u32;
+    let text = |id: u32| (!tok.is_special(id)).then(|| tok.token_bytes(id));
+    let mut by_text: HashMap<Vec<u8>, u32> = HashMap::new();
+    for id in 0..n {
+        if let Some(b) = text(id).filter(|b| !b.is_empty()) {
+            by_text.entry(b).or_insert(id);
+        }
+    }
+    (0..n)
+        .map(|id| {
+            text(id)
+                .and_then(|b| {
+                    b.strip_prefix(b" ")
+                        .and_then(|rest| by_text.get(rest))
+                        .copied()
+                })
+                .unwrap_or(id)
+        })
+        .collect()
 }
 
 /// The better of two predictions: the deeper match; the request's own on a tie.
