@@ -35,8 +35,8 @@ pub const MIN_MATCH: usize = 2;
 /// A one-token match drafts where its continuation is settled: seen at
 /// least this often, and at least [`SHORT_MATCH_P`] of what followed (a
 /// JSON answer's `",` before the next key's line, seen in every earlier
-/// record). On the bench suites, run with the `constant` schedule (k = 4),
-/// it took 1-2.5% fewer rounds on every suite, open chat included.
+/// record). On the bench suites, replayed with the `constant` schedule, it
+/// took 1-3% fewer rounds on every suite, open chat included.
 pub const SHORT_MATCH_REPEATS: u32 = 2;
 pub const SHORT_MATCH_P: f32 = 0.5;
 /// Prompt tokens put into the corpus before a request's output: the turn

@@ -947,12 +947,9 @@ impl Throughput {
 
 /// `v` at a fractional index (linear between its neighbours).
 fn interpolate(v: &[f64], x: f64) -> f64 {
-    let Some(end) = v.len().checked_sub(1) else {
-        return 0.0;
-    };
     // x >= 0: the cast is its floor.
-    let lo = (x as usize).min(end);
-    let hi = (lo + 1).min(end);
+    let lo = (x as usize).min(v.len() - 1);
+    let hi = (lo + 1).min(v.len() - 1);
     let f = x - lo as f64;
     v[lo] + (v[hi] - v[lo]) * f.clamp(0.0, 1.0)
 }
