@@ -287,16 +287,11 @@ impl ScheduleLogic for HeuristicTransient {
 ///
 /// For each k in 0..=K, K = min(max-draft, budget-left - 1):
 ///
-///     tokens(k) = 1 + f0*a0 + f1*a0*a1 + ... + f(k-1)*a0*...*a(k-1)   (accepted drafts + the correction/bonus token)
-///     rows(k)   = f0 + f1 + ... + f(k-1)                                (drafts expected)
-///     cost(k)   = rows(k) * draft-seconds-per-token + verify(rows(k))
+///     tokens(k) = 1 + a0 + a0*a1 + ... + a0*...*a(k-1)   (accepted drafts + the correction/bonus token)
+///     cost(k)   = k * draft-seconds-per-token + verify(k)
 ///
 /// with a_i = position-acceptance[i] (clamped to [0, 1]; `prior`, default 0.6,
-/// where the host has no estimate), f_i the share of rounds asking for more
-/// than i drafts whose drafter drafted position i (its fill, Laplace-smoothed
-/// towards 1, see `Throughput::fill`: a drafter drafts fewer than asked
-/// where its match runs out, and only drafted rows are verified), verify at
-/// a fractional length interpolated, and verify(k) = verify-seconds-by-len[k],
+/// where the host has no estimate) and verify(k) = verify-seconds-by-len[k],
 /// where unmeasured lengths are interpolated linearly between measured ones
 /// and extrapolated from the last two (a single measured length of j + 1
 /// rows, j > 0 or in a batched step, is taken as proportional to the rows:
@@ -337,9 +332,6 @@ impl ScheduleLogic for HeuristicTransient {
 ///   carried guess then slows all b). Before its own first round at i a
 ///   request takes the carried estimate alone, and in a batched step
 ///   blends it with `prior` weighing one round.
-/// - Fill: counted per position as acceptance is (rounds that asked for
-///   more than i drafts, and those that got a draft at i), this request's
-///   and the carried ones added.
 /// - Timing: where this request has measured fewer than two verify lengths,
 ///   the unmeasured ones come from the carried line (plain + k * per-row,
 ///   anchored on its one measured length when it has one) instead of
@@ -381,8 +373,6 @@ pub struct Throughput {
     /// What this request saw: its rounds' counts and its latest timing,
     /// carried on together with `carry`.
     pub own: ThroughputCarry,
-    /// Its previous answer (what that round asked of the drafter).
-    pub last_k: u32,
 }
 
 /// Consecutive plain rounds before a probe (the first; then doubled).
@@ -399,10 +389,8 @@ const CARRY_POSITIONS: usize = 32;
 /// byte); n times reached and kept (f32 LE each); then plain-step seconds,
 /// seconds per extra verify row alone, drafter seconds per token and (from
 /// version 2) seconds per extra verify row in a batched step (f64 LE each,
-/// 0 = unknown); then (version 3) positions m (1 byte) and m times asked
-/// and filled (f32 LE each).  Version 1 bytes decode with no batched slope,
-/// versions 1 and 2 with no fill counts; bytes in any other shape are
-/// ignored.
+/// 0 = unknown).  Version 1 bytes decode with no batched slope; bytes in
+/// any other shape are ignored.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ThroughputCarry {
     pub reached: Vec<f64>,
@@ -417,13 +405,9 @@ pub struct ThroughputCarry {
     /// a 2-core Xeon: 0.3 ms a row alone, 0.9 ms at 8 rows).  Kept apart,
     /// so a slope learnt alone never makes drafts look cheap in a batch.
     pub batch_row_seconds: f64,
-    /// Per draft position i: rounds that asked for more than i drafts, and
-    /// rounds among them whose drafter drafted more than i (version 3).
-    pub asked: Vec<f64>,
-    pub filled: Vec<f64>,
 }
 
-const THROUGHPUT_CARRY_VERSION: u8 = 3;
+const THROUGHPUT_CARRY_VERSION: u8 = 2;
 
 /// A timing: the newer where known (> 0).
 fn newer(new: f64, old: f64) -> f64 {
@@ -441,20 +425,10 @@ impl ThroughputCarry {
         let n = n as usize;
         let timings = match version {
             1 => 3,
-            2 | THROUGHPUT_CARRY_VERSION => 4,
+            THROUGHPUT_CARRY_VERSION => 4,
             _ => return None,
         };
-        let head = n * 8 + 8 * timings;
-        // Version 3: then m positions' asked and filled counts.
-        let m = match version {
-            THROUGHPUT_CARRY_VERSION => *rest.get(head)? as usize,
-            _ => 0,
-        };
-        let tail = match version {
-            THROUGHPUT_CARRY_VERSION => 1 + m * 8,
-            _ => 0,
-        };
-        if rest.len() != head + tail {
+        if rest.len() != n * 8 + 8 * timings {
             return None;
         }
         let f32_at = |i: usize| {
@@ -483,12 +457,6 @@ impl ThroughputCarry {
         if timings > 3 {
             c.batch_row_seconds = f64_at(8 * n + 24);
         }
-        for i in 0..m {
-            let at = head + 1 + 8 * i;
-            let (a, f) = (f32_at(at)?, f32_at(at + 4)?);
-            c.asked.push(a);
-            c.filled.push(f.min(a));
-        }
         Some(c)
     }
 
@@ -509,41 +477,17 @@ impl ThroughputCarry {
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        let m = self.asked.len().min(CARRY_POSITIONS);
-        out.push(m as u8);
-        for i in 0..m {
-            out.extend_from_slice(&(self.asked[i] as f32).to_le_bytes());
-            out.extend_from_slice(&(self.filled[i] as f32).to_le_bytes());
-        }
         out
     }
 
     /// Scales the counts so that position 0 holds at most `weight` rounds
     /// (the ratios, i.e. the acceptance estimates, stay).
     fn scale_to(&mut self, weight: f64) {
-        for (n, k) in [
-            (&mut self.reached, &mut self.kept),
-            (&mut self.asked, &mut self.filled),
-        ] {
-            let first = n.first().copied().unwrap_or(0.0);
-            if first > weight {
-                let f = weight / first;
-                n.iter_mut().for_each(|x| *x *= f);
-                k.iter_mut().for_each(|x| *x *= f);
-            }
-        }
-    }
-
-    /// Counts how far a round's drafter went of the `asked` drafts.
-    fn add_fill(&mut self, asked: u32, drafted: u32) {
-        let n = (asked as usize).min(CARRY_POSITIONS);
-        if self.asked.len() < n {
-            self.asked.resize(n, 0.0);
-            self.filled.resize(n, 0.0);
-        }
-        for i in 0..n {
-            self.asked[i] += 1.0;
-            self.filled[i] += f64::from((i as u32) < drafted);
+        let first = self.reached.first().copied().unwrap_or(0.0);
+        if first > weight {
+            let f = weight / first;
+            self.reached.iter_mut().for_each(|x| *x *= f);
+            self.kept.iter_mut().for_each(|x| *x *= f);
         }
     }
 
@@ -592,25 +536,21 @@ impl ThroughputCarry {
     /// Both sets of counts together; the timing `other` measured where
     /// it did, else `self`'s.
     fn plus(&self, other: &ThroughputCarry) -> ThroughputCarry {
+        let n = self.reached.len().max(other.reached.len());
+        let at = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
         ThroughputCarry {
-            reached: sum(&self.reached, &other.reached),
-            kept: sum(&self.kept, &other.kept),
+            reached: (0..n)
+                .map(|i| at(&self.reached, i) + at(&other.reached, i))
+                .collect(),
+            kept: (0..n)
+                .map(|i| at(&self.kept, i) + at(&other.kept, i))
+                .collect(),
             plain_seconds: newer(other.plain_seconds, self.plain_seconds),
             row_seconds: newer(other.row_seconds, self.row_seconds),
             draft_seconds: newer(other.draft_seconds, self.draft_seconds),
             batch_row_seconds: newer(other.batch_row_seconds, self.batch_row_seconds),
-            asked: sum(&self.asked, &other.asked),
-            filled: sum(&self.filled, &other.filled),
         }
     }
-}
-
-/// Two count vectors added position by position.
-fn sum(a: &[f64], b: &[f64]) -> Vec<f64> {
-    let at = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
-    (0..a.len().max(b.len()))
-        .map(|i| at(a, i) + at(b, i))
-        .collect()
 }
 
 #[derive(Deserialize)]
@@ -834,27 +774,14 @@ impl ScheduleLogic for Throughput {
             probing: false,
             carry,
             own: ThroughputCarry::default(),
-            last_k: 0,
         })
     }
     fn next_draft_length(&mut self, input: &ScheduleInput) -> u32 {
-        let k = self.decide(input);
-        self.last_k = k;
-        k
-    }
-    fn carry(&self) -> Option<Vec<u8>> {
-        Some(self.carry.plus(&self.own).encode())
-    }
-}
-
-impl Throughput {
-    fn decide(&mut self, input: &ScheduleInput) -> u32 {
         // The previous round (as `heuristic` reads it): counted for the
         // blend and for the requests after this one.
         if input.round > 0 {
             if let Some(last) = input.recent.last() {
                 self.own.add_round(last.drafted, last.accepted);
-                self.own.add_fill(self.last_k, last.drafted);
                 if last.drafted > 0 {
                     self.probing = false;
                 }
@@ -880,23 +807,13 @@ impl Throughput {
             };
         let verify = batch_share(&verify, input);
         let mut best = (0u32, f64::NEG_INFINITY);
-        // Asked for k, a drafter drafts d <= k: a suffix match stops where
-        // its counts do, an n-gram where its match ends, and a round that
-        // finds nothing is a plain step. Position i is drafted with chance
-        // fill(i), and only drafted rows are verified: charging k rows
-        // for every k asked made asking 8 look dearer than it was, and a
-        // drafter that stops itself was held to 4 (suffix on the bench
-        // suites: replayed, asking 8 or 16 beat this schedule by 3-10%).
-        let (mut tokens, mut reach, mut rows) = (1.0f64, 1.0f64, 0.0f64);
+        let (mut tokens, mut reach) = (1.0f64, 1.0f64);
         for k in 0..=kmax {
             if k > 0 {
-                let i = (k - 1) as usize;
-                let fill = self.fill(i);
-                reach *= self.acceptance(input, i);
-                tokens += fill * reach;
-                rows += fill;
+                reach *= self.acceptance(input, (k - 1) as usize);
+                tokens += reach;
             }
-            let cost = rows * draft + interpolate(&verify, rows);
+            let cost = k as f64 * draft + verify[k as usize];
             let rate = tokens / cost;
             if rate > best.1 * (1.0 + 1e-9) {
                 best = (k, rate);
@@ -921,37 +838,9 @@ impl Throughput {
         }
         best.0
     }
-
-    /// The chance that a round asking for more than `i` drafts gets a
-    /// draft at position i, from this request's rounds and the carried
-    /// ones; 1 (every draft asked is made) until rounds say otherwise.
-    /// Past the deepest position ever asked for, that position's: a drafter
-    /// that made half the drafts asked up to there is taken to go on so,
-    /// or k could never grow past where it was first asked to stop.
-    fn fill(&self, i: usize) -> f64 {
-        let counts = |i: usize| {
-            let at = |v: &[f64]| v.get(i).copied().unwrap_or(0.0);
-            (
-                at(&self.own.asked) + at(&self.carry.asked),
-                at(&self.own.filled) + at(&self.carry.filled),
-            )
-        };
-        let deepest = self.own.asked.len().max(self.carry.asked.len());
-        let (asked, filled) = match counts(i) {
-            (a, _) if a == 0.0 && deepest > 0 && i >= deepest => counts(deepest - 1),
-            c => c,
-        };
-        (filled + 1.0) / (asked + 1.0)
+    fn carry(&self) -> Option<Vec<u8>> {
+        Some(self.carry.plus(&self.own).encode())
     }
-}
-
-/// `v` at a fractional index (linear between its neighbours).
-fn interpolate(v: &[f64], x: f64) -> f64 {
-    // x >= 0: the cast is its floor.
-    let lo = (x as usize).min(v.len() - 1);
-    let hi = (lo + 1).min(v.len() - 1);
-    let f = x - lo as f64;
-    v[lo] + (v[hi] - v[lo]) * f.clamp(0.0, 1.0)
 }
 
 /// `adaedl` (contract 0.2): AdaEDL's early draft stopping (Agrawal et al.

@@ -119,7 +119,6 @@ fn in_a_batch_the_request_trusts_its_own_rounds_over_the_carried_ones() {
         row_seconds: 0.0012,
         draft_seconds: 0.0,
         batch_row_seconds: 0.0012,
-        ..Default::default()
     }
     .encode();
     // This request drafted once and lost it: its own estimate is 1/3.
@@ -208,7 +207,6 @@ fn a_fresh_request_in_a_batch_hedges_the_carried_acceptance_with_the_prior() {
         row_seconds: 0.0012,
         draft_seconds: 0.0,
         batch_row_seconds: 0.0012,
-        ..Default::default()
     }
     .encode();
     let fresh = |n: u32, planned: u32| {
@@ -241,7 +239,6 @@ fn a_slope_learnt_alone_does_not_price_draft_rows_in_a_batch() {
         row_seconds: 0.0003,
         draft_seconds: 0.0,
         batch_row_seconds: 0.0,
-        ..Default::default()
     };
     // This request is in a step of 8 and has measured only plain rounds.
     let decide_with = |carried: &ThroughputCarry, n: u32| {
