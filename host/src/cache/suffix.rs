@@ -64,8 +64,6 @@ pub struct Next {
     pub p: f32,
     /// How many tokens of context matched.
     pub depth: usize,
-    /// How often it followed that context.
-    pub count: u32,
     /// The corpus sequence it came from (for LRU).
     pub seq: u32,
 }
@@ -198,7 +196,6 @@ impl SuffixTrie {
                     token: b.token,
                     p: best_count as f32 / total as f32,
                     depth: i + 1,
-                    count: best_count,
                     seq: b.seq,
                 });
             }
