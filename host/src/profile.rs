@@ -80,40 +80,39 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
         crate::model::Logits::Last
     };
 
-    // Whole steps.
+    // Whole steps, each read back by `read`: the mean ms of a step and of
+    // building its graph, after two warm-up steps.
     let rewind = |caches: &mut Vec<Box<dyn LayerCache>>| {
         for ch in caches.iter_mut() {
             ch.rewind(context);
         }
     };
-    let (mut step_ms, mut build_ms) = (0.0, 0.0);
-    for i in 0..steps + 2 {
-        rewind(&mut caches);
-        let t = Instant::now();
-        let lazy = m.forward(&toks, &mut caches, which)?;
-        let built = t.elapsed().as_secs_f64() * 1e3;
+    let mut whole_steps = |read: &dyn Fn(Array) -> Result<()>| -> Result<(f64, f64)> {
+        let (mut step_ms, mut build_ms) = (0.0, 0.0);
+        for i in 0..steps + 2 {
+            rewind(&mut caches);
+            let t = Instant::now();
+            let lazy = m.forward(&toks, &mut caches, which)?;
+            let built = t.elapsed().as_secs_f64() * 1e3;
+            read(lazy)?;
+            if i >= 2 {
+                step_ms += t.elapsed().as_secs_f64() * 1e3;
+                build_ms += built;
+            }
+        }
+        Ok((step_ms / steps as f64, build_ms / steps as f64))
+    };
+    let (step_ms, build_ms) = whole_steps(&|lazy| {
         let l = lazy.to_vec_f32()?;
         for row in l.chunks(l.len() / toks.len().max(1)) {
             let _ = distribution(row, &params, &prompt);
         }
-        if i >= 2 {
-            step_ms += t.elapsed().as_secs_f64() * 1e3;
-            build_ms += built;
-        }
-    }
-    step_ms /= steps as f64;
-    build_ms /= steps as f64;
-    let mut light_step_ms = 0.0;
-    for i in 0..steps + 2 {
-        rewind(&mut caches);
-        let t = Instant::now();
-        let lazy = m.forward(&toks, &mut caches, which)?;
+        Ok(())
+    })?;
+    let (light_step_ms, _) = whole_steps(&|lazy| {
         kernels::row_top2_list(&[&lazy])?.to_vec_f32()?;
-        if i >= 2 {
-            light_step_ms += t.elapsed().as_secs_f64() * 1e3;
-        }
-    }
-    light_step_ms /= steps as f64;
+        Ok(())
+    })?;
 
     // Part by part: the model's own forward, evaluated and timed at every
     // part boundary it reports.

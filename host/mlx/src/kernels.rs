@@ -153,8 +153,7 @@ pub fn attention_kv_rows(
     head_dim: i32,
     scale: f32,
 ) -> Result<(Array, Vec<(Array, Array)>)> {
-    let caches = crate::array::list(seqs.iter().flat_map(|s| [s.keys, s.values]));
-    let spans: Vec<i32> = seqs.iter().flat_map(|s| [s.offset, s.rows]).collect();
+    let (caches, spans) = kv_lists(seqs);
     let out = ffi::attention_kv_rows(&y.0, &caches, &spans, heads, kv_heads, head_dim, scale)
         .map_err(crate::Exception::from)?;
     let mut list = unlist(&out, 1, seqs.len(), "attention_kv_rows")?;
@@ -236,8 +235,7 @@ pub fn layer_kv_rows(
     x: &Array,
     t: &Tail<'_>,
 ) -> Result<LayerRows> {
-    let caches = crate::array::list(seqs.iter().flat_map(|s| [s.keys, s.values]));
-    let spans: Vec<i32> = seqs.iter().flat_map(|s| [s.offset, s.rows]).collect();
+    let (caches, spans) = kv_lists(seqs);
     let out = ffi::layer_kv_rows(
         &y.0,
         &caches,
@@ -261,6 +259,13 @@ pub fn layer_kv_rows(
         attention,
         caches,
     })
+}
+/// `seqs` as the FFI takes them: their caches (keys, values per sequence)
+/// and their spans (offset, rows per sequence).
+fn kv_lists(seqs: &[KvRows<'_>]) -> (cxx::UniquePtr<ffi::ArrayList>, Vec<i32>) {
+    let caches = crate::array::list(seqs.iter().flat_map(|s| [s.keys, s.values]));
+    let spans = seqs.iter().flat_map(|s| [s.offset, s.rows]).collect();
+    (caches, spans)
 }
 /// The arrays of `out`: `front` of them, then a cache pair per sequence.
 fn unlist(out: &ffi::ArrayList, front: usize, seqs: usize, what: &str) -> Result<Vec<Array>> {

@@ -106,17 +106,13 @@ impl SuffixTrie {
         }
     }
 
-    /// The child of `node` that `token` leads to.
-    pub fn child(&self, node: u32, token: u32) -> Option<u32> {
-        self.child_by_key(node, self.key(token))
-    }
-
-    fn child_by_key(&self, node: u32, key: u32) -> Option<u32> {
+    /// The child of `node` along the edge keyed `key`.
+    fn child(&self, node: u32, key: u32) -> Option<u32> {
         self.edges.get(&Self::edge(node, key)).copied()
     }
 
     fn child_or_insert(&mut self, parent: u32, key: u32, token: u32) -> u32 {
-        if let Some(c) = self.child_by_key(parent, key) {
+        if let Some(c) = self.child(parent, key) {
             self.nodes[c as usize].token = token;
             return c;
         }
@@ -156,7 +152,7 @@ impl SuffixTrie {
         let prev = std::mem::take(active);
         let key = self.key(token);
         for parent in std::iter::once(0).chain(prev.into_iter().take(DEPTH - 1)) {
-            match self.child_by_key(parent, key) {
+            match self.child(parent, key) {
                 Some(c) => active.push(c),
                 // Gone at this length: gone at every longer one.
                 None => break,

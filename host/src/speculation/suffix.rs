@@ -99,24 +99,21 @@ impl SuffixDrafter {
 /// answer's first tokens matched nothing in the prompt and its first
 /// rounds drafted nothing.
 pub fn space_keys(tok: &Tokenizer) -> Keys {
-    let n = tok.vocab_size() as u32;
-    let text = |id: u32| (!tok.is_special(id)).then(|| tok.token_bytes(id));
-    let mut by_text: HashMap<Vec<u8>, u32> = HashMap::new();
-    for id in 0..n {
-        if let Some(b) = text(id).filter(|b| !b.is_empty()) {
-            by_text.entry(b).or_insert(id);
+    // Control tokens have no text to match by.
+    let texts: Vec<Option<Vec<u8>>> = (0..tok.vocab_size() as u32)
+        .map(|id| (!tok.is_special(id)).then(|| tok.token_bytes(id)))
+        .collect();
+    let mut by_text: HashMap<&[u8], u32> = HashMap::new();
+    for (id, b) in texts.iter().enumerate() {
+        if let Some(b) = b.as_deref().filter(|b| !b.is_empty()) {
+            by_text.entry(b).or_insert(id as u32);
         }
     }
-    (0..n)
-        .map(|id| {
-            text(id)
-                .and_then(|b| {
-                    b.strip_prefix(b" ")
-                        .and_then(|rest| by_text.get(rest))
-                        .copied()
-                })
-                .unwrap_or(id)
-        })
+    let key = |b: &[u8]| by_text.get(b.strip_prefix(b" ")?).copied();
+    texts
+        .iter()
+        .enumerate()
+        .map(|(id, b)| b.as_deref().and_then(key).unwrap_or(id as u32))
         .collect()
 }
 
