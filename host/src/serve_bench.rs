@@ -84,14 +84,52 @@ pub fn request_text(i: usize) -> String {
 /// What every bench request ends with.
 const CONTINUE: &str = "\n\nContinue this story for a long time:\nOnce upon a time";
 
-/// The prompt of request `i`: `request_text`, or with `prompt_tokens` > 0
-/// the bench's paragraphs from the i-th on, cycled (so requests differ from
-/// their first tokens and share no cached prefix), whole paragraphs added
-/// until the prompt holds at least `prompt_tokens` tokens, then the same
-/// instruction to continue.
-pub fn request_prompt(e: &Engine, i: usize, prompt_tokens: usize) -> Result<Vec<u32>> {
+/// What a bench's requests say.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Prompts {
+    /// Raw texts that ask for a long story (`request_text`): long answers
+    /// that rarely end early, and what the mlx-lm anchor sends.
+    Story,
+    /// One of `bench spec`'s suites, request `i` its `i`-th prompt (cycled)
+    /// as a user turn in the chat template: answers that end where the
+    /// model ends them, and that a drafter can copy from (`grounded`,
+    /// `code`, `repetitive`) or not (`open`).
+    Chat(&'static [&'static str]),
+}
+
+impl Prompts {
+    /// `story` or a `bench spec` suite's name.
+    pub fn parse(name: &str) -> Result<Prompts> {
+        use crate::bench::{CODE_EDIT, REPETITIVE};
+        Ok(match name {
+            "story" => Prompts::Story,
+            "grounded" => Prompts::Chat(&GROUNDED),
+            "open" => Prompts::Chat(&OPEN),
+            "code" => Prompts::Chat(&CODE_EDIT),
+            "repetitive" => Prompts::Chat(&REPETITIVE),
+            _ => {
+                anyhow::bail!("unknown prompts {name:?}: story, grounded, open, code or repetitive")
+            }
+        })
+    }
+}
+
+/// The prompt of request `i`: with `prompt_tokens` > 0 the bench's
+/// paragraphs from the i-th on, cycled (so requests differ from their
+/// first tokens and share no cached prefix), whole paragraphs added until
+/// the prompt holds at least `prompt_tokens` tokens, then the same
+/// instruction to continue; else what `prompts` says.
+pub fn request_prompt(
+    e: &Engine,
+    i: usize,
+    prompt_tokens: usize,
+    prompts: Prompts,
+) -> Result<Vec<u32>> {
     if prompt_tokens == 0 {
-        return e.encode(&Prompt::Raw(request_text(i)));
+        return match prompts {
+            Prompts::Story => e.encode(&Prompt::Raw(request_text(i))),
+            Prompts::Chat(suite) => e.encode(&crate::bench::user_turn(e, suite[i % suite.len()])),
+        };
     }
     let paragraphs: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
     let mut text = format!("Request {i}.");
@@ -113,19 +151,26 @@ pub struct Load {
     pub per_client: usize,
     /// New tokens a request asks for.
     pub max_tokens: usize,
-    /// 0: each request's prompt is `request_text`; above: a distinct prompt
-    /// of at least this many tokens (`request_prompt`), where attention
-    /// over the caches weighs in every step.
+    /// 0: each request's prompt is what `prompts` says; above: a distinct
+    /// prompt of at least this many tokens (`request_prompt`), where
+    /// attention over the caches weighs in every step.
     pub prompt_tokens: usize,
+    pub prompts: Prompts,
 }
 
 /// `n` clients, each sending `load.per_client` requests one after another
 /// (the next admitted at the step boundary after its last one finished, its
 /// budget between half and all of `max_tokens`); with one each, a batch of
-/// `n` submitted at once, every request with `max_tokens`. Client c's j-th
+/// `n` submitted at once, every request with `max_tokens`. With a chat
+/// suite, clients send as many more requests (full budget each) as it takes
+/// to send every prompt of the suite, so every concurrency's row answers
+/// the same prompts. Client c's j-th
 /// request is request c + n j (its prompt and seed). The scheduler starts
 /// from `fit` and leaves what it learnt there, as a server's one scheduler
-/// keeps its step-cost fit from request to request.
+/// keeps its step-cost fit from request to request. `tenant` scopes what
+/// the requests' policies and drafter carry across requests (a suffix
+/// drafter's corpus: one row's requests draft from each other's answers,
+/// never from another row's).
 fn one(
     e: &Engine,
     fit: &mut StepFit,
@@ -133,11 +178,13 @@ fn one(
     load: &Load,
     opts: &SpecOptions,
     temperature: f32,
+    tenant: &str,
 ) -> Result<ServeRow> {
     let Load {
         per_client,
         max_tokens,
         prompt_tokens,
+        prompts: said,
     } = *load;
     let mut sched = Scheduler::new(
         e,
@@ -147,6 +194,11 @@ fn one(
         },
     )
     .with_fit(std::mem::take(fit));
+    let varied = per_client > 1;
+    let per_client = match said {
+        Prompts::Chat(suite) if prompt_tokens == 0 => per_client.max(suite.len().div_ceil(n)),
+        _ => per_client,
+    };
     let total = n * per_client.max(1);
     // Request i's result, as its `done` delivers it.
     let results: Rc<RefCell<Vec<(usize, _)>>> = Rc::new(RefCell::new(Vec::new()));
@@ -155,7 +207,7 @@ fn one(
     let timings: Vec<Rc<RefCell<Vec<f64>>>> = (0..total).map(|_| Rc::default()).collect();
     let mut submitted = vec![0.0; total];
     let prompts: Vec<Vec<u32>> = (0..total)
-        .map(|i| request_prompt(e, i, prompt_tokens))
+        .map(|i| request_prompt(e, i, prompt_tokens, said))
         .collect::<Result<_>>()?;
     let prompt_total: usize = prompts.iter().map(Vec::len).sum();
     let mut prompts: Vec<Option<Vec<u32>>> = prompts.into_iter().map(Some).collect();
@@ -163,7 +215,7 @@ fn one(
     // clients drift apart and requests join mid-batch, as on a server (equal
     // budgets would finish together and run in waves).
     let budget = |i: usize| {
-        if per_client > 1 {
+        if varied {
             let half = max_tokens / 2;
             half + i * 7919 % (max_tokens - half + 1)
         } else {
@@ -177,7 +229,7 @@ fn one(
             seed: 1 + i as u64,
             ..Default::default()
         };
-        let spec = e.speculation(opts, &params)?;
+        let spec = e.speculation_in(tenant, opts, &params)?;
         let settings = e.settings(params, Some(budget(i)), vec![]);
         let t = timings[i].clone();
         let sink = Box::new(move |s: &str| {
@@ -284,8 +336,9 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
         per_client: 1,
         max_tokens: 8,
         prompt_tokens: 0,
+        prompts: Prompts::Story,
     };
-    one(e, &mut fit, 2, &warm, &none, 0.0)?;
+    one(e, &mut fit, 2, &warm, &none, 0.0, "")?;
     let mut rows: Vec<ServeRow> = Vec::new();
     for rep in 0..b.repeats.max(1) {
         let d = crate::bench::decode(e, b.load.max_tokens)?;
@@ -323,7 +376,13 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
                     progress(&format!(
                         "repeat {rep}: temperature {temp} drafter {drafter} N={n}"
                     ));
-                    let mut row = one(e, &mut fit, n, &b.load, &opts, temp)?;
+                    // A suffix drafter learns from the answers of its own
+                    // row only; other drafters share the default tenant.
+                    let tenant = match opts.drafter {
+                        Some(DrafterSpec::Suffix) => format!("bench-serve/{rep}/{temp}/{n}"),
+                        _ => String::new(),
+                    };
+                    let mut row = one(e, &mut fit, n, &b.load, &opts, temp, &tenant)?;
                     if drafter != "none" && (b.schedule != "throughput" || b.acceptance.is_some()) {
                         row.drafter = format!(
                             "{drafter}/{}/{}",

@@ -242,3 +242,28 @@ def test_bench_serve_closed_loop_answers_every_clients_requests():
         assert requests == 3 * n, r.stdout
         assert requests <= tokens <= 8 * requests, r.stdout
         assert batch == n, r.stdout
+
+
+def test_bench_serve_chat_prompts_answer_the_whole_suite():
+    """`specd bench serve --prompts grounded`: requests are `bench spec`'s
+    grounded suite as chat turns, and every concurrency's row answers all
+    of its 5 prompts (N = 1: 5 requests one after another; N = 3: two per
+    client), so rows with and without a drafter compare the same work; the
+    suffix drafter finds text to copy in them. Unknown names are refused."""
+    r = subprocess.run([str(server_bin()), "bench", "serve", "--prompts", "grounded", "--concurrency", "1,3",
+                        "--drafters", "none,suffix", "--temperatures", "0", "--max-tokens", "16"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"bench serve failed:\n{r.stdout}\n{r.stderr}"
+    # mode, drafter, N, requests, ..., k (drafts per round): the 19th column.
+    rows = {}
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if len(f) == 23 and f[0] == "greedy":
+            rows[(f[1], int(f[2]))] = (int(f[3]), float(f[18]))
+    assert set(rows) == {("none", 1), ("none", 3), ("suffix", 1), ("suffix", 3)}, r.stdout
+    for (drafter, n), (requests, k) in rows.items():
+        assert requests == {1: 5, 3: 6}[n], r.stdout
+        assert (k > 0) == (drafter == "suffix"), r.stdout
+    bad = subprocess.run([str(server_bin()), "bench", "serve", "--prompts", "poems", "--steps-only"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "unknown prompts \"poems\"" in bad.stderr, bad.stderr

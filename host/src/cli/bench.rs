@@ -102,6 +102,13 @@ pub enum BenchCmd {
         /// the caches weighs in every step.
         #[arg(long, default_value_t = 0)]
         prompt_tokens: usize,
+        /// What the requests say: `story` (raw texts that ask for a long
+        /// story: long answers, what the mlx-lm anchor sends), or one of
+        /// `bench spec`'s suites as chat turns (`grounded`, `open`, `code`,
+        /// `repetitive`: answers end where the model ends them, and drafts
+        /// find something to copy in all but `open`).
+        #[arg(long, default_value = "story")]
+        prompts: String,
         /// Requests each client sends, the next as soon as its last one is
         /// done (a closed loop: finished requests make room for new ones
         /// mid-batch, as on a server); 1: each concurrency one batch of N
@@ -200,11 +207,21 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             max_tokens,
             repeats,
             prompt_tokens,
+            prompts,
             requests_per_client,
             json,
             steps_only,
             anchor,
         } => {
+            let said = crate::serve_bench::Prompts::parse(&prompts)?;
+            anyhow::ensure!(
+                !(anchor && said != crate::serve_bench::Prompts::Story),
+                "--anchor sends mlx-lm's server the story prompts: drop --prompts"
+            );
+            anyhow::ensure!(
+                !(prompt_tokens > 0 && said != crate::serve_bench::Prompts::Story),
+                "--prompt-tokens builds its own long prompts: drop --prompts"
+            );
             // The anchor sends mlx-lm's server one batch of short prompts.
             anyhow::ensure!(
                 !(anchor && prompt_tokens > 0),
@@ -249,6 +266,7 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                     per_client: requests_per_client,
                     max_tokens,
                     prompt_tokens,
+                    prompts: said,
                 },
             };
             // The curve at the run's context (as far as the step prompt goes).
