@@ -208,7 +208,10 @@ impl Engine {
                 // of 49k), not at load.
                 (self.suffix.lock().unwrap_or_else(|p| p.into_inner()))
                     .keys_or_init(|| space_keys(&self.tokenizer));
-                Box::new(SuffixDrafter::new(self.suffix.clone(), tenant))
+                Box::new(
+                    SuffixDrafter::new(self.suffix.clone(), tenant)
+                        .with_text(self.tokenizer.clone()),
+                )
             }
             DrafterSpec::SelfLayers(n) => {
                 let layers = self.model.layers.len();

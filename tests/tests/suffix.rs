@@ -211,3 +211,44 @@ fn a_word_matches_with_and_without_its_leading_space() {
     }
     assert_eq!(keys.len(), e.tokenizer.vocab_size());
 }
+
+#[test]
+fn a_word_spelled_in_other_tokens_drafts_from_the_text() {
+    use specd::sampling::Rng;
+    use specd::speculation::suffix::TEXT_MATCH_P;
+    use specd::speculation::{Drafter, SuffixDrafter};
+    use std::sync::{Arc, Mutex};
+    let e = engine();
+    let tok = e.tokenizer.clone();
+    let enc = |t: &str| tok.encode(t, false).unwrap();
+    let prompt = enc(
+        "Convert this record to JSON: Carla Diaz, 27 years old, lives in Madrid, carla.diaz@example.com.",
+    );
+    let corpus = || Arc::new(Mutex::new(SuffixCorpus::new(1 << 20)));
+    let draft = |text: bool, answer: &str| {
+        let mut log = prompt.clone();
+        log.extend(enc(answer));
+        let mut d = SuffixDrafter::new(corpus(), "");
+        if text {
+            d = d.with_text(tok.clone());
+        }
+        d.propose(&log, 8, &SamplingParams::default(), &mut Rng::new(0))
+            .unwrap()
+    };
+    // After `"` the answer spells the prompt's " Carla" as "Carl" + "a":
+    // no token of it matches, its text does. The draft ends with the
+    // prompt's clause (", 27 years old" is not what JSON goes on with).
+    let name = "{\"name\": \"Carl";
+    assert!(draft(false, name).tokens.is_empty(), "tokens alone match");
+    let d = draft(true, name);
+    assert_eq!(tok.decode(&d.tokens), "a Diaz");
+    assert!(d.confidence.iter().all(|&c| c == TEXT_MATCH_P));
+    // The e-mail, after `"`: "c" + "arl" against the prompt's " car" + "la".
+    let email = "{\"name\": \"Carla Diaz\", \"email\": \"carl";
+    assert!(draft(false, email).tokens.is_empty(), "tokens alone match");
+    let d = draft(true, email);
+    assert_eq!(d.tokens, enc("a.diaz@example.com")[..4].to_vec());
+    // A word after a space is spelled as the prompt spells it: a short match
+    // that ends inside a longer word is chance, and drafts nothing.
+    assert!(draft(true, "The city is Mad").tokens.is_empty());
+}

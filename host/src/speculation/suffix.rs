@@ -12,6 +12,14 @@
 //! nothing: such a match is mostly chance, and a round that drafts and loses
 //! costs more than a plain step. For acceptance it is a point-mass drafter
 //! (q = 1), as `ngram` is.
+//!
+//! Where the tokens match nothing, the request's text may
+//! ([`SuffixDrafter::with_text`]): byte-level BPE spells the same text in
+//! other tokens after other characters (a prompt's " Madrid" is an
+//! answer's `"Mad` + `rid`), so an answer that copies a word the prompt
+//! has shares no token with it until the word is over. The text drafter
+//! finds the longest earlier occurrence of the text's last bytes and
+//! drafts the tokens of what followed it ([`SuffixDrafter::text_draft`]).
 use super::drafter::{Draft, DraftProb, Drafter};
 use crate::cache::suffix::{Active, Keys, Next, SuffixCorpus, SuffixTrie};
 use crate::sampling::{Rng, SamplingParams};
@@ -40,6 +48,46 @@ pub const MIN_MATCH: usize = 2;
 /// began with. Without it an output's opening tokens had no context in the
 /// corpus and its first rounds drafted nothing.
 pub const PROMPT_CONTEXT: usize = 8;
+/// Bytes of text a text match needs when the text ends mid-word against
+/// its source (the answer's last token stops inside a word the source
+/// goes on with: a tokenization that drifted, the match's best case).
+pub const TEXT_MIN_MATCH: usize = 3;
+/// Bytes a text match needs otherwise (it ends where a word ends): a
+/// shorter one is mostly a common word, whose continuation is chance.
+pub const TEXT_WORD_MATCH: usize = 8;
+/// Most tokens one text match drafts.
+pub const TEXT_DRAFT_MAX: usize = 4;
+/// The per-token confidence of a text draft (no counts to derive it from).
+pub const TEXT_MATCH_P: f32 = 0.5;
+/// Bytes after a match that are tokenized for its draft.
+const TEXT_LOOKAHEAD: usize = 48;
+/// Longest match (bytes) looked for, and how far back the text is searched.
+const TEXT_MAX_MATCH: usize = 64;
+const TEXT_WINDOW: usize = 1 << 16;
+/// What a special token (a turn marker) is in the text: a continuation
+/// ends there.
+const TEXT_BREAK: u8 = 0;
+
+/// The request's text, for text matches: its tokens' bytes.
+struct Text {
+    tok: Arc<Tokenizer>,
+    bytes: Vec<u8>,
+}
+
+impl Text {
+    fn push(&mut self, id: u32) {
+        if self.tok.is_special(id) {
+            self.bytes.push(TEXT_BREAK);
+        } else {
+            self.bytes.extend(self.tok.token_bytes(id));
+        }
+    }
+}
+
+/// A byte of a word (letters, digits, `_`, any byte of a non-ASCII char).
+fn word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
+}
 
 pub struct SuffixDrafter {
     corpus: Arc<Mutex<SuffixCorpus>>,
@@ -53,6 +101,8 @@ pub struct SuffixDrafter {
     seen: Vec<u32>,
     /// Log length at the first round: the prompt.
     prompt_len: Option<usize>,
+    /// The log's text, where text matches are on.
+    text: Option<Text>,
 }
 
 impl SuffixDrafter {
@@ -66,7 +116,100 @@ impl SuffixDrafter {
             local_active: Active::new(),
             seen: Vec::new(),
             prompt_len: None,
+            text: None,
         }
+    }
+
+    /// Drafts from text matches too ([`SuffixDrafter::text_draft`]), with
+    /// `tok` the model's tokenizer, where the tokens match nothing.
+    pub fn with_text(mut self, tok: Arc<Tokenizer>) -> Self {
+        self.text = Some(Text {
+            tok,
+            bytes: Vec::new(),
+        });
+        self
+    }
+
+    /// The tokens of what followed the longest earlier occurrence of the
+    /// text's last bytes (at most `limit`, and [`TEXT_DRAFT_MAX`]): where
+    /// the text ends inside a word its source goes on with, a match of
+    /// [`TEXT_MIN_MATCH`] bytes; else of [`TEXT_WORD_MATCH`]. Of equally
+    /// long matches the latest. The continuation is tokenized on its own:
+    /// how the model goes on from a token boundary, mostly; the verify
+    /// decides. Nothing where the text is off, or nothing matches.
+    pub fn text_draft(&self, limit: usize) -> Vec<u32> {
+        let Some(t) = &self.text else {
+            return Vec::new();
+        };
+        let text = &t.bytes[t.bytes.len().saturating_sub(TEXT_WINDOW)..];
+        let n = text.len();
+        if n <= TEXT_MIN_MATCH || limit == 0 || text[n - 1] == TEXT_BREAK {
+            return Vec::new();
+        }
+        let tail = &text[n - TEXT_MIN_MATCH..];
+        // (bytes matched, where the occurrence ends): the longest, latest.
+        let mut best: Option<(usize, usize)> = None;
+        for end in TEXT_MIN_MATCH..n {
+            if &text[end - TEXT_MIN_MATCH..end] != tail {
+                continue;
+            }
+            let mut len = TEXT_MIN_MATCH;
+            while len < TEXT_MAX_MATCH && len < end && text[end - len - 1] == text[n - len - 1] {
+                len += 1;
+            }
+            if best.is_none_or(|(l, _)| len >= l) {
+                best = Some((len, end));
+            }
+        }
+        let Some((len, end)) = best else {
+            return Vec::new();
+        };
+        // The text's last word, and whether the match is the drift case:
+        // that word whole, not after a space, going on in the source.
+        let word = text.iter().rev().take_while(|&&b| word_byte(b)).count();
+        let drift = word > 0
+            && len >= word
+            && word_byte(text[end])
+            && (word == n || text[n - word - 1] != b' ');
+        if !drift && len < TEXT_WORD_MATCH {
+            return Vec::new();
+        }
+        let mut cont = &text[end..n.min(end + TEXT_LOOKAHEAD)];
+        let mut whole = end + cont.len() == n;
+        if let Some(i) = cont.iter().position(|&b| b == TEXT_BREAK) {
+            (cont, whole) = (&cont[..i], true);
+        }
+        // A drifted word is a value copied into other surroundings (a name
+        // into JSON): what the source says after its clause is over (", 27
+        // years old") is not what follows here.
+        if drift {
+            let clause_end = |i: usize| {
+                let b = cont[i];
+                !word_byte(b)
+                    && b.is_ascii_punctuation()
+                    && cont.get(i + 1).map_or(whole, |c| c.is_ascii_whitespace())
+            };
+            if let Some(i) = (0..cont.len()).find(|&i| clause_end(i)) {
+                (cont, whole) = (&cont[..i], true);
+            }
+        }
+        // A continuation cut inside a char keeps its whole chars.
+        let cont = match std::str::from_utf8(cont) {
+            Ok(s) => s,
+            Err(e) => {
+                whole = false;
+                std::str::from_utf8(&cont[..e.valid_up_to()]).unwrap_or_default()
+            }
+        };
+        let Ok(mut ids) = t.tok.encode(cont, false) else {
+            return Vec::new();
+        };
+        // The last token of a cut continuation may be part of a longer one.
+        if !whole {
+            ids.pop();
+        }
+        ids.truncate(limit.min(TEXT_DRAFT_MAX));
+        ids
     }
 
     fn corpus(&self) -> std::sync::MutexGuard<'_, SuffixCorpus> {
@@ -83,10 +226,16 @@ impl SuffixDrafter {
             self.local_active.clear();
             self.seen.clear();
             self.prompt_len = None;
+            if let Some(t) = &mut self.text {
+                t.bytes.clear();
+            }
         }
         self.prompt_len.get_or_insert(log.len());
         for &t in &log[self.seen.len()..] {
             self.local.extend(&mut self.local_active, t, 0);
+            if let Some(text) = &mut self.text {
+                text.push(t);
+            }
         }
         self.seen.extend_from_slice(&log[self.seen.len()..]);
     }
@@ -178,6 +327,14 @@ impl Drafter for SuffixDrafter {
         used.dedup();
         for seq in used {
             corpus.touch(seq);
+        }
+        drop(corpus);
+        if draft.tokens.is_empty() {
+            for t in self.text_draft(k) {
+                draft.tokens.push(t);
+                draft.q.push(DraftProb::PointMass);
+                draft.confidence.push(TEXT_MATCH_P);
+            }
         }
         Ok(draft)
     }
