@@ -435,11 +435,13 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
 /// then per step its mean milliseconds and rows, per round the mean
 /// drafts (`k`) and the share of them accepted (`acc`), and the p50/p99
 /// milliseconds of the decoding steps (no prefill rows; none for a
-/// request decoding pipelined alone), and the policies' milliseconds per
-/// step (schedule and acceptance calls of all its requests).
+/// request decoding pipelined alone), the policies' milliseconds per step
+/// (schedule and acceptance calls of all its requests), and last the
+/// row's aggregate tok/s relative to plain decoding's (drafter `none`) at
+/// the same mode and N, where the run has that row.
 pub fn table(rows: &[ServeRow]) -> String {
     let mut s = format!(
-        "{:<8} {:<8} {:>3} {:>4} {:>6} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6}\n",
+        "{:<8} {:<8} {:>3} {:>4} {:>6} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5} {:>6} {:>8} {:>6} {:>5} {:>5} {:>8} {:>8} {:>6} {:>6}\n",
         "mode",
         "drafter",
         "N",
@@ -462,7 +464,8 @@ pub fn table(rows: &[ServeRow]) -> String {
         "acc",
         "step p50",
         "step p99",
-        "pol ms"
+        "pol ms",
+        "x none"
     );
     for row in rows {
         let r = &row.latency;
@@ -481,15 +484,27 @@ pub fn table(rows: &[ServeRow]) -> String {
             )
         });
         let per = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        let plain = rows
+            .iter()
+            .find(|x| {
+                x.mode == row.mode && x.drafter == "none" && x.latency.concurrency == r.concurrency
+            })
+            .map_or("-".to_string(), |p| {
+                format!(
+                    "{:.2}",
+                    per(r.tokens_per_second, p.latency.tokens_per_second)
+                )
+            });
         s += &format!(
-            "{:<8} {:<8} {:>3} {:>4} {:>6} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3}\n",
+            "{:<8} {:<8} {:>3} {:>4} {:>6} {:>7} {:>9.1} {:>9.1} {:>7.2} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>5} {:>6} {:>8.2} {:>6.1} {:>5.2} {:>5.2} {:>8.2} {:>8.2} {:>6.3} {:>6}\n",
             row.mode, row.drafter, r.concurrency, row.requests, row.prompt_tokens, r.tokens, r.tokens_per_second, r.decode_tokens_per_second, x, r.ttft_p50, r.ttft_p99,
             r.itl_p50, r.itl_p99, itl, row.max_batch, row.steps, per(1e3 * row.step_seconds, row.steps as f64),
             per(row.step_rows as f64, row.steps as f64), per(row.drafted as f64, row.rounds as f64),
             per(row.accepted as f64, row.drafted as f64),
             1e3 * row.step_p50,
             1e3 * row.step_p99,
-            per(1e3 * row.policy_seconds, row.steps as f64)
+            per(1e3 * row.policy_seconds, row.steps as f64),
+            plain
         );
     }
     s

@@ -254,12 +254,15 @@ def test_bench_serve_chat_prompts_answer_the_whole_suite():
                         "--drafters", "none,suffix", "--temperatures", "0", "--max-tokens", "16"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"bench serve failed:\n{r.stdout}\n{r.stderr}"
-    # mode, drafter, N, requests, ..., k (drafts per round): the 19th column.
+    # mode, drafter, N, requests, ..., k (drafts per round): the 19th
+    # column; last, tok/s against plain decoding at the same N.
     rows = {}
     for line in r.stdout.splitlines():
         f = line.split()
-        if len(f) == 23 and f[0] == "greedy":
+        if len(f) == 24 and f[0] == "greedy":
             rows[(f[1], int(f[2]))] = (int(f[3]), float(f[18]))
+            if f[1] == "none":
+                assert f[23] == "1.00", line
     assert set(rows) == {("none", 1), ("none", 3), ("suffix", 1), ("suffix", 3)}, r.stdout
     for (drafter, n), (requests, k) in rows.items():
         assert requests == {1: 5, 3: 6}[n], r.stdout
