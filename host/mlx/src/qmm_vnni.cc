@@ -201,6 +201,22 @@ struct Vnni {
 
 };
 
+// Groups of 32 (tile_g32): one column block a tile, whatever its rows (R
+// outputs). A block's weights are one stream, and a tile of fewer rows took
+// 8 / R blocks side by side (2 rows: 4 streams) for independent chains. But
+// tile_g32 keeps two vpdpbusd chains an output, and on a 2-core Zen 4 the
+// extra streams cost more than the chains gave: `specd --weights int8
+// profile --rows R`, light step, median of 6 runs alternated, 1 / 2 / 3 / 4
+// rows 4.92 / 5.34 / 6.45 / 6.36 ms -> 4.44 / 4.30 / 4.68 / 5.27 ms (6 rows,
+// one block before too: 6.26 / 6.29); `bench decode` 177 -> 208 tok/s.
+// Other groups keep `tile`'s one chain an output, so they keep 8 / R blocks.
+struct VnniG32 : Vnni {
+  template <int BITS, int R>
+  static constexpr int outputs() {
+    return R;
+  }
+};
+
 }  // namespace
 
 void quantize_vnni(const float* x, int M, int K, int bits, int8_t* xq, float* xd) {
@@ -221,6 +237,11 @@ void quantize_vnni(const float* x, int M, int K, int bits, int8_t* xq, float* xd
     }
 }
 
-void vnni(const Args& a, int cb0, int cb1) { Tiles<Vnni>::run(a, cb0, cb1); }
+void vnni(const Args& a, int cb0, int cb1) {
+  if (a.group == 32)
+    Tiles<VnniG32>::run(a, cb0, cb1);
+  else
+    Tiles<Vnni>::run(a, cb0, cb1);
+}
 
 }  // namespace specd_mlx::qmm
