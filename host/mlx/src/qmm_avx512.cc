@@ -17,13 +17,21 @@ struct Avx512 {
   // partial sums fill half the 32 registers and keep 8 independent FMA
   // chains in flight, so one partial sum per group suffices.
   static constexpr int kOutputs = 8;
-  // 4-bit tiles of 4 and 8 rows hold 16 (8 rows x 2 blocks, 4 x 4): each
-  // unpacked weight vector then feeds as many FMAs, twice the chains are in
-  // flight, and the accumulators, touched once a group, spill to L1. Faster
-  // there on Zen 5 (qmm_bench, one thread: 1536x576 at 8 rows 88-119 -> 69-72
-  // us), slower for 1 row and for 8-bit weights, which keep 8.
+  // 4-bit tiles of 8 rows hold 16 (8 rows x 2 blocks): each unpacked
+  // weight vector then feeds as many FMAs, twice the chains are in flight,
+  // and the accumulators, touched once a group, spill to L1. Faster there on
+  // Zen 5 (qmm_bench, one thread: 1536x576 at 8 rows 88-119 -> 69-72 us),
+  // slower for 1 row and for 8-bit weights, which keep 8.
+  // Tiles of 2-4 rows take one column block (R outputs): their 8 / R or
+  // 16 / R blocks, each a weight stream prefetched 8 groups ahead, cost
+  // more than their extra chains gave on a 2-core Zen 4 (`specd profile
+  // --rows R`, the default weights, light step, medians of 6 runs alternated
+  // in rotated order: 2 / 3 / 4 rows 7.47 / 9.87 / 10.92 -> 6.71 / 8.33 /
+  // 9.76 ms, in all 6 pairs at 4 rows; one row keeps its 8 blocks, which
+  // read the same as 4 or 2 there).
   template <int BITS, int R>
   static constexpr int outputs() {
+    if constexpr (R >= 2 && R <= 4) return R;
     return BITS == 4 && R >= 4 ? 16 : kOutputs;
   }
   // Rows past the 8-row tiles (1-7) run as one tile (qmm_tiles.h).
