@@ -47,6 +47,20 @@ pub const REPETITIVE: [&str; 6] = [
     "Convert this record to JSON with the keys name, age, city, email and role: Farid Haddad, 29 years old, lives in Beirut, farid.haddad@example.com, developer.",
 ];
 
+/// The built-in suites by name, in the order `bench spec --prompts all`
+/// runs them.
+pub const SUITES: [(&str, &[&str]); 4] = [
+    ("grounded", &GROUNDED),
+    ("open", &OPEN),
+    ("code", &CODE_EDIT),
+    ("repetitive", &REPETITIVE),
+];
+
+/// A built-in suite's prompts, by its name.
+pub fn suite(name: &str) -> Option<&'static [&'static str]> {
+    SUITES.iter().find(|(n, _)| *n == name).map(|(_, p)| *p)
+}
+
 /// A benchmark prompt as a user turn in the model's chat template, or as
 /// raw text for a model without one (a base model has no chat mode).
 pub fn user_turn(e: &Engine, text: &str) -> Prompt {

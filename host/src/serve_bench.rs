@@ -100,17 +100,14 @@ pub enum Prompts {
 impl Prompts {
     /// `story` or a `bench spec` suite's name.
     pub fn parse(name: &str) -> Result<Prompts> {
-        use crate::bench::{CODE_EDIT, REPETITIVE};
-        Ok(match name {
-            "story" => Prompts::Story,
-            "grounded" => Prompts::Chat(&GROUNDED),
-            "open" => Prompts::Chat(&OPEN),
-            "code" => Prompts::Chat(&CODE_EDIT),
-            "repetitive" => Prompts::Chat(&REPETITIVE),
-            _ => {
-                anyhow::bail!("unknown prompts {name:?}: story, grounded, open, code or repetitive")
-            }
-        })
+        if name == "story" {
+            return Ok(Prompts::Story);
+        }
+        crate::bench::suite(name)
+            .map(Prompts::Chat)
+            .with_context(|| {
+                format!("unknown prompts {name:?}: story, grounded, open, code or repetitive")
+            })
     }
 }
 

@@ -422,12 +422,7 @@ fn blas(iters: usize) -> Result<()> {
 
 fn suites(spec: &str) -> Result<Vec<(String, Vec<String>)>> {
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let builtin: [(&str, &[&str]); 4] = [
-        ("grounded", &crate::bench::GROUNDED),
-        ("open", &crate::bench::OPEN),
-        ("code", &crate::bench::CODE_EDIT),
-        ("repetitive", &crate::bench::REPETITIVE),
-    ];
+    let builtin = &crate::bench::SUITES;
     let named: Vec<&str> = spec.split(',').collect();
     if spec == "all" || named.iter().all(|n| builtin.iter().any(|(b, _)| b == n)) {
         return Ok(builtin

@@ -84,6 +84,29 @@ impl Text {
     }
 }
 
+/// The longest earlier occurrence of `text`'s last bytes (at least
+/// [`TEXT_MIN_MATCH`], at most [`TEXT_MAX_MATCH`]), the latest of equally
+/// long ones: (bytes matched, where the occurrence ends, before the text's
+/// end).
+fn longest_earlier(text: &[u8]) -> Option<(usize, usize)> {
+    let n = text.len();
+    let tail = &text[n.checked_sub(TEXT_MIN_MATCH)?..];
+    let mut best: Option<(usize, usize)> = None;
+    for end in TEXT_MIN_MATCH..n {
+        if &text[end - TEXT_MIN_MATCH..end] != tail {
+            continue;
+        }
+        let mut len = TEXT_MIN_MATCH;
+        while len < TEXT_MAX_MATCH && len < end && text[end - len - 1] == text[n - len - 1] {
+            len += 1;
+        }
+        if best.is_none_or(|(l, _)| len >= l) {
+            best = Some((len, end));
+        }
+    }
+    best
+}
+
 /// A byte of a word (letters, digits, `_`, any byte of a non-ASCII char).
 fn word_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
@@ -146,22 +169,7 @@ impl SuffixDrafter {
         if n <= TEXT_MIN_MATCH || limit == 0 || text[n - 1] == TEXT_BREAK {
             return Vec::new();
         }
-        let tail = &text[n - TEXT_MIN_MATCH..];
-        // (bytes matched, where the occurrence ends): the longest, latest.
-        let mut best: Option<(usize, usize)> = None;
-        for end in TEXT_MIN_MATCH..n {
-            if &text[end - TEXT_MIN_MATCH..end] != tail {
-                continue;
-            }
-            let mut len = TEXT_MIN_MATCH;
-            while len < TEXT_MAX_MATCH && len < end && text[end - len - 1] == text[n - len - 1] {
-                len += 1;
-            }
-            if best.is_none_or(|(l, _)| len >= l) {
-                best = Some((len, end));
-            }
-        }
-        let Some((len, end)) = best else {
+        let Some((len, end)) = longest_earlier(text) else {
             return Vec::new();
         };
         // The text's last word, and whether the match is the drift case:
