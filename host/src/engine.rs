@@ -204,13 +204,13 @@ impl Engine {
                 ..Default::default()
             }),
             DrafterSpec::Suffix => {
-                // Made at the first suffix request (20 ms for a vocabulary
-                // of 49k), not at load.
-                (self.suffix.lock().unwrap_or_else(|p| p.into_inner()))
-                    .keys_or_init(|| space_keys(&self.tokenizer));
+                // Keys made at the first suffix request (20 ms for a
+                // vocabulary of 49k), not at load.
                 Box::new(
-                    SuffixDrafter::new(self.suffix.clone(), tenant)
-                        .with_text(self.tokenizer.clone()),
+                    SuffixDrafter::keyed(self.suffix.clone(), tenant, || {
+                        space_keys(&self.tokenizer)
+                    })
+                    .with_text(self.tokenizer.clone()),
                 )
             }
             DrafterSpec::SelfLayers(n) => {

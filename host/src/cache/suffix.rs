@@ -257,8 +257,19 @@ impl SuffixCorpus {
         self.tries.get(tenant)
     }
 
-    /// Bytes held: every trie plus the sequences kept to rebuild them.
+    /// Bytes held: every trie, the sequences kept to rebuild them, and the
+    /// keys (one id per token of the vocabulary, shared with every
+    /// request's own trie) once set.
     pub fn bytes(&self) -> usize {
+        self.sequence_bytes()
+            + self
+                .keys
+                .as_ref()
+                .map_or(0, |k| std::mem::size_of_val(&**k))
+    }
+
+    /// Bytes that grow with the sequences held: the tries and the tokens.
+    fn sequence_bytes(&self) -> usize {
         self.tries.values().map(SuffixTrie::bytes).sum::<usize>()
             + self
                 .seqs
@@ -321,7 +332,7 @@ impl SuffixCorpus {
         let mut touched = Vec::new();
         // Tries shrink only when rebuilt: estimate from the tokens dropped,
         // each of which held up to DEPTH nodes.
-        let per_token = self.bytes() as f64
+        let per_token = self.sequence_bytes() as f64
             / self
                 .seqs
                 .values()
@@ -441,6 +452,9 @@ mod tests {
     fn corpus_stays_under_its_bound_and_drops_the_least_recently_used() {
         let limit = 1 << 20;
         let mut c = SuffixCorpus::new(limit);
+        // Keys for a vocabulary of 16k: 64 KB of the bound, counted in it.
+        let keys = c.keys_or_init(|| (0..16_384).collect());
+        assert_eq!(c.bytes(), 4 * keys.len());
         let seq = |i: u32| -> Vec<u32> { (0..200).map(|j| i * 1000 + j).collect() };
         c.add("", &seq(0));
         c.add("", &seq(1));
@@ -455,6 +469,7 @@ mod tests {
             c.touch(n.seq);
             c.add("", &seq(i));
             assert!(c.bytes() <= limit, "{} > {limit}", c.bytes());
+            assert!(c.bytes() > 4 * keys.len() + c.trie("").unwrap().bytes());
         }
         let t = c.trie("").unwrap();
         assert!(

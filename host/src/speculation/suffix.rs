@@ -129,8 +129,27 @@ pub struct SuffixDrafter {
 }
 
 impl SuffixDrafter {
+    /// A drafter over `corpus` whose keys are those the corpus has.
     pub fn new(corpus: Arc<Mutex<SuffixCorpus>>, tenant: &str) -> Self {
         let keys = corpus.lock().unwrap_or_else(|p| p.into_inner()).keys();
+        Self::with_keys(corpus, tenant, keys)
+    }
+
+    /// A drafter over `corpus` whose keys are the corpus's, made by `make`
+    /// (under the same lock) where the corpus has none yet.
+    pub fn keyed(
+        corpus: Arc<Mutex<SuffixCorpus>>,
+        tenant: &str,
+        make: impl FnOnce() -> Keys,
+    ) -> Self {
+        let keys = corpus
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys_or_init(make);
+        Self::with_keys(corpus, tenant, Some(keys))
+    }
+
+    fn with_keys(corpus: Arc<Mutex<SuffixCorpus>>, tenant: &str, keys: Option<Keys>) -> Self {
         SuffixDrafter {
             corpus,
             tenant: tenant.to_string(),
