@@ -169,8 +169,12 @@ fn suffix_drafting_keeps_stop_strings_and_cancellation() {
 #[test]
 fn the_cross_request_corpus_stays_under_its_bound() {
     let e = engine();
-    let limit = 48 * 1024;
-    let before = std::mem::replace(&mut *e.suffix.lock().unwrap(), SuffixCorpus::new(limit));
+    // 48 KiB for the sequences on top of the keys, which count too.
+    let keys = specd::speculation::suffix::space_keys(&e.tokenizer);
+    let limit = 4 * keys.len() + 48 * 1024;
+    let mut corpus = SuffixCorpus::new(limit);
+    corpus.keys_or_init(|| keys);
+    let before = std::mem::replace(&mut *e.suffix.lock().unwrap(), corpus);
     let mut most = 0;
     for p in GROUNDED.iter().chain(&REPETITIVE) {
         Run::suffix("bound", "constant", 48).go(&e, p);
