@@ -79,7 +79,7 @@ impl Text {
         if self.tok.is_special(id) {
             self.bytes.push(TEXT_BREAK);
         } else {
-            self.bytes.extend(self.tok.token_bytes(id));
+            self.tok.push_token_bytes(id, &mut self.bytes);
         }
     }
 }
@@ -107,6 +107,12 @@ fn longest_earlier(text: &[u8]) -> Option<(usize, usize)> {
     best
 }
 
+/// The corpus, locked. It is only statistics: a panic elsewhere cannot
+/// make it wrong enough to matter, so a poisoned lock is used as it is.
+fn lock(corpus: &Mutex<SuffixCorpus>) -> std::sync::MutexGuard<'_, SuffixCorpus> {
+    corpus.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A byte of a word (letters, digits, `_`, any byte of a non-ASCII char).
 fn word_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
@@ -131,7 +137,7 @@ pub struct SuffixDrafter {
 impl SuffixDrafter {
     /// A drafter over `corpus` whose keys are those the corpus has.
     pub fn new(corpus: Arc<Mutex<SuffixCorpus>>, tenant: &str) -> Self {
-        let keys = corpus.lock().unwrap_or_else(|p| p.into_inner()).keys();
+        let keys = lock(&corpus).keys();
         Self::with_keys(corpus, tenant, keys)
     }
 
@@ -142,10 +148,7 @@ impl SuffixDrafter {
         tenant: &str,
         make: impl FnOnce() -> Keys,
     ) -> Self {
-        let keys = corpus
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys_or_init(make);
+        let keys = lock(&corpus).keys_or_init(make);
         Self::with_keys(corpus, tenant, Some(keys))
     }
 
@@ -240,9 +243,7 @@ impl SuffixDrafter {
     }
 
     fn corpus(&self) -> std::sync::MutexGuard<'_, SuffixCorpus> {
-        // The corpus is only statistics: a panic elsewhere cannot make it
-        // wrong enough to matter, so a poisoned lock is used as it is.
-        self.corpus.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.corpus)
     }
 
     /// Puts the log's new tokens into the request's trie.
@@ -315,7 +316,7 @@ impl Drafter for SuffixDrafter {
             return Ok(draft);
         }
         let corpus = self.corpus.clone();
-        let mut corpus = corpus.lock().unwrap_or_else(|p| p.into_inner());
+        let mut corpus = lock(&corpus);
         let trie = corpus.trie(&self.tenant);
         // Where the log's tail is in the corpus: found afresh each round
         // (DEPTH^2 lookups at most), since other requests change the corpus

@@ -718,9 +718,17 @@ impl Tokenizer {
     /// One token's bytes as it decodes (for logprobs: a token may hold part
     /// of a UTF-8 character).
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.push_token_bytes(id, &mut out);
+        out
+    }
+
+    /// [`Tokenizer::token_bytes`] appended to `out`, without a buffer of
+    /// its own where the tokenizer has a byte table (a per-token path).
+    pub fn push_token_bytes(&self, id: u32, out: &mut Vec<u8>) {
         match &self.byte_table {
-            Some(t) => t.bytes.get(id as usize).cloned().unwrap_or_default(),
-            None => self.decode(&[id]).into_bytes(),
+            Some(t) => out.extend_from_slice(t.bytes.get(id as usize).map_or(&[][..], |b| b)),
+            None => out.extend(self.decode(&[id]).into_bytes()),
         }
     }
 
