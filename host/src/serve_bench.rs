@@ -95,6 +95,10 @@ pub enum Prompts {
     /// model ends them, and that a drafter can copy from (`grounded`,
     /// `code`, `repetitive`) or not (`open`).
     Chat(&'static [&'static str]),
+    /// A distinct raw prompt of at least this many tokens per request
+    /// (`request_prompt`), where attention over the caches weighs in every
+    /// step.
+    Long(usize),
 }
 
 impl Prompts {
@@ -111,23 +115,19 @@ impl Prompts {
     }
 }
 
-/// The prompt of request `i`: with `prompt_tokens` > 0 the bench's
+/// The prompt of request `i`, as `prompts` says. `Long(n)`: the bench's
 /// paragraphs from the i-th on, cycled (so requests differ from their
 /// first tokens and share no cached prefix), whole paragraphs added until
-/// the prompt holds at least `prompt_tokens` tokens, then the same
-/// instruction to continue; else what `prompts` says.
-pub fn request_prompt(
-    e: &Engine,
-    i: usize,
-    prompt_tokens: usize,
-    prompts: Prompts,
-) -> Result<Vec<u32>> {
-    if prompt_tokens == 0 {
-        return match prompts {
-            Prompts::Story => e.encode(&Prompt::Raw(request_text(i))),
-            Prompts::Chat(suite) => e.encode(&crate::bench::user_turn(e, suite[i % suite.len()])),
-        };
-    }
+/// the prompt holds at least `n` tokens, then the same instruction to
+/// continue.
+pub fn request_prompt(e: &Engine, i: usize, prompts: Prompts) -> Result<Vec<u32>> {
+    let prompt_tokens = match prompts {
+        Prompts::Story => return e.encode(&Prompt::Raw(request_text(i))),
+        Prompts::Chat(suite) => {
+            return e.encode(&crate::bench::user_turn(e, suite[i % suite.len()]));
+        }
+        Prompts::Long(n) => n,
+    };
     let paragraphs: Vec<&str> = GROUNDED.iter().chain(OPEN.iter()).copied().collect();
     let mut text = format!("Request {i}.");
     for k in i.. {
@@ -148,10 +148,6 @@ pub struct Load {
     pub per_client: usize,
     /// New tokens a request asks for.
     pub max_tokens: usize,
-    /// 0: each request's prompt is what `prompts` says; above: a distinct
-    /// prompt of at least this many tokens (`request_prompt`), where
-    /// attention over the caches weighs in every step.
-    pub prompt_tokens: usize,
     pub prompts: Prompts,
 }
 
@@ -180,7 +176,6 @@ fn one(
     let Load {
         per_client,
         max_tokens,
-        prompt_tokens,
         prompts: said,
     } = *load;
     let mut sched = Scheduler::new(
@@ -193,7 +188,7 @@ fn one(
     .with_fit(std::mem::take(fit));
     let varied = per_client > 1;
     let per_client = match said {
-        Prompts::Chat(suite) if prompt_tokens == 0 => per_client.max(suite.len().div_ceil(n)),
+        Prompts::Chat(suite) => per_client.max(suite.len().div_ceil(n)),
         _ => per_client,
     };
     let total = n * per_client.max(1);
@@ -204,7 +199,7 @@ fn one(
     let timings: Vec<Rc<RefCell<Vec<f64>>>> = (0..total).map(|_| Rc::default()).collect();
     let mut submitted = vec![0.0; total];
     let prompts: Vec<Vec<u32>> = (0..total)
-        .map(|i| request_prompt(e, i, prompt_tokens, said))
+        .map(|i| request_prompt(e, i, said))
         .collect::<Result<_>>()?;
     let prompt_total: usize = prompts.iter().map(Vec::len).sum();
     let mut prompts: Vec<Option<Vec<u32>>> = prompts.into_iter().map(Some).collect();
@@ -332,7 +327,6 @@ pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result
     let warm = Load {
         per_client: 1,
         max_tokens: 8,
-        prompt_tokens: 0,
         prompts: Prompts::Story,
     };
     one(e, &mut fit, 2, &warm, &none, 0.0, "")?;

@@ -135,6 +135,15 @@ pub struct KvRows<'a> {
     /// Its rows in `y`, after those of the sequences before it.
     pub rows: i32,
 }
+/// The attention's heads: query heads, key/value heads (grouped-query
+/// when fewer), each head's width, and the scores' scale.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    pub scale: f32,
+}
 /// Attention of several sequences in one op (continuous batching). `y`
 /// `[1, T, (heads + 2 * kv_heads) * head_dim]` holds every row's q, k, v
 /// with the rope applied (the fused q/k/v matmul's output); each sequence's
@@ -148,12 +157,15 @@ pub struct KvRows<'a> {
 pub fn attention_kv_rows(
     y: &Array,
     seqs: &[KvRows<'_>],
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
+    shape: AttnShape,
 ) -> Result<(Array, Vec<(Array, Array)>)> {
     let (caches, spans) = kv_lists(seqs);
+    let AttnShape {
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+    } = shape;
     let out = ffi::attention_kv_rows(&y.0, &caches, &spans, heads, kv_heads, head_dim, scale)
         .map_err(crate::Exception::from)?;
     let mut list = unlist(&out, 1, seqs.len(), "attention_kv_rows")?;
@@ -224,18 +236,20 @@ pub struct LayerRows {
 /// of its output and `x` (the layer's input, whose q/k/v matmul made
 /// `y`). Where that matmul has not been evaluated, all three are one op
 /// (the same bits: the same calls on the same rows), else two. CPU only.
-#[allow(clippy::too_many_arguments)]
 pub fn layer_kv_rows(
     y: &Array,
     seqs: &[KvRows<'_>],
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
+    shape: AttnShape,
     x: &Array,
     t: &Tail<'_>,
 ) -> Result<LayerRows> {
     let (caches, spans) = kv_lists(seqs);
+    let AttnShape {
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+    } = shape;
     let out = ffi::layer_kv_rows(
         &y.0,
         &caches,

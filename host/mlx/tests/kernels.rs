@@ -938,6 +938,15 @@ struct KvSeq {
     v: Vec<f32>,
 }
 
+fn attn_shape(heads: i32, kv_heads: i32, head_dim: i32, scale: f32) -> kernels::AttnShape {
+    kernels::AttnShape {
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+    }
+}
+
 /// `kernels::attention_kv_rows` over several sequences, each at its own
 /// offset, against `kernels::attention` of each sequence alone on its
 /// concatenated keys: bitwise, whichever sequences share the call. Run for
@@ -1040,9 +1049,12 @@ fn attention_kv_rows_is_each_sequence_alone() {
                     rows: seqs[i].rows as i32,
                 })
                 .collect();
-            let (o, kv) =
-                kernels::attention_kv_rows(&y, &rows, h as i32, hkv as i32, d as i32, scale)
-                    .unwrap();
+            let (o, kv) = kernels::attention_kv_rows(
+                &y,
+                &rows,
+                attn_shape(h as i32, hkv as i32, d as i32, scale),
+            )
+            .unwrap();
             assert_eq!(o.shape(), vec![1, t as i32, (h * d) as i32]);
             (o.to_vec_f32().unwrap(), kv)
         };
@@ -1145,7 +1157,7 @@ fn attention_kv_rows_orders_writes() {
             offset,
             rows: 1,
         }];
-        kernels::attention_kv_rows(y, &s, h, hkv, d, scale).unwrap()
+        kernels::attention_kv_rows(y, &s, attn_shape(h, hkv, d, scale)).unwrap()
     };
     let (_, kv1) = one(&y1, &k0, &v0, 0);
     let (o2, _) = one(&y2, &kv1[0].0, &kv1[0].1, 1);
@@ -1161,7 +1173,7 @@ fn attention_kv_rows_orders_writes() {
         offset: 0,
         rows: 2,
     }];
-    let (o, _) = kernels::attention_kv_rows(&both, &s, h, hkv, d, scale).unwrap();
+    let (o, _) = kernels::attention_kv_rows(&both, &s, attn_shape(h, hkv, d, scale)).unwrap();
     let o = o.to_vec_f32().unwrap();
     assert_eq!(o2.to_vec_f32().unwrap(), o[(h * d) as usize..].to_vec());
     // Rows that do not fit the cache are refused.
@@ -1171,7 +1183,7 @@ fn attention_kv_rows_orders_writes() {
         offset: 255,
         rows: 2,
     }];
-    assert!(kernels::attention_kv_rows(&both, &s, h, hkv, d, scale).is_err());
+    assert!(kernels::attention_kv_rows(&both, &s, attn_shape(h, hkv, d, scale)).is_err());
 }
 
 /// The kernels' flag for 8-bit activations (`qmm.h` `kActQ8`).
@@ -1694,9 +1706,12 @@ fn attention_over_a_16_bit_cache_is_over_its_rounded_values() {
                     rows: s.1 as i32,
                 })
                 .collect();
-            let (o, kv) =
-                kernels::attention_kv_rows(&y, &parts, h as i32, hkv as i32, d as i32, scale)
-                    .unwrap();
+            let (o, kv) = kernels::attention_kv_rows(
+                &y,
+                &parts,
+                attn_shape(h as i32, hkv as i32, d as i32, scale),
+            )
+            .unwrap();
             let held: Vec<Vec<f32>> = kv
                 .iter()
                 .zip(&seqs)
@@ -1759,7 +1774,7 @@ fn attention_over_a_16_bit_cache_is_over_its_rounded_values() {
         offset: 0,
         rows: 1,
     }];
-    let (_, kv) = kernels::attention_kv_rows(&y, &s, h, hkv, d as i32, 0.125).unwrap();
+    let (_, kv) = kernels::attention_kv_rows(&y, &s, attn_shape(h, hkv, d as i32, 0.125)).unwrap();
     let got = kv[0]
         .0
         .slice(&[0, 0, 0, 0], &[1, 1, 1, d as i32])

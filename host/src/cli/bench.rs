@@ -213,15 +213,19 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             steps_only,
             anchor,
         } => {
-            let said = crate::serve_bench::Prompts::parse(&prompts)?;
+            use crate::serve_bench::Prompts;
+            let mut said = Prompts::parse(&prompts)?;
             anyhow::ensure!(
-                !(anchor && said != crate::serve_bench::Prompts::Story),
+                !(anchor && said != Prompts::Story),
                 "--anchor sends mlx-lm's server the story prompts: drop --prompts"
             );
-            anyhow::ensure!(
-                !(prompt_tokens > 0 && said != crate::serve_bench::Prompts::Story),
-                "--prompt-tokens builds its own long prompts: drop --prompts"
-            );
+            if prompt_tokens > 0 {
+                anyhow::ensure!(
+                    said == Prompts::Story,
+                    "--prompt-tokens builds its own long prompts: drop --prompts"
+                );
+                said = Prompts::Long(prompt_tokens);
+            }
             // The anchor sends mlx-lm's server one batch of short prompts.
             anyhow::ensure!(
                 !(anchor && prompt_tokens > 0),
@@ -265,7 +269,6 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                 load: crate::serve_bench::Load {
                     per_client: requests_per_client,
                     max_tokens,
-                    prompt_tokens,
                     prompts: said,
                 },
             };

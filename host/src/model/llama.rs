@@ -524,24 +524,28 @@ impl Llama {
         caches: &mut [&mut KvCache],
         rows: &[i32],
     ) -> Result<Array> {
-        self.with_kv_rows(caches, rows, |seqs, (nh, nkv, hd), scale| {
-            let (o, kv) = kernels::attention_kv_rows(y, seqs, nh, nkv, hd, scale)?;
+        self.with_kv_rows(caches, rows, |seqs, shape| {
+            let (o, kv) = kernels::attention_kv_rows(y, seqs, shape)?;
             Ok((kv, o))
         })
     }
 
     /// `f` over each cache's writable buffers for its `rows` new rows (with
-    /// the head counts and attention scale); the caches it gives back are
-    /// kept, as written.
+    /// the attention's shape); the caches it gives back are kept, as
+    /// written.
     fn with_kv_rows<T>(
         &self,
         caches: &mut [&mut KvCache],
         rows: &[i32],
-        f: impl FnOnce(&[KvRows<'_>], (i32, i32, i32), f32) -> Result<(Vec<(Array, Array)>, T)>,
+        f: impl FnOnce(&[KvRows<'_>], kernels::AttnShape) -> Result<(Vec<(Array, Array)>, T)>,
     ) -> Result<T> {
-        let heads = self.head_counts();
-        let (_, nkv, hd) = heads;
-        let scale = 1.0 / (self.config.head_dim as f32).sqrt();
+        let (nh, nkv, hd) = self.head_counts();
+        let shape = kernels::AttnShape {
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (self.config.head_dim as f32).sqrt(),
+        };
         let seqs = caches
             .iter_mut()
             .zip(rows)
@@ -556,7 +560,7 @@ impl Llama {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let (kv, out) = f(&seqs, heads, scale)?;
+        let (kv, out) = f(&seqs, shape)?;
         drop(seqs);
         for ((c, &n), (k, v)) in caches.iter_mut().zip(rows).zip(kv) {
             c.written(n as usize, k, v);
@@ -621,8 +625,8 @@ impl Llama {
             probe("cache update + attention", &[&o])?;
             return self.layer_rest(l, &o, x, probe);
         };
-        let (out, attention) = self.with_kv_rows(caches, rows, |seqs, (nh, nkv, hd), scale| {
-            let r = kernels::layer_kv_rows(y, seqs, nh, nkv, hd, scale, x, &tail)?;
+        let (out, attention) = self.with_kv_rows(caches, rows, |seqs, shape| {
+            let r = kernels::layer_kv_rows(y, seqs, shape, x, &tail)?;
             Ok((r.caches, (r.out, r.attention)))
         })?;
         probe("cache update + attention", &[&attention])?;

@@ -68,43 +68,87 @@ const TEXT_WINDOW: usize = 1 << 16;
 /// ends there.
 const TEXT_BREAK: u8 = 0;
 
-/// The request's text, for text matches: its tokens' bytes.
+/// The request's text, for text matches: its tokens' bytes, and where
+/// each run of [`TEXT_MIN_MATCH`] bytes occurs, so a round looks only at the
+/// places that can match instead of scanning the text.
+#[derive(Default)]
+struct TextIndex {
+    bytes: Vec<u8>,
+    /// By a run's bytes (as an integer), the positions where it ends, in
+    /// order.
+    ends: HashMap<u32, Vec<u32>>,
+}
+
+/// A run of [`TEXT_MIN_MATCH`] bytes as an index key.
+fn run_key(run: &[u8]) -> u32 {
+    run.iter().fold(0, |k, &b| k << 8 | b as u32)
+}
+
+impl TextIndex {
+    fn push(&mut self, tok: &Tokenizer, id: u32) {
+        let from = self.bytes.len();
+        if tok.is_special(id) {
+            self.bytes.push(TEXT_BREAK);
+        } else {
+            tok.push_token_bytes(id, &mut self.bytes);
+        }
+        self.index_from(from);
+    }
+
+    /// Indexes the runs that end past `from`.
+    fn index_from(&mut self, from: usize) {
+        for end in (from + 1).max(TEXT_MIN_MATCH)..=self.bytes.len() {
+            let key = run_key(&self.bytes[end - TEXT_MIN_MATCH..end]);
+            self.ends.entry(key).or_default().push(end as u32);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    /// The longest earlier occurrence of the text's last bytes (at least
+    /// [`TEXT_MIN_MATCH`], at most [`TEXT_MAX_MATCH`]) within its last
+    /// `window` bytes, the latest of equally long ones: (bytes matched,
+    /// where the occurrence ends, before the text's end), positions counted
+    /// from the window's start.
+    fn longest_earlier(&self, window: usize) -> Option<(usize, usize)> {
+        let text = &self.bytes;
+        let n = text.len();
+        let tail = &text[n.checked_sub(TEXT_MIN_MATCH)?..];
+        let from = n.saturating_sub(window);
+        let mut best: Option<(usize, usize)> = None;
+        for &end in self.ends.get(&run_key(tail))? {
+            let end = end as usize;
+            if end < from + TEXT_MIN_MATCH || end >= n {
+                continue;
+            }
+            let mut len = TEXT_MIN_MATCH;
+            while len < TEXT_MAX_MATCH
+                && len < end - from
+                && text[end - len - 1] == text[n - len - 1]
+            {
+                len += 1;
+            }
+            if best.is_none_or(|(l, _)| len >= l) {
+                best = Some((len, end - from));
+            }
+        }
+        best
+    }
+}
+
+/// The request's text, for text matches.
 struct Text {
     tok: Arc<Tokenizer>,
-    bytes: Vec<u8>,
+    index: TextIndex,
 }
 
 impl Text {
     fn push(&mut self, id: u32) {
-        if self.tok.is_special(id) {
-            self.bytes.push(TEXT_BREAK);
-        } else {
-            self.tok.push_token_bytes(id, &mut self.bytes);
-        }
+        self.index.push(&self.tok, id);
     }
-}
-
-/// The longest earlier occurrence of `text`'s last bytes (at least
-/// [`TEXT_MIN_MATCH`], at most [`TEXT_MAX_MATCH`]), the latest of equally
-/// long ones: (bytes matched, where the occurrence ends, before the text's
-/// end).
-fn longest_earlier(text: &[u8]) -> Option<(usize, usize)> {
-    let n = text.len();
-    let tail = &text[n.checked_sub(TEXT_MIN_MATCH)?..];
-    let mut best: Option<(usize, usize)> = None;
-    for end in TEXT_MIN_MATCH..n {
-        if &text[end - TEXT_MIN_MATCH..end] != tail {
-            continue;
-        }
-        let mut len = TEXT_MIN_MATCH;
-        while len < TEXT_MAX_MATCH && len < end && text[end - len - 1] == text[n - len - 1] {
-            len += 1;
-        }
-        if best.is_none_or(|(l, _)| len >= l) {
-            best = Some((len, end));
-        }
-    }
-    best
 }
 
 /// The corpus, locked. It is only statistics: a panic elsewhere cannot
@@ -170,7 +214,7 @@ impl SuffixDrafter {
     pub fn with_text(mut self, tok: Arc<Tokenizer>) -> Self {
         self.text = Some(Text {
             tok,
-            bytes: Vec::new(),
+            index: TextIndex::default(),
         });
         self
     }
@@ -186,12 +230,13 @@ impl SuffixDrafter {
         let Some(t) = &self.text else {
             return Vec::new();
         };
-        let text = &t.bytes[t.bytes.len().saturating_sub(TEXT_WINDOW)..];
+        let bytes = &t.index.bytes;
+        let text = &bytes[bytes.len().saturating_sub(TEXT_WINDOW)..];
         let n = text.len();
         if n <= TEXT_MIN_MATCH || limit == 0 || text[n - 1] == TEXT_BREAK {
             return Vec::new();
         }
-        let Some((len, end)) = longest_earlier(text) else {
+        let Some((len, end)) = t.index.longest_earlier(TEXT_WINDOW) else {
             return Vec::new();
         };
         // The text's last word, and whether the match is the drift case:
@@ -255,7 +300,7 @@ impl SuffixDrafter {
             self.seen.clear();
             self.prompt_len = None;
             if let Some(t) = &mut self.text {
-                t.bytes.clear();
+                t.index.clear();
             }
         }
         self.prompt_len.get_or_insert(log.len());
@@ -423,6 +468,61 @@ mod tests {
         let draft = propose(&mut d, &log, 8);
         assert_eq!(draft.tokens[0], 1, "ties go to the lower token id");
         assert_eq!(draft.confidence[0], 0.5);
+    }
+
+    /// The index finds what scanning the whole window finds: the longest
+    /// match, the latest of equally long ones, never past the window.
+    #[test]
+    fn the_text_index_finds_what_a_scan_finds() {
+        fn scan(text: &[u8]) -> Option<(usize, usize)> {
+            let n = text.len();
+            let tail = &text[n.checked_sub(TEXT_MIN_MATCH)?..];
+            let mut best: Option<(usize, usize)> = None;
+            for end in TEXT_MIN_MATCH..n {
+                if &text[end - TEXT_MIN_MATCH..end] != tail {
+                    continue;
+                }
+                let mut len = TEXT_MIN_MATCH;
+                while len < TEXT_MAX_MATCH && len < end && text[end - len - 1] == text[n - len - 1]
+                {
+                    len += 1;
+                }
+                if best.is_none_or(|(l, _)| len >= l) {
+                    best = Some((len, end));
+                }
+            }
+            best
+        }
+        let mut x = 12345u64;
+        let mut index = TextIndex::default();
+        let mut found = 0;
+        for step in 0..3000 {
+            // Bytes from a small alphabet, with copied runs: long and
+            // contested matches.
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let from = index.bytes.len();
+            if x >> 60 == 0 && from > 80 {
+                let at = (x >> 20) as usize % (from - 70);
+                let run = index.bytes[at..at + 70].to_vec();
+                index.bytes.extend(run);
+            } else {
+                index.bytes.push(b'a' + (x >> 33) as u8 % 4);
+            }
+            index.index_from(from);
+            for window in [64, 500, 1 << 16] {
+                let n = index.bytes.len();
+                let want = scan(&index.bytes[n.saturating_sub(window)..]);
+                assert_eq!(
+                    index.longest_earlier(window),
+                    want,
+                    "step {step}, window {window}"
+                );
+                found += want.is_some_and(|(l, _)| l == TEXT_MAX_MATCH) as usize;
+            }
+        }
+        assert!(found > 100, "long matches were tested: {found}");
     }
 
     #[test]
