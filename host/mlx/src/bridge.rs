@@ -190,21 +190,6 @@ pub(crate) mod ffi {
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
         #[allow(clippy::too_many_arguments)]
-        fn qmatmul_packed_norm_rope(
-            x: &Array,
-            norm_w: &Array,
-            eps: f32,
-            packed: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
-            rope_cols: i32,
-            head_dim: i32,
-            traditional: bool,
-            base: f32,
-            offset: i32,
-        ) -> Result<UniquePtr<Array>>;
-        #[allow(clippy::too_many_arguments)]
         fn qmatmul_packed_norm_rope_rows(
             x: &Array,
             norm_w: &Array,

@@ -704,9 +704,9 @@ struct QmmBody {
   // (one op and one pass over the rows fewer than a separate swiglu op).
   Glu glu = Glu::None;
   // Rope folded in: heads of head_dim over columns [0, rope_cols) rotated
-  // in place, row t at position rope_offset + t (rows are one sequence), or
-  // at rope_positions[t] where given (rows of several sequences: a batch).
-  int rope_cols = 0, head_dim = 0, rope_offset = 0;
+  // in place, row t at position rope_positions[t] (one sequence's rows or
+  // several sequences', a batch's).
+  int rope_cols = 0, head_dim = 0;
   std::vector<int32_t> rope_positions;
   bool rope_traditional = false;
   float rope_base = 0.f;
@@ -742,7 +742,7 @@ struct QmmBody {
       run_ranges(M, false, [&](int t0, int t1) {
         Rope rope(head_dim, rope_traditional, rope_base, 1.f);
         for (int t = t0; t < t1; t++) {
-          rope.at(rope_positions.empty() ? rope_offset + t : rope_positions[t]);
+          rope.at(rope_positions[t]);
           for (int c = 0; c < rope_cols; c += head_dim) {
             float* h = y + (size_t)t * n + c;
             rope.row(h, 1, h, head_dim);
@@ -1609,20 +1609,6 @@ A qmatmul_packed_glu(const Array& gu, const Array& packed, int32_t n, int32_t gr
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
                       int32_t n, int32_t group_size, int32_t bits) {
   return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr);
-}
-
-A qmatmul_packed_norm_rope(const Array& x, const Array& norm_w, float eps, const Array& packed,
-                           int32_t n, int32_t group_size, int32_t bits, int32_t rope_cols,
-                           int32_t head_dim, bool traditional, float base, int32_t offset) {
-  if (head_dim <= 0 || head_dim % 2 != 0 || rope_cols % head_dim != 0 || rope_cols > n ||
-      rope_cols <= 0)
-    throw std::invalid_argument("qmatmul rope: whole heads of an even size within the output");
-  if (x.a.ndim() != 3 || x.a.shape(0) != 1)
-    throw std::invalid_argument("qmatmul rope: x must be one sequence [1, T, in]");
-  QmmBody body;
-  body.rope_cols = rope_cols, body.head_dim = head_dim, body.rope_offset = offset;
-  body.rope_traditional = traditional, body.rope_base = base;
-  return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr, body);
 }
 
 A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,

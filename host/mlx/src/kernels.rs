@@ -71,20 +71,13 @@ pub fn qmatmul_packed_norm_rope(
     bits: i32,
     rope: RopeSpec,
 ) -> Result<Array> {
-    wrap(ffi::qmatmul_packed_norm_rope(
-        &x.0,
-        &norm_w.0,
-        eps,
-        &packed.0,
-        n,
-        group_size,
-        bits,
-        rope.cols,
-        rope.head_dim,
-        rope.traditional,
-        rope.base,
-        rope.offset,
-    ))
+    // One sequence's rows are positions offset, offset + 1, ...: the rows
+    // form with those positions (the same arithmetic per row).
+    let t = x.shape().get(1).copied().unwrap_or(0);
+    let positions: Vec<i32> = (rope.offset..rope.offset + t).collect();
+    qmatmul_packed_norm_rope_rows(
+        x, norm_w, eps, packed, n, group_size, bits, rope, &positions,
+    )
 }
 /// [`qmatmul_packed_norm_rope`] over the rows of several sequences: row t
 /// is rotated for `positions[t]` (`rope.offset` is not used). The rotation
@@ -244,20 +237,14 @@ pub fn layer_kv_rows(
     t: &Tail<'_>,
 ) -> Result<LayerRows> {
     let (caches, spans) = kv_lists(seqs);
-    let AttnShape {
-        heads,
-        kv_heads,
-        head_dim,
-        scale,
-    } = shape;
     let out = ffi::layer_kv_rows(
         &y.0,
         &caches,
         &spans,
-        heads,
-        kv_heads,
-        head_dim,
-        scale,
+        shape.heads,
+        shape.kv_heads,
+        shape.head_dim,
+        shape.scale,
         &x.0,
         &t.weights(),
         &t.params(),

@@ -129,9 +129,6 @@ A qmatmul_packed_glu(const Array& gu, const Array& packed, int32_t n, int32_t gr
                      int32_t bits, bool gelu);
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
                       int32_t n, int32_t group_size, int32_t bits);
-A qmatmul_packed_norm_rope(const Array& x, const Array& norm_w, float eps, const Array& packed,
-                           int32_t n, int32_t group_size, int32_t bits, int32_t rope_cols,
-                           int32_t head_dim, bool traditional, float base, int32_t offset);
 A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
                                 const Array& packed, int32_t n, int32_t group_size, int32_t bits,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
