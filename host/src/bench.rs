@@ -140,8 +140,9 @@ pub fn decode(e: &Engine, max_tokens: usize) -> Result<DecodeReport> {
 struct Acc {
     tokens: usize,
     seconds: f64,
-    /// Per-run speedup over the plain run of the same prompt.
-    speedups: Vec<f64>,
+    /// Per prompt (by its index), tokens and decode seconds over the
+    /// repeats.
+    per_prompt: Vec<(usize, f64)>,
     drafted: u64,
     accepted: u64,
     rounds: u64,
@@ -163,6 +164,8 @@ pub struct Cell {
     pub plain_tokens_per_second: f64,
     /// Aggregate tokens/s over plain's, same prompts, interleaved.
     pub speedup: f64,
+    /// Over the suite's prompts, each prompt's speedup over its repeats
+    /// (tokens/s summed as `speedup` is): the lowest, median and highest.
     pub speedup_min: f64,
     pub speedup_median: f64,
     pub speedup_max: f64,
@@ -227,11 +230,12 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
         // Per config: (tokens, seconds, per-run speedups, counters...)
         let mut acc: Vec<Acc> = vec![Acc::default(); configs.len()];
         let (mut plain_tokens, mut plain_seconds) = (0usize, 0.0f64);
+        let mut plain_per_prompt = vec![(0usize, 0.0f64); prompts.len()];
         for r in 0..b.repeats {
             // Each pass over a suite starts with nothing learned, so a repeat
             // never drafts from its own earlier output.
             e.clear_caches();
-            for p in prompts {
+            for (pi, p) in prompts.iter().enumerate() {
                 let none = SpecOptions {
                     drafter: Some(DrafterSpec::None),
                     ..Default::default()
@@ -245,6 +249,8 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 ));
                 plain_tokens += plain.stats.generated_tokens;
                 plain_seconds += plain.stats.decode_seconds;
+                plain_per_prompt[pi].0 += plain.stats.generated_tokens;
+                plain_per_prompt[pi].1 += plain.stats.decode_seconds;
                 for (i, (d, s, a, light)) in configs.iter().enumerate() {
                     let opts = SpecOptions {
                         drafter: Some(d.parse()?),
@@ -274,10 +280,9 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                     let c = &mut acc[i];
                     c.tokens += f.stats.generated_tokens;
                     c.seconds += f.stats.decode_seconds;
-                    if plain.stats.decode_tps() > 0.0 {
-                        c.speedups
-                            .push(f.stats.decode_tps() / plain.stats.decode_tps());
-                    }
+                    c.per_prompt.resize(prompts.len(), (0, 0.0));
+                    c.per_prompt[pi].0 += f.stats.generated_tokens;
+                    c.per_prompt[pi].1 += f.stats.decode_seconds;
                     c.drafted += f.stats.drafted;
                     c.accepted += f.stats.accepted;
                     c.rounds += f.stats.rounds;
@@ -320,7 +325,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
             let Acc {
                 tokens,
                 seconds,
-                speedups: mut sp,
+                per_prompt,
                 drafted,
                 accepted,
                 rounds,
@@ -328,13 +333,19 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 same,
                 phases,
             } = acc[i].clone();
-            sp.sort_by(|x, y| x.total_cmp(y));
             let tps = if seconds > 0.0 {
                 tokens as f64 / seconds
             } else {
                 0.0
             };
             let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
+            let mut sp: Vec<f64> = per_prompt
+                .iter()
+                .zip(&plain_per_prompt)
+                .filter(|(_, &(pt, ps))| pt > 0 && ps > 0.0)
+                .map(|(&(t, s), &(pt, ps))| ratio(ratio(t as f64, s), pt as f64 / ps))
+                .collect();
+            sp.sort_by(|x, y| x.total_cmp(y));
             cells.push(Cell {
                 suite: suite.clone(),
                 drafter: d.clone(),
