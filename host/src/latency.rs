@@ -48,15 +48,7 @@ impl Latency {
         streams: &[Vec<f64>],
         submitted: &[f64],
     ) -> Latency {
-        let mut ttft: Vec<f64> = streams
-            .iter()
-            .zip(submitted)
-            .filter_map(|(s, t)| s.first().map(|f| f - t))
-            .collect();
-        let mut itl: Vec<f64> = streams
-            .iter()
-            .flat_map(|s| s.windows(2).map(|w| w[1] - w[0]))
-            .collect();
+        let Gaps { mut ttft, mut itl } = Gaps::of(streams, submitted);
         let first = streams
             .iter()
             .filter_map(|s| s.first())
@@ -83,6 +75,45 @@ impl Latency {
             itl_p50: percentile(&mut itl, 0.5),
             itl_p99: percentile(&mut itl, 0.99),
         }
+    }
+
+    /// The percentiles again, from `gaps` (several runs' pooled).
+    pub fn set_percentiles(&mut self, gaps: &Gaps) {
+        let (mut ttft, mut itl) = (gaps.ttft.clone(), gaps.itl.clone());
+        self.ttft_p50 = percentile(&mut ttft, 0.5);
+        self.ttft_p99 = percentile(&mut ttft, 0.99);
+        self.itl_p50 = percentile(&mut itl, 0.5);
+        self.itl_p99 = percentile(&mut itl, 0.99);
+    }
+}
+
+/// The samples behind [`Latency`]'s percentiles, in seconds: per request
+/// its time to first token, and every gap between its pieces.
+#[derive(Debug, Clone, Default)]
+pub struct Gaps {
+    pub ttft: Vec<f64>,
+    pub itl: Vec<f64>,
+}
+
+impl Gaps {
+    /// As [`Latency::submitted_at`] takes them.
+    pub fn of(streams: &[Vec<f64>], submitted: &[f64]) -> Gaps {
+        Gaps {
+            ttft: streams
+                .iter()
+                .zip(submitted)
+                .filter_map(|(s, t)| s.first().map(|f| f - t))
+                .collect(),
+            itl: streams
+                .iter()
+                .flat_map(|s| s.windows(2).map(|w| w[1] - w[0]))
+                .collect(),
+        }
+    }
+
+    pub fn extend(&mut self, other: &Gaps) {
+        self.ttft.extend_from_slice(&other.ttft);
+        self.itl.extend_from_slice(&other.itl);
     }
 }
 

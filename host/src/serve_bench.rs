@@ -7,7 +7,7 @@
 use crate::batch::{Admitted, BatchLimits, Scheduler, StepFit};
 use crate::bench::{GROUNDED, OPEN};
 use crate::engine::{Engine, Prompt};
-use crate::latency::{percentile, Latency};
+use crate::latency::{percentile, Gaps, Latency};
 use crate::options::{DrafterSpec, SpecOptions};
 use crate::profile::process_cpu_seconds;
 use crate::sampling::SamplingParams;
@@ -57,6 +57,11 @@ pub struct ServeRow {
     pub policy_seconds: f64,
     #[serde(skip)]
     repeats: usize,
+    /// The samples of the percentiles, over the repeats so far.
+    #[serde(skip)]
+    gaps: Gaps,
+    #[serde(skip)]
+    decode_steps: Vec<f64>,
 }
 
 pub struct ServeBench {
@@ -297,6 +302,7 @@ fn one(
             .as_ref()
             .map_or("none".into(), |d| d.to_string()),
         latency: Latency::submitted_at(n, tokens, seconds, &streams, &submitted),
+        gaps: Gaps::of(&streams, &submitted),
         requests,
         prompt_tokens: (prompt_total / total.max(1)) as u64,
         max_batch,
@@ -308,6 +314,7 @@ fn one(
         accepted,
         step_p50: percentile(&mut decode_steps, 0.5),
         step_p99: percentile(&mut decode_steps, 0.99),
+        decode_steps,
         policy_seconds,
         repeats: 1,
     })
@@ -316,7 +323,8 @@ fn one(
 /// Every (temperature, drafter, concurrency), `repeats` times over, the
 /// concurrencies interleaved within each repeat; plus `bench decode`'s
 /// single stream (`decode` rows) once per repeat. Rows of one cell are
-/// summed (tokens, seconds) and their latencies are the last repeat's.
+/// summed (tokens, seconds) and their percentiles are over every repeat's
+/// samples pooled.
 pub fn run(e: &Engine, b: &ServeBench, progress: &mut dyn FnMut(&str)) -> Result<Vec<ServeRow>> {
     // Warm up: first-touch allocations.
     let none = SpecOptions {
@@ -412,9 +420,11 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
                 / (x.repeats + 1) as f64;
             x.repeats += 1;
             x.max_batch = x.max_batch.max(r.max_batch);
-            (l.ttft_p50, l.ttft_p99, l.itl_p50, l.itl_p99) =
-                (rl.ttft_p50, rl.ttft_p99, rl.itl_p50, rl.itl_p99);
-            (x.step_p50, x.step_p99) = (r.step_p50, r.step_p99);
+            x.gaps.extend(&r.gaps);
+            l.set_percentiles(&x.gaps);
+            x.decode_steps.extend_from_slice(&r.decode_steps);
+            x.step_p50 = percentile(&mut x.decode_steps, 0.5);
+            x.step_p99 = percentile(&mut x.decode_steps, 0.99);
         }
         None => rows.push(r),
     }
@@ -677,4 +687,53 @@ pub fn step_table(costs: &[StepCost]) -> String {
         s += "\n";
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(streams: &[Vec<f64>], steps: &[f64]) -> ServeRow {
+        let mut decode_steps = steps.to_vec();
+        ServeRow {
+            mode: "greedy".into(),
+            drafter: "none".into(),
+            latency: Latency::of(streams.len(), 0, 1.0, streams),
+            gaps: Gaps::of(streams, &vec![0.0; streams.len()]),
+            step_p50: percentile(&mut decode_steps, 0.5),
+            step_p99: percentile(&mut decode_steps, 0.99),
+            decode_steps,
+            repeats: 1,
+            ..Default::default()
+        }
+    }
+
+    /// A cell's percentiles are over every repeat's samples, not the last
+    /// repeat's: a slow gap of the first repeat is the cell's p99.
+    #[test]
+    fn repeats_pool_their_latency_samples() {
+        let mut rows = Vec::new();
+        // Repeat 1: 20 gaps, one slow (0.5 s) among fast ones (0.01 s).
+        let slow: Vec<f64> = [0.1, 0.6]
+            .into_iter()
+            .chain((1..20).map(|i| 0.6 + 0.01 * i as f64))
+            .collect();
+        merge(&mut rows, row(&[slow], &[0.01, 0.5]));
+        assert!((rows[0].latency.itl_p99 - 0.5).abs() < 1e-9);
+        // Repeat 2: 20 fast gaps, and a faster first token.
+        let fast: Vec<f64> = (0..21).map(|i| 0.05 + 0.01 * i as f64).collect();
+        merge(&mut rows, row(&[fast], &[0.01, 0.01]));
+        assert_eq!(rows.len(), 1);
+        let l = &rows[0].latency;
+        assert!(
+            (l.itl_p99 - 0.5).abs() < 1e-9,
+            "the slow gap of repeat 1 counts: {}",
+            l.itl_p99
+        );
+        assert!((l.itl_p50 - 0.01).abs() < 1e-9);
+        // Time to first token over both repeats' requests (0.1 and 0.05).
+        assert!((l.ttft_p99 - 0.1).abs() < 1e-9);
+        assert!((rows[0].step_p99 - 0.5).abs() < 1e-9);
+        assert_eq!(rows[0].repeats, 2);
+    }
 }
