@@ -227,8 +227,12 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
         b.suites.iter().map(|(_, p)| p.len()).sum::<usize>() * b.repeats * (configs.len() + 1);
     let mut done = 0;
     for (suite, prompts) in &b.suites {
-        // Per config: (tokens, seconds, per-run speedups, counters...)
-        let mut acc: Vec<Acc> = vec![Acc::default(); configs.len()];
+        // Per config: (tokens, seconds, per-prompt sums, counters...)
+        let fresh = Acc {
+            per_prompt: vec![(0, 0.0); prompts.len()],
+            ..Default::default()
+        };
+        let mut acc: Vec<Acc> = vec![fresh; configs.len()];
         let (mut plain_tokens, mut plain_seconds) = (0usize, 0.0f64);
         let mut plain_per_prompt = vec![(0usize, 0.0f64); prompts.len()];
         for r in 0..b.repeats {
@@ -280,7 +284,6 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                     let c = &mut acc[i];
                     c.tokens += f.stats.generated_tokens;
                     c.seconds += f.stats.decode_seconds;
-                    c.per_prompt.resize(prompts.len(), (0, 0.0));
                     c.per_prompt[pi].0 += f.stats.generated_tokens;
                     c.per_prompt[pi].1 += f.stats.decode_seconds;
                     c.drafted += f.stats.drafted;

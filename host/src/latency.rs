@@ -48,7 +48,14 @@ impl Latency {
         streams: &[Vec<f64>],
         submitted: &[f64],
     ) -> Latency {
-        let Gaps { mut ttft, mut itl } = Gaps::of(streams, submitted);
+        let mut l = Latency::rates(concurrency, tokens, seconds, streams);
+        l.set_percentiles(&Gaps::of(streams, submitted));
+        l
+    }
+
+    /// The throughputs of `streams` (as [`Latency::of`]), without the
+    /// percentiles ([`Latency::set_percentiles`] sets them).
+    pub fn rates(concurrency: usize, tokens: usize, seconds: f64, streams: &[Vec<f64>]) -> Latency {
         let first = streams
             .iter()
             .filter_map(|s| s.first())
@@ -70,14 +77,11 @@ impl Latency {
             } else {
                 0.0
             },
-            ttft_p50: percentile(&mut ttft, 0.5),
-            ttft_p99: percentile(&mut ttft, 0.99),
-            itl_p50: percentile(&mut itl, 0.5),
-            itl_p99: percentile(&mut itl, 0.99),
+            ..Default::default()
         }
     }
 
-    /// The percentiles again, from `gaps` (several runs' pooled).
+    /// The percentiles of `gaps` (one run's, or several runs' pooled).
     pub fn set_percentiles(&mut self, gaps: &Gaps) {
         let (mut ttft, mut itl) = (gaps.ttft.clone(), gaps.itl.clone());
         self.ttft_p50 = percentile(&mut ttft, 0.5);

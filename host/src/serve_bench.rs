@@ -44,14 +44,6 @@ pub struct ServeRow {
     pub rounds: u64,
     pub drafted: u64,
     pub accepted: u64,
-    /// p50 and p99 of the decoding steps' seconds (steps with no prefill
-    /// rows): where the inter-token tail equals them, the steps themselves
-    /// are slow; above them, something between steps or in what is
-    /// streamed is.
-    #[serde(skip)]
-    pub step_p50: f64,
-    #[serde(skip)]
-    pub step_p99: f64,
     /// Seconds the requests' policies ran in the steps, summed.
     #[serde(skip)]
     pub policy_seconds: f64,
@@ -60,8 +52,18 @@ pub struct ServeRow {
     /// The samples of the percentiles, over the repeats so far.
     #[serde(skip)]
     gaps: Gaps,
+    /// The decoding steps' seconds (steps with no prefill rows).
     #[serde(skip)]
     decode_steps: Vec<f64>,
+}
+
+impl ServeRow {
+    /// A percentile of the decoding steps' seconds: where the inter-token
+    /// tail equals their p99, the steps themselves are slow; above it,
+    /// something between steps or in what is streamed is.
+    pub fn step_percentile(&self, p: f64) -> f64 {
+        percentile(&mut self.decode_steps.clone(), p)
+    }
 }
 
 pub struct ServeBench {
@@ -290,6 +292,9 @@ fn one(
         accepted += f.stats.accepted;
     }
     let streams: Vec<Vec<f64>> = timings.iter().map(|t| t.take()).collect();
+    let gaps = Gaps::of(&streams, &submitted);
+    let mut latency = Latency::rates(n, tokens, seconds, &streams);
+    latency.set_percentiles(&gaps);
     Ok(ServeRow {
         mode: if temperature > 0.0 {
             "sampled"
@@ -301,8 +306,8 @@ fn one(
             .drafter
             .as_ref()
             .map_or("none".into(), |d| d.to_string()),
-        latency: Latency::submitted_at(n, tokens, seconds, &streams, &submitted),
-        gaps: Gaps::of(&streams, &submitted),
+        latency,
+        gaps,
         requests,
         prompt_tokens: (prompt_total / total.max(1)) as u64,
         max_batch,
@@ -312,8 +317,6 @@ fn one(
         rounds,
         drafted,
         accepted,
-        step_p50: percentile(&mut decode_steps, 0.5),
-        step_p99: percentile(&mut decode_steps, 0.99),
         decode_steps,
         policy_seconds,
         repeats: 1,
@@ -423,8 +426,6 @@ fn merge(rows: &mut Vec<ServeRow>, r: ServeRow) {
             x.gaps.extend(&r.gaps);
             l.set_percentiles(&x.gaps);
             x.decode_steps.extend_from_slice(&r.decode_steps);
-            x.step_p50 = percentile(&mut x.decode_steps, 0.5);
-            x.step_p99 = percentile(&mut x.decode_steps, 0.99);
         }
         None => rows.push(r),
     }
@@ -502,8 +503,8 @@ pub fn table(rows: &[ServeRow]) -> String {
             r.itl_p50, r.itl_p99, itl, row.max_batch, row.steps, per(1e3 * row.step_seconds, row.steps as f64),
             per(row.step_rows as f64, row.steps as f64), per(row.drafted as f64, row.rounds as f64),
             per(row.accepted as f64, row.drafted as f64),
-            1e3 * row.step_p50,
-            1e3 * row.step_p99,
+            1e3 * row.step_percentile(0.5),
+            1e3 * row.step_percentile(0.99),
             per(1e3 * row.policy_seconds, row.steps as f64),
             plain
         );
@@ -694,15 +695,12 @@ mod tests {
     use super::*;
 
     fn row(streams: &[Vec<f64>], steps: &[f64]) -> ServeRow {
-        let mut decode_steps = steps.to_vec();
         ServeRow {
             mode: "greedy".into(),
             drafter: "none".into(),
             latency: Latency::of(streams.len(), 0, 1.0, streams),
             gaps: Gaps::of(streams, &vec![0.0; streams.len()]),
-            step_p50: percentile(&mut decode_steps, 0.5),
-            step_p99: percentile(&mut decode_steps, 0.99),
-            decode_steps,
+            decode_steps: steps.to_vec(),
             repeats: 1,
             ..Default::default()
         }
@@ -733,7 +731,7 @@ mod tests {
         assert!((l.itl_p50 - 0.01).abs() < 1e-9);
         // Time to first token over both repeats' requests (0.1 and 0.05).
         assert!((l.ttft_p99 - 0.1).abs() < 1e-9);
-        assert!((rows[0].step_p99 - 0.5).abs() < 1e-9);
+        assert!((rows[0].step_percentile(0.99) - 0.5).abs() < 1e-9);
         assert_eq!(rows[0].repeats, 2);
     }
 }

@@ -108,16 +108,21 @@ impl TextIndex {
         self.ends.clear();
     }
 
+    /// The text's last `window` bytes.
+    fn window(&self, window: usize) -> &[u8] {
+        &self.bytes[self.bytes.len().saturating_sub(window)..]
+    }
+
     /// The longest earlier occurrence of the text's last bytes (at least
-    /// [`TEXT_MIN_MATCH`], at most [`TEXT_MAX_MATCH`]) within its last
-    /// `window` bytes, the latest of equally long ones: (bytes matched,
-    /// where the occurrence ends, before the text's end), positions counted
-    /// from the window's start.
+    /// [`TEXT_MIN_MATCH`], at most [`TEXT_MAX_MATCH`]) within
+    /// [`TextIndex::window`], the latest of equally long ones: (bytes
+    /// matched, where the occurrence ends, before the text's end),
+    /// positions counted from the window's start.
     fn longest_earlier(&self, window: usize) -> Option<(usize, usize)> {
         let text = &self.bytes;
         let n = text.len();
         let tail = &text[n.checked_sub(TEXT_MIN_MATCH)?..];
-        let from = n.saturating_sub(window);
+        let from = n - self.window(window).len();
         let mut best: Option<(usize, usize)> = None;
         for &end in self.ends.get(&run_key(tail))? {
             let end = end as usize;
@@ -230,8 +235,7 @@ impl SuffixDrafter {
         let Some(t) = &self.text else {
             return Vec::new();
         };
-        let bytes = &t.index.bytes;
-        let text = &bytes[bytes.len().saturating_sub(TEXT_WINDOW)..];
+        let text = t.index.window(TEXT_WINDOW);
         let n = text.len();
         if n <= TEXT_MIN_MATCH || limit == 0 || text[n - 1] == TEXT_BREAK {
             return Vec::new();
