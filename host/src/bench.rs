@@ -2,13 +2,14 @@
 //! decoding, interleaved in one run (these machines are shared and noisy, so
 //! only ratios measured side by side mean much).
 use crate::engine::{Engine, Prompt};
-use crate::options::{DrafterSpec, SpecOptions};
+use crate::options::{DrafterSpec, PolicyWithConfig, SpecOptions};
 use crate::pipeline::Finished;
 use crate::sampling::SamplingParams;
 use crate::speculation::RoundPhases;
 use anyhow::Result;
 use serde::Serialize;
 use specd_text::ChatMessage;
+use std::collections::HashMap;
 
 /// Input-grounded prompts: repeat, edit or summarize a given text or code.
 pub const GROUNDED: [&str; 5] = [
@@ -222,6 +223,15 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
             }
         }
     }
+    // Each policy as named, with the config it may carry (`NAME:{json}`);
+    // checked before any run.
+    let policies = |names: &[String]| -> Result<HashMap<String, PolicyWithConfig>> {
+        names
+            .iter()
+            .map(|n| Ok((n.clone(), crate::options::policy_with_config(n)?)))
+            .collect()
+    };
+    let (schedules, acceptances) = (policies(&b.schedules)?, policies(&b.acceptances)?);
     let mut cells = Vec::new();
     let total =
         b.suites.iter().map(|(_, p)| p.len()).sum::<usize>() * b.repeats * (configs.len() + 1);
@@ -256,12 +266,15 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 plain_per_prompt[pi].0 += plain.stats.generated_tokens;
                 plain_per_prompt[pi].1 += plain.stats.decode_seconds;
                 for (i, (d, s, a, light)) in configs.iter().enumerate() {
+                    let ((schedule, schedule_config), (acceptance, acceptance_config)) =
+                        (schedules[s].clone(), acceptances[a].clone());
                     let opts = SpecOptions {
                         drafter: Some(d.parse()?),
-                        schedule: Some(s.clone()),
-                        acceptance: Some(a.clone()),
+                        schedule: Some(schedule),
+                        acceptance: Some(acceptance),
                         draft_max: b.draft_max,
-                        ..Default::default()
+                        schedule_config,
+                        acceptance_config,
                     };
                     let f = run_one(
                         e,

@@ -130,6 +130,52 @@ fn json_object(s: &str) -> Result<serde_json::Value, String> {
     }
 }
 
+/// A policy's name and the config object for its constructor.
+pub type PolicyWithConfig = (String, Option<serde_json::Value>);
+
+/// A policy as a list names it: `NAME` or `NAME:{json}`, the object handed
+/// to its constructor (`bench spec --schedules 'constant:{"k":16}'`, `replay
+/// --schedule`).
+pub fn policy_with_config(s: &str) -> Result<PolicyWithConfig> {
+    match s.split_once(":{") {
+        Some((name, rest)) => {
+            let config = json_object(&format!("{{{rest}"))
+                .map_err(|e| anyhow::anyhow!("policy {s:?}: the config is {e}"))?;
+            Ok((name.to_string(), Some(config)))
+        }
+        None => Ok((s.to_string(), None)),
+    }
+}
+
+/// `a, b:{"x": 1, "y": 2},,c` -> `[a, b:{"x": 1, "y": 2}, c]`: commas inside
+/// a policy's JSON config do not split it.
+pub fn policy_list(s: &str) -> Vec<String> {
+    let (mut out, mut cur, mut depth, mut quoted, mut escaped) =
+        (Vec::new(), String::new(), 0usize, false, false);
+    for ch in s.chars() {
+        if quoted {
+            (quoted, escaped) = (ch != '"' || escaped, ch == '\\' && !escaped);
+        } else {
+            match ch {
+                '"' => quoted = true,
+                '{' | '[' => depth += 1,
+                '}' | ']' => depth = depth.saturating_sub(1),
+                ',' if depth == 0 => {
+                    out.push(std::mem::take(&mut cur));
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        cur.push(ch);
+    }
+    out.push(cur);
+    out.into_iter()
+        .map(|x| x.trim().to_string())
+        .filter(|x| !x.is_empty())
+        .collect()
+}
+
 impl SpecOptions {
     /// Fills what `self` leaves open from `defaults` (server defaults).
     pub fn or(&self, defaults: &SpecOptions) -> SpecOptions {
@@ -195,6 +241,39 @@ mod tests {
                 e.contains(&format!("{bad:?}")) || e.contains("range"),
                 "{bad}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn policy_lists_keep_their_configs_whole() {
+        assert_eq!(
+            policy_list(r#"constant:{"k": 16, "x": [1, 2]}, heuristic,,throughput:{"prior": 0.5}"#),
+            [
+                r#"constant:{"k": 16, "x": [1, 2]}"#,
+                "heuristic",
+                r#"throughput:{"prior": 0.5}"#
+            ]
+        );
+        // A brace or comma inside a JSON string neither nests nor splits.
+        assert_eq!(
+            policy_list(r#"a:{"s": "},\"{,"}, b"#),
+            [r#"a:{"s": "},\"{,"}"#, "b"]
+        );
+        assert_eq!(
+            policy_with_config(r#"constant:{"k": 16}"#).unwrap(),
+            ("constant".to_string(), Some(serde_json::json!({"k": 16})))
+        );
+        assert_eq!(
+            policy_with_config("greedy").unwrap(),
+            ("greedy".to_string(), None)
+        );
+        for bad in [
+            r#"constant:{"k": }"#,
+            "constant:{",
+            r#"constant:{"k": 1} x"#,
+        ] {
+            let e = policy_with_config(bad).unwrap_err().to_string();
+            assert!(e.contains("constant") && e.contains("config"), "{bad}: {e}");
         }
     }
 

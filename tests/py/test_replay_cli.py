@@ -69,3 +69,37 @@ def test_bench_spec_svg(tmp_path):
     for c in cells:
         assert f"{c['suite']} {c['drafter']}/{c['schedule']}/{c['acceptance']}" in text
         assert f"{c['speedup']:.2f}x" in text
+
+
+def test_bench_spec_takes_policy_configs(tmp_path):
+    """`--schedules NAME:{json}` hands each cell's schedule its own config:
+    two `constant`s with different k are two cells, each asking its k, and a
+    config with commas stays one entry of the list."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(
+        {"prompt": "Repeat exactly: one two three four five six seven eight", "suite": "g"}) + "\n")
+    out, trace = tmp_path / "b.json", tmp_path / "b.jsonl"
+    specd("bench", "spec", "--drafters", "ngram", "--schedules", 'constant:{"k":1},constant:{"k": 3},throughput:{"initial": 2, "prior": 0.5}',
+          "--prompts", str(prompts), "--max-tokens", "24", "--json", str(out), "--record", str(trace))
+    cells = json.loads(out.read_text())
+    assert [c["schedule"] for c in cells] == [
+        "-", 'constant:{"k":1}', 'constant:{"k": 3}', 'throughput:{"initial": 2, "prior": 0.5}']
+    assert all(c["identical_to_plain"] == 1 for c in cells)
+    runs, asked = [], []
+    for line in trace.read_text().splitlines():
+        d = json.loads(line)
+        if "specd_trace" in d:
+            runs.append(d["schedule"])
+            asked.append([])
+        elif d.get("schedule_input") is not None:
+            asked[-1].append(d["k"])
+    assert runs == ["constant", "constant", "throughput"]
+    assert asked[0] and set(asked[0]) == {1}, asked[0]
+    assert asked[1] and set(asked[1]) == {3}, asked[1]
+    # A config that is not a JSON object is refused before any run, by name.
+    exe = server_bin()
+    r = subprocess.run([str(exe), "bench", "spec", "--drafters", "ngram", "--schedules", 'constant:{"k":',
+                        "--prompts", str(prompts), "--max-tokens", "8"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and 'constant:{\\"k\\":' in r.stderr and "config" in r.stderr, r.stderr
+    assert "plain" not in r.stderr, "it ran before refusing"

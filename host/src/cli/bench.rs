@@ -23,10 +23,12 @@ pub enum BenchCmd {
         /// Comma-separated drafters.
         #[arg(long, default_value = "ngram,self:30")]
         drafters: String,
-        /// Comma-separated schedules.
+        /// Comma-separated schedules; `NAME:{json}` hands that config to the
+        /// schedule's constructor (`constant:{"k": 16}`).
         #[arg(long, default_value = "constant,heuristic,throughput")]
         schedules: String,
-        /// Comma-separated acceptance policies (default: greedy, or rejection above temperature 0).
+        /// Comma-separated acceptance policies (default: greedy, or rejection above
+        /// temperature 0); `NAME:{json}` as for schedules.
         #[arg(long)]
         acceptances: Option<String>,
         /// Suites, comma-separated: grounded, open, code, repetitive; or all; or a
@@ -334,8 +336,8 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             });
             let b = crate::bench::SpecBench {
                 drafters: list(&drafters),
-                schedules: list(&schedules),
-                acceptances: list(&acceptances),
+                schedules: crate::options::policy_list(&schedules),
+                acceptances: crate::options::policy_list(&acceptances),
                 max_tokens,
                 repeats: repeats.max(1),
                 draft_max,

@@ -53,15 +53,17 @@ fn paired(
     if names.is_empty() {
         return Ok(vec![(None, configs.first().cloned().unwrap_or_default())]);
     }
-    Ok(names
+    names
         .iter()
         .enumerate()
-        .map(|(i, n)| match n.split_once(":{") {
+        .map(|(i, n)| {
             // NAME:{json} carries its own config.
-            Some((name, rest)) => (Some(name.to_string()), format!("{{{rest}")),
-            None => (Some(n.clone()), configs.get(i).cloned().unwrap_or_default()),
+            Ok(match crate::options::policy_with_config(n)? {
+                (name, Some(config)) => (Some(name), config.to_string()),
+                (name, None) => (Some(name), configs.get(i).cloned().unwrap_or_default()),
+            })
         })
-        .collect())
+        .collect()
 }
 
 pub fn run(a: ReplayArgs) -> Result<()> {
