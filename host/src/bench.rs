@@ -92,7 +92,7 @@ fn run_one(
     settings.light_rounds = light;
     let fin = e.generate(None, &ids, &settings, spec, &mut |_| true)?;
     if let Some(p) = record {
-        crate::trace::write(p, e, &settings, &fin)?;
+        crate::trace::write(p, e, &settings, opts, &fin)?;
     }
     Ok(fin)
 }

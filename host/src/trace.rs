@@ -1,11 +1,13 @@
 //! Trace files (`--record FILE`): JSON lines. The first line is a header
 //! `{"specd_trace": 1, "model", "drafter", "schedule", "acceptance",
-//! "params", "stats"}`; every further line is one round
+//! "params", "stats"}`, with `schedule_config` / `acceptance_config` where
+//! the request gave its policies one; every further line is one round
 //! ([`RoundTrace`](crate::speculation::RoundTrace)): the schedule's input and
 //! answer k, the drafted positions as the acceptance policy saw them (token,
 //! p, q, target argmax, entropy, uniform), its decision, the committed
 //! tokens, and the measured draft / verify / policy seconds.
 use crate::engine::Engine;
+use crate::options::SpecOptions;
 use crate::pipeline::{Finished, Settings};
 use crate::speculation::RoundTrace;
 use anyhow::{bail, Context, Result};
@@ -22,24 +24,44 @@ pub struct Header {
     pub drafter: String,
     pub schedule: String,
     pub acceptance: String,
+    /// The configs the request handed its schedule and acceptance policy
+    /// (absent: the policy's own defaults); replay starts from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_config: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance_config: Option<serde_json::Value>,
     pub params: crate::sampling::SamplingParams,
     pub stats: serde_json::Value,
 }
 
-pub fn header(engine: &Engine, settings: &Settings, fin: &Finished) -> Result<Header> {
+pub fn header(
+    engine: &Engine,
+    settings: &Settings,
+    spec: &SpecOptions,
+    fin: &Finished,
+) -> Result<Header> {
     Ok(Header {
         specd_trace: TRACE_VERSION,
         model: engine.name.clone(),
         drafter: fin.stats.drafter.clone(),
         schedule: fin.stats.schedule.clone(),
         acceptance: fin.stats.acceptance.clone(),
+        schedule_config: spec.schedule_config.clone(),
+        acceptance_config: spec.acceptance_config.clone(),
         params: settings.params.clone(),
         stats: serde_json::to_value(&fin.stats)?,
     })
 }
 
-/// Writes (or appends to, for several requests) a trace file.
-pub fn write(path: &Path, engine: &Engine, settings: &Settings, fin: &Finished) -> Result<()> {
+/// Writes (or appends to, for several requests) a trace file: `spec` is
+/// what the request asked of speculation (its policies' configs).
+pub fn write(
+    path: &Path,
+    engine: &Engine,
+    settings: &Settings,
+    spec: &SpecOptions,
+    fin: &Finished,
+) -> Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::OpenOptions::new()
             .create(true)
@@ -49,7 +71,7 @@ pub fn write(path: &Path, engine: &Engine, settings: &Settings, fin: &Finished) 
     writeln!(
         f,
         "{}",
-        serde_json::to_string(&header(engine, settings, fin)?)?
+        serde_json::to_string(&header(engine, settings, spec, fin)?)?
     )?;
     for r in &fin.trace {
         writeln!(f, "{}", serde_json::to_string(r)?)?;

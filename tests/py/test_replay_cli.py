@@ -27,6 +27,13 @@ def test_record_replay_json_and_svg(tmp_path):
               "--schedule", 'constant:{"k":2}', "--schedule", "heuristic-transient",
               "--schedule", 'constant:{"k":0}', "--json", str(out), "--svg", str(svg))
     assert "reproduces every recorded decision" in r.stdout, r.stdout
+    # The header keeps the recorded config, so replay needs no flag for it;
+    # told another, the baseline no longer reproduces the recording.
+    header = json.loads(trace.read_text().splitlines()[0])
+    assert header["schedule_config"] == {"k": 8} and "acceptance_config" not in header
+    assert "reproduces every recorded decision" in specd("replay", str(trace)).stdout
+    told = specd("replay", str(trace), "--recorded-schedule-config", '{"k":3}').stdout
+    assert "reproduces every recorded decision" not in told, told
     rep = json.loads(out.read_text())["reports"]
     assert [x["schedule"] for x in rep] == ["constant", "constant", "heuristic-transient", "constant"]
     assert rep[0]["matches_recording"] and rep[0]["recorded_policies"]

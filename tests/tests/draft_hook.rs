@@ -28,7 +28,7 @@ fn run(prompt: &str, opts: &SpecOptions, max_tokens: usize) -> (Finished, Record
     let fin = e
         .generate(None, &ids, &settings, spec, &mut |_| true)
         .unwrap();
-    let header = specd::trace::header(&e, &settings, &fin).unwrap();
+    let header = specd::trace::header(&e, &settings, opts, &fin).unwrap();
     let rec = Recorded {
         header,
         rounds: fin.trace.clone(),

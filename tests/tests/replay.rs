@@ -51,10 +51,13 @@ fn record(prompt: &str, opts: SpecOptions, params: SamplingParams) -> Vec<Record
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{}.jsonl", fin.stats.drafter.replace(':', "_")));
     let _ = std::fs::remove_file(&path);
-    specd::trace::write(&path, &e, &settings, &fin).unwrap();
+    specd::trace::write(&path, &e, &settings, &opts, &fin).unwrap();
     let recs = specd::trace::read(&path).unwrap();
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].rounds.len(), fin.trace.len());
+    // The header keeps the configs the request gave (none here: defaults).
+    assert_eq!(recs[0].header.schedule_config, opts.schedule_config);
+    assert_eq!(recs[0].header.acceptance_config, opts.acceptance_config);
     recs
 }
 
@@ -131,6 +134,8 @@ fn synthetic(rounds: usize, k: u32, draft_per_token: f64, verify: f64) -> Vec<Re
         drafter: "ngram".into(),
         schedule: "constant".into(),
         acceptance: "greedy".into(),
+        schedule_config: None,
+        acceptance_config: None,
         params: SamplingParams::default(),
         stats: serde_json::Value::Null,
     };

@@ -150,7 +150,7 @@ pub fn run(a: GenerateArgs, load: Load) -> Result<()> {
         );
     }
     if let Some(p) = &a.record {
-        crate::trace::write(p, &engine, &settings, &fin)
+        crate::trace::write(p, &engine, &settings, &req.spec, &fin)
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if let Some(p) = &a.stats_json {

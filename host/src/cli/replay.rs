@@ -21,11 +21,13 @@ pub struct ReplayArgs {
     /// JSON config of the acceptance policy at the same position (repeatable).
     #[arg(long)]
     pub acceptance_config: Vec<String>,
-    /// The schedule config the trace was recorded with (traces do not
-    /// store configs), for the baseline row and the reproduction check.
+    /// The schedule config the trace was recorded with, for the baseline
+    /// row and the reproduction check [default: the first request's, as its
+    /// header keeps it; traces written before headers kept configs have none].
     #[arg(long)]
     pub recorded_schedule_config: Option<String>,
-    /// The acceptance config the trace was recorded with.
+    /// The acceptance config the trace was recorded with [default: as for
+    /// the schedule].
     #[arg(long)]
     pub recorded_acceptance_config: Option<String>,
     /// Draft limit (default: inferred from the trace).
@@ -104,8 +106,14 @@ pub fn run(a: ReplayArgs) -> Result<()> {
     let schedules = paired(&a.schedule, &a.schedule_config, "schedule")?;
     let acceptances = paired(&a.acceptance, &a.acceptance_config, "acceptance")?;
     // The recorded policies first (the baseline, and the reproduction check).
-    let rsc = a.recorded_schedule_config.clone().unwrap_or_default();
-    let rac = a.recorded_acceptance_config.clone().unwrap_or_default();
+    // The recorded configs as the (first) header keeps them, unless told.
+    let recorded = |told: &Option<String>, kept: &Option<serde_json::Value>| {
+        told.clone()
+            .or_else(|| kept.as_ref().map(|c| c.to_string()))
+            .unwrap_or_default()
+    };
+    let rsc = recorded(&a.recorded_schedule_config, &h.schedule_config);
+    let rac = recorded(&a.recorded_acceptance_config, &h.acceptance_config);
     let mut variants = vec![crate::replay::ReplayPolicies {
         schedule_config: rsc.clone(),
         acceptance_config: rac.clone(),
@@ -158,7 +166,8 @@ pub fn run(a: ReplayArgs) -> Result<()> {
         } else {
             println!(
                 "replay with the recorded policies differs from the recording in {} round(s); first: {} \
-                 (was it recorded with a --schedule-config/--acceptance-config, or with carried schedule state?)",
+                 (a --recorded-*-config other than the recording's, a trace from before headers kept \
+                 configs, or carried schedule state?)",
                 base.decision_mismatches,
                 base.first_mismatch.as_deref().unwrap_or("-")
             );

@@ -454,14 +454,14 @@ fn prepare<'e>(
     });
     m.running.fetch_add(1, Relaxed);
     let metrics = m.clone();
-    let traced = settings.clone();
+    let (traced, traced_spec) = (settings.clone(), req.spec.clone());
     let done = Box::new(move |result: Result<Finished>| {
         metrics.running.fetch_sub(1, Relaxed);
         match result {
             Ok(fin) => {
                 metrics.record(&fin.stats);
                 if let Some(p) = record {
-                    if let Err(e) = crate::trace::write(p, engine, &traced, &fin) {
+                    if let Err(e) = crate::trace::write(p, engine, &traced, &traced_spec, &fin) {
                         tracing::warn!("writing trace {}: {e:#}", p.display());
                     }
                 }
