@@ -147,9 +147,10 @@ pub fn policy_with_config(s: &str) -> Result<PolicyWithConfig> {
     }
 }
 
-/// `a, b:{"x": 1, "y": 2},,c` -> `[a, b:{"x": 1, "y": 2}, c]`: commas inside
-/// a policy's JSON config do not split it.
-pub fn policy_list(s: &str) -> Vec<String> {
+/// A comma-separated flag as its items, trimmed, empty ones dropped:
+/// `a, b:{"x": 1, "y": 2},,c` -> `[a, b:{"x": 1, "y": 2}, c]` (commas inside
+/// a policy's JSON config do not split it).
+pub fn split_list(s: &str) -> Vec<String> {
     let (mut out, mut cur, mut depth, mut quoted, mut escaped) =
         (Vec::new(), String::new(), 0usize, false, false);
     for ch in s.chars() {
@@ -247,7 +248,7 @@ mod tests {
     #[test]
     fn policy_lists_keep_their_configs_whole() {
         assert_eq!(
-            policy_list(r#"constant:{"k": 16, "x": [1, 2]}, heuristic,,throughput:{"prior": 0.5}"#),
+            split_list(r#"constant:{"k": 16, "x": [1, 2]}, heuristic,,throughput:{"prior": 0.5}"#),
             [
                 r#"constant:{"k": 16, "x": [1, 2]}"#,
                 "heuristic",
@@ -256,7 +257,7 @@ mod tests {
         );
         // A brace or comma inside a JSON string neither nests nor splits.
         assert_eq!(
-            policy_list(r#"a:{"s": "},\"{,"}, b"#),
+            split_list(r#"a:{"s": "},\"{,"}, b"#),
             [r#"a:{"s": "},\"{,"}"#, "b"]
         );
         assert_eq!(

@@ -2,6 +2,7 @@
 use super::generate::{load_engine, sampling_params, SpecArgs};
 use super::Load;
 use super::ModelArg;
+use crate::options::split_list;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -166,14 +167,6 @@ fn serve_anchor(
     Ok(())
 }
 
-/// `a, b,,c` -> `[a, b, c]`.
-fn comma_list(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(|x| x.trim().to_string())
-        .filter(|x| !x.is_empty())
-        .collect()
-}
-
 pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
     match cmd {
         BenchCmd::Blas { iters } => blas(iters),
@@ -247,7 +240,7 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             };
             let e = load_engine(&model.model, &spec, load)?;
             let parse = |s: &str, what: &str| -> Result<Vec<f64>> {
-                comma_list(s)
+                split_list(s)
                     .iter()
                     .map(|x| {
                         x.parse::<f64>()
@@ -260,7 +253,7 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
                     .into_iter()
                     .map(|n| (n as usize).max(1))
                     .collect(),
-                drafters: comma_list(&drafters),
+                drafters: split_list(&drafters),
                 schedule,
                 acceptance,
                 temperatures: parse(&temperatures, "temperature")?
@@ -326,7 +319,7 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             };
             let e = load_engine(&model.model, &spec_args, load)?;
             let params = sampling_params(&sampling)?;
-            let list = comma_list;
+            let list = split_list;
             let acceptances = acceptances.unwrap_or_else(|| {
                 if params.greedy() {
                     "greedy".into()
@@ -336,8 +329,8 @@ pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
             });
             let b = crate::bench::SpecBench {
                 drafters: list(&drafters),
-                schedules: crate::options::policy_list(&schedules),
-                acceptances: crate::options::policy_list(&acceptances),
+                schedules: list(&schedules),
+                acceptances: list(&acceptances),
                 max_tokens,
                 repeats: repeats.max(1),
                 draft_max,

@@ -454,14 +454,15 @@ fn prepare<'e>(
     });
     m.running.fetch_add(1, Relaxed);
     let metrics = m.clone();
-    let (traced, traced_spec) = (settings.clone(), req.spec.clone());
+    // What a trace's header needs, kept only where the server records.
+    let traced = record.map(|p| (p, settings.clone(), req.spec.clone()));
     let done = Box::new(move |result: Result<Finished>| {
         metrics.running.fetch_sub(1, Relaxed);
         match result {
             Ok(fin) => {
                 metrics.record(&fin.stats);
-                if let Some(p) = record {
-                    if let Err(e) = crate::trace::write(p, engine, &traced, &traced_spec, &fin) {
+                if let Some((p, settings, spec)) = &traced {
+                    if let Err(e) = crate::trace::write(p, engine, settings, spec, &fin) {
                         tracing::warn!("writing trace {}: {e:#}", p.display());
                     }
                 }
