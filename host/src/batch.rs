@@ -351,6 +351,11 @@ impl<'e> Scheduler<'e> {
         self.active.len()
     }
 
+    /// Requests admitted but not running: waiting for KV room, or preempted.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Admits a request: it starts at the next step boundary where it fits.
     pub fn admit(&mut self, a: Admitted<'e>) {
         self.waiting.push_back(Waiting::Fresh(a));

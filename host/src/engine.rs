@@ -292,6 +292,7 @@ impl Engine {
         let spec = self.speculation_in(&req.tenant, &req.spec, &req.params)?;
         let mut settings = self.settings(req.params.clone(), req.max_tokens, req.stop.clone());
         settings.record = req.trace_rounds;
+        settings.ends = req.ends.clone();
         Ok(Prepared { settings, spec })
     }
 
@@ -379,6 +380,7 @@ impl Engine {
     ) -> Settings {
         Settings {
             params,
+            ends: Default::default(),
             max_tokens,
             stop,
             context_length: self.context_length(),

@@ -5,6 +5,7 @@
 //! [`RequestError`]: typed, so that tests match on it, and naming its field
 //! (OpenAI's `error.param`).
 use crate::options::{DrafterSpec, SpecOptions};
+use crate::pipeline::EndRules;
 use crate::sampling::logprobs::MAX_TOP_LOGPROBS;
 use crate::sampling::{JsonFormat, LogprobMode, LogprobRequest, SamplingError, SamplingParams};
 use serde::Deserialize;
@@ -55,6 +56,9 @@ pub struct ValidatedRequest {
     /// Also send the prompt's logprobs (completions' `echo`), with
     /// `logprobs`' request.
     pub prompt_logprobs: bool,
+    /// How generation may end besides EOS, the budget and `stop`
+    /// ([`RequestOptions::ends`]).
+    pub ends: EndRules,
 }
 
 /// Why a request was refused. The messages are the ones clients saw before
@@ -86,6 +90,12 @@ pub enum RequestError {
     },
     /// A field that needs another (`top_logprobs` without `logprobs`).
     Needs { field: String, needs: &'static str },
+    /// Two fields that say the same thing differently
+    /// (`repetition_penalty` and `repeat_penalty`).
+    Conflict {
+        field: &'static str,
+        other: &'static str,
+    },
 }
 
 impl RequestError {
@@ -96,6 +106,7 @@ impl RequestError {
             RequestError::OutOfRange { field, .. }
             | RequestError::OverLimit { field, .. }
             | RequestError::Needs { field, .. } => field,
+            RequestError::Conflict { field, .. } => field,
             RequestError::Empty { field } | RequestError::NotAnObject { field, .. } => field,
             RequestError::Drafter { .. } => "drafter",
         }
@@ -123,6 +134,10 @@ impl std::fmt::Display for RequestError {
                 "{field} = {value} is over this server's limit of {limit} tokens (max_tokens)"
             ),
             RequestError::Needs { field, needs } => write!(f, "{field} needs {needs}"),
+            RequestError::Conflict { field, other } => write!(
+                f,
+                "{field} and {other} are the same penalty: give one, or both at the same value"
+            ),
         }
     }
 }
@@ -135,7 +150,7 @@ impl From<SamplingError> for RequestError {
     }
 }
 
-/// A non-negative integer field (`top_k`, `draft_max`, `max_tokens`).
+/// A non-negative integer field (`draft_max`, `max_tokens`, ...).
 pub fn non_negative(field: &str, v: Option<i64>) -> Result<Option<usize>, RequestError> {
     match v {
         Some(n) if n < 0 => Err(RequestError::OutOfRange {
@@ -219,6 +234,25 @@ pub struct RequestOptions {
     pub schedule_config: Option<Value>,
     #[arg(skip)]
     pub acceptance_config: Option<Value>,
+    // vLLM's and SGLang's request extensions, which routers and benchmark
+    // clients send ([`RequestOptions::ends`]; `repetition_penalty` is read
+    // by [`RequestOptions::sampling`]).
+    /// vLLM's repetition penalty: `repeat_penalty` over the whole context.
+    #[arg(skip)]
+    pub repetition_penalty: Option<f32>,
+    #[arg(skip)]
+    pub ignore_eos: Option<bool>,
+    #[arg(skip)]
+    pub min_tokens: Option<i64>,
+    #[arg(skip)]
+    pub stop_token_ids: Option<Vec<i64>>,
+    #[arg(skip)]
+    pub include_stop_str_in_output: Option<bool>,
+    /// SGLang's name for `include_stop_str_in_output`.
+    #[arg(skip)]
+    pub no_stop_trim: Option<bool>,
+    #[arg(skip)]
+    pub skip_special_tokens: Option<bool>,
 }
 
 fn nonempty(s: &Option<String>, field: &'static str) -> Result<Option<String>, RequestError> {
@@ -266,7 +300,21 @@ impl RequestOptions {
         fresh_seed: bool,
     ) -> Result<SamplingParams, RequestError> {
         let d = defaults;
-        let top_k = non_negative("top_k", self.top_k)?.unwrap_or(d.top_k);
+        // vLLM: -1 turns top-k off, as 0 does here.
+        let top_k = match self.top_k {
+            Some(-1) => Some(0),
+            k => non_negative("top_k", k)?,
+        };
+        let top_k = top_k.unwrap_or(d.top_k);
+        let repetition = match (self.repetition_penalty, self.repeat_penalty) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(RequestError::Conflict {
+                    field: "repetition_penalty",
+                    other: "repeat_penalty",
+                })
+            }
+            (r, _) => r,
+        };
         let repeat_last_n = match self.repeat_last_n {
             Some(n) if n < -1 => {
                 return Err(RequestError::OutOfRange {
@@ -277,6 +325,8 @@ impl RequestOptions {
             }
             Some(-1) => usize::MAX,
             Some(n) => n as usize,
+            // vLLM's penalty counts the prompt and the output, no window.
+            None if repetition.is_some() => usize::MAX,
             None => d.repeat_last_n,
         };
         let seed = match self.seed {
@@ -291,7 +341,9 @@ impl RequestOptions {
             top_k,
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            repeat_penalty: repetition
+                .or(self.repeat_penalty)
+                .unwrap_or(d.repeat_penalty),
             repeat_last_n,
             presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
             frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
@@ -319,6 +371,33 @@ impl RequestOptions {
             acceptance_config: config_json(&self.acceptance_config, "acceptance_config")?,
         };
         Ok(o.or(defaults))
+    }
+
+    /// How generation may end besides EOS, the budget and `stop`; a stop
+    /// token must be below `vocab`. Absent fields keep what every API did
+    /// before them (specd streams special tokens' text unless
+    /// `skip_special_tokens` is true).
+    pub fn ends(&self, vocab: usize) -> Result<EndRules, RequestError> {
+        let min_tokens = non_negative("min_tokens", self.min_tokens)?.unwrap_or(0);
+        let mut stop_token_ids = Vec::new();
+        for (i, &t) in self.stop_token_ids.iter().flatten().enumerate() {
+            if t < 0 || t as usize >= vocab {
+                return Err(RequestError::OutOfRange {
+                    field: format!("stop_token_ids[{i}]"),
+                    value: t,
+                    allowed: format!("a token id in 0..{vocab}"),
+                });
+            }
+            stop_token_ids.push(t as u32);
+        }
+        Ok(EndRules {
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            min_tokens,
+            stop_token_ids,
+            include_stop: self.include_stop_str_in_output.unwrap_or(false)
+                || self.no_stop_trim.unwrap_or(false),
+            skip_special: self.skip_special_tokens.unwrap_or(false),
+        })
     }
 
     pub fn stop(&self) -> Vec<String> {
@@ -393,11 +472,38 @@ mod tests {
             RequestError::Sampling(SamplingError { field: "top_p", .. })
         ));
         assert_eq!(e.field(), "top_p");
-        let e = opts(json!({"top_k": -1})).sampling(&d, false).unwrap_err();
+        let e = opts(json!({"top_k": -2})).sampling(&d, false).unwrap_err();
         assert!(
-            matches!(&e, RequestError::OutOfRange { field, value: -1, .. } if field == "top_k")
+            matches!(&e, RequestError::OutOfRange { field, value: -2, .. } if field == "top_k")
         );
-        assert_eq!(e.to_string(), "top_k must be >= 0, got -1");
+        assert_eq!(e.to_string(), "top_k must be >= 0, got -2");
+        // vLLM's "off".
+        let p = opts(json!({"top_k": -1})).sampling(&d, false).unwrap();
+        assert_eq!(p.top_k, 0);
+        // vLLM's repetition penalty: the whole context; with specd's at
+        // another value, a conflict.
+        let p = opts(json!({"repetition_penalty": 1.3}))
+            .sampling(&d, false)
+            .unwrap();
+        assert_eq!((p.repeat_penalty, p.repeat_last_n), (1.3, usize::MAX));
+        let p = opts(json!({"repetition_penalty": 1.3, "repeat_penalty": 1.3, "repeat_last_n": 8}))
+            .sampling(&d, false)
+            .unwrap();
+        assert_eq!((p.repeat_penalty, p.repeat_last_n), (1.3, 8));
+        let e = opts(json!({"repetition_penalty": 1.3, "repeat_penalty": 1.1}))
+            .sampling(&d, false)
+            .unwrap_err();
+        assert_eq!(e.field(), "repetition_penalty");
+        let e = opts(json!({"stop_token_ids": [1, 99]}))
+            .ends(50)
+            .unwrap_err();
+        assert_eq!(e.field(), "stop_token_ids[1]");
+        let e = opts(json!({"min_tokens": -1})).ends(50).unwrap_err();
+        assert_eq!(e.field(), "min_tokens");
+        let r = opts(json!({"no_stop_trim": true, "min_tokens": 3, "stop_token_ids": [7]}))
+            .ends(50)
+            .unwrap();
+        assert!(r.include_stop && r.min_tokens == 3 && r.stop_token_ids == [7]);
         let none = SpecOptions::default();
         let e = opts(json!({"drafter": "self:x"}))
             .speculation(&none)

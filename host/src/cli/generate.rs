@@ -99,6 +99,7 @@ impl GenerateArgs {
             logprobs: None,
             format: None,
             prompt_logprobs: false,
+            ends: Default::default(),
         })
     }
 }

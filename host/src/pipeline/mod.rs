@@ -71,6 +71,16 @@ pub struct Stats {
     pub batch_max_sequences: u64,
     /// Times its KV cache was dropped for others' (then re-prefilled).
     pub preemptions: u64,
+    /// Rounds that verified at least one draft (not a stats key).
+    #[serde(skip)]
+    pub spec_rounds: u64,
+    /// Those rounds by how many drafts they accepted (index: accepted;
+    /// not a stats key).
+    #[serde(skip)]
+    pub accepted_histogram: Vec<u64>,
+    /// Most drafts a round could verify (not a stats key).
+    #[serde(skip)]
+    pub draft_max: usize,
 }
 
 impl Stats {
@@ -98,6 +108,9 @@ impl Stats {
             policy_failure: c.policy_failure,
             policy_output_dropped: c.policy_output_dropped,
             phases: c.phases,
+            spec_rounds: c.spec_rounds,
+            accepted_histogram: c.accepted_histogram,
+            draft_max: c.draft_max,
             near_ties: 0,
             batch_steps: 0,
             batch_max_sequences: 0,
@@ -146,9 +159,55 @@ impl std::fmt::Debug for LogprobHook {
     }
 }
 
+/// How generation may end besides EOS, the budget and the stop strings:
+/// vLLM's request extensions, all off by default (what every API did
+/// before them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EndRules {
+    /// EOS is an ordinary token: generation goes on to the budget.
+    pub ignore_eos: bool,
+    /// Tokens generated before EOS or a stop token may be: their logits
+    /// are masked until then (vLLM's `min_tokens`); stop strings match only
+    /// after them.
+    pub min_tokens: usize,
+    /// More tokens that end generation as EOS does.
+    pub stop_token_ids: Vec<u32>,
+    /// The stop string or stop token that ended generation is streamed too.
+    pub include_stop: bool,
+    /// Special tokens produce no text (vLLM's default); off, they stream
+    /// as their text (specd's and Ollama's).
+    pub skip_special: bool,
+}
+
+impl EndRules {
+    /// Whether any rule masks rows: the argmax-only paths cannot run.
+    pub fn masks(&self) -> bool {
+        self.min_tokens > 0
+    }
+
+    /// Masks the tokens that may not come yet in `row`, the logits of the
+    /// `generated`-th token (counting from 0).
+    pub fn mask(&self, row: &mut [f32], generated: usize, tokenizer: &Tokenizer) {
+        if generated >= self.min_tokens {
+            return;
+        }
+        let ends = self.stop_token_ids.iter().copied();
+        let eos = (!self.ignore_eos)
+            .then(|| tokenizer.eos_ids())
+            .unwrap_or_default();
+        for t in ends.chain(eos) {
+            if let Some(x) = row.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub params: SamplingParams,
+    /// How generation may end besides EOS, the budget and `stop`.
+    pub ends: EndRules,
     /// None: until end of generation or the context limit.
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
@@ -219,19 +278,44 @@ struct Emitter<'a> {
     /// client did not take.
     pushed: usize,
     max_tokens: usize,
+    ends: EndRules,
 }
 
 impl Emitter<'_> {
     /// Streams one token; the reason generation ends with it, if it does.
     fn push(&mut self, tok: u32) -> Option<DoneReason> {
         self.pushed += 1;
-        if self.tokenizer.is_eos(tok) {
+        let early = self.emitted.len() < self.ends.min_tokens;
+        let ends = (self.tokenizer.is_eos(tok) && !self.ends.ignore_eos)
+            || self.ends.stop_token_ids.contains(&tok);
+        if ends && !early {
+            if self.ends.include_stop {
+                // Its text, after whatever the stop matcher held back.
+                let text = self.stops.flush() + &self.detok.push(tok) + &self.detok.flush();
+                if !text.is_empty() && !(self.sink)(&text) {
+                    return Some(DoneReason::Cancelled);
+                }
+            }
             return Some(DoneReason::Stop);
         }
         self.emitted.push(tok);
         let piece = self.detok.push(tok);
-        let out = self.stops.push(&piece);
-        if !out.text.is_empty() && !(self.sink)(&out.text) {
+        // Stop strings count from `min_tokens` on (vLLM): before, the
+        // text goes out as it comes.
+        let out = if self.emitted.len() <= self.ends.min_tokens {
+            let text = self.stops.flush() + &piece;
+            specd_text::StopOutput {
+                text,
+                stopped: None,
+            }
+        } else {
+            self.stops.push(&piece)
+        };
+        let text = match (out.stopped, self.ends.include_stop) {
+            (Some(i), true) => out.text + &self.stops.stops()[i],
+            _ => out.text,
+        };
+        if !text.is_empty() && !(self.sink)(&text) {
             return Some(DoneReason::Cancelled);
         }
         if out.stopped.is_some() {

@@ -111,12 +111,13 @@ impl<'a> Sequence<'a> {
             log: prompt.to_vec(),
             em: Emitter {
                 tokenizer,
-                detok: StreamDetokenizer::new(tokenizer),
+                detok: StreamDetokenizer::with_skip_special(tokenizer, settings.ends.skip_special),
                 stops: StopMatcher::new(settings.stop.iter().cloned()),
                 sink,
                 emitted: Vec::new(),
                 pushed: 0,
                 max_tokens,
+                ends: settings.ends.clone(),
             },
             near_ties: 0,
             margins: Vec::new(),
@@ -274,6 +275,7 @@ impl<'a> Sequence<'a> {
             && self.settings.logprobs.is_none()
             && self.settings.constraint.is_none()
             && self.settings.params.plain_greedy()
+            && !self.settings.ends.masks()
     }
 
     /// Plain greedy decoding, pipelined where the target can (the next
@@ -353,6 +355,17 @@ impl<'a> Sequence<'a> {
     pub fn mask_rows(&self, rows: VerifyRows) -> Result<MaskedRows> {
         let Some(plan) = self.plan.as_ref() else {
             bail!("a round completed without a plan");
+        };
+        let rows = match rows {
+            // Row `i` is the logits of the token after the log and `i` drafts.
+            VerifyRows::Logits(mut rows) if self.settings.ends.masks() => {
+                let generated = self.log.len() - self.prompt_len;
+                for (i, r) in rows.iter_mut().enumerate() {
+                    self.settings.ends.mask(r, generated + i, self.em.tokenizer);
+                }
+                VerifyRows::Logits(rows)
+            }
+            rows => rows,
         };
         self.state
             .mask_rows(plan, rows, &self.log, &self.settings.params)
@@ -504,6 +517,7 @@ impl<'a> Sequence<'a> {
 fn verify_mode(settings: &Settings) -> VerifyMode {
     if settings.light_rounds
         && settings.params.plain_greedy()
+        && !settings.ends.masks()
         && settings.logprobs.is_none()
         && settings.constraint.is_none()
     {

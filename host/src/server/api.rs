@@ -160,6 +160,27 @@ pub fn from_value<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, ApiE
 /// [`crate::request`].
 pub use crate::request::RequestOptions as CommonOptions;
 
+/// A request's speculation in vLLM's shape (its per-request
+/// `metrics.speculative_decoding`, vLLM PR #48915), so that clients and
+/// dashboards built for vLLM read it: a spec step is a round that verified
+/// drafts; `num_spec_tokens` is the most a round could draft
+/// (`draft_max`), and the histogram counts steps by drafts accepted.
+pub fn vllm_metrics(s: &crate::pipeline::Stats) -> Value {
+    let steps = s.spec_rounds;
+    let mut histogram = s.accepted_histogram.clone();
+    histogram.resize(histogram.len().max(s.draft_max + 1), 0);
+    let ratio = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
+    serde_json::json!({"speculative_decoding": {
+        "mean_acceptance_length": if steps > 0 { 1.0 + ratio(s.accepted, steps) } else { 0.0 },
+        "draft_acceptance_rate": ratio(s.accepted, s.drafted),
+        "acceptance_histogram": histogram,
+        "num_spec_steps": steps,
+        "num_accepted_draft_tokens": s.accepted,
+        "num_draft_tokens": s.drafted,
+        "num_spec_tokens": s.draft_max,
+    }})
+}
+
 /// What a request that leaves sampling fields out gets.
 #[derive(Debug, Clone)]
 pub struct SamplingDefaults {
@@ -298,6 +319,10 @@ pub async fn start(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is busy (the request queue is full); retry later",
         ),
+        SubmitError::Draining => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down (draining); retry on another replica",
+        ),
         SubmitError::Stopped => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the generation worker has stopped",
@@ -431,13 +456,16 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-pub async fn health(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
-    Json(json!({
-        "status": "ok",
-        "model": state.model.name,
-        "queued": state.metrics.queued.load(std::sync::atomic::Ordering::Relaxed),
-        "running": state.metrics.running.load(std::sync::atomic::Ordering::Relaxed),
-    }))
+/// 200 when ready, 503 while draining ([`super::lifecycle`]).
+pub async fn health(axum::extract::State(state): axum::extract::State<State>) -> Response {
+    super::lifecycle::health_response(
+        &state.life,
+        json!({
+            "model": state.model.name,
+            "queued": state.metrics.queued.load(std::sync::atomic::Ordering::Relaxed),
+            "running": state.metrics.running.load(std::sync::atomic::Ordering::Relaxed),
+        }),
+    )
 }
 
 pub async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Response {
@@ -535,7 +563,7 @@ mod tests {
         assert!(e.message.contains("`options.temperature`"), "{}", e.message);
         let o: CommonOptions = from_value(json!({"top_p": 1.5}), "").unwrap();
         assert!(o.params(&greedy()).unwrap_err().message.contains("top_p"));
-        let o: CommonOptions = from_value(json!({"top_k": -1}), "").unwrap();
+        let o: CommonOptions = from_value(json!({"top_k": -2}), "").unwrap();
         assert!(o.params(&greedy()).unwrap_err().message.contains("top_k"));
         let o: CommonOptions =
             from_value(json!({"stop": "x", "schedule_config": "{\"k\": 2}"}), "").unwrap();

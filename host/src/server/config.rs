@@ -9,7 +9,10 @@ use std::path::PathBuf;
 
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 pub const DEFAULT_PORT: u16 = 11435;
-pub const DEFAULT_QUEUE: usize = 16;
+/// Requests a burst may queue: what a server of this size serves within
+/// seconds to a minute, where a queue of 16 turned most of a 64-client
+/// burst away. A queued request holds only its parsed body.
+pub const DEFAULT_QUEUE: usize = 512;
 /// Uploaded (user) policies held at once.
 pub const DEFAULT_REGISTRY_MAX_POLICIES: usize = 16;
 /// Their component bytes together.
@@ -36,7 +39,7 @@ pub struct ServeArgs {
     /// are persisted here [default: $SPECD_HOME/policies].
     #[arg(long)]
     pub policy_dir: Option<PathBuf>,
-    /// A JSON config file: {host, port, model, policy_dir, queue,
+    /// A JSON config file: {host, port, model, policy_dir, queue, drain_seconds,
     /// max_sequences, step_tokens, kv_budget,
     /// draft_models: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
     /// draft_max, schedule_config, acceptance_config}, policy_limits: {...},
@@ -50,9 +53,15 @@ pub struct ServeArgs {
     /// A draft model requests can pick as `drafter: "model:NAME"` (repeatable).
     #[arg(long = "draft-model", value_name = "NAME=PATH")]
     pub draft_models: Vec<String>,
-    /// Requests that may wait to be admitted; past it: 503 [default: 16].
+    /// Requests that may wait to be admitted; past it: 503 + Retry-After
+    /// [default: 512].
     #[arg(long)]
     pub queue: Option<usize>,
+    /// On SIGTERM: admit nothing new (503), let running requests finish
+    /// for up to this many seconds, end the rest with an error, exit 0
+    /// [default: 60].
+    #[arg(long, value_name = "N")]
+    pub drain_seconds: Option<u64>,
     /// Requests decoding at once, their rows batched into one forward per
     /// step; more wait in the queue [default: 16].
     #[arg(long, value_name = "N")]
@@ -139,6 +148,7 @@ struct FileConfig {
     model: Option<String>,
     policy_dir: Option<PathBuf>,
     queue: Option<usize>,
+    drain_seconds: Option<u64>,
     max_sequences: Option<usize>,
     step_tokens: Option<usize>,
     kv_budget: Option<usize>,
@@ -270,6 +280,8 @@ pub struct ServerConfig {
     pub model: String,
     pub policy_dir: PathBuf,
     pub queue: usize,
+    /// `--drain-seconds`.
+    pub drain_seconds: u64,
     pub draft_models: BTreeMap<String, String>,
     pub defaults: SpecOptions,
     pub policy_limits: HostConfig,
@@ -407,6 +419,10 @@ impl ServerConfig {
                 .or(file.policy_dir)
                 .unwrap_or_else(|| crate::store::home().join("policies")),
             queue: a.queue.or(file.queue).unwrap_or(DEFAULT_QUEUE),
+            drain_seconds: a
+                .drain_seconds
+                .or(file.drain_seconds)
+                .unwrap_or(super::lifecycle::DEFAULT_DRAIN_SECONDS),
             draft_models,
             defaults: a.defaults.or(&file.defaults),
             policy_limits,

@@ -31,6 +31,9 @@ pub struct Table {
     /// fields ([`COMMON`]) belong to it.
     pub fields: &'static [(&'static str, Rule)],
     pub common: bool,
+    /// The vLLM and SGLang request extensions this API shares with theirs
+    /// ([`VLLM_SHARED`] and the API's own).
+    pub extensions: &'static [&'static [(&'static str, Rule)]],
 }
 
 impl Table {
@@ -39,8 +42,17 @@ impl Table {
         self.fields
             .iter()
             .chain(common)
+            .chain(self.extensions.iter().flat_map(|e| e.iter()))
             .find(|(n, _)| *n == name)
             .map(|(_, r)| *r)
+    }
+
+    /// Every field it names itself or through its extensions.
+    #[cfg(test)]
+    fn own(&self) -> impl Iterator<Item = &'static (&'static str, Rule)> + '_ {
+        self.fields
+            .iter()
+            .chain(self.extensions.iter().flat_map(|e| e.iter()))
     }
 }
 
@@ -116,8 +128,7 @@ pub fn check(body: &Value, table: &Table, prefix: &str) -> Result<(), FieldError
 #[cfg(test)]
 fn names(table: &Table, inert: bool) -> Vec<&'static str> {
     table
-        .fields
-        .iter()
+        .own()
         .filter(|(_, r)| matches!(r, Rule::Inert) == inert)
         .map(|(n, _)| *n)
         .collect()
@@ -133,6 +144,9 @@ fn is_empty(v: &Value) -> bool {
         Value::Object(o) => o.is_empty(),
         _ => false,
     }
+}
+fn is_true(v: &Value) -> bool {
+    v == &Value::Bool(true)
 }
 fn is_zero(v: &Value) -> bool {
     v.as_f64() == Some(0.0)
@@ -169,7 +183,231 @@ pub static COMMON: &[(&str, Rule)] = &[
     ("draft_max", Rule::Used),
     ("schedule_config", Rule::Used),
     ("acceptance_config", Rule::Used),
+    // vLLM's sampling extensions (SGLang's too), on both APIs.
+    ("repetition_penalty", Rule::Used),
+    ("ignore_eos", Rule::Used),
+    ("min_tokens", Rule::Used),
+    ("stop_token_ids", Rule::Used),
+    ("include_stop_str_in_output", Rule::Used),
+    ("no_stop_trim", Rule::Used),
+    ("skip_special_tokens", Rule::Used),
 ];
+
+const USE_RESPONSE_FORMAT: &str =
+    "specd's structured output is `response_format` (json_object or json_schema)";
+const NOT_VLLM: fn(&Value) -> bool = |_| false;
+
+/// The request extensions vLLM's and SGLang's OpenAI servers add to both
+/// chat and completions, which routers (vllm-router, the SGLang gateway)
+/// and benchmark clients (guidellm, `vllm bench serve`) send, mostly at
+/// their neutral values. Those that change the output and that specd
+/// implements are in [`COMMON`].
+pub static VLLM_SHARED: &[(&str, Rule)] = &[
+    // Identify or route a request; no effect on its tokens.
+    ("request_id", Rule::Inert),
+    ("rid", Rule::Inert),
+    ("cache_salt", Rule::Inert),
+    (
+        "use_beam_search",
+        Rule::NeutralOnly(is_false, "specd does not run beam search"),
+    ),
+    (
+        "length_penalty",
+        Rule::NeutralOnly(
+            is_one,
+            "specd does not run beam search (length_penalty 1 only)",
+        ),
+    ),
+    (
+        "spaces_between_special_tokens",
+        Rule::NeutralOnly(
+            is_true,
+            "specd detokenizes special tokens without added spaces",
+        ),
+    ),
+    (
+        "truncate_prompt_tokens",
+        Rule::NeutralOnly(NOT_VLLM, "specd does not truncate prompts"),
+    ),
+    (
+        "allowed_token_ids",
+        Rule::NeutralOnly(is_empty, "specd does not restrict the vocabulary"),
+    ),
+    (
+        "bad_words",
+        Rule::NeutralOnly(is_empty, "specd does not ban words"),
+    ),
+    (
+        "prompt_logprobs",
+        Rule::NeutralOnly(NOT_VLLM, "use completions' `echo` with `logprobs`"),
+    ),
+    (
+        "priority",
+        Rule::NeutralOnly(
+            is_zero,
+            "specd serves requests in arrival order (priority 0 only)",
+        ),
+    ),
+    (
+        "logits_processors",
+        Rule::NeutralOnly(is_empty, "specd runs no request-supplied logits processors"),
+    ),
+    (
+        "return_tokens_as_token_ids",
+        Rule::NeutralOnly(is_false, "specd returns tokens as text"),
+    ),
+    (
+        "return_token_ids",
+        Rule::NeutralOnly(is_false, "specd returns tokens as text"),
+    ),
+    (
+        "return_hidden_states",
+        Rule::NeutralOnly(is_false, "specd does not return hidden states"),
+    ),
+    (
+        "kv_transfer_params",
+        Rule::NeutralOnly(
+            NOT_VLLM,
+            "specd does not transfer KV caches between servers",
+        ),
+    ),
+    (
+        "vllm_xargs",
+        Rule::NeutralOnly(is_empty, "specd takes no vLLM extra arguments"),
+    ),
+    (
+        "mm_processor_kwargs",
+        Rule::NeutralOnly(is_empty, "the served model reads text only"),
+    ),
+    (
+        "guided_json",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "guided_regex",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "guided_choice",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "guided_grammar",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "guided_decoding_backend",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "guided_whitespace_pattern",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "structural_tag",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "structured_outputs",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    ("regex", Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT)),
+    ("ebnf", Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT)),
+    (
+        "json_schema",
+        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
+    ),
+    (
+        "lora_path",
+        Rule::NeutralOnly(NOT_VLLM, "specd serves no LoRA adapters"),
+    ),
+    (
+        "session_params",
+        Rule::NeutralOnly(
+            NOT_VLLM,
+            "specd keeps no sessions; its prefix cache reuses prompts",
+        ),
+    ),
+    (
+        "custom_logit_processor",
+        Rule::NeutralOnly(NOT_VLLM, "specd runs no request-supplied logits processors"),
+    ),
+    (
+        "custom_params",
+        Rule::NeutralOnly(NOT_VLLM, "specd runs no request-supplied logits processors"),
+    ),
+];
+
+/// vLLM's and SGLang's chat-only extensions.
+pub static VLLM_CHAT: &[(&str, Rule)] = &[
+    (
+        "add_generation_prompt",
+        Rule::NeutralOnly(is_true, "specd always renders the assistant turn's start"),
+    ),
+    (
+        "continue_final_message",
+        Rule::NeutralOnly(is_false, "specd does not continue a final message"),
+    ),
+    (
+        "echo",
+        Rule::NeutralOnly(is_false, "specd does not echo chat prompts"),
+    ),
+    (
+        "add_special_tokens",
+        Rule::NeutralOnly(is_false, "the chat template places the special tokens"),
+    ),
+    (
+        "chat_template",
+        Rule::NeutralOnly(
+            is_empty,
+            "specd renders the served model's own chat template",
+        ),
+    ),
+    (
+        "chat_template_kwargs",
+        Rule::NeutralOnly(
+            is_empty,
+            "specd renders the chat template without extra arguments",
+        ),
+    ),
+    (
+        "documents",
+        Rule::NeutralOnly(
+            is_empty,
+            "the served model's chat template renders no documents",
+        ),
+    ),
+    (
+        "best_of",
+        Rule::NeutralOnly(is_one, "specd returns one choice (best_of = 1)"),
+    ),
+    // The served models do not reason: no reasoning text to separate,
+    // stream or include.
+    ("separate_reasoning", Rule::Inert),
+    ("stream_reasoning", Rule::Inert),
+    ("include_reasoning", Rule::Inert),
+];
+
+/// vLLM's completions-only extensions.
+pub static VLLM_COMPLETIONS: &[(&str, Rule)] = &[(
+    "add_special_tokens",
+    Rule::NeutralOnly(
+        is_true,
+        "specd encodes a prompt as the model's tokenizer does",
+    ),
+)];
+
+/// `stream_options` of both OpenAI APIs.
+pub static STREAM_OPTIONS: Table = Table {
+    api: "OpenAI stream options",
+    fields: &[
+        ("include_usage", Rule::Used),
+        // vLLM's: usage on every chunk. specd sends it with the last.
+        ("continuous_usage_stats", Rule::Inert),
+    ],
+    common: false,
+    extensions: &[],
+};
 
 const NO_LOGIT_BIAS: Rule = Rule::NeutralOnly(is_empty, "specd does not apply logit biases");
 const FUNCTIONS_WHY: &str = "the deprecated functions API is not supported; use `tools`";
@@ -189,7 +427,7 @@ pub static OPENAI_CHAT: Table = Table {
         ("user", Rule::Inert),
         ("metadata", Rule::Inert),
         ("store", Rule::Inert),
-        ("stream_options", Rule::Inert),
+        ("stream_options", Rule::Used),
         ("parallel_tool_calls", Rule::Inert),
         ("service_tier", Rule::Inert),
         ("safety_identifier", Rule::Inert),
@@ -232,6 +470,7 @@ pub static OPENAI_CHAT: Table = Table {
         ),
     ],
     common: true,
+    extensions: &[VLLM_SHARED, VLLM_CHAT],
 };
 
 /// One message of an OpenAI chat request.
@@ -257,6 +496,7 @@ pub static OPENAI_MESSAGE: Table = Table {
         ),
     ],
     common: false,
+    extensions: &[],
 };
 
 pub static OPENAI_COMPLETIONS: Table = Table {
@@ -270,7 +510,7 @@ pub static OPENAI_COMPLETIONS: Table = Table {
         ("echo", Rule::Used),
         ("logprobs", Rule::Used),
         ("user", Rule::Inert),
-        ("stream_options", Rule::Inert),
+        ("stream_options", Rule::Used),
         ("logit_bias", NO_LOGIT_BIAS),
         (
             "best_of",
@@ -282,6 +522,7 @@ pub static OPENAI_COMPLETIONS: Table = Table {
         ),
     ],
     common: true,
+    extensions: &[VLLM_SHARED, VLLM_COMPLETIONS],
 };
 
 pub static OLLAMA_GENERATE: Table = Table {
@@ -322,6 +563,7 @@ pub static OLLAMA_GENERATE: Table = Table {
         ("steps", Rule::NeutralOnly(|_| false, "specd generates text, not images")),
     ],
     common: false,
+    extensions: &[],
 };
 
 pub static OLLAMA_CHAT: Table = Table {
@@ -340,6 +582,7 @@ pub static OLLAMA_CHAT: Table = Table {
         ("think", NO_THINK),
     ],
     common: false,
+    extensions: &[],
 };
 
 /// One message of an Ollama chat request.
@@ -357,6 +600,7 @@ pub static OLLAMA_MESSAGE: Table = Table {
         ),
     ],
     common: false,
+    extensions: &[],
 };
 
 /// Ollama's `options` (its Modelfile parameters).
@@ -411,6 +655,7 @@ pub static OLLAMA_OPTIONS: Table = Table {
         ),
     ],
     common: true,
+    extensions: &[],
 };
 
 #[cfg(test)]
@@ -456,17 +701,76 @@ mod tests {
     }
 
     #[test]
+    fn what_routers_and_benchmarks_send_passes() {
+        // vllm-router's rewrite of every chat request.
+        let router = json!({
+            "model": "m", "messages": [], "logprobs": false, "no_stop_trim": false,
+            "ignore_eos": false, "continue_final_message": false,
+            "skip_special_tokens": true, "separate_reasoning": true,
+            "stream_reasoning": true, "return_hidden_states": false,
+            "include_reasoning": true,
+        });
+        check(&router, &OPENAI_CHAT, "").unwrap();
+        // guidellm's.
+        let guidellm = json!({
+            "model": "m", "messages": [], "stream": true, "ignore_eos": true,
+            "max_completion_tokens": 64,
+            "stream_options": {"include_usage": true, "continuous_usage_stats": true},
+        });
+        check(&guidellm, &OPENAI_CHAT, "").unwrap();
+        check(
+            &guidellm["stream_options"],
+            &STREAM_OPTIONS,
+            "stream_options.",
+        )
+        .unwrap();
+        let neutral = json!({
+            "prompt": "x", "add_special_tokens": true, "min_tokens": 0, "top_k": -1,
+            "spaces_between_special_tokens": true, "use_beam_search": false,
+            "request_id": "r1", "priority": 0, "bad_words": [], "guided_json": null,
+        });
+        check(&neutral, &OPENAI_COMPLETIONS, "").unwrap();
+        // Non-neutral values are refused by name.
+        for (body, field) in [
+            (
+                json!({"add_generation_prompt": false}),
+                "add_generation_prompt",
+            ),
+            (
+                json!({"continue_final_message": true}),
+                "continue_final_message",
+            ),
+            (json!({"guided_json": {"type": "object"}}), "guided_json"),
+            (json!({"use_beam_search": true}), "use_beam_search"),
+            (json!({"priority": 3}), "priority"),
+        ] {
+            assert_eq!(check(&body, &OPENAI_CHAT, "").unwrap_err().field(), field);
+        }
+        let e = check(&json!({"bogus": 1}), &STREAM_OPTIONS, "stream_options.").unwrap_err();
+        assert_eq!(e.field(), "stream_options.bogus");
+        // Chat's extensions are not completions'.
+        let e = check(
+            &json!({"continue_final_message": false}),
+            &OPENAI_COMPLETIONS,
+            "",
+        );
+        assert!(matches!(e, Err(FieldError::Unknown { .. })));
+    }
+
+    #[test]
     fn every_table_names_a_field_once() {
         for t in [
             &OPENAI_CHAT,
             &OPENAI_MESSAGE,
             &OPENAI_COMPLETIONS,
+            &STREAM_OPTIONS,
             &OLLAMA_GENERATE,
             &OLLAMA_CHAT,
             &OLLAMA_MESSAGE,
             &OLLAMA_OPTIONS,
         ] {
-            let mut all: Vec<_> = t.fields.iter().map(|(n, _)| *n).collect();
+            let common: &[(&str, Rule)] = if t.common { COMMON } else { &[] };
+            let mut all: Vec<_> = t.own().chain(common).map(|(n, _)| *n).collect();
             let n = all.len();
             all.sort_unstable();
             all.dedup();

@@ -17,8 +17,18 @@ pub struct ServerMetrics {
     http: Mutex<BTreeMap<(String, u16), u64>>,
     /// Requests waiting in the queue (gauge).
     pub queued: AtomicU64,
-    /// Requests generating now (gauge).
+    /// Requests admitted and not finished (gauge): generating, or waiting
+    /// inside the batch for KV room.
     pub running: AtomicU64,
+    /// Of `running`, those waiting inside the batch (KV room, preempted),
+    /// as of the last step.
+    pub batch_waiting: AtomicU64,
+    /// KV bytes the running requests hold or reserved, as of the last step.
+    pub kv_bytes: AtomicU64,
+    /// The KV budget (`--kv-budget`) and bytes per token of the served
+    /// model, for the utilization gauge and the cache's blocks.
+    pub kv_budget: AtomicU64,
+    pub kv_bytes_per_token: AtomicU64,
     /// Policy uploads being read or compiled now (gauge).
     pub uploads_in_flight: AtomicU64,
     /// Uploads refused because `max_concurrent_uploads` were in flight.
@@ -148,6 +158,7 @@ impl ServerMetrics {
             g.set(a.load(Relaxed) as i64);
             r.register(Box::new(g))?;
         }
+        self.register_load(&r)?;
         let busy = IntCounter::new(
             "specd_policy_uploads_busy_total",
             "Policy uploads refused (429) because the most allowed at once were in flight.",
@@ -260,6 +271,61 @@ impl ServerMetrics {
         self.batch.register(&r)?;
         policy.register(&r)?;
         TextEncoder::new().encode_to_string(&r.gather())
+    }
+}
+
+/// Tokens of KV accounting a cache block stands for: specd has no paged
+/// blocks, but routers that score replicas by KV blocks read a block size.
+pub const KV_BLOCK_TOKENS: u64 = 16;
+
+impl ServerMetrics {
+    /// The load gauges, in the Gateway API Inference Extension's
+    /// model-server protocol semantics under specd names (README: "Behind
+    /// a router").
+    fn register_load(&self, r: &Registry) -> prometheus::Result<()> {
+        let waiting = self.queued.load(Relaxed) + self.batch_waiting.load(Relaxed);
+        let running = self
+            .running
+            .load(Relaxed)
+            .saturating_sub(self.batch_waiting.load(Relaxed));
+        for (name, help, v) in [
+            (
+                "specd_requests_waiting",
+                "Requests waiting to run: queued, or admitted and waiting for KV room.",
+                waiting,
+            ),
+            (
+                "specd_requests_running",
+                "Requests generating now (in the running batch).",
+                running,
+            ),
+        ] {
+            let g = IntGauge::new(name, help)?;
+            g.set(v as i64);
+            r.register(Box::new(g))?;
+        }
+        let budget = self.kv_budget.load(Relaxed);
+        let used = prometheus::Gauge::new(
+            "specd_kv_cache_utilization",
+            "KV cache the running requests hold or reserved, as a fraction of the KV budget (0-1).",
+        )?;
+        if budget > 0 {
+            used.set((self.kv_bytes.load(Relaxed) as f64 / budget as f64).min(1.0));
+        }
+        r.register(Box::new(used))?;
+        let per_block = self.kv_bytes_per_token.load(Relaxed) * KV_BLOCK_TOKENS;
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "specd_kv_cache_info",
+                "The KV cache's size in blocks of block_size tokens (accounting blocks: specd does not page).",
+            ),
+            &["block_size", "num_gpu_blocks"],
+        )?;
+        let blocks = if per_block > 0 { budget / per_block } else { 0 };
+        info.with_label_values(&[&KV_BLOCK_TOKENS.to_string(), &blocks.to_string()])
+            .set(1);
+        r.register(Box::new(info))?;
+        Ok(())
     }
 }
 

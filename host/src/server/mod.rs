@@ -12,6 +12,7 @@ mod api;
 mod batch_metrics;
 mod config;
 mod fields;
+mod lifecycle;
 mod metrics;
 mod ollama;
 mod openai;
@@ -30,6 +31,7 @@ use axum::Router;
 use metrics::ServerMetrics;
 use specd_policy::PolicyHost;
 use std::collections::BTreeMap;
+use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -56,6 +58,8 @@ pub struct AppState {
     pub uploads: Mutex<BTreeMap<String, policies::UploadRecord>>,
     /// Uploads read and compiled at once.
     pub upload_slots: Arc<tokio::sync::Semaphore>,
+    /// Loading, ready or draining (`/health`).
+    pub life: Arc<lifecycle::Lifecycle>,
 }
 
 pub type State = Arc<AppState>;
@@ -80,6 +84,7 @@ pub fn router(state: State) -> Router {
     Router::new()
         .route("/", get(|| async { "specd is running" }))
         .route("/health", get(api::health))
+        .route("/livez", get(lifecycle::livez))
         .route("/ui", get(ui::page))
         .route("/metrics", get(api::metrics))
         .route("/api/version", get(api::version))
@@ -108,7 +113,7 @@ pub fn router(state: State) -> Router {
         .with_state(state)
 }
 
-/// Runs the server until SIGINT/SIGTERM.
+/// Runs the server until SIGINT/SIGTERM, then drains.
 pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
     let mut cfg = ServerConfig::from_args(&args)?;
     (cfg.weights, cfg.switches) = (load.weights, load.switches);
@@ -134,7 +139,7 @@ pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
     }
     let uploads = policies::load_records(&cfg.policy_dir, &policies.list());
     let metrics = Arc::new(ServerMetrics::default());
-    let (worker, model) = worker::start(&cfg, policies.clone(), metrics.clone())?;
+    let life = Arc::new(lifecycle::Lifecycle::default());
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -153,6 +158,24 @@ pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
             // Streamed chunks are small: don't let Nagle hold them back.
             let _ = tcp.set_nodelay(true);
         });
+        // HTTP answers from the start (`/health` 503 while the model
+        // loads); the full routes take over once it is ready.
+        let ready = Arc::new(std::sync::OnceLock::new());
+        let app = lifecycle::outer(ready.clone(), life.clone(), cfg.model.clone());
+        let drain = Duration::from_secs(cfg.drain_seconds);
+        let server = tokio::spawn(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(lifecycle::drained(life.clone(), metrics.clone(), drain))
+                .into_future(),
+        );
+        eprintln!("specd {} loading {} on http://{local}", env!("CARGO_PKG_VERSION"), cfg.model);
+        let (worker, model) = {
+            let (cfg, policies, metrics, life) =
+                (cfg.clone(), policies.clone(), metrics.clone(), life.clone());
+            tokio::task::spawn_blocking(move || worker::start(&cfg, policies, metrics, life))
+                .await
+                .context("the loading thread")??
+        };
         let access = access::Access::new(&cfg.access, local.ip().is_loopback(), &local.to_string());
         let state = Arc::new(AppState {
             model,
@@ -168,6 +191,7 @@ pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
             greedy_default: cfg.greedy_default,
             logprobs_mode: cfg.logprobs_mode,
             uploads: Mutex::new(uploads),
+            life: life.clone(),
         });
         eprintln!(
             "specd {} serving {} on http://{local} (queue {}, policies in {})",
@@ -187,36 +211,14 @@ pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
         if let access::RegistryMode::ReadOnly(why) = &state.access.registry {
             tracing::warn!("the policy registry is read-only: {why}");
         }
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown_signal())
+        let _ = ready.set(router(state));
+        // A signal that came while loading leaves it draining.
+        if life.phase() == lifecycle::Phase::Loading {
+            life.set(lifecycle::Phase::Ready);
+        }
+        server
             .await
+            .context("the HTTP server task")?
             .context("serving HTTP")
     })
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    eprintln!("shutting down");
-    // Open streams get a moment to finish; then the process ends regardless.
-    std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(5));
-        std::process::exit(0);
-    });
 }

@@ -145,6 +145,7 @@ fn request(
         logprobs: api::logprob_request(state, logprobs.0, logprobs.1, "top_logprobs")?,
         format,
         prompt_logprobs: false,
+        ends: o.common.ends(state.model.vocab_size)?,
     })
 }
 

@@ -35,6 +35,15 @@ pub struct ChatBody {
     response_format: Option<Value>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    stream_options: Option<StreamOptions>,
+}
+
+/// `stream_options` (its keys checked by [`fields::STREAM_OPTIONS`]).
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    /// A last chunk with `choices: []` and the usage, before `[DONE]`.
+    #[serde(default)]
+    include_usage: bool,
 }
 
 #[derive(Deserialize, Debug)]
@@ -58,6 +67,7 @@ pub struct CompletionBody {
     echo: bool,
     /// How many alternatives per token (0..=20); present: logprobs wanted.
     logprobs: Option<i64>,
+    stream_options: Option<StreamOptions>,
 }
 
 fn oa(e: ApiError) -> ApiError {
@@ -111,6 +121,16 @@ fn content_text(v: &Value, i: usize) -> Result<String, ApiError> {
     }
 }
 
+/// `stream_options`' keys, named as `stream_options.KEY` when refused.
+fn stream_options_checked(body: &Value) -> Result<(), ApiError> {
+    match body.get("stream_options") {
+        None | Some(Value::Null) => Ok(()),
+        Some(o @ Value::Object(_)) => fields::check(o, &fields::STREAM_OPTIONS, "stream_options.")
+            .map_err(|e| oa(ApiError::field(e))),
+        Some(_) => Err(oa(ApiError::bad("stream_options must be an object"))),
+    }
+}
+
 fn finish_reason(s: &Stats) -> &'static str {
     match s.done_reason {
         DoneReason::Length => "length",
@@ -148,6 +168,8 @@ struct Ctx {
     logprobs: bool,
     /// The served model's call format, when the answer's calls are parsed.
     tools: Option<ToolFormat>,
+    /// `stream_options.include_usage`: the usage goes in a chunk of its own.
+    include_usage: bool,
 }
 
 /// Logprobs in the legacy completions shape; `offset` is the text offset of
@@ -258,6 +280,7 @@ impl Ctx {
             "choices": [choice],
             "usage": usage(stats),
             "speculation": stats,
+            "metrics": api::vllm_metrics(stats),
         })
     }
 }
@@ -337,8 +360,16 @@ async fn run(
                 finish = "tool_calls";
             }
             let mut last = ctx.chunk(None, Some(finish), false, Value::Null);
+            if ctx.include_usage {
+                // OpenAI's shape: the usage in a chunk of its own, with no
+                // choices; specd's and vLLM's figures ride along.
+                out.push(sse_json(&last));
+                last = ctx.chunk(None, None, false, Value::Null);
+                last["choices"] = json!([]);
+            }
             last["usage"] = usage(&stats);
             last["speculation"] = serde_json::to_value(&*stats).unwrap_or(Value::Null);
+            last["metrics"] = api::vllm_metrics(&stats);
             out.push(sse_json(&last));
             out.push(Event::default().data("[DONE]"));
             (out, true)
@@ -363,6 +394,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v = fields::read(body, &fields::OPENAI_CHAT).map_err(oa)?;
+    stream_options_checked(&v)?;
     if let Some(Value::Array(ms)) = v.get("messages") {
         for (i, m) in ms.iter().enumerate() {
             fields::check(m, &fields::OPENAI_MESSAGE, &format!("messages[{i}]."))
@@ -446,6 +478,9 @@ pub async fn chat_completions(
         .map_err(oa)?,
         format,
         prompt_logprobs: false,
+        ends: common
+            .ends(state.model.vocab_size)
+            .map_err(|e| oa(e.into()))?,
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -454,6 +489,7 @@ pub async fn chat_completions(
         model,
         logprobs: req.logprobs.is_some(),
         tools: tools.filter(Tools::parses).map(|t| t.format),
+        include_usage: b.stream_options.is_some_and(|o| o.include_usage),
     };
     run(state, ctx, req, b.stream, String::new())
         .await
@@ -466,6 +502,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let v = fields::read(body, &fields::OPENAI_COMPLETIONS).map_err(oa)?;
+    stream_options_checked(&v)?;
     let b: CompletionBody = api::from_value(v.clone(), "").map_err(oa)?;
     let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
     let model = check_model(&state, &b.model).map_err(oa)?;
@@ -507,6 +544,9 @@ pub async fn completions(
             .map_err(oa)?,
         format: None,
         prompt_logprobs: b.echo,
+        ends: common
+            .ends(state.model.vocab_size)
+            .map_err(|e| oa(e.into()))?,
     };
     let ctx = Ctx {
         kind: Kind::Completion,
@@ -515,6 +555,7 @@ pub async fn completions(
         model,
         logprobs: req.logprobs.is_some(),
         tools: None,
+        include_usage: b.stream_options.is_some_and(|o| o.include_usage),
     };
     run(state, ctx, req, b.stream, prefix).await.map_err(oa)
 }

@@ -2,6 +2,7 @@
 //! continuous-batching scheduler ([`crate::batch`]) over requests from a
 //! bounded queue.
 use super::config::ServerConfig;
+use super::lifecycle::Lifecycle;
 use super::metrics::ServerMetrics;
 use crate::batch::{Admitted, Scheduler};
 use crate::engine::Engine;
@@ -130,12 +131,15 @@ pub struct ModelInfo {
 pub struct WorkerHandle {
     tx: SyncSender<Job>,
     metrics: Arc<ServerMetrics>,
+    life: Arc<Lifecycle>,
 }
 
 /// Why a request could not be queued.
 pub enum SubmitError {
     /// The queue is full (503 + Retry-After).
     Busy,
+    /// The server is draining (503 + Retry-After: another replica).
+    Draining,
     /// The worker is gone (500).
     Stopped,
 }
@@ -143,6 +147,9 @@ pub enum SubmitError {
 impl WorkerHandle {
     /// Queues a request. The receiver yields [`Msg`]s; dropping it cancels.
     pub fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<Msg>, SubmitError> {
+        if self.life.draining() {
+            return Err(SubmitError::Draining);
+        }
         let (reply, rx) = unbounded_channel();
         let job = Job {
             req,
@@ -235,11 +242,13 @@ pub fn start(
     cfg: &ServerConfig,
     policies: Arc<PolicyHost>,
     metrics: Arc<ServerMetrics>,
+    life: Arc<Lifecycle>,
 ) -> Result<(WorkerHandle, ModelInfo)> {
     let (tx, rx) = sync_channel::<Job>(cfg.queue);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ModelInfo, String>>();
     let cfg2 = cfg.clone();
     let m = metrics.clone();
+    let life2 = life.clone();
     std::thread::Builder::new()
         .name("specd-worker".into())
         .spawn(move || {
@@ -253,23 +262,47 @@ pub fn start(
                     return;
                 }
             };
-            schedule(&engine, &rx, &m, &cfg2);
+            m.kv_budget
+                .store(cfg2.batch.kv_budget.unwrap_or(0) as u64, Relaxed);
+            m.kv_bytes_per_token
+                .store(engine.model.kv_bytes_per_token() as u64, Relaxed);
+            schedule(&engine, &rx, &m, &cfg2, &life2);
         })
         .context("starting the worker thread")?;
     let info = ready_rx
         .recv()
         .map_err(|_| anyhow!("the worker thread died while loading the model"))?
         .map_err(|e| anyhow!(e))?;
-    Ok((WorkerHandle { tx, metrics }, info))
+    Ok((WorkerHandle { tx, metrics, life }, info))
 }
 
 /// The scheduler loop: admits queued requests at each step boundary (while
 /// there is room), runs a step over every running one, until the queue's
 /// senders are gone and nothing runs.
-fn schedule(engine: &Engine, rx: &Receiver<Job>, m: &Arc<ServerMetrics>, cfg: &ServerConfig) {
+fn schedule(
+    engine: &Engine,
+    rx: &Receiver<Job>,
+    m: &Arc<ServerMetrics>,
+    cfg: &ServerConfig,
+    life: &Lifecycle,
+) {
     let mut sched = Scheduler::new(engine, cfg.batch);
     let mut open = true;
     loop {
+        if life.aborting() {
+            // The drain deadline: what is queued is refused, what runs
+            // ends with an error event (never a cut stream).
+            while let Ok(job) = rx.try_recv() {
+                m.queued.fetch_sub(1, Relaxed);
+                let _ = job.reply.send(Msg::Error {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    message: DRAINED.into(),
+                });
+            }
+            if !sched.is_idle() {
+                sched.fail_all(DRAINED);
+            }
+        }
         while open && sched.has_room() {
             let job = if sched.is_idle() {
                 match rx.recv() {
@@ -314,8 +347,14 @@ fn schedule(engine: &Engine, rx: &Receiver<Job>, m: &Arc<ServerMetrics>, cfg: &S
             m.panics.fetch_add(1, Relaxed);
             sched.fail_all("internal error (the worker panicked)");
         }
+        m.batch_waiting.store(sched.waiting() as u64, Relaxed);
+        m.kv_bytes.store(sched.kv_bytes() as u64, Relaxed);
     }
 }
+
+/// What requests still running at the drain deadline are told.
+const DRAINED: &str =
+    "the server is shutting down and its drain deadline passed before this request finished";
 
 /// Checks a queued request and builds what it runs with; `None` when it was
 /// refused (the client got its 400) or its client left.

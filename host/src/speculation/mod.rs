@@ -123,6 +123,7 @@ impl SpecState {
             counters.drafter = "none".into();
         }
         let n = spec.as_ref().map(|s| s.draft_max + 1).unwrap_or(1);
+        counters.draft_max = n - 1;
         SpecState {
             trace: None,
             spec,
@@ -596,6 +597,11 @@ impl SpecState {
             self.counters.spec_rounds += 1;
             self.counters.drafted += kd as u64;
             self.counters.accepted += out.accepted as u64;
+            let h = &mut self.counters.accepted_histogram;
+            if h.len() <= out.accepted {
+                h.resize(out.accepted + 1, 0);
+            }
+            h[out.accepted] += 1;
         }
         self.history.push(kd, out.accepted, dt, vt);
         if let Some(trace) = self.trace.as_mut() {

@@ -38,6 +38,13 @@ pub struct SpecCounters {
     /// Where the rounds' time went (not a stats key).
     #[serde(skip)]
     pub phases: RoundPhases,
+    /// Rounds that verified drafts, by how many they accepted (index:
+    /// accepted); vLLM's `acceptance_histogram`. Not a stats key.
+    #[serde(skip)]
+    pub accepted_histogram: Vec<u64>,
+    /// Most drafts a round may verify (0 without speculation). Not a stats key.
+    #[serde(skip)]
+    pub draft_max: usize,
 }
 
 /// Where a request's rounds spent their time, in seconds summed over its

@@ -169,6 +169,7 @@ fn always_right_k8() -> Speculation {
 
 fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
     Settings {
+        ends: Default::default(),
         params: SamplingParams::default(),
         max_tokens,
         stop: stop.iter().map(|s| s.to_string()).collect(),
