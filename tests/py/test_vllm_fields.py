@@ -136,13 +136,13 @@ def test_stop_token_ids_and_include_stop(server):
             timeout=180).json()
         assert cut["done_reason"] == "stop" and cut["eval_count"] in (first, first + 1), cut
         assert r["response"].startswith(cut["response"]) and len(cut["response"]) < len(r["response"])
-    # OpenAI completions: the stop token's text with include_stop_str_in_output.
-    body = {"model": MODEL, "prompt": QUESTION, "max_tokens": 24, **GREEDY, "stop_token_ids": [stop_id]}
-    a = httpx.post(server.url + "/v1/completions", json=body, timeout=180).json()
-    b = httpx.post(server.url + "/v1/completions",
-                   json={**body, "include_stop_str_in_output": True}, timeout=180).json()
-    ta, tb = a["choices"][0]["text"], b["choices"][0]["text"]
-    assert tb.startswith(ta) and len(tb) > len(ta) and r["response"].startswith(tb), (ta, tb)
+    # OpenAI chat (the same prompt): the stop token's text is kept with
+    # include_stop_str_in_output.
+    ta = text_of(chat(server, max_tokens=24, stop_token_ids=[stop_id]))
+    tb = text_of(chat(server, max_tokens=24, stop_token_ids=[stop_id], include_stop_str_in_output=True))
+    assert ta == cut["response"] and tb.startswith(ta) and len(tb) > len(ta), (ta, tb)
+    assert r["response"].startswith(tb), (tb, r["response"])
+    body = {"model": MODEL, "prompt": QUESTION, "max_tokens": 24, **GREEDY}
     # A stop string, kept or trimmed (SGLang's no_stop_trim is the same).
     word = r["response"].split()[2]
     trimmed = text_of(chat(server, max_tokens=24, stop=[word]))
