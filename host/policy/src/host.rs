@@ -283,6 +283,82 @@ impl PolicyHost {
         Ok(info)
     }
 
+    /// Adds (or replaces) a user policy under `name` from `source` (the
+    /// shared store's sync), without quotas (the store counts them).
+    pub fn add_from(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        source: PolicySource,
+    ) -> Result<PolicyInfo, RegistryError> {
+        self.register(name, bytes, source, None)
+    }
+
+    /// Whether a name or hash is registered.
+    pub fn has(&self, name_or_hash: &str) -> bool {
+        self.lookup(name_or_hash).is_some()
+    }
+
+    /// The content hash `name` means now.
+    pub fn hash_of(&self, name: &str) -> Option<String> {
+        self.read().names.get(name).map(|e| e.hash.clone())
+    }
+
+    /// Registers `alias` (`NAME@sha256:HEX`) as exactly the component
+    /// `HEX`: `bytes` (checked against HEX), or, without them, what `name`
+    /// means now if that is HEX.
+    pub fn pin(&self, alias: &str, name: &str, bytes: Option<&[u8]>) -> Result<(), RegistryError> {
+        let Some((_, want)) = alias.split_once("@sha256:") else {
+            return Err(RegistryError::BadName(alias.to_string()));
+        };
+        let want = want.to_ascii_lowercase();
+        let loaded = match bytes {
+            Some(b) => {
+                if sha256_hex(b) != want {
+                    return Err(RegistryError::NotFound(alias.to_string()));
+                }
+                let known = self.read().by_hash.get(&want).cloned();
+                self.compiler.load(b, known)?
+            }
+            None => {
+                let reg = self.read();
+                match reg.names.get(name).filter(|e| e.hash == want) {
+                    Some(e) => reg.by_hash.get(&e.hash).cloned(),
+                    None => None,
+                }
+                .ok_or_else(|| RegistryError::NotFound(alias.to_string()))?
+            }
+        };
+        let mut reg = self.write();
+        reg.names.insert(
+            alias.to_string(),
+            NameEntry {
+                hash: want.clone(),
+                builtin: false,
+                source: PolicySource::Pinned,
+            },
+        );
+        reg.by_hash.insert(want, loaded);
+        Ok(())
+    }
+
+    /// Drops the pinned versions of `name` (it was deleted).
+    pub fn remove_pins(&self, name: &str) {
+        let prefix = format!("{name}@sha256:");
+        let mut reg = self.write();
+        let pins: Vec<String> = reg
+            .names
+            .keys()
+            .filter(|n| n.starts_with(&prefix))
+            .cloned()
+            .collect();
+        for p in pins {
+            if let Some(e) = reg.names.remove(&p) {
+                reg.gc(&e.hash);
+            }
+        }
+    }
+
     /// Removes a user policy by name, or every name of a content hash (or
     /// unique hash prefix of at least 8 digits).
     pub fn remove(&self, name_or_hash: &str) -> Result<(), RegistryError> {

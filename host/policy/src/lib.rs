@@ -85,6 +85,7 @@ pub use specd_policy_logic::{
 pub mod native;
 mod registry;
 mod sandbox;
+mod store;
 pub mod validate;
 mod warm;
 mod wasm;
@@ -94,6 +95,7 @@ pub use carry::PolicyConfig;
 pub use conformance::{ConformanceConfig, ConformanceReport, LosslessClaim, Verdict};
 pub use host::PolicyHost;
 pub use metrics::MetricsSnapshot;
+pub use store::{PolicyStore, StoreEntry};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -400,6 +402,11 @@ pub enum PolicySource {
     File(PathBuf),
     /// Added through [`PolicyHost::add`] (HTTP upload).
     Upload,
+    /// From the policy store replicas share (`--policy-store`).
+    Store,
+    /// An older version a request pinned (`NAME@sha256:HEX`): runnable
+    /// under that name only, not listed, not counted by quotas.
+    Pinned,
     /// Only checked ([`PolicyHost::check`]), not registered.
     Checked,
 }

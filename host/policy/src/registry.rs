@@ -59,6 +59,7 @@ impl Registry {
     pub fn infos(&self) -> Vec<PolicyInfo> {
         self.names
             .iter()
+            .filter(|(_, e)| e.source != PolicySource::Pinned)
             .filter_map(|(n, e)| self.by_hash.get(&e.hash).map(|l| info_of(n, e, l)))
             .collect()
     }
@@ -68,7 +69,7 @@ impl Registry {
     pub fn user_usage(&self, except: &str) -> (usize, u64) {
         self.names
             .iter()
-            .filter(|(n, e)| !e.builtin && n.as_str() != except)
+            .filter(|(n, e)| !e.builtin && e.source != PolicySource::Pinned && n.as_str() != except)
             .fold((0, 0), |(count, bytes), (_, e)| {
                 let size = self.by_hash.get(&e.hash).map_or(0, |l| l.size as u64);
                 (count + 1, bytes + size)

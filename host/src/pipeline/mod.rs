@@ -192,9 +192,11 @@ impl EndRules {
             return;
         }
         let ends = self.stop_token_ids.iter().copied();
-        let eos = (!self.ignore_eos)
-            .then(|| tokenizer.eos_ids())
-            .unwrap_or_default();
+        let eos = if self.ignore_eos {
+            Vec::new()
+        } else {
+            tokenizer.eos_ids()
+        };
         for t in ends.chain(eos) {
             if let Some(x) = row.get_mut(t as usize) {
                 *x = f32::NEG_INFINITY;

@@ -311,6 +311,12 @@ pub async fn start(
     state: &State,
     req: ValidatedRequest,
 ) -> Result<(UnboundedReceiver<Msg>, usize, Duration), ApiError> {
+    for p in [&req.spec.schedule, &req.spec.acceptance]
+        .into_iter()
+        .flatten()
+    {
+        super::shared::pin(state, p).await?;
+    }
     if state.limits.require_lossless {
         require_lossless(state, &req).await?;
     }

@@ -39,7 +39,7 @@ pub struct ServeArgs {
     /// are persisted here [default: $SPECD_HOME/policies].
     #[arg(long)]
     pub policy_dir: Option<PathBuf>,
-    /// A JSON config file: {host, port, model, policy_dir, queue, drain_seconds,
+    /// A JSON config file: {host, port, model, policy_dir, policy_store, queue, drain_seconds,
     /// max_sequences, step_tokens, kv_budget,
     /// draft_models: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
     /// draft_max, schedule_config, acceptance_config}, policy_limits: {...},
@@ -57,6 +57,11 @@ pub struct ServeArgs {
     /// [default: 512].
     #[arg(long)]
     pub queue: Option<usize>,
+    /// A policy registry replicas share (a directory on a shared
+    /// filesystem): uploads and deletes on any replica reach every other
+    /// within seconds; requests may pin `NAME@sha256:HEX`.
+    #[arg(long, value_name = "DIR")]
+    pub policy_store: Option<PathBuf>,
     /// On SIGTERM: admit nothing new (503), let running requests finish
     /// for up to this many seconds, end the rest with an error, exit 0
     /// [default: 60].
@@ -149,6 +154,7 @@ struct FileConfig {
     policy_dir: Option<PathBuf>,
     queue: Option<usize>,
     drain_seconds: Option<u64>,
+    policy_store: Option<PathBuf>,
     max_sequences: Option<usize>,
     step_tokens: Option<usize>,
     kv_budget: Option<usize>,
@@ -282,6 +288,8 @@ pub struct ServerConfig {
     pub queue: usize,
     /// `--drain-seconds`.
     pub drain_seconds: u64,
+    /// `--policy-store`.
+    pub policy_store: Option<PathBuf>,
     pub draft_models: BTreeMap<String, String>,
     pub defaults: SpecOptions,
     pub policy_limits: HostConfig,
@@ -419,6 +427,7 @@ impl ServerConfig {
                 .or(file.policy_dir)
                 .unwrap_or_else(|| crate::store::home().join("policies")),
             queue: a.queue.or(file.queue).unwrap_or(DEFAULT_QUEUE),
+            policy_store: a.policy_store.clone().or(file.policy_store),
             drain_seconds: a
                 .drain_seconds
                 .or(file.drain_seconds)

@@ -321,7 +321,7 @@ impl ServerMetrics {
             ),
             &["block_size", "num_gpu_blocks"],
         )?;
-        let blocks = if per_block > 0 { budget / per_block } else { 0 };
+        let blocks = budget.checked_div(per_block).unwrap_or(0);
         info.with_label_values(&[&KV_BLOCK_TOKENS.to_string(), &blocks.to_string()])
             .set(1);
         r.register(Box::new(info))?;

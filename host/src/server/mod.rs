@@ -17,6 +17,7 @@ mod metrics;
 mod ollama;
 mod openai;
 mod policies;
+mod shared;
 mod tools;
 mod ui;
 mod worker;
@@ -60,6 +61,8 @@ pub struct AppState {
     pub upload_slots: Arc<tokio::sync::Semaphore>,
     /// Loading, ready or draining (`/health`).
     pub life: Arc<lifecycle::Lifecycle>,
+    /// The registry replicas share (`--policy-store`), if any.
+    pub store: Option<Arc<specd_policy::PolicyStore>>,
 }
 
 pub type State = Arc<AppState>;
@@ -138,6 +141,15 @@ pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
         );
     }
     let uploads = policies::load_records(&cfg.policy_dir, &policies.list());
+    let store = match &cfg.policy_store {
+        Some(dir) => {
+            let store = Arc::new(specd_policy::PolicyStore::open(dir)?);
+            shared::spawn(store.clone(), policies.clone());
+            eprintln!("policy store (shared): {}", dir.display());
+            Some(store)
+        }
+        None => None,
+    };
     let metrics = Arc::new(ServerMetrics::default());
     let life = Arc::new(lifecycle::Lifecycle::default());
 
@@ -192,6 +204,7 @@ pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
             logprobs_mode: cfg.logprobs_mode,
             uploads: Mutex::new(uploads),
             life: life.clone(),
+            store,
         });
         eprintln!(
             "specd {} serving {} on http://{local} (queue {}, policies in {})",

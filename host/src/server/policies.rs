@@ -63,7 +63,23 @@ fn records(state: &State) -> std::sync::MutexGuard<'_, BTreeMap<String, UploadRe
 pub async fn list(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
     let mut list = state.policies.list();
     list.sort_by(|a, b| (!a.builtin, &a.name).cmp(&(!b.builtin, &b.name)));
-    let recs = records(&state);
+    let recs = match &state.store {
+        // Who uploaded what is the store's, shared by every replica.
+        Some(store) => store
+            .entries()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(n, e)| {
+                let r = UploadRecord {
+                    uploaded_at: e.uploaded_at,
+                    key_id: e.key_id,
+                    sha256: e.sha256,
+                };
+                (n, r)
+            })
+            .collect(),
+        None => records(&state).clone(),
+    };
     let policies: Vec<Value> = list
         .into_iter()
         .map(|p| {
@@ -80,8 +96,16 @@ pub async fn list(axum::extract::State(state): axum::extract::State<State>) -> J
             v
         })
         .collect();
-    drop(recs);
-    let (count, bytes) = state.policies.user_usage();
+    let (count, bytes) = match &state.store {
+        Some(store) => store
+            .usage("")
+            .map(|(c, b)| (c, b as usize))
+            .unwrap_or_default(),
+        None => {
+            let (c, b) = state.policies.user_usage();
+            (c, b as usize)
+        }
+    };
     let l = &state.limits;
     Json(json!({
         "policies": policies,
@@ -169,6 +193,9 @@ pub async fn upload(
     // Compiling takes milliseconds to seconds: off the async threads.
     let r = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
         let _held = (permit, in_flight);
+        if let Some(store) = &st.store {
+            return upload_to_store(&st, store, &name, &bytes, &quota, &caller);
+        }
         let host = &st.policies;
         let dir = &st.policy_dir;
         let info = host.add_within(&name, &bytes, &quota).map_err(reg_err)?;
@@ -217,10 +244,105 @@ pub async fn upload(
     Ok((StatusCode::CREATED, Json(r)))
 }
 
+/// An upload with `--policy-store`: the quotas count the shared store; the
+/// component is checked and compiled here, then becomes what the name means
+/// for every replica (they pick it up at their next sync).
+fn upload_to_store(
+    st: &State,
+    store: &specd_policy::PolicyStore,
+    name: &str,
+    bytes: &[u8],
+    quota: &RegistryQuota,
+    caller: &Caller,
+) -> Result<Value, ApiError> {
+    let store_err = |e: std::io::Error| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the policy store {}: {e}", store.dir().display()),
+        )
+    };
+    let (count, total) = store.usage(name).map_err(store_err)?;
+    if count + 1 > quota.max_policies || total + bytes.len() as u64 > quota.max_bytes {
+        return Err(reg_err(RegistryError::Quota(format!(
+            "the shared store holds {count} other policies of {total} bytes; this one ({} bytes) would pass {} policies / {} bytes",
+            bytes.len(),
+            quota.max_policies,
+            quota.max_bytes
+        ))));
+    }
+    let info = st
+        .policies
+        .add_from(name, bytes, PolicySource::Store)
+        .map_err(reg_err)?;
+    let entry = specd_policy::StoreEntry {
+        sha256: info.sha256.clone(),
+        uploaded_at: super::api::now_rfc3339(),
+        key_id: caller.key_id().map(str::to_string),
+    };
+    store.put(name, bytes, &entry).map_err(store_err)?;
+    tracing::info!(policy = %name, sha256 = %info.sha256, key_id = ?entry.key_id, "policy uploaded to the shared store");
+    let mut policy = serde_json::to_value(&info).unwrap_or(Value::Null);
+    if let Some(o) = policy.as_object_mut() {
+        o.insert("uploaded_at".into(), json!(entry.uploaded_at));
+        o.insert("uploaded_by".into(), json!(entry.key_id));
+    }
+    Ok(json!({ "policy": policy, "store": store.dir().display().to_string() }))
+}
+
+/// A delete with `--policy-store`: the names go from the store (every
+/// replica drops them at its next sync) and from this replica now.
+fn remove_from_store(
+    state: &State,
+    store: &specd_policy::PolicyStore,
+    name_or_hash: &str,
+) -> Result<Vec<String>, ApiError> {
+    let entries = store.entries().map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the policy store: {e}"),
+        )
+    })?;
+    let hash = name_or_hash
+        .strip_prefix("sha256:")
+        .unwrap_or(name_or_hash)
+        .to_ascii_lowercase();
+    let names: Vec<String> = if entries.contains_key(name_or_hash) {
+        vec![name_or_hash.to_string()]
+    } else if hash.len() >= 8 && hash.chars().all(|c| c.is_ascii_hexdigit()) {
+        entries
+            .iter()
+            .filter(|(_, e)| e.sha256.starts_with(&hash))
+            .map(|(n, _)| n.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if names.is_empty() {
+        // A built-in or a local file policy: as without a store.
+        state.policies.remove(name_or_hash).map_err(reg_err)?;
+        return Ok(vec![name_or_hash.to_string()]);
+    }
+    for n in &names {
+        store.delete(n).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the policy store: {e}"),
+            )
+        })?;
+        let _ = state.policies.remove(n);
+        state.policies.remove_pins(n);
+    }
+    Ok(names)
+}
+
 pub async fn remove(
     axum::extract::State(state): axum::extract::State<State>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    if let Some(store) = &state.store {
+        let removed = remove_from_store(&state, store, &name)?;
+        return Ok(Json(json!({ "removed": removed })));
+    }
     let before: BTreeSet<String> = state
         .policies
         .list()
