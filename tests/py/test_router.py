@@ -191,3 +191,35 @@ def test_a_killed_replica_fails_only_what_ran_on_it(cluster, expected):
         assert code >= 500, failed
     assert time.monotonic() - t0 < 240
     c.proc.wait(10)
+
+
+def test_api_keys_work_through_the_router(tmp_path):
+    s = Server("--api-key", "router-key", policy_dir=tmp_path / "policies", log=tmp_path / "serve.log").start()
+    port = free_port()
+    log = open(tmp_path / "router.log", "ab")
+    router = subprocess.Popen(
+        [str(router_bin()), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", s.url,
+         "--policy", "round_robin", "--log-level", "warning",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/v1/models", headers={"authorization": "Bearer router-key"},
+                             timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and router.poll() is None
+            time.sleep(0.2)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 401
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60,
+                       headers={"authorization": "Bearer router-key"})
+        assert r.status_code == 200, r.text
+    finally:
+        stop_process(router, 10)
+        log.close()
+        s.stop()
