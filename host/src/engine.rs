@@ -52,6 +52,14 @@ pub struct Engine {
     pub switches: Switches,
 }
 
+/// How a model is loaded: what every command that loads one takes from the
+/// global flags (the CLI and the server alike).
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub weights: crate::model::WeightMode,
+    pub switches: Switches,
+}
+
 /// Switches between two implementations of one step, to measure one against
 /// the other with one build. The defaults are the faster paths; the CLI
 /// sets them (hidden flags), the model and the pipeline read no environment.

@@ -46,6 +46,16 @@ def stream_chat(url: str, max_tokens: int, started: threading.Event, out: dict) 
     started.set()
 
 
+def sigterm_while_streaming(s: Server, max_tokens: int) -> tuple[threading.Thread, dict]:
+    """Starts a stream of `max_tokens` on `s`, and once it streams, SIGTERMs `s`."""
+    started, out = threading.Event(), {}
+    t = threading.Thread(target=stream_chat, args=(s.url, max_tokens, started, out))
+    t.start()
+    assert started.wait(120)
+    s.proc.send_signal(signal.SIGTERM)
+    return t, out
+
+
 def new_server(tmp_path, *args: str) -> Server:
     return Server(*args, policy_dir=tmp_path / "policies", log=tmp_path / "serve.log")
 
@@ -84,11 +94,7 @@ def test_health_is_503_while_loading_and_livez_is_up(tmp_path):
 def test_sigterm_drains_running_requests_and_exits_0(tmp_path):
     s = new_server(tmp_path, "--drain-seconds", "120").start()
     try:
-        started, out = threading.Event(), {}
-        t = threading.Thread(target=stream_chat, args=(s.url, 160, started, out))
-        t.start()
-        assert started.wait(120)
-        s.proc.send_signal(signal.SIGTERM)
+        t, out = sigterm_while_streaming(s, 160)
         time.sleep(0.3)
         h = httpx.get(s.url + "/health", timeout=5)
         assert h.status_code == 503 and h.json()["status"] == "draining", h.text
@@ -110,12 +116,8 @@ def test_sigterm_drains_running_requests_and_exits_0(tmp_path):
 def test_drain_deadline_ends_a_stream_with_an_error_event(tmp_path):
     s = new_server(tmp_path, "--drain-seconds", "1").start()
     try:
-        started, out = threading.Event(), {}
-        t = threading.Thread(target=stream_chat, args=(s.url, 4000, started, out))
-        t.start()
-        assert started.wait(120)
         t0 = time.monotonic()
-        s.proc.send_signal(signal.SIGTERM)
+        t, out = sigterm_while_streaming(s, 4000)
         t.join(120)
         events = out["events"]
         assert "error" not in out, out.get("error")

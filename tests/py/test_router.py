@@ -223,3 +223,42 @@ def test_api_keys_work_through_the_router(tmp_path):
         stop_process(router, 10)
         log.close()
         s.stop()
+
+
+def test_clients_through_the_sglang_gateway(tmp_path, expected):
+    """The SGLang model gateway (sglang-router, pinned) in front of two replicas."""
+    replicas = [Server(policy_dir=tmp_path / f"p{i}", log=tmp_path / f"serve{i}.log").start()
+                for i in range(2)]
+    port = free_port()
+    log = open(tmp_path / "gateway.log", "ab")
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+         "--worker-urls", *[r.url for r in replicas], "--policy", "round_robin",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and gateway.poll() is None, \
+                (tmp_path / "gateway.log").read_text(errors="replace")[-2000:]
+            time.sleep(0.2)
+        oa = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        for q in QUESTIONS[:4]:
+            msgs = [{"role": "user", "content": q}]
+            r = oa.chat.completions.create(model=MODEL, messages=msgs, max_tokens=MAX_TOKENS, **GREEDY)
+            assert r.choices[0].message.content == expected[q]
+            streamed = "".join(c.choices[0].delta.content or "" for c in oa.chat.completions.create(
+                model=MODEL, messages=msgs, max_tokens=MAX_TOKENS, stream=True, **GREEDY) if c.choices)
+            assert streamed == expected[q]
+        assert all(served(r) > 0 for r in replicas)
+    finally:
+        stop_process(gateway, 10)
+        log.close()
+        for r in replicas:
+            r.stop()

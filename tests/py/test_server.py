@@ -75,8 +75,9 @@ def test_openai_chat(server):
         messages=[{"role": "user", "content": QUESTION}]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == r.choices[0].message.content
-    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
-    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # include_usage: OpenAI's last chunk, with the usage and no choices.
+    assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     assert chunks[-1].model_extra["speculation"]["generated_tokens"] == r.usage.completion_tokens
 
 

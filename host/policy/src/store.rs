@@ -33,6 +33,21 @@ pub struct PolicyStore {
     dir: PathBuf,
 }
 
+/// A name no other writer uses at the same moment: the process id, the
+/// time and a random number (replicas on several machines share the
+/// directory, so the process id alone is not enough).
+fn unique() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("{}-{nanos}-{random:016x}", std::process::id())
+}
+
 fn is_hex64(s: &str) -> bool {
     s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit())
 }
@@ -66,14 +81,7 @@ impl PolicyStore {
     /// it over `path`.
     fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let dir = path.parent().unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(
-            ".tmp-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
+        let tmp = dir.join(format!(".tmp-{}", unique()));
         let r = (|| {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(bytes)?;
@@ -106,14 +114,10 @@ impl PolicyStore {
         if !d.exists() {
             return Ok(false);
         }
-        let gone = self.dir.join("names").join(format!(
-            ".deleted-{name}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
+        let gone = self
+            .dir
+            .join("names")
+            .join(format!(".deleted-{name}-{}", unique()));
         match std::fs::rename(&d, &gone) {
             Ok(()) => {}
             // Another replica deleted it first.

@@ -50,12 +50,7 @@ struct Cli {
     light_rounds: Option<bool>,
 }
 
-/// What every command that loads a model takes from the global flags.
-#[derive(Debug, Clone, Copy)]
-pub struct Load {
-    pub weights: crate::model::WeightMode,
-    pub switches: crate::engine::Switches,
-}
+pub use crate::engine::Load;
 
 fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
     match s {

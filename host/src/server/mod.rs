@@ -75,6 +75,16 @@ impl AppState {
         n == self.model.name || n == "default"
     }
 
+    /// The model a request names, if this server serves it (both APIs
+    /// require one).
+    pub fn served_model(&self, model: &Option<String>) -> Result<String, api::ApiError> {
+        match model.as_deref() {
+            None | Some("") => Err(api::ApiError::bad("model is required")),
+            Some(m) if self.is_served(m) => Ok(m.to_string()),
+            Some(m) => Err(api::ApiError::model_not_found(m)),
+        }
+    }
+
     /// What a request of `api` that leaves sampling fields out gets.
     pub fn sampling_defaults(&self, api: api::Flavor) -> api::SamplingDefaults {
         api::SamplingDefaults::of(api, self.greedy_default)
@@ -87,7 +97,6 @@ pub fn router(state: State) -> Router {
     Router::new()
         .route("/", get(|| async { "specd is running" }))
         .route("/health", get(api::health))
-        .route("/livez", get(lifecycle::livez))
         .route("/ui", get(ui::page))
         .route("/metrics", get(api::metrics))
         .route("/api/version", get(api::version))
@@ -117,7 +126,7 @@ pub fn router(state: State) -> Router {
 }
 
 /// Runs the server until SIGINT/SIGTERM, then drains.
-pub fn run(args: ServeArgs, load: crate::cli::Load) -> Result<()> {
+pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
     let mut cfg = ServerConfig::from_args(&args)?;
     (cfg.weights, cfg.switches) = (load.weights, load.switches);
     let policies =

@@ -111,14 +111,6 @@ pub struct ChatBody {
     tools: Option<Value>,
 }
 
-fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
-    match model.as_deref() {
-        None | Some("") => Err(ApiError::bad("model is required")),
-        Some(m) if state.is_served(m) => Ok(m.to_string()),
-        Some(m) => Err(ApiError::model_not_found(m)),
-    }
-}
-
 fn request(
     state: &State,
     prompt: Prompt,
@@ -359,7 +351,7 @@ pub async fn generate(
     let t0 = Instant::now();
     let v = fields::read(body, &fields::OLLAMA_GENERATE)?;
     let b: GenerateBody = api::from_value(v, "")?;
-    let model = check_model(&state, &b.model)?;
+    let model = state.served_model(&b.model)?;
     let prompt_text = b.prompt.unwrap_or_default();
     if prompt_text.is_empty() {
         return Ok(load_response(Kind::Generate, &model));
@@ -405,7 +397,7 @@ pub async fn chat(
         }
     }
     let b: ChatBody = api::from_value(v, "")?;
-    let model = check_model(&state, &b.model)?;
+    let model = state.served_model(&b.model)?;
     if b.messages.is_empty() {
         return Ok(load_response(Kind::Chat(None), &model));
     }
@@ -524,7 +516,7 @@ pub async fn show(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let b: ShowBody = parse_body(body)?;
-    let model = check_model(&state, &b.model.or(b.name))?;
+    let model = state.served_model(&b.model.or(b.name))?;
     let m = &state.model;
     let _ = model;
     Ok(Json(json!({

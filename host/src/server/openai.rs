@@ -74,14 +74,6 @@ fn oa(e: ApiError) -> ApiError {
     e.flavor(Flavor::OpenAi)
 }
 
-fn check_model(state: &State, model: &Option<String>) -> Result<String, ApiError> {
-    match model.as_deref() {
-        None | Some("") => Err(ApiError::bad("model is required")),
-        Some(m) if state.is_served(m) => Ok(m.to_string()),
-        Some(m) => Err(ApiError::model_not_found(m)),
-    }
-}
-
 fn max_tokens(v: Option<i64>) -> Result<Option<usize>, ApiError> {
     Ok(request::non_negative("max_tokens", v)?)
 }
@@ -125,9 +117,10 @@ fn content_text(v: &Value, i: usize) -> Result<String, ApiError> {
 fn stream_options_checked(body: &Value) -> Result<(), ApiError> {
     match body.get("stream_options") {
         None | Some(Value::Null) => Ok(()),
-        Some(o @ Value::Object(_)) => fields::check(o, &fields::STREAM_OPTIONS, "stream_options.")
-            .map_err(|e| oa(ApiError::field(e))),
-        Some(_) => Err(oa(ApiError::bad("stream_options must be an object"))),
+        Some(o @ Value::Object(_)) => {
+            fields::check(o, &fields::STREAM_OPTIONS, "stream_options.").map_err(ApiError::field)
+        }
+        Some(_) => Err(ApiError::bad("stream_options must be an object")),
     }
 }
 
@@ -388,28 +381,38 @@ async fn run(
         .into_response())
 }
 
+/// Errors of the OpenAI routes take OpenAI's shape (`error.type`,
+/// `error.param`), once per route.
 pub async fn chat_completions(
     axum::extract::State(state): axum::extract::State<State>,
     caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v = fields::read(body, &fields::OPENAI_CHAT).map_err(oa)?;
+    chat(state, caller, body).await.map_err(oa)
+}
+
+async fn chat(
+    state: State,
+    caller: Option<axum::Extension<Caller>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = fields::read(body, &fields::OPENAI_CHAT)?;
     stream_options_checked(&v)?;
     if let Some(Value::Array(ms)) = v.get("messages") {
         for (i, m) in ms.iter().enumerate() {
             fields::check(m, &fields::OPENAI_MESSAGE, &format!("messages[{i}]."))
-                .map_err(|e| oa(ApiError::field(e)))?;
+                .map_err(ApiError::field)?;
         }
     }
-    let b: ChatBody = api::from_value(v.clone(), "").map_err(oa)?;
-    let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
-    let model = check_model(&state, &b.model).map_err(oa)?;
-    check_n(b.n).map_err(oa)?;
+    let b: ChatBody = api::from_value(v.clone(), "")?;
+    let common: CommonOptions = api::from_value(v, "")?;
+    let model = state.served_model(&b.model)?;
+    check_n(b.n)?;
     let messages = b
         .messages
-        .ok_or_else(|| oa(ApiError::bad("messages is required")))?;
+        .ok_or_else(|| ApiError::bad("messages is required"))?;
     if messages.is_empty() {
-        return Err(oa(ApiError::bad("messages must not be empty")));
+        return Err(ApiError::bad("messages must not be empty"));
     }
     let mut msgs: Vec<ChatMessage> = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -417,15 +420,15 @@ pub async fn chat_completions(
             "developer" => "system",
             r @ ("system" | "user" | "assistant" | "tool") => r,
             r => {
-                return Err(oa(ApiError::bad(format!(
+                return Err(ApiError::bad(format!(
                 "messages[{i}].role {r:?} is not one of system, developer, user, assistant, tool"
-            ))))
+            )))
             }
         };
-        let mut msg = ChatMessage::new(role, content_text(&m.content, i).map_err(oa)?);
+        let mut msg = ChatMessage::new(role, content_text(&m.content, i)?);
         if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_null()) {
             let field = format!("messages[{i}].tool_calls");
-            msg.tool_calls = Some(tools::message_calls(calls, &field).map_err(oa)?);
+            msg.tool_calls = Some(tools::message_calls(calls, &field)?);
         }
         if let Some(id) = &m.tool_call_id {
             // Templates that name the function of a result find it here.
@@ -438,35 +441,30 @@ pub async fn chat_completions(
         b.tools.as_ref(),
         b.tool_choice.as_ref(),
         state.model.tool_format,
-    )
-    .map_err(oa)?;
+    )?;
     let format = tools::constraint(
         tools.as_ref(),
-        api::response_format(b.response_format.as_ref()).map_err(oa)?,
+        api::response_format(b.response_format.as_ref())?,
         "response_format",
-    )
-    .map_err(oa)?;
+    )?;
     let prompt = match &tools {
         Some(t) => Prompt::ChatWithTools(msgs, t.list.clone()),
         None => Prompt::Chat(msgs),
     };
     let req = ValidatedRequest {
         prompt,
-        params: common
-            .params(&state.sampling_defaults(Flavor::OpenAi))
-            .map_err(oa)?,
+        params: common.params(&state.sampling_defaults(Flavor::OpenAi))?,
         max_tokens: api::cap_max_tokens(
             &state,
-            max_tokens(b.max_completion_tokens.or(b.max_tokens)).map_err(oa)?,
+            max_tokens(b.max_completion_tokens.or(b.max_tokens))?,
             if b.max_completion_tokens.is_some() {
                 "max_completion_tokens"
             } else {
                 "max_tokens"
             },
-        )
-        .map_err(oa)?,
+        )?,
         stop: common.stop(),
-        spec: common.spec(&state.defaults).map_err(oa)?,
+        spec: common.spec(&state.defaults)?,
         trace_rounds: false,
         tenant: api::tenant(&caller),
         logprobs: api::logprob_request(
@@ -474,13 +472,10 @@ pub async fn chat_completions(
             b.logprobs.unwrap_or(false),
             b.top_logprobs,
             "top_logprobs",
-        )
-        .map_err(oa)?,
+        )?,
         format,
         prompt_logprobs: false,
-        ends: common
-            .ends(state.model.vocab_size)
-            .map_err(|e| oa(e.into()))?,
+        ends: common.ends(state.model.vocab_size)?,
     };
     let ctx = Ctx {
         kind: Kind::Chat,
@@ -491,9 +486,7 @@ pub async fn chat_completions(
         tools: tools.filter(Tools::parses).map(|t| t.format),
         include_usage: b.stream_options.is_some_and(|o| o.include_usage),
     };
-    run(state, ctx, req, b.stream, String::new())
-        .await
-        .map_err(oa)
+    run(state, ctx, req, b.stream, String::new()).await
 }
 
 pub async fn completions(
@@ -501,24 +494,32 @@ pub async fn completions(
     caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v = fields::read(body, &fields::OPENAI_COMPLETIONS).map_err(oa)?;
+    completion(state, caller, body).await.map_err(oa)
+}
+
+async fn completion(
+    state: State,
+    caller: Option<axum::Extension<Caller>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = fields::read(body, &fields::OPENAI_COMPLETIONS)?;
     stream_options_checked(&v)?;
-    let b: CompletionBody = api::from_value(v.clone(), "").map_err(oa)?;
-    let common: CommonOptions = api::from_value(v, "").map_err(oa)?;
-    let model = check_model(&state, &b.model).map_err(oa)?;
-    check_n(b.n).map_err(oa)?;
+    let b: CompletionBody = api::from_value(v.clone(), "")?;
+    let common: CommonOptions = api::from_value(v, "")?;
+    let model = state.served_model(&b.model)?;
+    check_n(b.n)?;
     let prompt = match b.prompt {
         Some(Value::String(s)) => s,
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
             a[0].as_str().unwrap_or_default().to_string()
         }
         Some(Value::Array(_)) => {
-            return Err(oa(ApiError::bad(
+            return Err(ApiError::bad(
                 "prompt must be a string (one prompt per request)",
-            )))
+            ))
         }
-        None | Some(Value::Null) => return Err(oa(ApiError::bad("prompt is required"))),
-        Some(_) => return Err(oa(ApiError::bad("prompt must be a string"))),
+        None | Some(Value::Null) => return Err(ApiError::bad("prompt is required")),
+        Some(_) => return Err(ApiError::bad("prompt must be a string")),
     };
     let prefix = if b.echo {
         prompt.clone()
@@ -527,26 +528,21 @@ pub async fn completions(
     };
     let req = ValidatedRequest {
         prompt: Prompt::Raw(prompt),
-        params: common
-            .params(&state.sampling_defaults(Flavor::OpenAi))
-            .map_err(oa)?,
+        params: common.params(&state.sampling_defaults(Flavor::OpenAi))?,
         // The OpenAI default for completions is 16 tokens (or the
         // server's limit, if lower).
-        max_tokens: match max_tokens(b.max_tokens).map_err(oa)? {
+        max_tokens: match max_tokens(b.max_tokens)? {
             None => Some(state.limits.max_tokens.map_or(16, |m| m.min(16))),
-            asked => api::cap_max_tokens(&state, asked, "max_tokens").map_err(oa)?,
+            asked => api::cap_max_tokens(&state, asked, "max_tokens")?,
         },
         stop: common.stop(),
-        spec: common.spec(&state.defaults).map_err(oa)?,
+        spec: common.spec(&state.defaults)?,
         trace_rounds: false,
         tenant: api::tenant(&caller),
-        logprobs: api::logprob_request(&state, b.logprobs.is_some(), b.logprobs, "logprobs")
-            .map_err(oa)?,
+        logprobs: api::logprob_request(&state, b.logprobs.is_some(), b.logprobs, "logprobs")?,
         format: None,
         prompt_logprobs: b.echo,
-        ends: common
-            .ends(state.model.vocab_size)
-            .map_err(|e| oa(e.into()))?,
+        ends: common.ends(state.model.vocab_size)?,
     };
     let ctx = Ctx {
         kind: Kind::Completion,
@@ -557,7 +553,7 @@ pub async fn completions(
         tools: None,
         include_usage: b.stream_options.is_some_and(|o| o.include_usage),
     };
-    run(state, ctx, req, b.stream, prefix).await.map_err(oa)
+    run(state, ctx, req, b.stream, prefix).await
 }
 
 fn model_object(state: &State) -> Value {
