@@ -2,7 +2,8 @@
 """Replicas behind vllm-router, measured (README: "Behind a router").
 
     .venv/bin/python scripts/bench_router.py [--conversations 12] [--turns 4]
-        [--replicas 3] [--policies cache_aware,round_robin] [--scaling] [--overhead]
+        [--replicas 3] [--policies cache_aware,round_robin] [--repeats 1]
+        [--think 1.0] [--scaling] [--overhead]
 
 A multi-turn workload: C conversations run at once, each a client that
 sends its turns one after another; a turn's prompt is a long per-
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import socket
 import statistics
@@ -137,7 +139,7 @@ def turn(url: str, messages: list, max_tokens: int) -> tuple[float, int, str]:
     return (ttft if ttft is not None else time.monotonic() - t0), tokens, "".join(text)
 
 
-def workload(url: str, conversations: int, turns: int, max_tokens: int) -> dict:
+def workload(url: str, conversations: int, turns: int, max_tokens: int, think: float) -> dict:
     ttfts, tokens, errors = [], [0], []
     lock = threading.Lock()
 
@@ -147,7 +149,12 @@ def workload(url: str, conversations: int, turns: int, max_tokens: int) -> dict:
                   + " ".join(f"Rule {k}: answer plainly about {topic}, in short sentences, "
                              f"without lists, and stay on {topic}." for k in range(12)))
         messages = [{"role": "system", "content": system}]
+        # Users read and type: a seeded pause before each turn, so turns of
+        # different conversations do not reach a round-robin router in
+        # lockstep (which would pin each conversation to one replica).
+        rng = random.Random(i)
         for t in range(turns):
+            time.sleep(rng.uniform(0, think))
             messages.append({"role": "user", "content": QUESTIONS[(i + t) % len(QUESTIONS)]})
             try:
                 ttft, n, text = turn(url, messages, max_tokens)
@@ -180,7 +187,7 @@ def run(n: int, policy: str | None, a, tmp: Path) -> dict:
     r = Replicas(n, tmp, policy)
     try:
         before = r.counters()
-        res = workload(r.url, a.conversations, a.turns, a.max_tokens)
+        res = workload(r.url, a.conversations, a.turns, a.max_tokens, a.think)
         after = r.counters()
         res["prompt_tokens"] = after[0] - before[0]
         res["reused"] = after[1] - before[1]
@@ -202,6 +209,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--think", type=float, default=1.0,
+                    help="most seconds a user pauses before a turn (uniform, seeded)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each routing policy, alternated")
     ap.add_argument("--policies", default="cache_aware,round_robin")
     ap.add_argument("--overhead", action="store_true")
     ap.add_argument("--scaling", action="store_true")
@@ -209,14 +219,15 @@ def main() -> None:
     if not ROUTER.exists():
         raise SystemExit(f"{ROUTER} is missing: run this with the venv's python (make test installs vllm-router)")
     print(f"{a.conversations} conversations x {a.turns} turns, {a.max_tokens} tokens a turn, "
-          f"{os.cpu_count()} cores")
+          f"pauses up to {a.think} s, {os.cpu_count()} cores")
     print("| setup | turns | errors | prompt tokens | reused from prefix caches | TTFT p50 ms | "
           "TTFT p99 ms | tok/s | tok/s per core |")
     print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        for p in [p for p in a.policies.split(",") if p]:
-            print(row(f"{a.replicas} replicas, {p}", run(a.replicas, p, a, tmp)), flush=True)
+        for _ in range(a.repeats):
+            for p in [p for p in a.policies.split(",") if p]:
+                print(row(f"{a.replicas} replicas, {p}", run(a.replicas, p, a, tmp)), flush=True)
         if a.overhead:
             print(row("1 replica, direct", run(1, None, a, tmp)), flush=True)
             print(row("1 replica, through the router", run(1, "round_robin", a, tmp)), flush=True)
