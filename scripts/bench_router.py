@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-"""Replicas behind vllm-router, measured (README: "Behind a router").
+"""Replicas behind vllm-router, measured (docs/serving.md: "Behind a router").
 
     .venv/bin/python scripts/bench_router.py [--conversations 12] [--turns 4]
         [--replicas 3] [--policies cache_aware,round_robin] [--repeats 1]
-        [--think 1.0] [--scaling] [--overhead]
+        [--think 1.0] [--router vllm|sglang] [--scaling] [--overhead]
+
+Routing policies: vllm-router's `cache_aware` matches a prefix tree over
+the request's text (for chat requests its routing text may not hold the
+conversation: measure it), `consistent_hash` keys on the X-Session-ID
+header (each conversation sends its own), `round_robin`.
 
 A multi-turn workload: C conversations run at once, each a client that
 sends its turns one after another; a turn's prompt is a long per-
@@ -43,6 +48,18 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 SPECD = Path(os.environ.get("SPECD_BIN", ROOT / "target" / "release" / "specd"))
 ROUTER = Path(sys.executable).parent / "vllm-router"
+
+
+def router_command(kind: str, port: int, urls: list, policy: str) -> list:
+    """vllm-router, or the SGLang model gateway (sglang-router): both pinned in the test venv."""
+    if kind == "vllm":
+        exe = [str(ROUTER)]
+    else:
+        exe = [sys.executable, "-m", "sglang_router.launch_router"]
+    extra = ["--log-level", "warning"] if kind == "vllm" else []
+    return exe + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+                  "--policy", policy, "--prometheus-host", "127.0.0.1",
+                  "--prometheus-port", str(free_port())] + extra
 MODEL = "smollm2:135m"
 TOPICS = ["the sea", "mountains", "bread", "trains", "bees", "winter", "libraries", "rivers",
           "gardens", "clocks", "bridges", "music", "forests", "deserts", "cities", "islands"]
@@ -72,7 +89,7 @@ def wait_up(url: str, path: str, proc: subprocess.Popen, timeout: float = 180) -
 
 
 class Replicas:
-    def __init__(self, n: int, tmp: Path, policy: str | None):
+    def __init__(self, n: int, tmp: Path, policy: str | None, router: str = "vllm"):
         self.procs, self.urls = [], []
         for i in range(n):
             port = free_port()
@@ -90,9 +107,7 @@ class Replicas:
         if policy:
             port = free_port()
             self.router = subprocess.Popen(
-                [str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls",
-                 *self.urls, "--policy", policy, "--log-level", "warning",
-                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+                router_command(router, port, self.urls, policy),
                 stdout=open(tmp / f"router-{port}.log", "wb"), stderr=subprocess.STDOUT)
             self.url = f"http://127.0.0.1:{port}"
             wait_up(self.url, "/v1/models", self.router)
@@ -116,13 +131,16 @@ class Replicas:
                 p.kill()
 
 
-def turn(url: str, messages: list, max_tokens: int) -> tuple[float, int, str]:
-    """One streamed turn: (time to first token, completion tokens, text)."""
+def turn(url: str, messages: list, max_tokens: int, session: str = "") -> tuple[float, int, str]:
+    """One streamed turn: (time to first token, completion tokens, text).
+    `session` goes in X-Session-ID, what vllm-router's consistent_hash keys on."""
     t0 = time.monotonic()
     ttft, text, tokens = None, [], 0
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    headers = {"X-Session-ID": session} if session else {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers,
+                      timeout=600) as r:
         r.raise_for_status()
         import json
         for line in r.iter_lines():
@@ -157,7 +175,7 @@ def workload(url: str, conversations: int, turns: int, max_tokens: int, think: f
             time.sleep(rng.uniform(0, think))
             messages.append({"role": "user", "content": QUESTIONS[(i + t) % len(QUESTIONS)]})
             try:
-                ttft, n, text = turn(url, messages, max_tokens)
+                ttft, n, text = turn(url, messages, max_tokens, f"conversation-{i}")
             except httpx.HTTPError as e:
                 with lock:
                     errors.append(repr(e))
@@ -184,7 +202,7 @@ def workload(url: str, conversations: int, turns: int, max_tokens: int, think: f
 
 
 def run(n: int, policy: str | None, a, tmp: Path) -> dict:
-    r = Replicas(n, tmp, policy)
+    r = Replicas(n, tmp, policy, a.router)
     try:
         before = r.counters()
         res = workload(r.url, a.conversations, a.turns, a.max_tokens, a.think)
@@ -213,6 +231,8 @@ def main() -> None:
                     help="most seconds a user pauses before a turn (uniform, seeded)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each routing policy, alternated")
     ap.add_argument("--policies", default="cache_aware,round_robin")
+    ap.add_argument("--router", choices=["vllm", "sglang"], default="vllm",
+                    help="vllm-router or the SGLang model gateway")
     ap.add_argument("--overhead", action="store_true")
     ap.add_argument("--scaling", action="store_true")
     a = ap.parse_args()
@@ -227,7 +247,8 @@ def main() -> None:
         tmp = Path(t)
         for _ in range(a.repeats):
             for p in [p for p in a.policies.split(",") if p]:
-                print(row(f"{a.replicas} replicas, {p}", run(a.replicas, p, a, tmp)), flush=True)
+                print(row(f"{a.replicas} replicas, {a.router} {p}", run(a.replicas, p, a, tmp)),
+                      flush=True)
         if a.overhead:
             print(row("1 replica, direct", run(1, None, a, tmp)), flush=True)
             print(row("1 replica, through the router", run(1, "round_robin", a, tmp)), flush=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A short guidellm concurrency sweep against a running `specd serve`
-# (README: "Behind a router"). guidellm is not in the test venv: it pulls
+# (docs/serving.md: "Behind a router"). guidellm is not in the test venv: it pulls
 # torch and CUDA wheels (about 6 GB), so install it apart:
 #
 #   python3 -m venv /tmp/gl && /tmp/gl/bin/pip install guidellm==0.8.1

@@ -3,7 +3,7 @@
 components, real requests.
 
 - A policy uploaded to replica A runs on B and C by name within the bound
-  the README states (500 ms polls: 2 s), with the same sha256 everywhere.
+  docs/serving.md states (500 ms polls: 2 s), with the same sha256 everywhere.
 - `NAME@sha256:HEX` runs exactly that version, also an older one after a
   newer upload; a hash never uploaded as NAME is a 404 naming both hashes.
 - Two uploads racing for one name on two replicas converge on one winner.
@@ -22,7 +22,7 @@ import pytest
 from conftest import MODEL, ROOT, Server
 
 PLUGINS = ROOT / "plugins" / "target" / "wasm32-wasip2" / "release"
-BOUND = 2.0  # seconds: the README's bound for an upload or delete to reach every replica
+BOUND = 2.0  # seconds: docs/serving.md's bound for an upload or delete to reach every replica
 
 
 def component(name: str) -> bytes:

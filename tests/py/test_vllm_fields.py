@@ -100,6 +100,9 @@ def test_ignore_eos_runs_to_the_budget_and_composes_with_speculation(server):
     assert runs["spec"] == runs["plain"]
     skipped = text_of(chat(server, max_tokens=48, ignore_eos=True, skip_special_tokens=True))
     assert "<|im_end|>" not in skipped and skipped.startswith(text_of(ended))
+    # Every emitted token has its logprob, the EOS that no longer ends it too.
+    lp = chat(server, max_tokens=48, ignore_eos=True, logprobs=True)
+    assert len(lp["choices"][0]["logprobs"]["content"]) == 48
 
 
 def test_min_tokens_holds_the_end_back(server):

@@ -20,7 +20,7 @@
 //! significant bits, which float16 cannot hold; float32 holds it and
 //! `d·sc·q` exactly, so the one rounding left is ggml's own (`+ bias`).
 //! 5- and 6-bit values ride in 8-bit lanes: no new unpacking code, at the
-//! cost of reading 8 bits where ggml reads 5.5 or 6.56 (see README, "GGUF
+//! cost of reading 8 bits where ggml reads 5.5 or 6.56 (see docs/benchmarks.md, "GGUF
 //! quantizations").
 use specd_text::gguf::ggml_type as ty;
 use thiserror::Error;

@@ -423,7 +423,9 @@ impl<'a> Sequence<'a> {
         self.margins.extend_from_slice(&round.margins);
         for (i, &tok) in round.tokens.iter().enumerate() {
             if let Some((req, hook)) = &self.settings.logprobs {
-                if !self.em.tokenizer.is_eos(tok) {
+                // An EOS that ends the request has no entry; under
+                // `ignore_eos` it is an emitted token like any other.
+                if !self.em.tokenizer.is_eos(tok) || self.settings.ends.ignore_eos {
                     let (Some(row), Some(dist)) = (round.rows.get(i), round.dists.get(i)) else {
                         bail!("logprobs asked of a round that kept no rows");
                     };

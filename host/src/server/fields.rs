@@ -10,7 +10,7 @@
 //!
 //! A field in no table is a 400 too ("unknown field"). The serde structs that
 //! read the bodies stay lenient because several of them read the same body;
-//! this check is the gate. The README lists the inert and refused fields.
+//! this check is the gate. docs/serving.md lists the inert and refused fields.
 use serde_json::Value;
 
 /// How a field is treated.
@@ -779,8 +779,8 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_the_inert_fields() {
-        let readme = include_str!("../../../README.md");
+    fn the_serving_doc_lists_the_inert_fields() {
+        let doc = include_str!("../../../docs/serving.md");
         for t in [
             &OPENAI_CHAT,
             &OPENAI_COMPLETIONS,
@@ -788,7 +788,10 @@ mod tests {
             &OLLAMA_OPTIONS,
         ] {
             for f in names(t, true) {
-                assert!(readme.contains(&format!("`{f}`")), "README misses {f}");
+                assert!(
+                    doc.contains(&format!("`{f}`")),
+                    "docs/serving.md misses {f}"
+                );
             }
         }
     }

@@ -280,7 +280,7 @@ pub const KV_BLOCK_TOKENS: u64 = 16;
 
 impl ServerMetrics {
     /// The load gauges, in the Gateway API Inference Extension's
-    /// model-server protocol semantics under specd names (README: "Behind
+    /// model-server protocol semantics under specd names (docs/serving.md: "Behind
     /// a router").
     fn register_load(&self, r: &Registry) -> prometheus::Result<()> {
         let waiting = self.queued.load(Relaxed) + self.batch_waiting.load(Relaxed);

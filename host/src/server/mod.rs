@@ -227,7 +227,7 @@ pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
         }
         if !local.ip().is_loopback() {
             eprintln!(
-                "  note: {local} is reachable from other machines; keys travel in plain HTTP unless a TLS-terminating proxy is in front (see README, \"On a network\")"
+                "  note: {local} is reachable from other machines; keys travel in plain HTTP unless a TLS-terminating proxy is in front (see docs/serving.md, \"On a network\")"
             );
         }
         if let access::RegistryMode::ReadOnly(why) = &state.access.registry {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// How often a replica reads the store's index: an upload or a delete on
 /// one replica is seen by the others within this plus a compile (the
-/// README's bound: 2 s for the policies that ship).
+/// bound docs/serving.md states: 2 s for the policies that ship).
 pub const POLL: Duration = Duration::from_millis(500);
 
 /// Brings the host's store-sourced policies in line with the store once.

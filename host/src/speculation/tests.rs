@@ -326,6 +326,50 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
     assert!(w.len() == 8);
 }
 
+#[test]
+fn end_rules_hold_inside_accepted_runs() {
+    let ends = |min_tokens, ignore_eos| pipeline::EndRules {
+        min_tokens,
+        ignore_eos,
+        ..Default::default()
+    };
+    let run = |s: Option<Speculation>, e: pipeline::EndRules, max: usize| {
+        let mut t = FakeTarget::new(cycle_script(Some(17)));
+        let mut st = settings(Some(max), &[]);
+        st.ends = e;
+        pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &st, s, &mut |_| true).unwrap()
+    };
+    // The drafter proposes the script's EOS: the target's rows must not take it.
+    let drafter = || {
+        spec(
+            Box::new(ScriptedDrafter {
+                wrong_at: 99,
+                eos_after: Some(17),
+            }),
+            "constant",
+            r#"{"k":8}"#,
+            "greedy",
+        )
+    };
+    // min_tokens: EOS (both ids) masked in every verify row until 10 came,
+    // plainly and speculatively alike; then the EOS ends it.
+    let plain = run(None, ends(10, false), 50);
+    let specd = run(Some(drafter()), ends(10, false), 50);
+    assert_eq!(plain.emitted, specd.emitted);
+    assert_eq!(plain.emitted.len(), 10);
+    assert_eq!(plain.stats.done_reason, DoneReason::Stop);
+    assert!(!plain.emitted.iter().any(|t| tokenizer().is_eos(*t)));
+    assert!(specd.stats.drafted > 0);
+    // ignore_eos: the EOS is an emitted token, to the budget.
+    let plain = run(None, ends(0, true), 20);
+    let specd = run(Some(drafter()), ends(0, true), 20);
+    assert_eq!(plain.emitted, specd.emitted);
+    assert_eq!(plain.emitted.len(), 20);
+    assert_eq!(plain.stats.done_reason, DoneReason::Length);
+    assert!(plain.emitted[5..].iter().all(|&t| t == 2));
+    assert!(specd.stats.accepted > 0);
+}
+
 /// An acceptance policy that fails: the request goes on plainly.
 struct Broken;
 impl Acceptance for Broken {
