@@ -3,8 +3,8 @@
 # (docs/serving.md: "Behind a router"). guidellm is not in the test venv: it pulls
 # torch and CUDA wheels (about 6 GB), so install it apart:
 #
-#   python3 -m venv /tmp/gl && /tmp/gl/bin/pip install guidellm==0.8.1
-#   GUIDELLM=/tmp/gl/bin/guidellm scripts/guidellm-sweep.sh http://127.0.0.1:11435
+#   python3 -m venv ~/guidellm-venv && ~/guidellm-venv/bin/pip install guidellm==0.8.1
+#   GUIDELLM=~/guidellm-venv/bin/guidellm scripts/guidellm-sweep.sh http://127.0.0.1:11435
 #
 # Its tokenizer is a `specd convert` directory of the served model (nothing
 # comes from a hub). Synthetic chat prompts of 64 tokens, 32 output tokens
