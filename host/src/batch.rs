@@ -51,9 +51,10 @@ pub struct BatchLimits {
     pub kv_budget: Option<usize>,
 }
 
-/// Bytes of KV cache one token takes: float32 keys and values, every layer.
+/// Bytes of KV cache one token takes: float32 keys and values, every layer
+/// (the model's own accounting, [`LlamaConfig::kv_bytes_per_token`]).
 pub fn kv_bytes_per_token(c: &LlamaConfig) -> usize {
-    c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4
+    c.kv_bytes_per_token(4)
 }
 
 /// Bytes of KV cache one token of a request takes: the target's, plus its

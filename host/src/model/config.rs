@@ -71,6 +71,23 @@ struct ShapeKeys {
 }
 
 impl LlamaConfig {
+    /// Gemma 3's embedding scale: sqrt(hidden) rounded to bfloat16 (mlx-lm:
+    /// `mx.array(hidden ** 0.5, mx.bfloat16)`): for 640, 25.25 rather than
+    /// 25.298.
+    pub fn embed_scale(&self) -> f32 {
+        let s = (self.hidden_size as f32).sqrt().to_bits();
+        // Round to nearest even at bit 16.
+        let r = s + 0x7fff + ((s >> 16) & 1);
+        f32::from_bits(r & 0xffff_0000)
+    }
+
+    /// Bytes of KV cache one token takes at `value_bytes` per value (4:
+    /// float32): keys and values, every layer. The model reports its own
+    /// ([`crate::model::Llama::kv_bytes_per_token`]); the scheduler only adds.
+    pub fn kv_bytes_per_token(&self, value_bytes: usize) -> usize {
+        self.num_hidden_layers * 2 * self.num_key_value_heads * self.head_dim * value_bytes
+    }
+
     /// The fields [`ShapeKeys`] names, read with `int` and `float`; every
     /// other field as a plain llama's, for the caller to set.
     fn shape(

@@ -17,18 +17,8 @@
 //! norms over the file's weights. The matmuls, norms and attention are the
 //! llama path's batch-invariant kernels.
 use super::llama::{halves, Layer, Llama, PostNorms, Probe};
-use super::LlamaConfig;
 use crate::cache::LayerCache;
 use specd_mlx::{fast, kernels, ops, Array, Result};
-
-/// sqrt(hidden) rounded to bfloat16 (mlx-lm: `mx.array(hidden ** 0.5,
-/// mx.bfloat16)`): for 640, 25.25 rather than 25.298.
-pub fn embed_scale(c: &LlamaConfig) -> f32 {
-    let s = (c.hidden_size as f32).sqrt().to_bits();
-    // Round to nearest even at bit 16.
-    let r = s + 0x7fff + ((s >> 16) & 1);
-    f32::from_bits(r & 0xffff_0000)
-}
 
 /// One sequence's part of a Gemma 3 layer: its cache of the layer, and its
 /// rows (first, count) among the step's.
@@ -183,7 +173,7 @@ impl Llama {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::model::LlamaConfig;
 
     #[test]
     fn embedding_scale_is_sqrt_hidden_rounded_to_bfloat16() {
@@ -195,8 +185,8 @@ mod tests {
             "tie_word_embeddings": true
         }))
         .unwrap();
-        assert_eq!(embed_scale(&c), 25.25);
+        assert_eq!(c.embed_scale(), 25.25);
         c.hidden_size = 1152;
-        assert_eq!(embed_scale(&c), 34.0); // sqrt 33.94 in bf16
+        assert_eq!(c.embed_scale(), 34.0); // sqrt 33.94 in bf16
     }
 }

@@ -124,7 +124,7 @@ impl Llama {
         } else {
             4
         };
-        crate::batch::kv_bytes_per_token(&self.config) / 4 * bytes
+        self.config.kv_bytes_per_token(bytes)
     }
 
     /// Whether every layer's attention is the one op over plain caches
@@ -241,7 +241,7 @@ impl Llama {
         if self.config.arch != Arch::Gemma3 {
             return Ok(x);
         }
-        let scale = Array::scalar(super::gemma3::embed_scale(&self.config))?;
+        let scale = Array::scalar(self.config.embed_scale())?;
         ops::multiply(&x, &scale)
     }
 

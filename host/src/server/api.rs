@@ -104,6 +104,17 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<super::shared::PinError> for ApiError {
+    fn from(e: super::shared::PinError) -> Self {
+        use super::shared::PinError;
+        match e {
+            PinError::Malformed(m) => ApiError::bad(m),
+            PinError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, m),
+            PinError::Store(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m),
+        }
+    }
+}
+
 /// Parses a JSON body with an error that names the offending field.
 pub fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let body = body.map_err(|e| {

@@ -2,9 +2,7 @@
 //! replica mirrors the store's names into its policy host (polling every
 //! [`POLL`]; compiled code stays per replica), and `NAME@sha256:HEX` pins
 //! resolve to exactly those bytes or are refused naming both hashes.
-use super::api::ApiError;
 use super::State;
-use axum::http::StatusCode;
 use specd_policy::{PolicyHost, PolicySource, PolicyStore};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -68,6 +66,17 @@ pub fn spawn(store: Arc<PolicyStore>, host: Arc<PolicyHost>) {
     }
 }
 
+/// Why a pin cannot run.
+#[derive(Debug)]
+pub enum PinError {
+    /// Not a pin's shape (400).
+    Malformed(String),
+    /// No such version of the name here (404).
+    NotFound(String),
+    /// The store could not be read (500).
+    Store(String),
+}
+
 /// `NAME@sha256:HEX` split; `None` for a plain name or hash.
 fn parse_pin(s: &str) -> Option<(&str, &str)> {
     let (name, hash) = s.split_once("@sha256:")?;
@@ -77,13 +86,13 @@ fn parse_pin(s: &str) -> Option<(&str, &str)> {
 /// Makes a pinned policy name runnable: it runs exactly the bytes of `HEX`
 /// if `NAME` means them now, or (with a store) if they were once uploaded
 /// as `NAME`; anything else is a 404 naming both hashes.
-pub async fn pin(state: &State, spec: &str) -> Result<(), ApiError> {
+pub async fn pin(state: &State, spec: &str) -> Result<(), PinError> {
     let Some((name, want)) = parse_pin(spec) else {
         return Ok(());
     };
     let want = want.to_ascii_lowercase();
     if want.len() != 64 || !want.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(ApiError::bad(format!(
+        return Err(PinError::Malformed(format!(
             "policy {spec:?}: a pin is NAME@sha256:HEX with the 64 hex digits of the component's sha256"
         )));
     }
@@ -96,24 +105,22 @@ pub async fn pin(state: &State, spec: &str) -> Result<(), ApiError> {
         None
     } else {
         match &state.store {
-            Some(store) if store.has_version(name, &want) => Some(store.blob(&want).map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("reading policy {name} sha256:{want} from the store: {e}"),
-                )
-            })?),
+            Some(store) if store.has_version(name, &want) => {
+                Some(store.blob(&want).map_err(|e| {
+                    PinError::Store(format!(
+                        "reading policy {name} sha256:{want} from the store: {e}"
+                    ))
+                })?)
+            }
             _ => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    match current {
+                return Err(PinError::NotFound(match current {
                         Some(cur) => format!(
                             "policy {name} is sha256:{cur} here; no version sha256:{want} was ever uploaded as {name}"
                         ),
-                        None => format!(
-                            "no policy named {name} (asked for its version sha256:{want})"
-                        ),
-                    },
-                ))
+                    None => format!(
+                        "no policy named {name} (asked for its version sha256:{want})"
+                    ),
+                }))
             }
         }
     };
@@ -121,8 +128,8 @@ pub async fn pin(state: &State, spec: &str) -> Result<(), ApiError> {
     let name = name.to_string();
     tokio::task::spawn_blocking(move || host.pin(&spec, &name, bytes.as_deref()))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("pin task: {e}")))?
-        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, e.to_string()))
+        .map_err(|e| PinError::Store(format!("pin task: {e}")))?
+        .map_err(|e| PinError::NotFound(e.to_string()))
 }
 
 #[cfg(test)]
