@@ -8,8 +8,8 @@
 //! key works too) and admin (`POST /api/policies`, `DELETE
 //! /api/policies/{name}`). Keys are compared as sha256 digests in constant
 //! time, against every configured key.
-use super::api::{ApiError, Flavor};
 use super::config::AccessConfig;
+use super::error::{ApiError, Flavor};
 use super::State;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{header, HeaderValue, Method, StatusCode};

@@ -87,17 +87,6 @@ impl std::fmt::Display for FieldError {
     }
 }
 
-/// A handler's body as JSON, every top-level key checked against `table`:
-/// the one way a body comes in.
-pub fn read(
-    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-    table: &Table,
-) -> Result<Value, super::api::ApiError> {
-    let v: Value = super::api::parse_body(body)?;
-    check(&v, table, "").map_err(super::api::ApiError::field)?;
-    Ok(v)
-}
-
 /// Checks every key of `body` (an object; anything else passes, the typed
 /// parse reports it) against `table`; `prefix` goes before the field names.
 pub fn check(body: &Value, table: &Table, prefix: &str) -> Result<(), FieldError> {

@@ -11,6 +11,7 @@ mod access;
 mod api;
 mod batch_metrics;
 mod config;
+mod error;
 mod fields;
 mod lifecycle;
 mod metrics;

@@ -349,7 +349,7 @@ pub async fn generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
-    let v = fields::read(body, &fields::OLLAMA_GENERATE)?;
+    let v = api::read_body(body, &fields::OLLAMA_GENERATE)?;
     let b: GenerateBody = api::from_value(v, "")?;
     let model = state.served_model(&b.model)?;
     let prompt_text = b.prompt.unwrap_or_default();
@@ -389,7 +389,7 @@ pub async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let t0 = Instant::now();
-    let v = fields::read(body, &fields::OLLAMA_CHAT)?;
+    let v = api::read_body(body, &fields::OLLAMA_CHAT)?;
     if let Some(Value::Array(ms)) = v.get("messages") {
         for (i, m) in ms.iter().enumerate() {
             fields::check(m, &fields::OLLAMA_MESSAGE, &format!("messages[{i}]."))

@@ -396,7 +396,7 @@ async fn chat(
     caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v = fields::read(body, &fields::OPENAI_CHAT)?;
+    let v = api::read_body(body, &fields::OPENAI_CHAT)?;
     stream_options_checked(&v)?;
     if let Some(Value::Array(ms)) = v.get("messages") {
         for (i, m) in ms.iter().enumerate() {
@@ -502,7 +502,7 @@ async fn completion(
     caller: Option<axum::Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let v = fields::read(body, &fields::OPENAI_COMPLETIONS)?;
+    let v = api::read_body(body, &fields::OPENAI_COMPLETIONS)?;
     stream_options_checked(&v)?;
     let b: CompletionBody = api::from_value(v.clone(), "")?;
     let common: CommonOptions = api::from_value(v, "")?;
