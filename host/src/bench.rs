@@ -150,6 +150,9 @@ struct Acc {
     policy_seconds: f64,
     /// Runs whose tokens equal the plain run's.
     same: usize,
+    /// Runs that first differ from the plain run where its top-2 margin
+    /// was a near-tie (the portable path's promise, `--kernels mlx`).
+    at_tie: usize,
     phases: RoundPhases,
 }
 
@@ -182,6 +185,9 @@ pub struct Cell {
     pub position_acceptance: Vec<(f64, u64)>,
     pub policy_share: f64,
     pub identical_to_plain: usize,
+    /// Runs not identical to plain decoding whose first difference sits
+    /// where plain decoding's top-2 margin is under 0.01 (a near-tie).
+    pub differ_at_near_tie: usize,
     pub runs: usize,
     /// `light` or `full` rounds ([`crate::pipeline::Settings::light_rounds`]).
     pub rounds: String,
@@ -304,6 +310,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                     c.rounds += f.stats.rounds;
                     c.policy_seconds += f.stats.policy_seconds;
                     c.same += (f.emitted == plain.emitted) as usize;
+                    c.at_tie += first_difference_at_tie(&plain, &f) as usize;
                     c.phases.add(&f.stats.phases);
                 }
             }
@@ -333,6 +340,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
             position_acceptance: Vec::new(),
             policy_share: 0.0,
             identical_to_plain: prompts.len() * b.repeats,
+            differ_at_near_tie: 0,
             runs: prompts.len() * b.repeats,
             rounds: "-".into(),
             round_ms: Vec::new(),
@@ -347,6 +355,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 rounds,
                 policy_seconds: policy,
                 same,
+                at_tie,
                 phases,
             } = acc[i].clone();
             let tps = if seconds > 0.0 {
@@ -382,6 +391,7 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
                 position_acceptance: phases.drafts.acceptance(),
                 policy_share: ratio(policy, seconds),
                 identical_to_plain: same,
+                differ_at_near_tie: at_tie,
                 runs: prompts.len() * b.repeats,
                 rounds: round_kind(*light).into(),
                 round_ms: round_ms(&phases, seconds),
@@ -389,6 +399,17 @@ pub fn spec(e: &Engine, b: &SpecBench, progress: &mut dyn FnMut(&str)) -> Result
         }
     }
     Ok(cells)
+}
+
+/// Whether `spec`'s tokens first differ from `plain`'s at a position where
+/// plain decoding's top-2 logit margin was under 0.01 (DESIGN's near-tie).
+fn first_difference_at_tie(plain: &Finished, spec: &Finished) -> bool {
+    let first = plain
+        .emitted
+        .iter()
+        .zip(&spec.emitted)
+        .position(|(a, b)| a != b);
+    first.is_some_and(|i| plain.margins.get(i).is_some_and(|&m| m < 0.01))
 }
 
 fn round_kind(light: bool) -> &'static str {
@@ -422,7 +443,7 @@ fn round_ms(p: &RoundPhases, seconds: f64) -> Vec<(String, f64)> {
 /// rounds spent their time (ms per round).
 pub fn table(cells: &[Cell]) -> String {
     let mut s = format!(
-        "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8} {:>8} {:>22} {:>7} {:>8} {:>7} {:>7} {:>6}\n",
+        "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8} {:>8} {:>22} {:>7} {:>8} {:>7} {:>7} {:>6} {:>4}\n",
         "suite",
         "drafter",
         "schedule",
@@ -435,11 +456,12 @@ pub fn table(cells: &[Cell]) -> String {
         "acc/rnd",
         "draft",
         "policy",
-        "same"
+        "same",
+        "tie"
     );
     for c in cells {
         s += &format!(
-            "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8.1} {:>7.2}x {:>6.2}/{:>6.2}/{:>6.2}x {:>7.2} {:>8.2} {:>7.2} {:>6.3}% {:>3}/{:<2}\n",
+            "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8.1} {:>7.2}x {:>6.2}/{:>6.2}/{:>6.2}x {:>7.2} {:>8.2} {:>7.2} {:>6.3}% {:>3}/{:<2} {:>4}\n",
             c.suite,
             c.drafter,
             c.schedule,
@@ -455,7 +477,8 @@ pub fn table(cells: &[Cell]) -> String {
             c.mean_draft,
             c.policy_share * 100.0,
             c.identical_to_plain,
-            c.runs
+            c.runs,
+            c.differ_at_near_tie
         );
     }
     let timed: Vec<&Cell> = cells.iter().filter(|c| !c.round_ms.is_empty()).collect();

@@ -57,6 +57,8 @@ pub struct Engine {
 #[derive(Debug, Clone, Copy)]
 pub struct Load {
     pub weights: crate::model::WeightMode,
+    /// Installed for the process before loading ([`crate::model::Kernels::install`]).
+    pub kernels: crate::model::Kernels,
     pub switches: Switches,
 }
 

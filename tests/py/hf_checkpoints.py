@@ -202,11 +202,12 @@ ARCHS = {
 
 
 def write_checkpoint(d: Path, arch: str, quantize: dict | None = None, seed: int = 0,
-                     chat_template: str | None = None) -> Path:
+                     chat_template: str | None = None, **config_changes) -> Path:
     """Writes the tiny `arch` checkpoint into `d`; `quantize` (mlx-lm's
     `quantize_model` arguments) makes it an MLX quantized one, saved in
     bfloat16 like mlx-community's; `chat_template` replaces the
-    architecture's (e.g. QWEN25_TOOLS)."""
+    architecture's (e.g. QWEN25_TOOLS); `config_changes` replace config.json
+    fields (e.g. a short `sliding_window`)."""
     import importlib
 
     import mlx.core as mx
@@ -215,7 +216,7 @@ def write_checkpoint(d: Path, arch: str, quantize: dict | None = None, seed: int
 
     spec = ARCHS[arch]
     mod = importlib.import_module(f"mlx_lm.models.{spec['module']}")
-    config = dict(spec["config"])
+    config = dict(spec["config"], **config_changes)
     mx.random.seed(seed)
     model = mod.Model(mod.ModelArgs.from_dict(config))
     # Margins: logits of magnitude ~10s; the special tokens never win.

@@ -97,10 +97,12 @@ def test_reference_dequantization_matches_gguf_package(ref):
         np.testing.assert_array_equal(ref.w(name), theirs.reshape(ref.w(name).shape), err_msg=name)
 
 
+@pytest.mark.parametrize("kernels", ["specd", "mlx"])
 @pytest.mark.parametrize("name,args", LOGIT_PROMPTS, ids=[n for n, _ in LOGIT_PROMPTS])
-def test_first_position_logits_match_numpy_reference(binary, gguf_path, ref, tmp_path, name, args):
+def test_first_position_logits_match_numpy_reference(binary, gguf_path, ref, tmp_path, name, args, kernels):
+    """Both paths: specd's kernels and MLX's own ops (`--kernels mlx`)."""
     out = tmp_path / "logits.json"
-    run_specd("debug", "logits", "--model", gguf_path, "--json", out, *args, check=True)
+    run_specd("debug", "logits", "--kernels", kernels, "--model", gguf_path, "--json", out, *args, check=True)
     d = json.loads(out.read_text())
     ids, got = d["prompt_ids"], np.asarray(d["logits"], dtype=np.float64)
     assert len(ids) > 3
@@ -144,11 +146,18 @@ def mlx_lm_model(converted):
     return model, tokenizer
 
 
-@pytest.mark.parametrize("chat,text", GREEDY_PROMPTS, ids=[f"p{i}" for i in range(len(GREEDY_PROMPTS))])
-def test_mlx_lm_on_converted_dir_matches_specd_greedy(binary, gguf_path, mlx_lm_model, tmp_path, chat, text):
+# specd's kernels on every prompt; the portable path (`--kernels mlx`,
+# MLX's CPU quantized matmul is slow) on two.
+GREEDY_RUNS = [("specd", *p) for p in GREEDY_PROMPTS] + [("mlx", *GREEDY_PROMPTS[0]), ("mlx", *GREEDY_PROMPTS[2])]
+
+
+@pytest.mark.parametrize("kernels,chat,text", GREEDY_RUNS,
+                         ids=[f"{k}-p{GREEDY_PROMPTS.index((c, t))}" for k, c, t in GREEDY_RUNS])
+def test_mlx_lm_on_converted_dir_matches_specd_greedy(binary, gguf_path, mlx_lm_model, tmp_path, kernels, chat, text):
     model, tokenizer = mlx_lm_model
     out = tmp_path / "gen.json"
-    args = ["debug", "generate", "--model", gguf_path, "--max-tokens", GREEDY_TOKENS, "--json", out]
+    args = ["debug", "generate", "--kernels", kernels, "--model", gguf_path, "--max-tokens", GREEDY_TOKENS,
+            "--json", out]
     if chat:
         args.append("--chat")
     run_specd(*args, text, check=True)

@@ -153,9 +153,12 @@ def test_unsupported_type_and_truncated_block_are_one_clear_error(tmp_path):
     assert "truncated" in err, err
 
 
-def test_gemma_first_position_logits_match_numpy_reference(gemma_path, tmp_path):
+@pytest.mark.parametrize("kernels", ["specd", "mlx"])
+def test_gemma_first_position_logits_match_numpy_reference(gemma_path, tmp_path, kernels):
+    """Both paths: on the portable one (`--kernels mlx`) the Q6_K tensors,
+    whose groups of 16 MLX's quantized matmul does not take, are dequantized."""
     out = tmp_path / "logits.json"
-    p = specd("debug", "logits", "--model", gemma_path, "--json", out, "The capital of France is")
+    p = specd("debug", "logits", "--kernels", kernels, "--model", gemma_path, "--json", out, "The capital of France is")
     assert p.returncode == 0, p.stderr
     d = json.loads(out.read_text())
     ids, got = d["prompt_ids"], np.asarray(d["logits"], dtype=np.float64)
@@ -192,11 +195,17 @@ def mlx_lm_gemma(gemma_path, tmp_path_factory):
     return load(str(d))
 
 
-@pytest.mark.parametrize("text", GREEDY_PROMPTS, ids=[f"p{i}" for i in range(len(GREEDY_PROMPTS))])
-def test_mlx_lm_on_converted_gemma_matches_specd_greedy(gemma_path, mlx_lm_gemma, tmp_path, text):
+# specd's kernels on every prompt, the portable path on one.
+GEMMA_RUNS = [("specd", t) for t in GREEDY_PROMPTS] + [("mlx", GREEDY_PROMPTS[1])]
+
+
+@pytest.mark.parametrize("kernels,text", GEMMA_RUNS,
+                         ids=[f"{k}-p{GREEDY_PROMPTS.index(t)}" for k, t in GEMMA_RUNS])
+def test_mlx_lm_on_converted_gemma_matches_specd_greedy(gemma_path, mlx_lm_gemma, tmp_path, kernels, text):
     model, tokenizer = mlx_lm_gemma
     out = tmp_path / "gen.json"
-    p = specd("debug", "generate", "--model", gemma_path, "--max-tokens", GREEDY_TOKENS, "--json", out, text)
+    p = specd("debug", "generate", "--kernels", kernels, "--model", gemma_path, "--max-tokens", GREEDY_TOKENS,
+              "--json", out, text)
     assert p.returncode == 0, p.stderr
     d = json.loads(out.read_text())
     prompt_ids, specd_ids = d["prompt_ids"], d["generated_ids"]

@@ -111,11 +111,12 @@ def mlx_logits(model, ids) -> np.ndarray:
 # logits and greedy tokens against mlx-lm
 
 
+@pytest.mark.parametrize("kernels", ["specd", "mlx"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_logits_match_mlx_lm(checkpoints, mlx_models, tmp_path, name):
+def test_logits_match_mlx_lm(checkpoints, mlx_models, tmp_path, name, kernels):
     d = checkpoints[name]
     out = tmp_path / "logits.json"
-    run_specd("debug", "logits", "--model", d, "--all", "--json", out, PROMPT, check=True)
+    run_specd("debug", "logits", "--kernels", kernels, "--model", d, "--all", "--json", out, PROMPT, check=True)
     got = json.loads(out.read_text())
     ids = got["prompt_ids"]
     assert ids == tokenize(d, PROMPT), "specd's tokenizer encodes the prompt unlike the tokenizers package"
@@ -131,13 +132,14 @@ def test_logits_match_mlx_lm(checkpoints, mlx_models, tmp_path, name):
     assert (mine.argmax(-1) == want.argmax(-1)).all()
 
 
+@pytest.mark.parametrize("kernels", ["specd", "mlx"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_greedy_tokens_match_mlx_lm(checkpoints, mlx_models, tmp_path, name):
+def test_greedy_tokens_match_mlx_lm(checkpoints, mlx_models, tmp_path, name, kernels):
     d = checkpoints[name]
     chat = hf_checkpoints.ARCHS[MODELS[name][0]]["chat"] is not None
     text = "Write a story about the quick brown fox."
     out = tmp_path / "gen.json"
-    args = ["debug", "generate", "--model", d, "--max-tokens", GREEDY_TOKENS, "--json", out]
+    args = ["debug", "generate", "--kernels", kernels, "--model", d, "--max-tokens", GREEDY_TOKENS, "--json", out]
     run_specd(*args, *(["--chat"] if chat else []), text, check=True)
     got = json.loads(out.read_text())
     prompt_ids, mine = got["prompt_ids"], got["generated_ids"]
@@ -190,13 +192,16 @@ def test_token_ids_match_tokenizers_package(checkpoints, tmp_path, name):
 # speculation on a quantized Qwen2
 
 
+@pytest.mark.parametrize("kernels", ["specd", "mlx"])
 @pytest.mark.parametrize("drafter", ["ngram", "self:1"])
-def test_greedy_speculation_equals_plain(checkpoints, tmp_path, drafter):
+def test_greedy_speculation_equals_plain(checkpoints, tmp_path, drafter, kernels):
+    """On both paths: the random weights' margins are whole units, so the
+    portable path's promise (equal, or apart from a near-tie on) is equality."""
     d = checkpoints["qwen2-4bit"]
     runs = {}
     for dr in ["none", drafter]:
         stats = tmp_path / f"{dr}.json"
-        p = run_specd("generate", "--model", d, "--max-tokens", GREEDY_TOKENS, "--drafter", dr,
+        p = run_specd("--kernels", kernels, "generate", "--model", d, "--max-tokens", GREEDY_TOKENS, "--drafter", dr,
                       "--stats-json", stats, "The quick brown fox", check=True)
         runs[dr] = (p.stdout, json.loads(stats.read_text()))
     (plain, _), (spec, st) = runs["none"], runs[drafter]

@@ -260,6 +260,9 @@ pub(crate) mod ffi {
         fn kernel_threads() -> i32;
         fn set_kernel_threads(n: i32) -> bool;
         fn kernel_isa() -> String;
+        fn set_mlx_ops(on: bool);
+        fn mlx_ops_only() -> bool;
+        fn own_op_count() -> u64;
 
         fn random_key(seed: u64) -> Result<UniquePtr<Array>>;
         fn random_split(key: &Array, num: i32) -> Result<UniquePtr<Array>>;

@@ -318,9 +318,17 @@ class KernelOp : public OwnOp {
   Body body_;
 };
 
+// Ops of specd's own built since the start: the portable path
+// (`--kernels mlx`) must build none, and its tests check that it did not.
+std::atomic<uint64_t> g_own_ops{0};
+// Set once, before the model loads: every entry point takes MLX's own ops,
+// as a GPU build does (the portable path, on whatever device MLX picks).
+std::atomic<bool> g_mlx_ops{false};
+
 template <class Body>
 A kernel_op(const char* name, Body body, mx::Shape shape, std::vector<mx::array> inputs,
             mx::Dtype dtype = mx::float32) {
+  g_own_ops.fetch_add(1, std::memory_order_relaxed);
   auto prim =
       std::make_shared<KernelOp<Body>>(mx::default_stream(mx::Device::cpu), name, std::move(body));
   return std::make_unique<Array>(mx::array(std::move(shape), dtype, prim, std::move(inputs)));
@@ -1397,7 +1405,12 @@ struct Top2Body {
   }
 };
 
-bool on_gpu() { return mx::default_device().type == mx::Device::DeviceType::gpu; }
+// Whether the entry points run MLX's own ops: on a GPU, and everywhere on
+// the portable path.
+bool mlx_ops() {
+  return g_mlx_ops.load(std::memory_order_relaxed) ||
+         mx::default_device().type == mx::Device::DeviceType::gpu;
+}
 
 A wrap_array(mx::array a) { return std::make_unique<Array>(std::move(a)); }
 
@@ -1487,8 +1500,8 @@ namespace {
 // Packed weights (qpack's output) for n output features, on the CPU.
 void check_packed(const mx::array& p, int32_t n, int32_t group_size, int32_t bits,
                   const char* what) {
-  if (on_gpu())
-    throw std::invalid_argument(std::string(what) + ": packed weights are for the CPU kernels");
+  if (mlx_ops())
+    throw std::invalid_argument(std::string(what) + ": packed weights are for specd's CPU kernels (not the portable path)");
   check_bits(group_size, bits);
   if (p.ndim() != 3 || p.dtype() != mx::uint32 || n <= 0 ||
       p.shape(0) != (n + qmm::kLanes - 1) / qmm::kLanes ||
@@ -1643,7 +1656,7 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
   // 8-bit activations are a property of the call, not of the layout.
   const int act = bits & qmm::kActQ8;
   bits &= ~qmm::kActQ8;
-  if (on_gpu())
+  if (mlx_ops())
     return wrap_array(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, true, group_size, bits));
   int flag = scales.a.dtype() == mx::float32 ? qmm::kScaleF32 : 0;
   return qmatmul_packed(x, *qpack(w, scales, biases, group_size, bits), w.a.shape(0), group_size,
@@ -1651,7 +1664,7 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
 }
 
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {
-  if (on_gpu())
+  if (mlx_ops())
     return wrap_array(mx::transpose(
         mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, causal ? "causal" : ""),
         {0, 2, 1, 3}));
@@ -1748,7 +1761,7 @@ struct AttnPlan {
 };
 AttnPlan plan_attention(const Array& y, const ArrayList& caches, rust::Slice<const int32_t> spans,
                         int32_t heads, int32_t kv_heads, int32_t head_dim, float scale) {
-  if (on_gpu()) throw std::invalid_argument("attention_kv_rows: CPU only");
+  if (mlx_ops()) throw std::invalid_argument("attention_kv_rows: specd's CPU kernels only");
   if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0)
     throw std::invalid_argument("attention_kv_rows: heads must be a multiple of kv heads");
   size_t S = caches.v.size() / 2;
@@ -1861,7 +1874,7 @@ A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t 
 }
 
 A rms_norm_rows(const Array& x, const Array& w, float eps) {
-  if (on_gpu()) return std::make_unique<Array>(mx::fast::rms_norm(x.a, w.a, eps));
+  if (mlx_ops()) return std::make_unique<Array>(mx::fast::rms_norm(x.a, w.a, eps));
   if (w.a.ndim() != 1 || w.a.shape(0) != x.a.shape(-1))
     throw std::invalid_argument("rms_norm: weight must be [dim]");
   return kernel_op("SpecdRmsNorm", RmsNormBody{eps}, x.a.shape(), {f32(x.a), rowmajor(f32(w.a))});
@@ -1872,7 +1885,7 @@ A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float s
   if (x.a.ndim() != 4) throw std::invalid_argument("rope_heads: x must be [B, T, H, D]");
   if (dims % 2 != 0 || dims > x.a.shape(3))
     throw std::invalid_argument("rope_heads: dims must be even and at most D");
-  if (on_gpu())
+  if (mlx_ops())
     return std::make_unique<Array>(mx::fast::rope(mx::transpose(x.a, {0, 2, 1, 3}), dims,
                                                   traditional, base, scale, offset));
   auto sh = x.a.shape();
@@ -1882,14 +1895,14 @@ A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float s
 
 A swiglu(const Array& g, const Array& u) {
   if (g.a.shape() != u.a.shape()) throw std::invalid_argument("swiglu: shapes differ");
-  if (on_gpu())
+  if (mlx_ops())
     return std::make_unique<Array>(mx::multiply(mx::multiply(g.a, mx::sigmoid(g.a)), u.a));
   return kernel_op("SpecdSwiglu", SwigluBody{}, g.a.shape(), {f32(g.a), f32(u.a)});
 }
 
 A geglu(const Array& g, const Array& u) {
   if (g.a.shape() != u.a.shape()) throw std::invalid_argument("geglu: shapes differ");
-  if (on_gpu()) {
+  if (mlx_ops()) {
     auto inner = mx::add(g.a, mx::multiply(mx::multiply(mx::multiply(g.a, g.a), g.a),
                                            mx::array(0.044715f)));
     auto s = mx::sigmoid(mx::multiply(inner, mx::array(1.5957691216057308f)));
@@ -1930,7 +1943,7 @@ void check_top2_rows(const mx::array& l, int V) {
 A row_top2(const Array& logits) {
   const auto& l = logits.a;
   check_top2_rows(l, 0);
-  if (on_gpu()) return wrap_array(row_top2_ops(l));
+  if (mlx_ops()) return wrap_array(row_top2_ops(l));
   mx::Shape shape = l.shape();
   shape.back() = 4;
   return kernel_op("SpecdRowTop2", Top2Body{}, shape, {f32(l)});
@@ -1946,7 +1959,7 @@ A row_top2_list(const ArrayList& rows) {
     total += l.size() / V;
     in.push_back(f32(l));
   }
-  if (on_gpu()) {
+  if (mlx_ops()) {
     std::vector<mx::array> parts;
     for (const auto& l : in) parts.push_back(mx::reshape(row_top2_ops(l), {-1, 4}));
     return wrap_array(mx::concatenate(parts, 0));
@@ -1967,6 +1980,10 @@ rust::String kernel_isa() {
     default: return rust::String("scalar");
   }
 }
+
+void set_mlx_ops(bool on) { g_mlx_ops.store(on); }
+bool mlx_ops_only() { return mlx_ops(); }
+uint64_t own_op_count() { return g_own_ops.load(); }
 
 void begin_waiting() { g_waiting.fetch_add(1); }
 void end_waiting() { g_waiting.fetch_sub(1); }

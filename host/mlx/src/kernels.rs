@@ -343,6 +343,24 @@ pub fn threads() -> i32 {
 pub fn set_threads(n: i32) -> bool {
     ffi::set_kernel_threads(n)
 }
+/// Makes every entry point here run MLX's own ops (quantized matmul on
+/// MLX's layout, `fast::` norms, rope and attention, MLX's reductions), as
+/// a GPU build does: the portable path (`--kernels mlx`). Set it before
+/// loading a model (packed weights are refused from then on); it holds for
+/// the whole process.
+pub fn set_mlx_ops(on: bool) {
+    ffi::set_mlx_ops(on)
+}
+/// Whether the entry points run MLX's own ops: [`set_mlx_ops`], or a GPU
+/// as MLX's default device.
+pub fn mlx_ops() -> bool {
+    ffi::mlx_ops_only()
+}
+/// How many of specd's own ops this process has built: the portable path
+/// builds none.
+pub fn own_op_count() -> u64 {
+    ffi::own_op_count()
+}
 /// The SIMD level chosen at run time: `avx512`, `avx2` or `scalar`
 /// (`SPECD_KERNEL_ISA=avx2|scalar` forces a lower one).
 pub fn isa() -> String {

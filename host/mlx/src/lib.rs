@@ -48,6 +48,10 @@ pub fn async_eval(xs: &[&Array]) -> Result<()> {
     Ok(ffi::async_eval(&list(xs.iter().copied()))?)
 }
 
+/// Whether this build links an MLX that runs on a GPU (the CUDA wheel, or
+/// Metal on macOS): there specd's CPU kernels do not run.
+pub const GPU_BUILD: bool = cfg!(any(feature = "cuda", target_os = "macos"));
+
 /// "cpu" or "gpu".
 pub fn default_device() -> String {
     ffi::default_device()

@@ -157,6 +157,9 @@ A row_top2_list(const ArrayList& rows);
 int32_t kernel_threads();
 bool set_kernel_threads(int32_t n);
 rust::String kernel_isa();
+void set_mlx_ops(bool on);
+bool mlx_ops_only();
+uint64_t own_op_count();
 
 // random
 A random_key(uint64_t seed);

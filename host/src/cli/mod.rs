@@ -26,6 +26,13 @@ struct Cli {
     /// SPECD_WEIGHTS.
     #[arg(long, global = true, value_parser = parse_weights)]
     weights: Option<crate::model::WeightMode>,
+    /// Whose kernels run the forward: `specd` (its batch-invariant CPU
+    /// kernels; the default on CPU builds) or `mlx` (MLX's own ops only,
+    /// the path CUDA and Metal builds run, on whatever device MLX picks;
+    /// greedy speculation may then differ from plain decoding at
+    /// near-ties). Same as SPECD_KERNELS.
+    #[arg(long, global = true, value_parser = parse_kernels)]
+    kernels: Option<crate::model::Kernels>,
     /// `off`: attention as the per-sequence ops that one op per layer over
     /// every sequence's cache rows replaced (to measure one against the
     /// other). Same as SPECD_KV_ROWS=0.
@@ -69,6 +76,10 @@ fn switch(flag: Option<bool>, var: &str, default: bool) -> bool {
         Ok("1") => true,
         _ => default,
     })
+}
+
+fn parse_kernels(s: &str) -> std::result::Result<crate::model::Kernels, String> {
+    crate::model::Kernels::parse(s)
 }
 
 fn parse_weights(s: &str) -> std::result::Result<crate::model::WeightMode, String> {
@@ -226,13 +237,31 @@ pub fn main() -> Result<()> {
             _ => crate::model::WeightMode::default(),
         },
     };
+    // The flag, else SPECD_KERNELS, else the build's default; installed
+    // before anything loads (the kernels are the process's, as the device is).
+    let kernels = match cli.kernels {
+        Some(k) => k,
+        None => match std::env::var("SPECD_KERNELS") {
+            Ok(s) if !s.is_empty() => {
+                crate::model::Kernels::parse(&s).map_err(anyhow::Error::msg)?
+            }
+            _ => crate::model::Kernels::default_for_build(),
+        },
+    };
+    kernels.check(weights).map_err(anyhow::Error::msg)?;
+    let kv_f16 = switch(cli.kv_f16, "SPECD_KV_F16", false);
+    if kv_f16 && kernels == crate::model::Kernels::Mlx {
+        anyhow::bail!("--kv-f16 on needs --kernels specd (16-bit caches are written by specd's attention kernel)");
+    }
+    kernels.install();
     let load = Load {
         weights,
+        kernels,
         switches: crate::engine::Switches {
             kv_rows: switch(cli.kv_rows, "SPECD_KV_ROWS", true),
             fused_tail: switch(cli.fused_tail, "SPECD_FUSED_TAIL", true),
             light_rounds: switch(cli.light_rounds, "SPECD_LIGHT_ROUNDS", true),
-            kv_f16: switch(cli.kv_f16, "SPECD_KV_F16", false),
+            kv_f16,
         },
     };
     match cli.command {

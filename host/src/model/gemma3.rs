@@ -37,38 +37,6 @@ impl Llama {
         }
     }
 
-    /// Attention of `q` `[1, h, T, d]` over `k`, `v` `[1, kv, L, d]`, the
-    /// last T keys being the queries' own positions; with `window`, query
-    /// t sees only the keys less than `window` positions before it. Where
-    /// the window cuts, each query row runs alone over its own keys: the
-    /// same computation as a one-token step, so a k-token verify stays
-    /// bitwise equal to k steps.
-    fn windowed_attention(
-        &self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        window: Option<usize>,
-    ) -> Result<Array> {
-        let (t, l) = (q.dim(2), k.dim(2));
-        let w = match window {
-            Some(w) if l as usize > w => w as i32,
-            _ => return self.attention(q, k, v),
-        };
-        let (h, d, kv) = (q.dim(1), q.dim(3), k.dim(1));
-        let mut rows = Vec::with_capacity(t as usize);
-        for i in 0..t {
-            // Key index of query i's own position, and its window's start.
-            let end = l - t + i + 1;
-            let start = (end - w).max(0);
-            let qi = q.slice(&[0, 0, i, 0], &[1, h, i + 1, d])?;
-            let ki = k.slice(&[0, 0, start, 0], &[1, kv, end, d])?;
-            let vi = v.slice(&[0, 0, start, 0], &[1, kv, end, v.dim(3)])?;
-            rows.push(self.attention(&qi, &ki, &vi)?);
-        }
-        ops::concatenate(&rows.iter().collect::<Vec<_>>(), 1)
-    }
-
     /// `gelu_tanh(g) * u`, with 0.5 x (1 + tanh z) written as x sigmoid(2z).
     fn geglu(&self, g: &Array, u: &Array) -> Result<Array> {
         if self.own_kernels {
@@ -108,7 +76,7 @@ impl Llama {
         // The norm, the q/k/v matmul and the per-head q/k norms, as llama's.
         let (q, k, v) = self.qkv_rows(l, x, probe)?;
         let base = c.rope_base(i);
-        let window = c.sliding_window.filter(|_| c.is_local(i));
+        let window = self.window(i);
         let mut outs = Vec::with_capacity(seqs.len());
         for (cache, (a, rows)) in seqs.iter_mut() {
             let (a, rows) = (*a, *rows);

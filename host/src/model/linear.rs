@@ -45,6 +45,64 @@ impl WeightMode {
     }
 }
 
+/// Whose kernels run the forward (`--kernels`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    /// specd's batch-invariant CPU kernels (x86-64 AVX2/AVX-512, scalar
+    /// elsewhere) on its packed layout: greedy speculation equals plain
+    /// decoding bit for bit. CPU builds only.
+    Specd,
+    /// MLX's own ops only (quantized matmul on MLX's layout, `fast::`
+    /// norms, rope and attention), on whatever device MLX picks: the path
+    /// CUDA and Metal builds run, here on the CPU. Not batch-invariant:
+    /// greedy speculation may differ from plain decoding at near-ties.
+    Mlx,
+}
+
+impl Kernels {
+    /// A build whose MLX runs on a GPU (CUDA, Metal) has only MLX's ops.
+    pub const GPU_BUILD: bool = specd_mlx::GPU_BUILD;
+
+    /// This build's default: MLX's ops on GPU builds, specd's elsewhere.
+    pub fn default_for_build() -> Kernels {
+        if Self::GPU_BUILD {
+            Kernels::Mlx
+        } else {
+            Kernels::Specd
+        }
+    }
+    pub fn parse(s: &str) -> std::result::Result<Kernels, String> {
+        match s {
+            "specd" => Ok(Kernels::Specd),
+            "mlx" => Ok(Kernels::Mlx),
+            _ => Err(format!("unknown kernels {s:?} (use specd or mlx)")),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Specd => "specd",
+            Kernels::Mlx => "mlx",
+        }
+    }
+    /// Whether these kernels can run `weights` in this build: a clear
+    /// message where not.
+    pub fn check(self, weights: WeightMode) -> std::result::Result<(), String> {
+        match (self, weights) {
+            (Kernels::Specd, _) if Self::GPU_BUILD => Err(
+                "--kernels specd: specd's kernels are CPU kernels; this build runs MLX on a GPU (use --kernels mlx)".into(),
+            ),
+            (Kernels::Mlx, WeightMode::Int8) => Err(
+                "--weights int8 needs --kernels specd (8-bit activations are specd's kernels; MLX's quantized matmul takes float activations)".into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+    /// Makes the process run these kernels; before any model loads.
+    pub fn install(self) {
+        specd_mlx::kernels::set_mlx_ops(self == Kernels::Mlx);
+    }
+}
+
 /// MLX's layout of affine-quantized weights: `w` `[out, in * bits / 32]`
 /// uint32 with per-group `scales` and `biases` `[out, in / group]`: float16,
 /// or float32 where float16 cannot hold them exactly (a GGUF K-quant's

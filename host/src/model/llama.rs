@@ -225,7 +225,7 @@ impl Llama {
         {
             x = match &layer.post_norms {
                 Some(p) => self.gemma3_layer(i, layer, p, &x, &mut [(cache, (0, t))], probe)?,
-                None => self.layer(layer, &x, cache, probe)?,
+                None => self.layer(i, layer, &x, cache, probe)?,
             };
         }
         Ok(x)
@@ -314,6 +314,38 @@ impl Llama {
             .reshape(&[1, t, h * d])
     }
 
+    /// Attention of `q` `[1, h, T, d]` over `k`, `v` `[1, kv, L, d]`, the
+    /// last T keys being the queries' own positions; with `window`, query
+    /// t sees only the keys less than `window` positions before it. Where
+    /// the window cuts, each query row runs alone over its own keys: the
+    /// same computation as a one-token step, so a k-token verify stays
+    /// bitwise equal to k steps.
+    pub(super) fn windowed_attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        window: Option<usize>,
+    ) -> Result<Array> {
+        let (t, l) = (q.dim(2), k.dim(2));
+        let w = match window {
+            Some(w) if l as usize > w => w as i32,
+            _ => return self.attention(q, k, v),
+        };
+        let (h, d, kv) = (q.dim(1), q.dim(3), k.dim(1));
+        let mut rows = Vec::with_capacity(t as usize);
+        for i in 0..t {
+            // Key index of query i's own position, and its window's start.
+            let end = l - t + i + 1;
+            let start = (end - w).max(0);
+            let qi = q.slice(&[0, 0, i, 0], &[1, h, i + 1, d])?;
+            let ki = k.slice(&[0, 0, start, 0], &[1, kv, end, d])?;
+            let vi = v.slice(&[0, 0, start, 0], &[1, kv, end, v.dim(3)])?;
+            rows.push(self.attention(&qi, &ki, &vi)?);
+        }
+        ops::concatenate(&rows.iter().collect::<Vec<_>>(), 1)
+    }
+
     /// `lin(rms_norm(x, w))`: one op on the CPU kernels' packed weights.
     pub fn norm_linear(&self, x: &Array, w: &Array, lin: &Linear) -> Result<Array> {
         match lin {
@@ -399,6 +431,12 @@ impl Llama {
         Ok((q, k, heads(&v, nkv)?))
     }
 
+    /// The window layer `i` attends through (its cache is rotating), if any.
+    pub(super) fn window(&self, i: usize) -> Option<usize> {
+        let c = &self.config;
+        c.sliding_window.filter(|_| c.is_local(i))
+    }
+
     /// Query heads, key/value heads and the head size.
     pub(super) fn head_counts(&self) -> (i32, i32, i32) {
         let c = &self.config;
@@ -459,6 +497,7 @@ impl Llama {
 
     fn layer(
         &self,
+        i: usize,
         l: &Layer,
         x: &Array,
         cache: &mut Box<dyn LayerCache>,
@@ -481,7 +520,7 @@ impl Llama {
         let (q, k, v) = self.qkv_heads(l, x, offset, probe)?;
         let (k, v) = cache.update(&k, &v)?;
         probe("cache update", &[&k, &v])?;
-        let o = self.attention(&q, &k, &v)?;
+        let o = self.windowed_attention(&q, &k, &v, self.window(i))?;
         probe("attention", &[&o])?;
         self.layer_rest(l, &o, x, probe)
     }
@@ -822,7 +861,7 @@ impl Llama {
                     heads(&rows(&v)?, nkv)?,
                 );
                 let (kc, vc) = s.caches[li].update(&ks, &vs)?;
-                outs.push(self.attention(&qs, &kc, &vc)?);
+                outs.push(self.windowed_attention(&qs, &kc, &vc, self.window(li))?);
             }
         }
         if outs.is_empty() {
@@ -836,7 +875,7 @@ impl Llama {
                 let ks = self.rope_heads(&rows(&k)?, nkv, offset)?;
                 let vs = heads(&rows(&v)?, nkv)?;
                 let (kc, vc) = cache.update(&ks, &vs)?;
-                outs.push(self.attention(&qs, &kc, &vc)?);
+                outs.push(self.windowed_attention(&qs, &kc, &vc, self.window(li))?);
             }
         }
         let o = if outs.len() == 1 {

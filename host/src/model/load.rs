@@ -8,7 +8,7 @@ use super::linear::{Linear, QuantSource, QuantizedWeight, WeightMode};
 use super::llama::{Layer, PostNorms};
 use super::{Arch, Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
-use specd_mlx::{io, ops, Array, Dtype};
+use specd_mlx::{io, kernels, ops, Array, Dtype};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -136,7 +136,18 @@ impl Tensors {
     /// `base` as a linear layer: quantized where the mode and the layout
     /// allow it, else float32.
     pub fn linear(&self, base: &str) -> Result<Linear> {
-        let kernel_fit = |q: &QuantizedWeight| matches!(q.bits, 4 | 8) && q.group_size % 16 == 0;
+        // MLX's own quantized matmul (the portable path, and GPUs) takes
+        // groups of 32, 64 or 128; specd's kernels groups of 16k. A weight
+        // that does not fit (a GGUF Q6_K's groups of 16) is dequantized to
+        // its exact float32 values (docs/portable.md).
+        let mlx_ops = kernels::mlx_ops();
+        let kernel_fit = |q: &QuantizedWeight| {
+            matches!(q.bits, 4 | 8)
+                && match mlx_ops {
+                    true => matches!(q.group_size, 32 | 64 | 128),
+                    false => q.group_size % 16 == 0,
+                }
+        };
         match self.quantized(base)? {
             Some(q) if self.mode.quantized() && kernel_fit(&q) => {
                 // The kernels read float16 scales (GGUF's own dtype; bf16
@@ -334,7 +345,9 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         // Quantized mode is the batch-invariant path throughout; a file with
         // no quantized tensors runs there too (dense matmul rows are not
         // invariant, but attention still is).
-        own_kernels: t.mode.quantized() && t.any_quantized(),
+        // The portable path (`--kernels mlx`, and GPU builds) runs MLX's
+        // own ops throughout.
+        own_kernels: t.mode.quantized() && t.any_quantized() && !kernels::mlx_ops(),
         layers,
         norm: t.dense(names.norm)?,
         lm_head,
@@ -343,9 +356,9 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         kv_half: false,
     };
     check_shapes(&model)?;
-    // Packed (and q/k/v, gate/up fused) for the CPU kernels; MLX's GPU
-    // kernels take the file's layout.
-    if specd_mlx::default_device() != "gpu" {
+    // Packed (and q/k/v, gate/up fused) for the CPU kernels; MLX's own
+    // kernels (the portable path, GPUs) take the file's layout.
+    if !kernels::mlx_ops() {
         model.pack_for_cpu()?;
     }
     // Materialize layer by layer so the quantized sources can be freed.

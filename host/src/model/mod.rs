@@ -8,6 +8,6 @@ pub mod llama;
 pub mod load;
 
 pub use config::{Arch, LlamaConfig};
-pub use linear::{Linear, QuantSource, QuantizedWeight, WeightMode};
+pub use linear::{Kernels, Linear, QuantSource, QuantizedWeight, WeightMode};
 pub use llama::{no_probe, Llama, Logits, Probe};
 pub use load::{load_model_with, ModelFormat};

@@ -325,6 +325,28 @@ impl ServerMetrics {
         info.with_label_values(&[&KV_BLOCK_TOKENS.to_string(), &blocks.to_string()])
             .set(1);
         r.register(Box::new(info))?;
+        // Which kernels this process runs, and how many of specd's own ops
+        // it has built: 0 throughout on the portable path (`--kernels mlx`).
+        let kernels = IntGaugeVec::new(
+            Opts::new(
+                "specd_kernels_info",
+                "Whose kernels run the forward: specd (its CPU kernels) or mlx (MLX's own ops, the GPU builds' path).",
+            ),
+            &["kernels"],
+        )?;
+        let name = if specd_mlx::kernels::mlx_ops() {
+            "mlx"
+        } else {
+            "specd"
+        };
+        kernels.with_label_values(&[name]).set(1);
+        r.register(Box::new(kernels))?;
+        let own = prometheus::IntGauge::new(
+            "specd_own_kernel_ops",
+            "Ops of specd's own CPU kernels built since the start (0 on the portable path).",
+        )?;
+        own.set(specd_mlx::kernels::own_op_count() as i64);
+        r.register(Box::new(own))?;
         Ok(())
     }
 }
