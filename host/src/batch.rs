@@ -90,9 +90,14 @@ pub fn drafter_holds_kv(drafter: &DrafterSpec) -> bool {
     matches!(drafter, DrafterSpec::SelfLayers(_) | DrafterSpec::Model(_))
 }
 
-/// The default KV budget: a quarter of the machine's memory (4 GiB where
-/// it cannot be read).
+/// The default KV budget: a quarter of the memory the caches live in, the
+/// GPU's where MLX runs on one (CUDA, Metal builds), else the machine's
+/// (4 GiB where it cannot be read).
 pub fn default_kv_budget() -> usize {
+    let gpu = specd_mlx::gpu_memory() as usize;
+    if gpu > 0 {
+        return gpu / 4;
+    }
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines()
             .find_map(|l| l.strip_prefix("MemTotal:"))

@@ -443,7 +443,7 @@ fn round_ms(p: &RoundPhases, seconds: f64) -> Vec<(String, f64)> {
 /// rounds spent their time (ms per round).
 pub fn table(cells: &[Cell]) -> String {
     let mut s = format!(
-        "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8} {:>8} {:>22} {:>7} {:>8} {:>7} {:>7} {:>6} {:>4}\n",
+        "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8} {:>8} {:>22} {:>7} {:>8} {:>7} {:>7} {:>4} {:>6}\n",
         "suite",
         "drafter",
         "schedule",
@@ -456,12 +456,12 @@ pub fn table(cells: &[Cell]) -> String {
         "acc/rnd",
         "draft",
         "policy",
-        "same",
-        "tie"
+        "tie",
+        "same"
     );
     for c in cells {
         s += &format!(
-            "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8.1} {:>7.2}x {:>6.2}/{:>6.2}/{:>6.2}x {:>7.2} {:>8.2} {:>7.2} {:>6.3}% {:>3}/{:<2} {:>4}\n",
+            "{:<9} {:<10} {:<20} {:<10} {:<9} {:>8.1} {:>7.2}x {:>6.2}/{:>6.2}/{:>6.2}x {:>7.2} {:>8.2} {:>7.2} {:>6.3}% {:>4} {:>3}/{:<2}\n",
             c.suite,
             c.drafter,
             c.schedule,
@@ -476,9 +476,9 @@ pub fn table(cells: &[Cell]) -> String {
             c.mean_accepted,
             c.mean_draft,
             c.policy_share * 100.0,
+            c.differ_at_near_tie,
             c.identical_to_plain,
-            c.runs,
-            c.differ_at_near_tie
+            c.runs
         );
     }
     let timed: Vec<&Cell> = cells.iter().filter(|c| !c.round_ms.is_empty()).collect();

@@ -286,6 +286,7 @@ pub(crate) mod ffi {
         fn cache_memory() -> usize;
         fn clear_cache();
         fn default_device() -> String;
+        fn gpu_memory() -> u64;
         fn mlx_version() -> String;
         fn blas_threads() -> i32;
         fn set_blas_threads(n: i32);

@@ -52,6 +52,12 @@ pub fn async_eval(xs: &[&Array]) -> Result<()> {
 /// Metal on macOS): there specd's CPU kernels do not run.
 pub const GPU_BUILD: bool = cfg!(any(feature = "cuda", target_os = "macos"));
 
+/// The memory of the GPU that is MLX's default device, in bytes; 0 when
+/// the default device is the CPU (or MLX does not say).
+pub fn gpu_memory() -> u64 {
+    ffi::gpu_memory()
+}
+
 /// "cpu" or "gpu".
 pub fn default_device() -> String {
     ffi::default_device()

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <variant>
 #include <vector>
 
 #include "specd-mlx/src/waiting.h"
@@ -248,6 +249,17 @@ void clear_cache() { mx::clear_cache(); }
 rust::String default_device() {
   auto d = mx::default_device();
   return rust::String(d.type == mx::Device::DeviceType::gpu ? "gpu" : "cpu");
+}
+
+uint64_t gpu_memory() {
+  if (mx::default_device().type != mx::Device::DeviceType::gpu) return 0;
+  const auto& info = mx::device_info(mx::default_device());
+  for (const char* key : {"total_memory", "memory_size"}) {
+    auto it = info.find(key);
+    if (it != info.end() && std::holds_alternative<size_t>(it->second))
+      return std::get<size_t>(it->second);
+  }
+  return 0;
 }
 rust::String mlx_version() { return rust::String(mx::version()); }
 

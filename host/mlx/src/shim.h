@@ -186,6 +186,7 @@ void reset_peak_memory();
 size_t cache_memory();
 void clear_cache();
 rust::String default_device();
+uint64_t gpu_memory();
 rust::String mlx_version();
 int32_t blas_threads();
 void set_blas_threads(int32_t n);
