@@ -116,6 +116,7 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<UniquePtr<ArrayList>>;
 
         fn qmatmul(
             x: &Array,

@@ -40,6 +40,13 @@ pub fn quantized_matmul(
     bits: i32,
 );
 }
+/// `w` `[out, in]` affine-quantized by MLX (`group_size` 32, 64 or 128;
+/// `bits` 2 to 8): the packed weights, scales and biases.
+pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<(Array, Array, Array)> {
+    let l = ffi::quantize(&w.0, group_size, bits)?;
+    let get = |i| wrap(ffi::list_get(&l, i));
+    Ok((get(0)?, get(1)?, get(2)?))
+}
 pub fn concatenate(xs: &[&Array], axis: i32) -> Result<Array> {
     wrap(ffi::concatenate(&list(xs.iter().copied()), axis))
 }

@@ -174,6 +174,11 @@ A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Ar
                    bool transpose, int32_t group_size, int32_t bits) {
   return wrap(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, transpose, group_size, bits));
 }
+std::unique_ptr<ArrayList> quantize(const Array& w, int32_t group_size, int32_t bits) {
+  auto out = std::make_unique<ArrayList>();
+  for (auto& a : mx::quantize(w.a, group_size, bits)) out->v.push_back(std::move(a));
+  return out;
+}
 
 A random_key(uint64_t seed) { return wrap(mx::random::key(seed)); }
 A random_split(const Array& key, int32_t num) { return wrap(mx::random::split(key.a, num)); }

@@ -109,6 +109,7 @@ A dequantize(const Array& w, const Array& scales, const Array& biases, int32_t g
              int32_t bits);
 A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
                    bool transpose, int32_t group_size, int32_t bits);
+std::unique_ptr<ArrayList> quantize(const Array& w, int32_t group_size, int32_t bits);
 
 // specd's own CPU kernels (kernels.cc): batch-invariant, MLX's ops on GPU
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,

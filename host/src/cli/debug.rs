@@ -11,6 +11,8 @@
 //! - `specd debug tokenize [--model M] --input TEXTS.json --json OUT`: the
 //!   prompt token ids (BOS as the model adds it) of each text, loading only
 //!   the tokenizer.
+//! - `specd debug random-model [--shape tiny|small|1b] [--seed N] --out DIR`
+//!   writes a random-weight 4-bit llama checkpoint (`model::random`).
 //! - `specd debug weights --gguf FILE --tensor NAME --out OUT [--rows N]`
 //!   loads one tensor the way the model loader does (decoded, packed for
 //!   the kernels) and writes the weights the kernels run on, read back from
@@ -36,6 +38,20 @@ pub enum DebugCmd {
     /// Token ids of texts (a JSON list of strings), as the model's prompt
     /// encoding makes them; writes a JSON list of id lists.
     Tokenize(TokenizeArgs),
+    /// Writes a random-weight 4-bit llama checkpoint of a named shape.
+    RandomModel(RandomModelArgs),
+}
+
+#[derive(Args)]
+pub struct RandomModelArgs {
+    /// `tiny`, `small` or `1b` (host/src/model/random.rs).
+    #[arg(long, default_value = "tiny")]
+    shape: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The directory to write (config.json, model.safetensors, tokenizer).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -204,8 +220,22 @@ pub fn run(cmd: DebugCmd, load: Load) -> Result<()> {
                     "generated_ids": generated,
                     "text": text,
                     "done_reason": fin.stats.done_reason.as_str(),
+                    // Per generated token, the top-2 logit margin it was
+                    // chosen at (a later run may differ where it is < 0.01).
+                    "margins": fin.margins,
                 }),
             )
+        }
+        DebugCmd::RandomModel(a) => {
+            let shape = crate::model::random::Shape::named(&a.shape)?;
+            crate::model::random::write(shape, a.seed, &a.out)?;
+            eprintln!(
+                "wrote a random {} llama ({:.2}M parameters, 4-bit) to {}",
+                shape.name,
+                shape.parameters() as f64 / 1e6,
+                a.out.display()
+            );
+            Ok(())
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod ggml;
 pub mod linear;
 pub mod llama;
 pub mod load;
+pub mod random;
 
 pub use config::{Arch, LlamaConfig};
 pub use linear::{Kernels, Linear, QuantSource, QuantizedWeight, WeightMode};
