@@ -116,13 +116,13 @@ pub fn write(shape: Shape, seed: u64, dir: &Path) -> Result<()> {
     for r in rows.iter_mut().skip(v - SPECIALS.len()) {
         *r = 0.05;
     }
-    let embed = ops::multiply(
-        &uniform(v, d)?,
-        &Array::from_f32(&rows, &[v as i32, 1])?,
-    )?;
+    let embed = ops::multiply(&uniform(v, d)?, &Array::from_f32(&rows, &[v as i32, 1])?)?;
     quantized("model.embed_tokens", embed, &mut tensors)?;
     let ones = |scale: f32| -> Result<Array> { Ok(Array::from_f32(&vec![scale; d], &[d as i32])?) };
-    let (q, kv) = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim);
+    let (q, kv) = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+    );
     for i in 0..shape.layers {
         let p = format!("model.layers.{i}");
         for (n, out, inp) in [
