@@ -152,6 +152,7 @@ def test_portable_server_batches_speculates_and_builds_no_kernel_op(start_server
         assert_promise(plain[prompt], r, json.dumps(extra))
     assert drafted > 0, "no run drafted anything"
     assert max(r["speculation"]["batch_steps"] for r in got) > 0, "no request shared a step"
+    assert max(r["speculation"]["cached_tokens"] for r in got) > 0, "no request reused a cached prefix"
 
     # Structured output and logprobs on the portable path.
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "year": {"type": "integer"}},
