@@ -78,6 +78,19 @@ fn switch(flag: Option<bool>, var: &str, default: bool) -> bool {
     })
 }
 
+/// The flag, else the environment variable when set and not empty.
+fn choice<T>(
+    flag: Option<T>,
+    var: &str,
+    parse: fn(&str) -> std::result::Result<T, String>,
+) -> Result<Option<T>> {
+    match (flag, std::env::var(var)) {
+        (Some(v), _) => Ok(Some(v)),
+        (None, Ok(s)) if !s.is_empty() => parse(&s).map(Some).map_err(anyhow::Error::msg),
+        _ => Ok(None),
+    }
+}
+
 fn parse_kernels(s: &str) -> std::result::Result<crate::model::Kernels, String> {
     crate::model::Kernels::parse(s)
 }
@@ -227,27 +240,18 @@ pub fn main() -> Result<()> {
     init_logging();
     let cli = parse_args()?;
     // The flag, else SPECD_WEIGHTS, else the default; every loader gets it.
-    let weights = match cli.weights {
-        Some(w) => w,
-        // SPECD_WEIGHTS (for A/B runs) is read here, once; the model reads none.
-        None => match std::env::var("SPECD_WEIGHTS") {
-            Ok(s) if !s.is_empty() => {
-                crate::model::WeightMode::parse(&s).map_err(anyhow::Error::msg)?
-            }
-            _ => crate::model::WeightMode::default(),
-        },
-    };
-    // The flag, else SPECD_KERNELS, else the build's default; installed
-    // before anything loads (the kernels are the process's, as the device is).
-    let kernels = match cli.kernels {
-        Some(k) => k,
-        None => match std::env::var("SPECD_KERNELS") {
-            Ok(s) if !s.is_empty() => {
-                crate::model::Kernels::parse(&s).map_err(anyhow::Error::msg)?
-            }
-            _ => crate::model::Kernels::default_for_build(),
-        },
-    };
+    // The flags, else SPECD_WEIGHTS / SPECD_KERNELS (for A/B runs, read here
+    // once; the model reads none), else the defaults. The kernels are
+    // installed before anything loads (they are the process's, as the
+    // device is).
+    let weights = choice(
+        cli.weights,
+        "SPECD_WEIGHTS",
+        crate::model::WeightMode::parse,
+    )?
+    .unwrap_or_default();
+    let kernels = choice(cli.kernels, "SPECD_KERNELS", crate::model::Kernels::parse)?
+        .unwrap_or_else(crate::model::Kernels::default_for_build);
     kernels.check(weights).map_err(anyhow::Error::msg)?;
     let kv_f16 = switch(cli.kv_f16, "SPECD_KV_F16", false);
     if kv_f16 && kernels == crate::model::Kernels::Mlx {

@@ -60,12 +60,10 @@ pub enum Kernels {
 }
 
 impl Kernels {
-    /// A build whose MLX runs on a GPU (CUDA, Metal) has only MLX's ops.
-    pub const GPU_BUILD: bool = specd_mlx::GPU_BUILD;
-
-    /// This build's default: MLX's ops on GPU builds, specd's elsewhere.
+    /// This build's default: MLX's ops on GPU builds (CUDA, Metal: only
+    /// MLX's ops run there), specd's elsewhere.
     pub fn default_for_build() -> Kernels {
-        if Self::GPU_BUILD {
+        if specd_mlx::GPU_BUILD {
             Kernels::Mlx
         } else {
             Kernels::Specd
@@ -88,7 +86,7 @@ impl Kernels {
     /// message where not.
     pub fn check(self, weights: WeightMode) -> std::result::Result<(), String> {
         match (self, weights) {
-            (Kernels::Specd, _) if Self::GPU_BUILD => Err(
+            (Kernels::Specd, _) if specd_mlx::GPU_BUILD => Err(
                 "--kernels specd: specd's kernels are CPU kernels; this build runs MLX on a GPU (use --kernels mlx)".into(),
             ),
             (Kernels::Mlx, WeightMode::Int8) => Err(

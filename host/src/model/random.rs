@@ -197,21 +197,17 @@ fn quantized(name: &str, w: Array, tensors: &mut Vec<(String, Array)>) -> Result
 /// produced by encoding), then the special tokens, ChatML's template.
 fn write_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
     let bytes = specd_text::tokenizer::bytes_to_unicode();
-    let mut entries = serde_json::Map::new();
     let plain = vocab - SPECIALS.len();
-    'fill: for a in bytes.iter() {
-        if entries.is_empty() {
-            for (i, b) in bytes.iter().enumerate() {
-                entries.insert(b.to_string(), i.into());
-            }
-        }
-        for b in bytes.iter() {
-            if entries.len() >= plain {
-                break 'fill;
-            }
-            entries.insert(format!("{a}{b}"), entries.len().into());
-        }
-    }
+    let singles = bytes.iter().map(|b| b.to_string());
+    let pairs = bytes
+        .iter()
+        .flat_map(|a| bytes.iter().map(move |b| format!("{a}{b}")));
+    let mut entries: serde_json::Map<String, serde_json::Value> = singles
+        .chain(pairs)
+        .take(plain)
+        .enumerate()
+        .map(|(i, t)| (t, i.into()))
+        .collect();
     let added: Vec<serde_json::Value> = SPECIALS
         .iter()
         .enumerate()

@@ -156,10 +156,15 @@ fn spec(
 
 /// A drafter that is never wrong, k = 8, greedy acceptance.
 fn always_right_k8() -> Speculation {
+    right_k8_eos_after(None)
+}
+
+/// Always-right drafts of 8 that propose the script's EOS after `eos_after`.
+fn right_k8_eos_after(eos_after: Option<usize>) -> Speculation {
     spec(
         Box::new(ScriptedDrafter {
             wrong_at: 99,
-            eos_after: None,
+            eos_after,
         }),
         "constant",
         r#"{"k":8}"#,
@@ -278,15 +283,7 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
     let w = words();
     // EOS inside a fully accepted run: nothing at or after it is emitted.
     let mut t = FakeTarget::new(cycle_script(Some(17)));
-    let s = spec(
-        Box::new(ScriptedDrafter {
-            wrong_at: 99,
-            eos_after: Some(17),
-        }),
-        "constant",
-        r#"{"k":8}"#,
-        "greedy",
-    );
+    let s = right_k8_eos_after(Some(17));
     let fin = run_scripted(&mut t, s, 50, &[], &mut |_| true);
     assert_eq!(fin.stats.done_reason, DoneReason::Stop);
     assert_eq!(fin.emitted.len(), 17 - 12);
@@ -340,17 +337,7 @@ fn end_rules_hold_inside_accepted_runs() {
         pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &st, s, &mut |_| true).unwrap()
     };
     // The drafter proposes the script's EOS: the target's rows must not take it.
-    let drafter = || {
-        spec(
-            Box::new(ScriptedDrafter {
-                wrong_at: 99,
-                eos_after: Some(17),
-            }),
-            "constant",
-            r#"{"k":8}"#,
-            "greedy",
-        )
-    };
+    let drafter = || right_k8_eos_after(Some(17));
     // min_tokens: EOS (both ids) masked in every verify row until 10 came,
     // plainly and speculatively alike; then the EOS ends it.
     let plain = run(None, ends(10, false), 50);
