@@ -44,11 +44,13 @@ pack() {
         shift
     done
     local cpu="${CARGO_TARGET_DIR:-$ROOT/target}/release/specd"
-    [ -x "$cpu" ] || (cd "$ROOT" && cargo build --release -p specd)
+    # `specd bench` runs specd-tools from beside specd: both travel.
+    [ -x "$cpu" ] && [ -x "$(dirname "$cpu")/specd-tools" ] \
+        || (cd "$ROOT" && cargo build --release -p specd -p specd-tools)
     local bin="$cpu"
     if [ $skip = 0 ]; then
         (cd "$ROOT" && SPECD_MLX_WHEEL=mlx-cuda-13 CARGO_TARGET_DIR="$ROOT/target/cuda" \
-            cargo build --release -p specd --features cuda)
+            cargo build --release -p specd -p specd-tools --features specd-tools/cuda)
         bin="$ROOT/target/cuda/release/specd"
     fi
     local stage
@@ -58,6 +60,7 @@ pack() {
     local b="$stage/bundle"
     # Symbols stripped (the dynamic ones stay): a third of a CUDA libmlx.
     strip --strip-unneeded -o "$b/bin/specd" "$bin"
+    strip --strip-unneeded -o "$b/bin/specd-tools" "$(dirname "$bin")/specd-tools"
     cp "$ROOT/scripts/device-check.sh" "$b/device-check.sh"
     # libmlx and the libraries its wheel ships beside it (LAPACK, BLAS,
     # gfortran); the NVIDIA ones are the machine's.

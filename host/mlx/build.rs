@@ -128,6 +128,18 @@ fn main() {
     println!("cargo:rerun-if-changed=src/shim.cc");
     for f in [
         "kernels.cc",
+        "kernels_pool.h",
+        "kernels_pool.cc",
+        "kernels_isa.h",
+        "kernels_isa.cc",
+        "kernels_common.h",
+        "kernels_common.cc",
+        "kernels_qmm.h",
+        "kernels_qmm.cc",
+        "kernels_attention.h",
+        "kernels_attention.cc",
+        "kernels_rows.h",
+        "kernels_rows.cc",
         "pages.h",
         "pages.cc",
         "qmm.h",
@@ -162,6 +174,12 @@ fn main() {
     build
         .file("src/shim.cc")
         .file("src/kernels.cc")
+        .file("src/kernels_pool.cc")
+        .file("src/kernels_isa.cc")
+        .file("src/kernels_common.cc")
+        .file("src/kernels_qmm.cc")
+        .file("src/kernels_attention.cc")
+        .file("src/kernels_rows.cc")
         .file("src/pages.cc")
         .include(&include)
         .std("c++20")
@@ -180,7 +198,8 @@ fn main() {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     if arch == "x86_64" {
         // The SIMD kernels, each in its own unit with its instruction set
-        // on; kernels.cc picks one at run time from the CPU's features.
+        // on; the kernels pick one at run time from the CPU's features
+        // (kernels_isa.cc).
         build.define("SPECD_X86_KERNELS", None);
         for (file, flags) in [
             ("src/qmm_avx2.cc", &["-mavx2", "-mfma", "-mf16c"][..]),

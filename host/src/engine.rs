@@ -1,14 +1,14 @@
 //! A loaded model with everything a request needs: tokenizer, chat
 //! template, the policy host, draft models configured at start. It turns a
 //! request's names (drafter, schedule, acceptance) into a [`Speculation`]
-//! and runs the pipeline.
+//! and runs the sequence.
 use crate::cache::{PrefixCache, SuffixCorpus};
 use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
 use crate::options::{
     DrafterSpec, SpecOptions, DEFAULT_DRAFTER, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
 };
-use crate::pipeline::{self, Finished, Settings, Sink};
 use crate::sampling::SamplingParams;
+use crate::sequence::{self, Finished, Settings, Sink};
 use crate::speculation::{
     suffix::space_keys, LlamaTarget, ModelDrafter, NgramDrafter, Speculation, SuffixDrafter, Target,
 };
@@ -37,7 +37,8 @@ pub struct Engine {
     pub format: ModelFormat,
     pub model: Arc<Llama>,
     pub tokenizer: Arc<Tokenizer>,
-    pub template: ChatTemplate,
+    /// Shared with the server's validation before the queue.
+    pub template: Arc<ChatTemplate>,
     pub policies: Arc<PolicyHost>,
     /// Draft models by name (`model:NAME`), configured at start.
     pub drafts: HashMap<String, Arc<Llama>>,
@@ -64,7 +65,7 @@ pub struct Load {
 
 /// Switches between two implementations of one step, to measure one against
 /// the other with one build. The defaults are the faster paths; the CLI
-/// sets them (hidden flags), the model and the pipeline read no environment.
+/// sets them (hidden flags), the model and the sequence read no environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Switches {
     /// Attention as one op per layer over every sequence's cache rows
@@ -128,7 +129,7 @@ impl Engine {
             format,
             model: Arc::new(model),
             tokenizer: Arc::new(tokenizer),
-            template,
+            template: Arc::new(template),
             policies,
             drafts: HashMap::new(),
             prefix: Mutex::new(PrefixCache::new(PREFIX_CACHE_BYTES)),
@@ -175,12 +176,7 @@ impl Engine {
 
     /// Prompt token ids: chat messages through the model's template.
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        let text = match prompt {
-            Prompt::Raw(t) => t.clone(),
-            Prompt::Chat(m) => self.template.render(m, true)?,
-            Prompt::ChatWithTools(m, tools) => self.template.render_with_tools(m, tools, true)?,
-        };
-        self.tokenizer.encode_prompt(&text)
+        encode(&self.template, &self.tokenizer, prompt)
     }
 
     /// Builds the drafter and policies a request names; `None` when it asks
@@ -319,7 +315,7 @@ impl Engine {
         sink: &mut Sink<'_>,
     ) -> Result<Finished> {
         let (mut target, cached) = self.target_for(tenant, prompt);
-        let fin = pipeline::generate(
+        let fin = sequence::generate(
             &mut target,
             &self.tokenizer,
             prompt,
@@ -402,4 +398,16 @@ impl Engine {
             light_rounds: self.switches.light_rounds,
         }
     }
+}
+
+/// A prompt's token ids: chat messages through `template`, then
+/// `tokenizer` (the engine's [`Engine::encode`], and the server's
+/// validation before the queue).
+pub fn encode(template: &ChatTemplate, tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>> {
+    let text = match prompt {
+        Prompt::Raw(t) => t.clone(),
+        Prompt::Chat(m) => template.render(m, true)?,
+        Prompt::ChatWithTools(m, tools) => template.render_with_tools(m, tools, true)?,
+    };
+    tokenizer.encode_prompt(&text)
 }

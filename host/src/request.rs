@@ -5,9 +5,9 @@
 //! [`RequestError`]: typed, so that tests match on it, and naming its field
 //! (OpenAI's `error.param`).
 use crate::options::{DrafterSpec, SpecOptions};
-use crate::pipeline::EndRules;
 use crate::sampling::logprobs::MAX_TOP_LOGPROBS;
 use crate::sampling::{JsonFormat, LogprobMode, LogprobRequest, SamplingError, SamplingParams};
+use crate::sequence::EndRules;
 use serde::Deserialize;
 use serde_json::Value;
 

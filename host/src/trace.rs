@@ -8,7 +8,7 @@
 //! tokens, and the measured draft / verify / policy seconds.
 use crate::engine::Engine;
 use crate::options::SpecOptions;
-use crate::pipeline::{Finished, Settings};
+use crate::sequence::{Finished, Settings};
 use crate::speculation::RoundTrace;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};

@@ -75,7 +75,7 @@ pub fn gemma_engine() -> MutexGuard<'static, Engine> {
 /// The prompt suites of `specd bench spec`: input-grounded (repeat, edit,
 /// summarize a given text), open-ended chat, code editing, and one task
 /// type over several requests.
-pub use specd::bench::{CODE_EDIT, GROUNDED, OPEN, REPETITIVE};
+pub use specd_tools::bench::{CODE_EDIT, GROUNDED, OPEN, REPETITIVE};
 
 /// Logits rows as their bit patterns (compared exactly).
 pub fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {

@@ -1,13 +1,13 @@
 //! Continuous batching on the real default model: a step over several
 //! sequences gives each one bitwise the rows of its forward alone, and a
 //! request preempted for the KV budget resumes with its solo tokens.
-use specd::batch::{kv_bytes_per_token, Admitted, BatchLimits, Scheduler};
 use specd::engine::Prompt;
 use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
-use specd::pipeline::{Finished, LogprobHook, PromptLogprobHook, PREFILL_CHUNK};
 use specd::sampling::SamplingParams;
 use specd::sampling::{distribution, token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
+use specd::scheduler::{kv_bytes_per_token, Admitted, BatchLimits, Scheduler};
+use specd::sequence::{Finished, LogprobHook, PromptLogprobHook, PREFILL_CHUNK};
 use specd::speculation::target::{forward_batch, forward_batch_verify, StepRows};
 use specd::speculation::{LlamaTarget, Target};
 use specd::speculation::{RowArgmax, VerifyMode, VerifyRows};
@@ -445,7 +445,7 @@ fn sampled_runs(
         seed,
         ..Default::default()
     };
-    let generated = |f: specd::pipeline::Finished| {
+    let generated = |f: specd::sequence::Finished| {
         (
             f.log[prompt.len()..].to_vec(),
             f.stats.batch_steps,
@@ -682,7 +682,7 @@ fn echo_request<'e>(
     req: LogprobRequest,
     max_tokens: usize,
     seen: Arc<Mutex<Vec<Seen>>>,
-    done: specd::batch::Done<'e>,
+    done: specd::scheduler::Done<'e>,
 ) -> Admitted<'e> {
     let mut settings = e.settings(params.clone(), Some(max_tokens), vec![]);
     let s = seen.clone();

@@ -4,12 +4,12 @@
 //! are never asked; the 0.2 built-ins keep greedy output identical to plain.
 use specd::engine::Prompt;
 use specd::options::{DrafterSpec, SpecOptions};
-use specd::pipeline::Finished;
-use specd::replay::{replay, ReplayPolicies, TimingModel};
 use specd::sampling::SamplingParams;
+use specd::sequence::Finished;
 use specd::trace::Recorded;
 use specd_tests::{engine, GROUNDED, OPEN};
 use specd_text::ChatMessage;
+use specd_tools::replay::{replay, ReplayPolicies, TimingModel};
 
 /// Drafts of a round (the stop-below fixture and most checks use k = 4).
 const K: u32 = 4;

@@ -5,8 +5,8 @@
 //! cancel.
 use specd::engine::Prompt;
 use specd::options::SpecOptions;
-use specd::pipeline::Finished;
 use specd::sampling::SamplingParams;
+use specd::sequence::Finished;
 use specd::speculation::{LlamaTarget, RoundTrace, Target, VerifyMode, VerifyRows};
 use specd_tests::{engine, GROUNDED};
 use specd_text::ChatMessage;
@@ -42,7 +42,7 @@ fn run(
         cancel_at.is_none_or(|n| calls < n)
     };
     let fin =
-        specd::pipeline::generate(target, &e.tokenizer, prompt, 0, &settings, spec, &mut sink)
+        specd::sequence::generate(target, &e.tokenizer, prompt, 0, &settings, spec, &mut sink)
             .unwrap();
     (fin, calls)
 }

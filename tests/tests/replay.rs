@@ -8,13 +8,13 @@
 //! - charts: the SVGs are produced and hold their series.
 use specd::engine::Prompt;
 use specd::options::{DrafterSpec, SpecOptions};
-use specd::replay::{charts, replay, ReplayPolicies, ReplayReport, TimingModel};
 use specd::sampling::SamplingParams;
 use specd::speculation::RoundTrace;
 use specd::trace::{Header, Recorded};
 use specd_policy::{PolicyHost, Position};
 use specd_tests::{engine, GROUNDED};
 use specd_text::ChatMessage;
+use specd_tools::replay::{charts, replay, ReplayPolicies, ReplayReport, TimingModel};
 use std::sync::Arc;
 
 fn host() -> Arc<PolicyHost> {

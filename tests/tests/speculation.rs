@@ -3,8 +3,8 @@
 use specd::engine::{Engine, Prompt};
 use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
-use specd::pipeline::Finished;
 use specd::sampling::SamplingParams;
+use specd::sequence::Finished;
 use specd::speculation::{LlamaTarget, Target};
 use specd_tests::{engine, GROUNDED, OPEN};
 use specd_text::ChatMessage;
@@ -194,7 +194,7 @@ fn f16_kv_caches_keep_greedy_speculation_lossless() {
     assert!(e.model.kv_half);
     assert_eq!(
         e.model.kv_bytes_per_token() * 2,
-        specd::batch::kv_bytes_per_token(&e.model.config)
+        specd::scheduler::kv_bytes_per_token(&e.model.config)
     );
     let mut t = LlamaTarget::new(e.model.clone());
     t.prefill(&e.encode(&chat("Hello")).unwrap()).unwrap();
@@ -429,7 +429,7 @@ fn plain_run(
         pieces += usize::from(!s.is_empty());
         cancel_after.is_none_or(|n| pieces < n)
     };
-    specd::pipeline::generate(target, &e.tokenizer, prompt, 0, &settings, None, &mut sink).unwrap()
+    specd::sequence::generate(target, &e.tokenizer, prompt, 0, &settings, None, &mut sink).unwrap()
 }
 
 #[test]

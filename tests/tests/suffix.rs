@@ -5,8 +5,8 @@
 use specd::cache::SuffixCorpus;
 use specd::engine::{Engine, Prompt};
 use specd::options::{DrafterSpec, SpecOptions};
-use specd::pipeline::{DoneReason, Finished};
 use specd::sampling::SamplingParams;
+use specd::sequence::{DoneReason, Finished};
 use specd_tests::{engine, CODE_EDIT, GROUNDED, OPEN, REPETITIVE};
 use specd_text::ChatMessage;
 

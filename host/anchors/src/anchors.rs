@@ -207,9 +207,9 @@ fn long_prompt(e: &Engine, n: usize) -> Result<Vec<u32>> {
     let mut text = String::new();
     let mut ids = Vec::new();
     while ids.len() < n {
-        for p in specd::bench::GROUNDED
+        for p in specd_tools::bench::GROUNDED
             .iter()
-            .chain(specd::bench::OPEN.iter())
+            .chain(specd_tools::bench::OPEN.iter())
         {
             text.push_str(p);
             text.push_str("\n\n");
@@ -550,7 +550,7 @@ pub fn run(e: Engine, o: &Options, progress: &mut dyn FnMut(&str)) -> Result<Rep
     let want = |n: &str| o.engines.iter().any(|x| x == n);
     let cpu_busy_at_start = cpu_busy(std::time::Duration::from_millis(500));
     let probe = CpuProbe::now();
-    let decode_ids = e.encode(&specd::bench::user_turn(&e, DECODE_PROMPT))?;
+    let decode_ids = e.encode(&specd_tools::bench::user_turn(&e, DECODE_PROMPT))?;
     let kmax = *VERIFY_TOKENS.iter().max().expect("non-empty");
     let long_ids = long_prompt(&e, o.prefill_tokens.max(o.verify_context + kmax))?;
     let prefill_ids = long_ids[..o.prefill_tokens].to_vec();

@@ -1,7 +1,7 @@
 //! The `specd bench serve --anchor` row set: mlx-lm's own server
 //! (`python -m mlx_lm.server`, its continuous batching) on the weights
 //! `specd convert` writes, driven at the same concurrencies with the same
-//! request texts (`specd::serve_bench::request_text`), the same token budget
+//! request texts (`specd_tools::serve_bench::request_text`), the same token budget
 //! and greedy decoding, and measured the way `bench serve` measures specd:
 //! aggregate tok/s from submission to the last token, decode tok/s from the
 //! first first piece to the last piece, p50/p99 time to first piece and
@@ -12,7 +12,7 @@
 //! of it in the server binary.
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use specd::latency::Latency;
+use specd_tools::latency::Latency;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ pub struct ServeAnchorRow {
 }
 
 /// specd's rows as `bench serve --json` writes them.
-pub use specd::serve_bench::ServeRow as OursRow;
+pub use specd_tools::serve_bench::ServeRow as OursRow;
 
 pub struct ServeOptions {
     pub python: PathBuf,
@@ -207,7 +207,7 @@ fn one(port: u16, n: usize, max_tokens: usize) -> Result<ServeAnchorRow> {
     let t0 = Instant::now();
     let handles: Vec<_> = (0..n)
         .map(|i| {
-            let text = specd::serve_bench::request_text(i);
+            let text = specd_tools::serve_bench::request_text(i);
             std::thread::spawn(move || stream_completion(port, &text, max_tokens, t0))
         })
         .collect();

@@ -95,7 +95,7 @@ void vnni(const Args& a, int cb0, int cb1);
 // (qmm_q8_avx2.cc).
 void q8_avx2(const Args& a, int cb0, int cb1);
 // Rows of x [M, K] as 8-bit blocks and their scales (the layout above),
-// with AVX-512 or AVX2; the same bytes as kernels.cc's scalar `quantize_x`.
+// with AVX-512 or AVX2; the same bytes as kernels_qmm.cc's scalar `quantize_x`.
 void quantize_vnni(const float* x, int M, int K, int bits, int8_t* xq, float* xd);
 void quantize_avx2(const float* x, int M, int K, int bits, int8_t* xq, float* xd);
 
@@ -127,7 +127,7 @@ bool attn_group_avx512(const AttnGroup& g, float* scores);
 // The same on AVX2 for `rows` query rows of one sequence at once (g[r]:
 // row r's q, o and n; k, v, heads, D and scale the same in all), head dims
 // a multiple of 64, with the float operations of the per-head AVX2 path
-// (kernels.cc `attn_rows`: dot_avx2, exp_sum_avx2, axpy_avx2), so its
+// (kernels_attention.cc `attn_rows`: dot_avx2, exp_sum_avx2, axpy_avx2), so its
 // results are bitwise that path's whatever rows share a call. `scores`
 // holds heads * (the rows' n summed) floats.
 constexpr int kAttnMaxRows = 8;

@@ -19,7 +19,7 @@
 //                 acc = fma(bias[n, g], xsum[m, g], acc)
 //   y = acc (+ r[m, n])
 // so results are batch-invariant and bitwise those of the VNNI kernel and
-// of the scalar reference (kernels.cc `qmm_q8_scalar`). Compiled with AVX2,
+// of the scalar reference (kernels_qmm.cc `qmm_q8_scalar`). Compiled with AVX2,
 // FMA and F16C enabled; called only when the CPU has them.
 #include <immintrin.h>
 

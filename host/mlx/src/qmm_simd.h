@@ -11,7 +11,7 @@
 // whatever tile (rows x column blocks) it is computed in, and whichever
 // instruction set: tiles only decide which independent chains run side by
 // side, so results are batch-invariant and equal to the scalar reference in
-// kernels.cc, which does the same (so AVX-512, AVX2 and scalar machines
+// kernels_qmm.cc, which does the same (so AVX-512, AVX2 and scalar machines
 // compute the same bits).
 #pragma once
 #include <algorithm>

@@ -12,7 +12,7 @@
 //                 acc = fma(bias[n, g], xsum[m, g], acc)
 //   y = acc (+ r[m, n])
 // whatever tile computes it, so results are batch-invariant and equal to
-// the scalar reference (kernels.cc `qmm_q8_scalar`). Only explicit fmas:
+// the scalar reference (kernels_qmm.cc `qmm_q8_scalar`). Only explicit fmas:
 // a separate multiply and add may or may not be contracted into one,
 // depending on the tile.
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 // Threads blocked on the CPU stream's results (an eval, a read back), counted
 // so that the kernels' idle pool workers can tell whether the thread that
-// builds and dispatches graphs is working, and needs a core (kernels.cc).
+// builds and dispatches graphs is working, and needs a core (kernels_pool.h).
 #pragma once
 
 namespace specd_mlx {

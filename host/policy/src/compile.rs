@@ -3,8 +3,8 @@
 //! the typed bindings of each contract world.
 
 use crate::cache::{inspect, sha256_hex, DiskCache};
+use crate::instance::{AcceptancePre, SchedulePre};
 use crate::sandbox::{chain, HostState};
-use crate::wasm::{AcceptancePre, SchedulePre};
 use crate::{CheckError, Contract, Exports};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;

@@ -4,11 +4,12 @@
 use crate::cache::sha256_hex;
 use crate::carry::{Carried, PolicyConfig};
 use crate::compile::{Compiled, Compiler, Loaded};
+use crate::instance::{make_acceptance, make_schedule, Runtime};
 use crate::metrics::Metrics;
 use crate::registry::{info_of, valid_name, NameEntry, Registry};
 use crate::sandbox::{chain, HostState};
-use crate::warm::{self, WarmKey, WarmPool};
-use crate::wasm::{make_acceptance, make_schedule, Runtime, WasmAcceptance, WasmSchedule};
+use crate::warm::{WarmKey, WarmPool};
+use crate::wasm::{WasmAcceptance, WasmSchedule};
 use crate::{
     Acceptance, CheckError, ConformanceConfig, ConformanceReport, HostConfig, LosslessClaim,
     MetricsSnapshot, PolicyError, PolicyErrorKind, PolicyInfo, PolicySource, RegistryError,
@@ -24,6 +25,8 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 /// The policy host (see the crate docs).  `Send + Sync`; cheap to share in an `Arc`.
 pub struct PolicyHost {
     rt: Arc<Runtime>,
+    /// Instances made ahead of requests, beside the runtime that makes them.
+    warm: Arc<WarmPool>,
     compiler: Compiler,
     registry: RwLock<Registry>,
 }
@@ -101,7 +104,7 @@ fn pagemap_scan_available() -> bool {
 impl Drop for PolicyHost {
     fn drop(&mut self) {
         // Stops the warm-up thread (it holds the runtime only while working).
-        self.rt.warm.shutdown();
+        self.warm.shutdown();
     }
 }
 
@@ -145,10 +148,10 @@ impl PolicyHost {
                 linker,
                 max_component_bytes: cfg.max_component_bytes,
             },
+            warm: Arc::new(WarmPool::new(&cfg)),
             rt: Arc::new(Runtime {
                 engine,
                 carried: Carried::new(cfg.carried_state_limit_bytes),
-                warm: WarmPool::new(&cfg),
                 cfg,
                 metrics: Metrics::default(),
             }),
@@ -277,7 +280,7 @@ impl PolicyHost {
         if replaced {
             // Instances made ahead of the replaced component go.
             let live: Vec<String> = reg.by_hash.keys().cloned().collect();
-            self.rt.warm.retain_hashes(&live);
+            self.warm.retain_hashes(&live);
         }
         tracing::info!(policy = name, sha256 = %info.sha256, exports = %info.exports, "policy added");
         Ok(info)
@@ -390,7 +393,7 @@ impl PolicyHost {
         drop(reg);
         let live: Vec<String> = self.read().by_hash.keys().cloned().collect();
         self.rt.carried.retain_hashes(&live);
-        self.rt.warm.retain_hashes(&live);
+        self.warm.retain_hashes(&live);
         Ok(())
     }
 
@@ -633,7 +636,7 @@ impl PolicyHost {
             name: name_or_hash.to_string(),
             carry: key.clone(),
         };
-        let instance = match warm::take_schedule(&self.rt, &wkey, carried.as_deref()) {
+        let instance = match self.warm.take_schedule(&self.rt, &wkey, carried.as_deref()) {
             Some(i) => i,
             None => {
                 let i = self
@@ -641,11 +644,17 @@ impl PolicyHost {
                         make_schedule(&self.rt, name_or_hash, pre, &config, carried.as_deref())
                     })
                     .map_err(|e| self.fail(e))?;
-                warm::note_miss(&self.rt, wkey, &loaded, t.elapsed());
+                self.warm.note_miss(&self.rt, wkey, &loaded, t.elapsed());
                 i
             }
         };
-        let s = WasmSchedule::from_instance(self.rt.clone(), name_or_hash, instance, key);
+        let s = WasmSchedule::from_instance(
+            self.rt.clone(),
+            self.warm.clone(),
+            name_or_hash,
+            instance,
+            key,
+        );
         self.rt.metrics.instantiated(t.elapsed());
         Ok(Box::new(s))
     }
@@ -670,7 +679,7 @@ impl PolicyHost {
             config: config.clone(),
             vocab_size,
         };
-        let instance = match warm::take_acceptance(&self.rt, &wkey) {
+        let instance = match self.warm.take_acceptance(&self.rt, &wkey) {
             Some(i) => i,
             None => {
                 let i = self
@@ -678,7 +687,7 @@ impl PolicyHost {
                         make_acceptance(&self.rt, name_or_hash, pre, &config, vocab_size)
                     })
                     .map_err(|e| self.fail(e))?;
-                warm::note_miss(&self.rt, wkey, &loaded, t.elapsed());
+                self.warm.note_miss(&self.rt, wkey, &loaded, t.elapsed());
                 i
             }
         };
@@ -694,7 +703,7 @@ impl PolicyHost {
         make: impl Fn() -> Result<T, PolicyError>,
     ) -> Result<T, PolicyError> {
         match make() {
-            Err(e) if e.kind == PolicyErrorKind::Instantiate && self.rt.warm.clear() => make(),
+            Err(e) if e.kind == PolicyErrorKind::Instantiate && self.warm.clear() => make(),
             other => other,
         }
     }
@@ -702,7 +711,7 @@ impl PolicyHost {
     /// Counters: calls, time in policy calls and instantiation, failures by kind.
     pub fn metrics(&self) -> MetricsSnapshot {
         MetricsSnapshot {
-            warm_ready: self.rt.warm.ready() as u64,
+            warm_ready: self.warm.ready() as u64,
             ..self.rt.metrics.snapshot()
         }
     }

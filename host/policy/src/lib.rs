@@ -82,6 +82,7 @@ pub use specd_policy_logic as logic;
 pub use specd_policy_logic::{
     Correction, Decision, DraftStep, Position, RoundRecord, ScheduleInput, RECENT_WINDOW,
 };
+mod instance;
 pub mod native;
 mod registry;
 mod sandbox;

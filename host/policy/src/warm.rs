@@ -29,7 +29,7 @@
 
 use crate::carry::CarryKey;
 use crate::compile::Loaded;
-use crate::wasm::{
+use crate::instance::{
     make_acceptance, make_schedule, AcceptanceBindings, Instance, Runtime, ScheduleBindings,
 };
 use crate::PolicyError;
@@ -109,6 +109,16 @@ const BACKOFF: Duration = Duration::from_secs(1);
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
+    limits: Limits,
+}
+
+/// The pool's bounds, from [`crate::HostConfig`].
+struct Limits {
+    /// Instances ready or being made, all keys together (0: off).
+    total: usize,
+    per_key: usize,
+    threshold: Duration,
+    max_keys: usize,
 }
 
 impl Shared {
@@ -118,14 +128,9 @@ impl Shared {
     }
 }
 
-/// The pool (one per policy host).
+/// The pool (one per policy host, beside its [`Runtime`]).
 pub(crate) struct WarmPool {
     shared: Arc<Shared>,
-    /// Instances ready or being made, all keys together (0: off).
-    total: usize,
-    per_key: usize,
-    threshold: Duration,
-    max_keys: usize,
 }
 
 impl WarmPool {
@@ -139,11 +144,13 @@ impl WarmPool {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
                 wake: Condvar::new(),
+                limits: Limits {
+                    total,
+                    per_key: cfg.warm_per_policy.min(total),
+                    threshold: Duration::from_micros(cfg.warm_threshold_us),
+                    max_keys: total * 4,
+                },
             }),
-            total,
-            per_key: cfg.warm_per_policy.min(total),
-            threshold: Duration::from_micros(cfg.warm_threshold_us),
-            max_keys: total * 4,
         }
     }
 
@@ -151,10 +158,14 @@ impl WarmPool {
         self.shared.lock()
     }
 
+    fn limits(&self) -> &Limits {
+        &self.shared.limits
+    }
+
     /// Something may need making or dropping (a request took an instance,
     /// or carried new state).
     pub fn poke(&self) {
-        if self.total > 0 {
+        if self.limits().total > 0 {
             // Through the lock: the thread checks and goes to sleep under
             // it, so a change made before this call (carried state is
             // stored under its own lock) cannot slip between the two.
@@ -206,7 +217,7 @@ impl WarmPool {
     /// A ready instance for `key` created with `carried`; entries made with
     /// other carried bytes are stale and go to be dropped.
     fn take(&self, rt: &Runtime, key: &WarmKey, carried: Option<&[u8]>) -> Option<Made> {
-        if self.total == 0 {
+        if self.limits().total == 0 {
             return None;
         }
         let mut st = self.lock();
@@ -236,9 +247,10 @@ impl WarmPool {
 
     /// A request made its own instance for `key` in `cost`: the key is
     /// tracked, and made ahead from its next request on if it is costly.
-    fn note_miss(rt: &Arc<Runtime>, key: WarmKey, loaded: &Arc<Loaded>, cost: Duration) {
-        let pool = &rt.warm;
-        if pool.total == 0 {
+    pub fn note_miss(&self, rt: &Arc<Runtime>, key: WarmKey, loaded: &Arc<Loaded>, cost: Duration) {
+        let pool = self;
+        let limits = pool.limits();
+        if limits.total == 0 {
             return;
         }
         let mut st = pool.lock();
@@ -250,7 +262,7 @@ impl WarmPool {
                 s.last_used = tick;
                 // take() counted this request already.
             }
-            None if cost >= pool.threshold => {
+            None if cost >= limits.threshold => {
                 st.slots.insert(
                     key,
                     Slot {
@@ -264,7 +276,7 @@ impl WarmPool {
                         last_used: tick,
                     },
                 );
-                evict_beyond(&mut st, pool.max_keys);
+                evict_beyond(&mut st, limits.max_keys);
             }
             None => return,
         }
@@ -342,28 +354,31 @@ fn evict_beyond(st: &mut State, max_keys: usize) {
     }
 }
 
-/// A request's schedule instance from the pool, if one is ready for exactly
-/// these `create` arguments.
-pub(crate) fn take_schedule(
-    rt: &Runtime,
-    key: &WarmKey,
-    carried: Option<&[u8]>,
-) -> Option<Instance<ScheduleBindings>> {
-    match rt.warm.take(rt, key, carried)? {
-        Made::Schedule(i) => Some(i),
-        Made::Acceptance(_) => None,
+impl WarmPool {
+    /// A request's schedule instance from the pool, if one is ready for
+    /// exactly these `create` arguments.
+    pub fn take_schedule(
+        &self,
+        rt: &Runtime,
+        key: &WarmKey,
+        carried: Option<&[u8]>,
+    ) -> Option<Instance<ScheduleBindings>> {
+        match self.take(rt, key, carried)? {
+            Made::Schedule(i) => Some(i),
+            Made::Acceptance(_) => None,
+        }
     }
-}
 
-pub(crate) fn take_acceptance(rt: &Runtime, key: &WarmKey) -> Option<Instance<AcceptanceBindings>> {
-    match rt.warm.take(rt, key, None)? {
-        Made::Acceptance(i) => Some(i),
-        Made::Schedule(_) => None,
+    pub fn take_acceptance(
+        &self,
+        rt: &Runtime,
+        key: &WarmKey,
+    ) -> Option<Instance<AcceptanceBindings>> {
+        match self.take(rt, key, None)? {
+            Made::Acceptance(i) => Some(i),
+            Made::Schedule(_) => None,
+        }
     }
-}
-
-pub(crate) fn note_miss(rt: &Arc<Runtime>, key: WarmKey, loaded: &Arc<Loaded>, cost: Duration) {
-    WarmPool::note_miss(rt, key, loaded, cost)
 }
 
 /// What the thread makes next: a key, its component and the carried state
@@ -376,8 +391,7 @@ struct Job {
 
 /// Under the lock: sends stale schedules to be dropped, then picks the most
 /// recently used key that is below its depth, while the total allows.
-fn next_job(st: &mut State, rt: &Runtime) -> Option<Job> {
-    let pool = &rt.warm;
+fn next_job(st: &mut State, pool: &Limits, rt: &Runtime) -> Option<Job> {
     let State { slots, retire, .. } = &mut *st;
     for (key, slot) in slots.iter_mut() {
         if let WarmKey::Schedule { carry, .. } = key {
@@ -484,7 +498,7 @@ fn refill(shared: Arc<Shared>, weak: Weak<Runtime>) {
                 return;
             }
             let Some(rt) = weak.upgrade() else { return };
-            let job = next_job(&mut st, &rt);
+            let job = next_job(&mut st, &shared.limits, &rt);
             let retired = std::mem::take(&mut st.retire);
             if job.is_some() || !retired.is_empty() {
                 break (job, retired, rt);

@@ -1,12 +1,14 @@
-//! Command-line interface: `specd generate | serve | pull | convert | policy | bench`.
-mod bench;
+//! Command-line interface: `specd generate | serve | pull | convert | policy`,
+//! and `bench | profile | replay`, which run the `specd-tools` binary
+//! beside this one (the measuring tools live in their own crate, so the
+//! server carries none of them).
 mod debug;
-mod generate;
-mod replay;
+pub mod generate;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use specd_policy::{HostConfig, PolicyHost};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +21,14 @@ use std::sync::Arc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    globals: Globals,
+}
+
+/// The flags every command takes, before or after its name: how the model
+/// runs. `specd-tools` takes the same ones.
+#[derive(Args)]
+pub struct Globals {
     /// How quantized weights run: `quantized` (kept as they are, specd's
     /// batch-invariant CPU kernels; the default), `int8` (the same, with
     /// activations quantized to 8 bits per 32 values: faster, logits move by
@@ -57,6 +67,39 @@ struct Cli {
     light_rounds: Option<bool>,
 }
 
+impl Globals {
+    /// The flags, else SPECD_WEIGHTS / SPECD_KERNELS and the other
+    /// variables (for A/B runs, read here once; the model reads none), else
+    /// the defaults; the kernels installed before anything loads (they are
+    /// the process's, as the device is).
+    pub fn load(&self) -> Result<Load> {
+        let weights = choice(
+            self.weights,
+            "SPECD_WEIGHTS",
+            crate::model::WeightMode::parse,
+        )?
+        .unwrap_or_default();
+        let kernels = choice(self.kernels, "SPECD_KERNELS", crate::model::Kernels::parse)?
+            .unwrap_or_else(crate::model::Kernels::default_for_build);
+        kernels.check(weights).map_err(anyhow::Error::msg)?;
+        let kv_f16 = switch(self.kv_f16, "SPECD_KV_F16", false);
+        if kv_f16 && kernels == crate::model::Kernels::Mlx {
+            anyhow::bail!("--kv-f16 on needs --kernels specd (16-bit caches are written by specd's attention kernel)");
+        }
+        kernels.install();
+        Ok(Load {
+            weights,
+            kernels,
+            switches: crate::engine::Switches {
+                kv_rows: switch(self.kv_rows, "SPECD_KV_ROWS", true),
+                fused_tail: switch(self.fused_tail, "SPECD_FUSED_TAIL", true),
+                light_rounds: switch(self.light_rounds, "SPECD_LIGHT_ROUNDS", true),
+                kv_f16,
+            },
+        })
+    }
+}
+
 pub use crate::engine::Load;
 
 fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
@@ -68,7 +111,7 @@ fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
 }
 
 /// The flag, else the environment variable (for A/B runs: read here, once;
-/// the model and the pipeline read none: `0` is off, `1` on), else
+/// the model and the sequence read none: `0` is off, `1` on), else
 /// `default`.
 fn switch(flag: Option<bool>, var: &str, default: bool) -> bool {
     flag.unwrap_or_else(|| match std::env::var(var).as_deref() {
@@ -99,7 +142,9 @@ fn parse_weights(s: &str) -> std::result::Result<crate::model::WeightMode, Strin
     crate::model::WeightMode::parse(s)
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(generate::GenerateArgs),
@@ -120,25 +165,17 @@ enum Command {
     /// Inspect policy components.
     #[command(subcommand)]
     Policy(PolicyCmd),
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(bench::BenchCmd),
-    /// Where the time of one plain decode step (or one verify) goes.
-    Profile {
-        #[command(flatten)]
-        model: ModelArg,
-        /// Tokens in the cache before the profiled steps.
-        #[arg(long, default_value_t = 256)]
-        context: usize,
-        #[arg(long, default_value_t = 10)]
-        steps: usize,
-        /// New tokens per forward: 1 is a plain decode step, more a
-        /// speculative verify of that many rows (every row's logits).
-        #[arg(long, default_value_t = 1)]
-        rows: usize,
-    },
-    /// Replay a trace (`--record`) under other policies, without a model.
-    Replay(replay::ReplayArgs),
+    /// Benchmarks: decode, spec, serve, anchors, blas (`specd-tools`).
+    #[command(disable_help_flag = true)]
+    Bench(Tool),
+    /// Where the time of one plain decode step (or one verify) goes
+    /// (`specd-tools`).
+    #[command(disable_help_flag = true)]
+    Profile(Tool),
+    /// Replay a trace (`--record`) under other policies, without a model
+    /// (`specd-tools`).
+    #[command(disable_help_flag = true)]
+    Replay(Tool),
     /// Debugging dumps (logits, greedy token ids) as JSON; used by the tests.
     #[command(subcommand, hide = true)]
     Debug(debug::DebugCmd),
@@ -177,6 +214,32 @@ enum PolicyCmd {
     },
 }
 
+/// A command `specd-tools` runs: its arguments go there as they are
+/// (`--help` included).
+#[derive(Args)]
+struct Tool {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<OsString>,
+}
+
+/// Runs `specd-tools` (built beside this binary by `cargo build --release
+/// --workspace`) with this process's own arguments, in its place.
+fn run_tool() -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("finding the specd binary")?;
+    let tools = exe.with_file_name("specd-tools");
+    if !tools.is_file() {
+        anyhow::bail!(
+            "{} is missing: the benchmarks, profile and replay live in that binary (cargo build --release --workspace builds it)",
+            tools.display()
+        );
+    }
+    let err = std::process::Command::new(&tools)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(err).with_context(|| format!("running {}", tools.display()))
+}
+
 /// The model flag shared by commands that load one.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArg {
@@ -208,8 +271,8 @@ pub fn init_logging() {
 
 /// Parses the command line; a usage error becomes one `error: ...` line
 /// (like every other error), `--help` and `--version` print and exit 0.
-fn parse_args() -> Result<Cli> {
-    match Cli::try_parse() {
+pub fn parse_args<C: Parser>() -> Result<C> {
+    match C::try_parse() {
         Ok(c) => Ok(c),
         Err(e) if e.use_stderr() => {
             let text = e.render().to_string();
@@ -238,36 +301,11 @@ fn parse_args() -> Result<Cli> {
 
 pub fn main() -> Result<()> {
     init_logging();
-    let cli = parse_args()?;
-    // The flag, else SPECD_WEIGHTS, else the default; every loader gets it.
-    // The flags, else SPECD_WEIGHTS / SPECD_KERNELS (for A/B runs, read here
-    // once; the model reads none), else the defaults. The kernels are
-    // installed before anything loads (they are the process's, as the
-    // device is).
-    let weights = choice(
-        cli.weights,
-        "SPECD_WEIGHTS",
-        crate::model::WeightMode::parse,
-    )?
-    .unwrap_or_default();
-    let kernels = choice(cli.kernels, "SPECD_KERNELS", crate::model::Kernels::parse)?
-        .unwrap_or_else(crate::model::Kernels::default_for_build);
-    kernels.check(weights).map_err(anyhow::Error::msg)?;
-    let kv_f16 = switch(cli.kv_f16, "SPECD_KV_F16", false);
-    if kv_f16 && kernels == crate::model::Kernels::Mlx {
-        anyhow::bail!("--kv-f16 on needs --kernels specd (16-bit caches are written by specd's attention kernel)");
+    let cli: Cli = parse_args()?;
+    if let Command::Bench(_) | Command::Profile(_) | Command::Replay(_) = cli.command {
+        return run_tool();
     }
-    kernels.install();
-    let load = Load {
-        weights,
-        kernels,
-        switches: crate::engine::Switches {
-            kv_rows: switch(cli.kv_rows, "SPECD_KV_ROWS", true),
-            fused_tail: switch(cli.fused_tail, "SPECD_FUSED_TAIL", true),
-            light_rounds: switch(cli.light_rounds, "SPECD_LIGHT_ROUNDS", true),
-            kv_f16,
-        },
-    };
+    let load = cli.globals.load()?;
     match cli.command {
         Command::Generate(a) => generate::run(a, load),
         Command::Serve(a) => crate::server::run(a, load),
@@ -387,23 +425,7 @@ pub fn main() -> Result<()> {
             );
             Ok(())
         }
-        Command::Bench(b) => bench::run(b, load),
-        Command::Profile {
-            model,
-            context,
-            steps,
-            rows,
-        } => {
-            let path = crate::store::Store::default().resolve(&model.model, false)?;
-            let (mut m, _) = crate::model::load_model_with(&path, weights)?;
-            m.kv_rows = load.switches.kv_rows;
-            m.fused_tail = load.switches.fused_tail;
-            m.kv_half = load.switches.kv_f16;
-            let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
-            print!("{}", crate::profile::report(&p));
-            Ok(())
-        }
-        Command::Replay(a) => replay::run(a),
+        Command::Bench(_) | Command::Profile(_) | Command::Replay(_) => run_tool(),
         Command::Debug(d) => debug::run(d, load),
     }
 }

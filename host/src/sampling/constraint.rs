@@ -108,7 +108,7 @@ pub struct Constraint {
     eos: Vec<u32>,
 }
 
-/// A request's constraint as the pipeline settings carry it.
+/// A request's constraint as its sequence's settings carry it.
 #[derive(Clone, Debug)]
 pub struct SharedConstraint(pub Arc<std::sync::Mutex<Constraint>>);
 

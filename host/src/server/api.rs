@@ -5,9 +5,9 @@ pub use super::error::{from_value, parse_body, ApiError, Flavor};
 use super::fields;
 use super::worker::{LogprobEntry, Msg, SubmitError, TokenAlt};
 use super::State;
-use crate::pipeline::Stats;
 use crate::request::{self, ValidatedRequest};
 use crate::sampling::{JsonFormat, LogprobRequest, SamplingParams};
+use crate::sequence::Stats;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -39,7 +39,7 @@ pub use crate::request::RequestOptions as CommonOptions;
 /// dashboards built for vLLM read it: a spec step is a round that verified
 /// drafts; `num_spec_tokens` is the most a round could draft
 /// (`draft_max`), and the histogram counts steps by drafts accepted.
-pub fn vllm_metrics(s: &crate::pipeline::Stats) -> Value {
+pub fn vllm_metrics(s: &crate::sequence::Stats) -> Value {
     let steps = s.spec_rounds;
     let mut histogram = s.accepted_histogram.clone();
     histogram.resize(histogram.len().max(s.draft_max + 1), 0);
@@ -194,7 +194,22 @@ pub async fn start(
     if state.limits.require_lossless {
         require_lossless(state, &req).await?;
     }
-    let mut rx = state.worker.submit(req).map_err(|e| match e {
+    // Encoded and checked off the async threads, before the queue: the
+    // model thread only admits.
+    let validator = state.worker.validator();
+    let checked = tokio::task::spawn_blocking(move || validator.check(req))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("checking the request: {e}"),
+            )
+        })?
+        .map_err(|message| {
+            state.worker.refused();
+            ApiError::new(StatusCode::BAD_REQUEST, message)
+        })?;
+    let mut rx = state.worker.submit(checked).map_err(|e| match e {
         SubmitError::Busy => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is busy (the request queue is full); retry later",
@@ -262,7 +277,7 @@ pub struct Collected {
     /// One per emitted token, when asked for.
     pub logprobs: Vec<LogprobEntry>,
     pub stats: Box<Stats>,
-    /// The prompt and the tokens returned ([`crate::pipeline::Finished::context`]).
+    /// The prompt and the tokens returned ([`crate::sequence::Finished::context`]).
     pub log: Vec<u32>,
 }
 

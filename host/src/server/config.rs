@@ -302,7 +302,7 @@ pub struct ServerConfig {
     pub access: AccessConfig,
     pub limits: Limits,
     /// Continuous batching: requests at once, prefill rows per step.
-    pub batch: crate::batch::BatchLimits,
+    pub batch: crate::scheduler::BatchLimits,
     /// `--greedy-default`: greedy sampling defaults for every API.
     pub greedy_default: bool,
     /// `--logprobs-mode`.
@@ -352,19 +352,19 @@ impl ServerConfig {
             max_tokens: a.max_tokens.or(file.max_tokens),
             require_lossless: a.require_lossless || file.require_lossless.unwrap_or(false),
         };
-        let batch = crate::batch::BatchLimits {
+        let batch = crate::scheduler::BatchLimits {
             max_sequences: a
                 .max_sequences
                 .or(file.max_sequences)
-                .unwrap_or(crate::batch::DEFAULT_MAX_SEQUENCES),
+                .unwrap_or(crate::scheduler::DEFAULT_MAX_SEQUENCES),
             step_tokens: a
                 .step_tokens
                 .or(file.step_tokens)
-                .unwrap_or(crate::batch::DEFAULT_STEP_TOKENS),
+                .unwrap_or(crate::scheduler::DEFAULT_STEP_TOKENS),
             kv_budget: Some(
                 a.kv_budget
                     .or(file.kv_budget)
-                    .unwrap_or_else(crate::batch::default_kv_budget),
+                    .unwrap_or_else(crate::scheduler::default_kv_budget),
             ),
         };
         for (v, name) in [

@@ -1,6 +1,6 @@
 //! Server counters and the Prometheus text of `/metrics`.
 use super::State;
-use crate::pipeline::{DoneReason, Stats};
+use crate::sequence::{DoneReason, Stats};
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;

@@ -19,8 +19,10 @@ mod ollama;
 mod openai;
 mod policies;
 mod shared;
+mod stream;
 mod tools;
 mod ui;
+mod validation;
 mod worker;
 
 pub use config::{ServeArgs, ServerConfig};

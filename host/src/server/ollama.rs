@@ -3,12 +3,12 @@
 use super::access::Caller;
 use super::api::{self, parse_body, ApiError, CommonOptions, Flavor};
 use super::fields;
+use super::stream::{self, Assembler, Piece};
 use super::tools::{self, Tools};
-use super::worker::Msg;
 use super::State;
 use crate::engine::Prompt;
-use crate::pipeline::Stats;
 use crate::request::ValidatedRequest;
+use crate::sequence::Stats;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue};
@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use specd_text::{ChatMessage, ToolFormat, ToolStream};
+use specd_text::{ChatMessage, ToolFormat};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Default)]
@@ -260,47 +260,40 @@ async fn run(
         }
         return Ok(Json(Value::Object(m)).into_response());
     }
-    // Logprobs come before the text they belong to: each goes out with the
-    // next text line (or the final one).
-    let mut pending: Vec<Value> = Vec::new();
-    // Tool calls are held back from the content and sent whole at the end.
-    let mut calls = match kind {
-        Kind::Chat(Some(format)) => Some(ToolStream::new(format)),
+    let tool_format = match kind {
+        Kind::Chat(Some(format)) => Some(format),
         _ => None,
     };
-    let s = api::stream_of(rx, move |msg| match msg {
-        Msg::Logprobs(e) => {
-            pending.push(api::logprob_json(&e));
-            (vec![], false)
-        }
-        Msg::Chunk(text) => {
-            let text = match calls.as_mut() {
-                Some(c) => c.push(&text),
-                None => text,
-            };
-            if text.is_empty() {
-                return (vec![], false);
-            }
+    let logprobs_json =
+        |v: &[super::worker::LogprobEntry]| -> Value { v.iter().map(api::logprob_json).collect() };
+    let asm = Assembler::new(String::new(), tool_format);
+    let s = stream::pieces(rx, asm, move |piece| match piece {
+        Piece::Text { text, logprobs: lp } => {
             let mut m = kind.piece(&model, &text);
             if logprobs {
-                m.insert("logprobs".into(), std::mem::take(&mut pending).into());
+                m.insert("logprobs".into(), logprobs_json(&lp));
             }
             (vec![ndjson_line(&Value::Object(m))], false)
         }
-        Msg::Done { stats, log } => {
+        Piece::Done {
+            text,
+            calls,
+            logprobs: lp,
+            stats,
+            log,
+        } => {
             let mut out = Vec::new();
-            if let Some(p) = calls.take().map(ToolStream::finish) {
-                if !p.content.is_empty() || !p.calls.is_empty() {
-                    let mut m = kind.piece(&model, &p.content);
-                    if !p.calls.is_empty() {
-                        m["message"]["tool_calls"] = tools::ollama_calls(&p.calls);
-                    }
-                    out.push(ndjson_line(&Value::Object(m)));
+            // Held-back text that was not a call after all, and the calls.
+            if !text.is_empty() || !calls.is_empty() {
+                let mut m = kind.piece(&model, &text);
+                if !calls.is_empty() {
+                    m["message"]["tool_calls"] = tools::ollama_calls(&calls);
                 }
+                out.push(ndjson_line(&Value::Object(m)));
             }
             let mut m = kind.piece(&model, "");
             if logprobs {
-                m.insert("logprobs".into(), std::mem::take(&mut pending).into());
+                m.insert("logprobs".into(), logprobs_json(&lp));
             }
             final_fields(&mut m, &stats, t0, queued);
             if let Kind::Generate = kind {
@@ -309,10 +302,8 @@ async fn run(
             out.push(ndjson_line(&Value::Object(m)));
             (out, true)
         }
-        Msg::Failed(e) | Msg::Error { message: e, .. } => {
-            (vec![ndjson_line(&json!({ "error": e }))], true)
-        }
-        Msg::Rounds(rounds) => (
+        Piece::Failed(e) => (vec![ndjson_line(&json!({ "error": e }))], true),
+        Piece::Rounds(rounds) => (
             rounds
                 .iter()
                 .map(|r| {
@@ -330,7 +321,6 @@ async fn run(
                 .collect(),
             false,
         ),
-        Msg::Started { .. } | Msg::PromptLogprobs(_) => (vec![], false),
     });
     Ok(ndjson_response(Body::from_stream(s)))
 }

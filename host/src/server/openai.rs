@@ -3,12 +3,13 @@
 use super::access::Caller;
 use super::api::{self, ApiError, CommonOptions, Flavor};
 use super::fields;
+use super::stream::{self, Assembler, Piece};
 use super::tools::{self, Tools};
-use super::worker::{LogprobEntry, Msg};
+use super::worker::LogprobEntry;
 use super::State;
 use crate::engine::Prompt;
-use crate::pipeline::{DoneReason, Stats};
 use crate::request::{self, ValidatedRequest};
+use crate::sequence::{DoneReason, Stats};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::Path;
@@ -17,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use specd_text::{ChatMessage, ToolFormat, ToolStream};
+use specd_text::{ChatMessage, ToolFormat};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -300,55 +301,34 @@ async fn run(
         return Ok(Json(ctx.whole(&text, &c.stats, lp)).into_response());
     }
     let mut first = true;
-    let mut pending_prefix = Some(prefix).filter(|p| !p.is_empty());
-    // Logprobs come before the text they belong to: each goes out with the
-    // next text chunk (or a last chunk of its own).
-    let mut pending: Vec<LogprobEntry> = Vec::new();
-    // Tool calls are held back from the content and sent whole at the end.
-    let mut calls = ctx.tools.map(ToolStream::new);
-    let s = api::stream_of(rx, move |msg| match msg {
-        Msg::Logprobs(e) => {
-            pending.push(e);
-            (vec![], false)
-        }
-        // The echoed prompt's: they go out with the prompt's text.
-        Msg::PromptLogprobs(v) => {
-            pending.extend(v);
-            (vec![], false)
-        }
-        Msg::Chunk(t) => {
-            let t = match calls.as_mut() {
-                Some(c) => c.push(&t),
-                None => t,
-            };
-            if t.is_empty() {
-                return (vec![], false);
-            }
-            let t = match pending_prefix.take() {
-                Some(p) => p + &t,
-                None => t,
-            };
-            let lp = ctx.logprobs(&std::mem::take(&mut pending), &mut offset);
-            let e = sse_json(&ctx.chunk(Some(&t), None, first, lp));
+    let asm = Assembler::new(prefix, ctx.tools);
+    let s = stream::pieces(rx, asm, move |piece| match piece {
+        Piece::Text { text, logprobs } => {
+            let lp = ctx.logprobs(&logprobs, &mut offset);
+            let e = sse_json(&ctx.chunk(Some(&text), None, first, lp));
             first = false;
             (vec![e], false)
         }
-        Msg::Done { stats, .. } => {
+        Piece::Done {
+            text,
+            calls,
+            logprobs,
+            stats,
+            ..
+        } => {
             let mut out = Vec::new();
-            let parsed = calls.take().map(ToolStream::finish).unwrap_or_default();
-            if first || !pending.is_empty() || !parsed.content.is_empty() {
+            if first || !logprobs.is_empty() || !text.is_empty() {
                 // Nothing was generated: still open the message. Or tokens
                 // whose text never came (held back by a stop string), or
                 // held-back text that was not a call after all.
-                let t = pending_prefix.take().unwrap_or_default() + &parsed.content;
-                let lp = ctx.logprobs(&std::mem::take(&mut pending), &mut offset);
-                out.push(sse_json(&ctx.chunk(Some(&t), None, first, lp)));
+                let lp = ctx.logprobs(&logprobs, &mut offset);
+                out.push(sse_json(&ctx.chunk(Some(&text), None, first, lp)));
                 first = false;
             }
             let mut finish = finish_reason(&stats);
-            if !parsed.calls.is_empty() {
+            if !calls.is_empty() {
                 let mut c = ctx.chunk(None, None, first, Value::Null);
-                c["choices"][0]["delta"]["tool_calls"] = tools::openai_calls(&parsed.calls, true);
+                c["choices"][0]["delta"]["tool_calls"] = tools::openai_calls(&calls, true);
                 out.push(sse_json(&c));
                 finish = "tool_calls";
             }
@@ -367,14 +347,14 @@ async fn run(
             out.push(Event::default().data("[DONE]"));
             (out, true)
         }
-        Msg::Failed(e) | Msg::Error { message: e, .. } => (
+        Piece::Failed(e) => (
             vec![
                 sse_json(&json!({"error": {"message": e, "type": "server_error"}})),
                 Event::default().data("[DONE]"),
             ],
             true,
         ),
-        Msg::Started { .. } | Msg::Rounds(_) => (vec![], false),
+        Piece::Rounds(_) => (vec![], false),
     });
     Ok(Sse::new(s)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))

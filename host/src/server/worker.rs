@@ -1,14 +1,15 @@
 //! The generation worker: one thread owns the engine and runs the
-//! continuous-batching scheduler ([`crate::batch`]) over requests from a
+//! continuous-batching scheduler ([`crate::scheduler`]) over requests from a
 //! bounded queue.
 use super::config::ServerConfig;
 use super::lifecycle::Lifecycle;
 use super::metrics::ServerMetrics;
-use crate::batch::{Admitted, Scheduler};
+use super::validation::{Checked, Validator};
 use crate::engine::Engine;
-use crate::pipeline::Finished;
-use crate::pipeline::Stats;
 use crate::sampling::SamplingParams;
+use crate::scheduler::{Admitted, Scheduler};
+use crate::sequence::Finished;
+use crate::sequence::Stats;
 use anyhow::{anyhow, Context, Result};
 use axum::http::StatusCode;
 use serde::Serialize;
@@ -18,23 +19,6 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendE
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-
-/// A generation request: checked once where it was read
-/// ([`crate::request`]); nothing here checks its fields again.
-pub use crate::request::ValidatedRequest as GenRequest;
-
-/// The grammar engine over the served model's tokenizer, built at the first
-/// request that needs it (one served model per process).
-fn grammars(engine: &Engine) -> Result<&'static crate::sampling::Grammars, String> {
-    static G: std::sync::OnceLock<Result<crate::sampling::Grammars, String>> =
-        std::sync::OnceLock::new();
-    G.get_or_init(|| {
-        crate::sampling::Grammars::new(&engine.tokenizer, engine.model.config.vocab_size)
-            .map_err(|e| format!("{e:#}"))
-    })
-    .as_ref()
-    .map_err(|e| e.clone())
-}
 
 /// A token as the APIs show it in logprobs: its text (lossy where it holds
 /// part of a character), its bytes, its logprob.
@@ -100,7 +84,8 @@ pub enum Msg {
 }
 
 struct Job {
-    req: GenRequest,
+    /// Checked before the queue ([`super::validation`]).
+    req: Checked,
     reply: UnboundedSender<Msg>,
     submitted: Instant,
 }
@@ -132,6 +117,7 @@ pub struct WorkerHandle {
     tx: SyncSender<Job>,
     metrics: Arc<ServerMetrics>,
     life: Arc<Lifecycle>,
+    validator: Arc<Validator>,
 }
 
 /// Why a request could not be queued.
@@ -146,7 +132,17 @@ pub enum SubmitError {
 
 impl WorkerHandle {
     /// Queues a request. The receiver yields [`Msg`]s; dropping it cancels.
-    pub fn submit(&self, req: GenRequest) -> Result<UnboundedReceiver<Msg>, SubmitError> {
+    /// What requests are checked against before they are queued.
+    pub fn validator(&self) -> Arc<Validator> {
+        self.validator.clone()
+    }
+
+    /// Counts a request refused before the queue (`specd_requests_refused`).
+    pub fn refused(&self) {
+        self.metrics.refused.fetch_add(1, Relaxed);
+    }
+
+    pub fn submit(&self, req: Checked) -> Result<UnboundedReceiver<Msg>, SubmitError> {
         if self.life.draining() {
             return Err(SubmitError::Draining);
         }
@@ -245,7 +241,7 @@ pub fn start(
     life: Arc<Lifecycle>,
 ) -> Result<(WorkerHandle, ModelInfo)> {
     let (tx, rx) = sync_channel::<Job>(cfg.queue);
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ModelInfo, String>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(ModelInfo, Validator), String>>();
     let cfg2 = cfg.clone();
     let m = metrics.clone();
     let life2 = life.clone();
@@ -254,7 +250,7 @@ pub fn start(
         .spawn(move || {
             let engine = match load(&cfg2, policies) {
                 Ok((e, info)) => {
-                    let _ = ready_tx.send(Ok(info));
+                    let _ = ready_tx.send(Ok((info, Validator::new(&e, &cfg2))));
                     e
                 }
                 Err(e) => {
@@ -269,11 +265,20 @@ pub fn start(
             schedule(&engine, &rx, &m, &cfg2, &life2);
         })
         .context("starting the worker thread")?;
-    let info = ready_rx
+    let (info, validator) = ready_rx
         .recv()
         .map_err(|_| anyhow!("the worker thread died while loading the model"))?
         .map_err(|e| anyhow!(e))?;
-    Ok((WorkerHandle { tx, metrics, life }, info))
+    let validator = Arc::new(validator);
+    Ok((
+        WorkerHandle {
+            tx,
+            metrics,
+            life,
+            validator,
+        },
+        info,
+    ))
 }
 
 /// The scheduler loop: admits queued requests at each step boundary (while
@@ -338,7 +343,7 @@ fn schedule(
             if step.sequences > 0 {
                 m.batch.batch_size.observe(step.sequences as f64);
                 m.batch.step_seconds.observe(step.seconds);
-                if !step.pipelined {
+                if !step.overlapped {
                     m.batch.step_policy_seconds.observe(step.policy_seconds);
                 }
             }
@@ -365,7 +370,6 @@ fn prepare<'e>(
     cfg: &'e ServerConfig,
 ) -> Option<Admitted<'e>> {
     let record = cfg.record.as_deref();
-    let max_prompt_tokens = cfg.limits.max_prompt_tokens;
     let Job {
         req,
         reply,
@@ -384,64 +388,30 @@ fn prepare<'e>(
         });
         None
     };
-    let prompt = match engine.encode(&req.prompt) {
-        Ok(p) => p,
-        Err(e) => return refuse(format!("cannot encode the prompt: {e:#}")),
-    };
-    if prompt.is_empty() {
-        return refuse("the prompt is empty".into());
-    }
-    let ctx = engine.context_length();
-    if prompt.len() >= ctx {
-        return refuse(format!(
-            "the prompt is {} tokens, over the model's context length of {ctx} tokens",
-            prompt.len()
-        ));
-    }
-    if let Some(max) = max_prompt_tokens.filter(|&m| prompt.len() > m) {
-        return refuse(format!(
-            "the prompt is {} tokens, over this server's limit of {max} prompt tokens (max_prompt_tokens)",
-            prompt.len()
-        ));
-    }
+    // Encoded, held to the limits and its grammar built before the queue:
+    // what is left is what only the engine resolves (policies, draft
+    // models by name).
+    let Checked {
+        req,
+        prompt,
+        constraint,
+    } = req;
     let crate::engine::Prepared { mut settings, spec } = match engine.prepare(&req) {
         Ok(p) => p,
         Err(e) => return refuse(format!("{e:#}")),
     };
     settings.record |= record.is_some();
-    let drafter = crate::batch::drafter_of(&spec);
-    if let Some(budget) = cfg.batch.kv_budget {
-        // A model drafter's cache grows with the target's: counted too.
-        let need = (prompt.len() + 1) * crate::batch::request_kv_bytes_per_token(engine, drafter);
-        if need > budget {
-            return refuse(format!(
-                "the prompt is {} tokens, whose KV cache ({need} bytes{}) is over this server's kv_budget of {budget} bytes",
-                prompt.len(),
-                if crate::batch::drafter_holds_kv(drafter) {
-                    format!(", the {drafter} drafter's included")
-                } else {
-                    String::new()
-                }
-            ));
-        }
-    }
+    settings.constraint = constraint.map(crate::sampling::SharedConstraint::new);
     if req.trace_rounds {
         // Each round goes out as it ends, so a client can plot it live.
         let tx = reply.clone();
-        settings.on_round = Some(crate::pipeline::RoundHook(Arc::new(move |r| {
+        settings.on_round = Some(crate::sequence::RoundHook(Arc::new(move |r| {
             let _ = tx.send(Msg::Rounds(vec![r.clone()]));
         })));
     }
-    if let Some(f) = &req.format {
-        let c = grammars(engine).and_then(|g| g.constraint(f).map_err(|e| format!("{e:#}")));
-        match c {
-            Ok(c) => settings.constraint = Some(crate::sampling::SharedConstraint::new(c)),
-            Err(e) => return refuse(e),
-        }
-    }
     if let Some(lr) = req.logprobs {
         let (tx, tok) = (reply.clone(), engine.tokenizer.clone());
-        let hook = crate::pipeline::LogprobHook(Arc::new(move |t| {
+        let hook = crate::sequence::LogprobHook(Arc::new(move |t| {
             let _ = tx.send(Msg::Logprobs(LogprobEntry::new(t, &tok)));
         }));
         settings.logprobs = Some((lr, hook));
@@ -450,7 +420,7 @@ fn prepare<'e>(
             // batched steps; sent once the prefill is over.
             let (tx, tok) = (reply.clone(), engine.tokenizer.clone());
             settings.prompt_logprobs =
-                Some(crate::pipeline::PromptLogprobHook(Arc::new(move |v| {
+                Some(crate::sequence::PromptLogprobHook(Arc::new(move |v| {
                     let v = v.iter().map(|t| LogprobEntry::new(t, &tok)).collect();
                     let _ = tx.send(Msg::PromptLogprobs(v));
                 })));

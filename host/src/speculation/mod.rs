@@ -3,6 +3,7 @@
 //! the caches roll back to what was kept. Policies are reached through the
 //! `specd_policy` traits (WASM components in production, scripted in tests);
 //! the host validates and owns all randomness.
+pub mod draft;
 pub mod drafter;
 pub mod history;
 pub mod rows;
@@ -10,7 +11,8 @@ pub mod stats;
 pub mod suffix;
 pub mod target;
 
-pub use drafter::{Draft, DraftProb, Drafter, ModelDrafter, NgramDrafter};
+pub use draft::{Draft, DraftProb};
+pub use drafter::{Drafter, ModelDrafter, NgramDrafter};
 pub use history::ScheduleHistory;
 pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
@@ -30,7 +32,7 @@ use std::time::Instant;
 pub struct Speculation {
     pub drafter: Box<dyn Drafter>,
     /// What `drafter` was built from: the KV budget counts a model
-    /// drafter's cache ([`crate::batch::request_kv_bytes_per_token`]).
+    /// drafter's cache ([`crate::scheduler::request_kv_bytes_per_token`]).
     pub drafter_spec: DrafterSpec,
     pub schedule: Box<dyn Schedule>,
     pub acceptance: Box<dyn Acceptance>,
@@ -107,7 +109,7 @@ pub struct SpecState {
     /// Structured output: drafts are cut to what the grammar allows and
     /// every verify row is masked before the policies see it.
     pub constraint: Option<SharedConstraint>,
-    /// How [`SpecState::round`] runs its verify (the pipeline sets it from
+    /// How [`SpecState::round`] runs its verify (the sequence sets it from
     /// the request: argmax-only rows for plain greedy requests).
     pub mode: VerifyMode,
 }
@@ -164,7 +166,7 @@ impl SpecState {
     }
 
     /// Counts `n` plain steps taken outside [`SpecState::round`] (the
-    /// pipelined greedy loop), `seconds` in all.
+    /// overlapped greedy loop), `seconds` in all.
     pub fn record_plain(&mut self, n: usize, seconds: f64) {
         self.counters.rounds += n as u64;
         self.counters.verify_seconds += seconds;
@@ -186,31 +188,18 @@ impl SpecState {
         self.counters.clone()
     }
 
-    /// One round. `log` holds the committed tokens; the target's caches hold
-    /// all but the last. `budget_left` >= 1 tokens may still be generated.
+    /// One round alone: plan, verify on `target`, complete.
     pub fn round(
         &mut self,
         target: &mut dyn Target,
-        log: &[u32],
-        params: &SamplingParams,
-        rng: &mut Rng,
-        generated: usize,
-        budget_left: usize,
+        mut req: RoundRequest<'_>,
     ) -> Result<RoundOutcome> {
-        let plan = self.plan(
-            target,
-            log,
-            params,
-            rng,
-            generated,
-            budget_left,
-            BatchContext::default(),
-        )?;
+        let plan = self.plan(target, req.reborrow(), BatchContext::default())?;
         let t = Instant::now();
         let rows = target.verify(&plan.rows, self.mode)?;
         let vt = t.elapsed().as_secs_f64();
         self.add_forward_times(target.take_forward_times());
-        self.complete(plan, rows, vt, target, log, params, rng)
+        self.complete(plan, rows, vt, target, req)
     }
 
     /// Counts a verify forward's parts into the round phases.
@@ -226,17 +215,19 @@ impl SpecState {
     /// The verify forward of [`RoundPlan::rows`] (all logits rows when it
     /// drafted) may then run batched with other requests' rows; its rows go
     /// to [`SpecState::complete`].
-    #[allow(clippy::too_many_arguments)]
     pub fn plan(
         &mut self,
         target: &mut dyn Target,
-        log: &[u32],
-        params: &SamplingParams,
-        rng: &mut Rng,
-        generated: usize,
-        budget_left: usize,
+        req: RoundRequest<'_>,
         batch: BatchContext,
     ) -> Result<RoundPlan> {
+        let RoundRequest {
+            log,
+            params,
+            rng,
+            generated,
+            budget_left,
+        } = req;
         let before = log.len() - 1;
         debug_assert_eq!(
             target.offset(),
@@ -358,20 +349,18 @@ impl SpecState {
     /// The second half of a round: `rows` are the verify forward's logits
     /// rows of `plan.rows` (`verify_seconds` its time); the acceptance policy
     /// decides, the target rolls back to what was kept.
-    #[allow(clippy::too_many_arguments)]
     pub fn complete(
         &mut self,
         plan: RoundPlan,
         rows: VerifyRows,
         verify_seconds: f64,
         target: &mut dyn Target,
-        log: &[u32],
-        params: &SamplingParams,
-        rng: &mut Rng,
+        req: RoundRequest<'_>,
     ) -> Result<RoundOutcome> {
-        let masked = self.mask_rows(&plan, rows, log, params)?;
+        let masked = self.mask_rows(&plan, rows, req.log, req.params)?;
         let read = read_one(masked, row_threads());
-        self.complete_read(plan, read, verify_seconds, target, log, params, rng)
+        let decided = self.decide(plan, read, verify_seconds, req.params, req.rng)?;
+        self.apply(decided, target, req.log)
     }
 
     /// The first half of reading a round's `rows`: checks them against the
@@ -418,24 +407,7 @@ impl SpecState {
         ))
     }
 
-    /// Ends the round `plan` with its verify's rows read ([`read_rows`]):
-    /// decide, roll back, count.
-    #[allow(clippy::too_many_arguments)]
-    pub fn complete_read(
-        &mut self,
-        plan: RoundPlan,
-        read: ReadRows,
-        verify_seconds: f64,
-        target: &mut dyn Target,
-        log: &[u32],
-        params: &SamplingParams,
-        rng: &mut Rng,
-    ) -> Result<RoundOutcome> {
-        let decided = self.decide(plan, read, verify_seconds, params, rng)?;
-        self.apply(decided, target, log)
-    }
-
-    /// The first half of [`SpecState::complete_read`]: the acceptance
+    /// The first half of [`SpecState::complete`]: the acceptance
     /// policy's decision and the token it implies. It touches only this
     /// request's host state (its policies' stores, counters, RNG), never
     /// the target, so a batched step decides its requests on several
@@ -549,7 +521,7 @@ impl SpecState {
         })
     }
 
-    /// The second half of [`SpecState::complete_read`]: roll the target
+    /// The second half of [`SpecState::complete`]: roll the target
     /// back to what `d` kept, tell the drafter, count, trace.
     pub fn apply(
         &mut self,
@@ -627,7 +599,7 @@ impl SpecState {
 /// Where a request's round sits in a batched step: what its schedule is
 /// told as the batch context (contract 0.2's `batch-sequences` and
 /// `batch-rows-planned`; both 0 outside the scheduler, in
-/// `pipeline::generate`).
+/// `sequence::generate`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchContext {
     /// Requests in this step, itself included (`batch-sequences`).
@@ -644,6 +616,31 @@ pub struct Decided {
     decision: Option<Decision>,
     traced_positions: Vec<Position>,
     verify_seconds: f64,
+}
+
+/// What a round reads of its request: the committed `log` (the target's
+/// caches hold all but its last token), the sampling parameters and the
+/// request's RNG, how many tokens it generated and how many it may still
+/// (`budget_left` >= 1).
+pub struct RoundRequest<'a> {
+    pub log: &'a [u32],
+    pub params: &'a SamplingParams,
+    pub rng: &'a mut Rng,
+    pub generated: usize,
+    pub budget_left: usize,
+}
+
+impl RoundRequest<'_> {
+    /// The same request for a call that does not keep it.
+    pub fn reborrow(&mut self) -> RoundRequest<'_> {
+        RoundRequest {
+            log: self.log,
+            params: self.params,
+            rng: self.rng,
+            generated: self.generated,
+            budget_left: self.budget_left,
+        }
+    }
 }
 
 /// A round planned up to its verify ([`SpecState::plan`]).

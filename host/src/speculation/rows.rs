@@ -4,7 +4,7 @@
 //! instead of the vocabulary ([`VerifyRows::Argmax`]). Every other request
 //! (sampling, penalties, logprobs, a grammar) reads the whole rows and runs
 //! the host's transforms ([`VerifyRows::Logits`]).
-use super::drafter::DraftProb;
+use super::draft::DraftProb;
 use crate::sampling::{
     argmax_margin, distributions, sample_index, Distribution, Rng, RowTask, SamplingParams,
 };

@@ -20,7 +20,8 @@
 //! has shares no token with it until the word is over. The text drafter
 //! finds the longest earlier occurrence of the text's last bytes and
 //! drafts the tokens of what followed it ([`SuffixDrafter::text_draft`]).
-use super::drafter::{Draft, DraftProb, Drafter};
+use super::draft::{Draft, DraftProb};
+use super::drafter::Drafter;
 use crate::cache::suffix::{Active, Keys, Next, SuffixCorpus, SuffixTrie};
 use crate::sampling::{Rng, SamplingParams};
 use anyhow::Result;

@@ -58,13 +58,13 @@ pub trait Target: Send {
     fn snapshot_counts(&self) -> (usize, usize) {
         (0, 0)
     }
-    /// Plain greedy decoding, pipelined: `pending` (the token the caches do
+    /// Plain greedy decoding, overlapped: `pending` (the token the caches do
     /// not hold yet) is forwarded, then each token produced, at most `max`.
     /// Every token goes to `each(token, top-2 margin)`, which returns false
     /// to stop. Ends with the caches holding all but the last token produced,
     /// as after plain rounds; returns how many were produced. `None` where
     /// the target cannot (then the caller runs plain rounds).
-    fn greedy_pipelined(
+    fn greedy_overlapped(
         &mut self,
         _pending: u32,
         _max: usize,
@@ -142,7 +142,7 @@ impl LlamaTarget {
         Ok((logits, next))
     }
 
-    fn run_greedy_pipelined(
+    fn run_greedy_overlapped(
         &mut self,
         pending: u32,
         max: usize,
@@ -308,7 +308,7 @@ impl Target for LlamaTarget {
         }
     }
 
-    fn greedy_pipelined(
+    fn greedy_overlapped(
         &mut self,
         pending: u32,
         max: usize,
@@ -318,7 +318,7 @@ impl Target for LlamaTarget {
         if self.model.config.sliding_window.is_some() || max == 0 {
             return None;
         }
-        Some(self.run_greedy_pipelined(pending, max, each))
+        Some(self.run_greedy_overlapped(pending, max, each))
     }
 
     fn snapshot_counts(&self) -> (usize, usize) {

@@ -2,7 +2,7 @@
 //! drafters and policies, so every branch of the round is deterministic
 //! (the seeds' approach). The real model is exercised in tests/.
 use super::*;
-use crate::pipeline::{self, DoneReason, Settings};
+use crate::sequence::{self, DoneReason, Settings};
 use specd_policy::{native, Decision, PolicyErrorKind};
 use specd_text::Tokenizer;
 use std::sync::OnceLock;
@@ -188,15 +188,15 @@ fn settings(max_tokens: Option<usize>, stop: &[&str]) -> Settings {
     }
 }
 
-/// The scripted prompt through the pipeline with speculation `s`.
+/// The scripted prompt through a sequence with speculation `s`.
 fn run_scripted(
     t: &mut dyn Target,
     s: Speculation,
     max_tokens: usize,
     stop: &[&str],
-    sink: &mut pipeline::Sink<'_>,
-) -> pipeline::Finished {
-    pipeline::generate(
+    sink: &mut sequence::Sink<'_>,
+) -> sequence::Finished {
+    sequence::generate(
         t,
         tokenizer(),
         &prompt(),
@@ -325,16 +325,16 @@ fn budget_eos_and_stop_strings_hold_inside_accepted_runs() {
 
 #[test]
 fn end_rules_hold_inside_accepted_runs() {
-    let ends = |min_tokens, ignore_eos| pipeline::EndRules {
+    let ends = |min_tokens, ignore_eos| sequence::EndRules {
         min_tokens,
         ignore_eos,
         ..Default::default()
     };
-    let run = |s: Option<Speculation>, e: pipeline::EndRules, max: usize| {
+    let run = |s: Option<Speculation>, e: sequence::EndRules, max: usize| {
         let mut t = FakeTarget::new(cycle_script(Some(17)));
         let mut st = settings(Some(max), &[]);
         st.ends = e;
-        pipeline::generate(&mut t, tokenizer(), &prompt(), 0, &st, s, &mut |_| true).unwrap()
+        sequence::generate(&mut t, tokenizer(), &prompt(), 0, &st, s, &mut |_| true).unwrap()
     };
     // The drafter proposes the script's EOS: the target's rows must not take it.
     let drafter = || right_k8_eos_after(Some(17));
@@ -473,7 +473,16 @@ fn rejection_sampling_preserves_the_target_distribution() {
     let mut n = 0;
     while n < 24_000 {
         let out = st
-            .round(&mut t, &log, &params, &mut rng, n, usize::MAX / 2)
+            .round(
+                &mut t,
+                RoundRequest {
+                    log: &log,
+                    params: &params,
+                    rng: &mut rng,
+                    generated: n,
+                    budget_left: usize::MAX / 2,
+                },
+            )
             .unwrap();
         for &tok in &out.tokens {
             counts[ids

@@ -1,0 +1,432 @@
+//! Model hyper-parameters (llama family, and Gemma 3's extras), read from
+//! GGUF metadata or HF config.json.
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// The forward a model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Arch {
+    #[default]
+    Llama,
+    /// Gemma 3 ([`super::gemma3`]): q/k norms, GeGLU, post-norms, scaled
+    /// embedding, local (sliding-window) and global layers.
+    Gemma3,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaConfig {
+    #[serde(default)]
+    pub arch: Arch,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    /// GGUF stores q/k permuted for interleaved ("traditional") rope; HF
+    /// checkpoints use the rotate-half layout.
+    pub rope_traditional: bool,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Attention window, where the model uses one (rotating caches).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// Biases on the q/k/v projections (Qwen2; `attention_bias` elsewhere).
+    #[serde(default)]
+    pub qkv_bias: bool,
+    /// A bias on the output projection (`attention_bias` in llama/Qwen3).
+    #[serde(default)]
+    pub o_bias: bool,
+    /// RMS norms over each q and k head before rope (Qwen3, Gemma 3).
+    #[serde(default)]
+    pub qk_norm: bool,
+    /// Gemma 3: every `n`-th layer is global, the others local (windowed);
+    /// `None`: every layer uses `sliding_window` as it is.
+    #[serde(default)]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: the rope base of the local layers (`rope_theta` is the
+    /// global layers').
+    #[serde(default)]
+    pub rope_local_theta: Option<f32>,
+}
+
+/// The HF `model_type`s specd runs, all through the llama forward with the
+/// options above.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+/// Where a source keeps the shape every llama-family config states: the
+/// hidden size, layers, heads, key/value heads (default: as many as heads),
+/// the MLP's width and the norms' epsilon (default 1e-5).
+struct ShapeKeys {
+    hidden: &'static str,
+    layers: &'static str,
+    heads: &'static str,
+    kv_heads: &'static str,
+    ffn: &'static str,
+    eps: &'static str,
+}
+
+impl LlamaConfig {
+    /// Gemma 3's embedding scale: sqrt(hidden) rounded to bfloat16 (mlx-lm:
+    /// `mx.array(hidden ** 0.5, mx.bfloat16)`): for 640, 25.25 rather than
+    /// 25.298.
+    pub fn embed_scale(&self) -> f32 {
+        let s = (self.hidden_size as f32).sqrt().to_bits();
+        // Round to nearest even at bit 16.
+        let r = s + 0x7fff + ((s >> 16) & 1);
+        f32::from_bits(r & 0xffff_0000)
+    }
+
+    /// Bytes of KV cache one token takes at `value_bytes` per value (4:
+    /// float32): keys and values, every layer. The model reports its own
+    /// ([`crate::Llama::kv_bytes_per_token`]); the scheduler only adds.
+    pub fn kv_bytes_per_token(&self, value_bytes: usize) -> usize {
+        self.num_hidden_layers * 2 * self.num_key_value_heads * self.head_dim * value_bytes
+    }
+
+    /// The fields [`ShapeKeys`] names, read with `int` and `float`; every
+    /// other field as a plain llama's, for the caller to set.
+    fn shape(
+        k: &ShapeKeys,
+        int: &dyn Fn(&str) -> Result<usize>,
+        float: &dyn Fn(&str) -> Option<f64>,
+    ) -> Result<LlamaConfig> {
+        let (hidden, heads) = (int(k.hidden)?, int(k.heads)?);
+        Ok(LlamaConfig {
+            arch: Arch::Llama,
+            hidden_size: hidden,
+            num_hidden_layers: int(k.layers)?,
+            num_attention_heads: heads,
+            num_key_value_heads: int(k.kv_heads).unwrap_or(heads),
+            head_dim: hidden / heads.max(1),
+            intermediate_size: int(k.ffn)?,
+            vocab_size: 0,
+            rms_norm_eps: float(k.eps).unwrap_or(1e-5) as f32,
+            rope_theta: 10000.0,
+            rope_traditional: false,
+            max_position_embeddings: 2048,
+            tie_word_embeddings: false,
+            sliding_window: None,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+        })
+    }
+
+    /// From GGUF metadata (numbers as decimal text, as specd-mlx returns them).
+    pub fn from_gguf(meta: &HashMap<String, String>, has_output: bool) -> Result<Self> {
+        let arch = meta
+            .get("general.architecture")
+            .map(String::as_str)
+            .unwrap_or("llama");
+        if !matches!(arch, "llama" | "gemma3") {
+            bail!("unsupported GGUF architecture {arch:?} (specd runs llama and gemma3)");
+        }
+        let num = |k: &str| -> Result<f64> {
+            let key = format!("{arch}.{k}");
+            let v = meta
+                .get(&key)
+                .with_context(|| format!("GGUF metadata lacks {key}"))?;
+            v.parse::<f64>()
+                .with_context(|| format!("GGUF metadata {key} = {v:?} is not a number"))
+        };
+        let shape = LlamaConfig::shape(
+            &ShapeKeys {
+                hidden: "embedding_length",
+                layers: "block_count",
+                heads: "attention.head_count",
+                kv_heads: "attention.head_count_kv",
+                ffn: "feed_forward_length",
+                eps: "attention.layer_norm_rms_epsilon",
+            },
+            &|k| Ok(num(k)? as usize),
+            &|k| num(k).ok(),
+        )?;
+        let vocab = match num("vocab_size") {
+            Ok(v) => v as usize,
+            Err(_) => 0, // filled from the embedding's shape by the loader
+        };
+        let gemma = arch == "gemma3";
+        // Gemma 3 (llama.cpp's reading of its GGUF): head dim from
+        // attention.key_length, a global layer every 6th, local rope base
+        // 10000, NEOX (rotate-half) rope on unpermuted q/k, q/k norms.
+        let head_dim = if gemma {
+            num("attention.key_length")? as usize
+        } else {
+            num("rope.dimension_count").map_or(shape.head_dim, |v| v as usize)
+        };
+        Ok(LlamaConfig {
+            arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
+            head_dim,
+            vocab_size: vocab,
+            rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
+            rope_traditional: !gemma,
+            max_position_embeddings: num("context_length").map_or(2048, |v| v as usize),
+            tie_word_embeddings: !has_output,
+            sliding_window: if gemma {
+                Some(num("attention.sliding_window")? as usize)
+            } else {
+                None
+            },
+            sliding_window_pattern: gemma.then_some(6),
+            rope_local_theta: gemma.then_some(10000.0),
+            qk_norm: gemma,
+            ..shape
+        })
+    }
+
+    /// From a Hugging Face config.json: `model_type` picks the options
+    /// (following mlx-lm's llama.py, qwen2.py and qwen3.py; mistral is
+    /// llama there). Anything the forward would silently get wrong (rope
+    /// scaling, MLP biases, Qwen's per-layer sliding windows) is an error.
+    pub fn from_hf_json(text: &str) -> Result<Self> {
+        let v: serde_json::Value = serde_json::from_str(text).context("config.json is not JSON")?;
+        let model_type = match &v["model_type"] {
+            serde_json::Value::Null => "llama",
+            t => t
+                .as_str()
+                .context("config.json's model_type is not a string")?,
+        };
+        if !SUPPORTED_MODEL_TYPES.contains(&model_type) {
+            bail!(
+                "unsupported model_type {model_type:?} in config.json (specd runs {})",
+                SUPPORTED_MODEL_TYPES.join(", ")
+            );
+        }
+        let qwen = model_type.starts_with("qwen");
+        let get = |k: &str| -> Result<u64> {
+            v[k].as_u64()
+                .with_context(|| format!("config.json lacks integer {k}"))
+        };
+        let flag = |k: &str| -> Result<bool> {
+            match &v[k] {
+                serde_json::Value::Null => Ok(false),
+                b => b
+                    .as_bool()
+                    .with_context(|| format!("config.json's {k} is not a boolean")),
+            }
+        };
+        // transformers >= 5 nests the scaling under rope_parameters.
+        for key in ["rope_scaling", "rope_parameters"] {
+            if let Some(scaling) = v[key].as_object() {
+                let kind = scaling
+                    .get("rope_type")
+                    .or_else(|| scaling.get("type"))
+                    .and_then(|t| t.as_str())
+                    .unwrap_or("default");
+                if kind != "default" {
+                    bail!("config.json's {key} of type {kind:?} is not supported");
+                }
+            }
+        }
+        // One kind of attention in every layer; interleaved local and
+        // global layers are another architecture.
+        if let Some(kinds) = v["layer_types"].as_array() {
+            let known = |k: &serde_json::Value| {
+                matches!(k.as_str(), Some("full_attention" | "sliding_attention"))
+            };
+            if let Some(k) = kinds
+                .iter()
+                .find(|&k| !known(k) || Some(k) != kinds.first())
+            {
+                bail!("config.json's layer_types entry {k} is not supported (specd runs the same attention in every layer)");
+            }
+        }
+        if flag("mlp_bias")? {
+            bail!("config.json's mlp_bias = true is not supported");
+        }
+        let shape = LlamaConfig::shape(
+            &ShapeKeys {
+                hidden: "hidden_size",
+                layers: "num_hidden_layers",
+                heads: "num_attention_heads",
+                kv_heads: "num_key_value_heads",
+                ffn: "intermediate_size",
+                eps: "rms_norm_eps",
+            },
+            &|k| Ok(get(k)? as usize),
+            &|k| v[k].as_f64(),
+        )?;
+        let head_dim = match model_type {
+            // Qwen2 has no head_dim of its own (HF and mlx-lm both divide).
+            "qwen2" => shape.head_dim,
+            // Qwen3's may differ from hidden / heads; mlx-lm requires it.
+            "qwen3" => get("head_dim")? as usize,
+            _ => get("head_dim").map_or(shape.head_dim, |x| x as usize),
+        };
+        let attention_bias = flag("attention_bias")?;
+        // Qwen configs carry a sliding_window that applies only with
+        // use_sliding_window, and then only above max_window_layers.
+        let sliding_window = if qwen {
+            if flag("use_sliding_window")? {
+                bail!("config.json's use_sliding_window = true is not supported for {model_type}");
+            }
+            None
+        } else {
+            v["sliding_window"].as_u64().map(|w| w as usize)
+        };
+        let rope_theta = v["rope_theta"]
+            .as_f64()
+            .or_else(|| v["rope_parameters"]["rope_theta"].as_f64());
+        let rope_theta = match (rope_theta, model_type) {
+            (Some(t), _) => t,
+            (None, "qwen2") => 1_000_000.0,
+            (None, "qwen3") => bail!("config.json lacks rope_theta"),
+            (None, _) => 10000.0,
+        };
+        Ok(LlamaConfig {
+            head_dim,
+            vocab_size: get("vocab_size")? as usize,
+            rope_theta: rope_theta as f32,
+            rope_traditional: flag("rope_traditional")?,
+            max_position_embeddings: get("max_position_embeddings")
+                .map_or(if qwen { 32768 } else { 2048 }, |x| x as usize),
+            // Unsaid, the file decides: without lm_head the head is tied.
+            tie_word_embeddings: flag("tie_word_embeddings")?,
+            sliding_window,
+            qkv_bias: model_type == "qwen2" || attention_bias,
+            o_bias: model_type != "qwen2" && attention_bias,
+            qk_norm: model_type == "qwen3",
+            ..shape
+        })
+    }
+
+    /// Whether layer `i` attends through the sliding window (rotating cache).
+    pub fn is_local(&self, i: usize) -> bool {
+        match (self.sliding_window, self.sliding_window_pattern) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(_), Some(p)) => !(i + 1).is_multiple_of(p.max(1)),
+        }
+    }
+
+    /// The rope base of layer `i`.
+    pub fn rope_base(&self, i: usize) -> f32 {
+        match self.rope_local_theta {
+            Some(b) if self.is_local(i) => b,
+            _ => self.rope_theta,
+        }
+    }
+
+    /// The config.json a converted HF directory carries.
+    pub fn to_hf_json(&self, eos: &[u32], bos: Option<u32>) -> serde_json::Value {
+        let eos_json = if eos.len() == 1 {
+            serde_json::json!(eos[0])
+        } else {
+            serde_json::json!(eos)
+        };
+        let mut v = serde_json::json!({
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "torch_dtype": "float32",
+            "bos_token_id": bos,
+            "eos_token_id": eos_json,
+        });
+        let arch = if self.arch == Arch::Gemma3 {
+            // mlx-lm's gemma3_text ModelArgs (and transformers' Gemma3TextConfig).
+            serde_json::json!({
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "rope_local_base_freq": self.rope_local_theta.unwrap_or(10000.0),
+                "query_pre_attn_scalar": self.head_dim,
+                "sliding_window": self.sliding_window,
+                "sliding_window_pattern": self.sliding_window_pattern,
+                "rope_scaling": null,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "tie_word_embeddings": true,
+            })
+        } else {
+            serde_json::json!({
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "tie_word_embeddings": self.tie_word_embeddings,
+                "hidden_act": "silu",
+                "attention_bias": false,
+                "mlp_bias": false,
+            })
+        };
+        if let (Some(v), serde_json::Value::Object(arch)) = (v.as_object_mut(), arch) {
+            v.extend(arch);
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf(extra: serde_json::Value) -> Result<LlamaConfig> {
+        let mut v = serde_json::json!({
+            "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 512,
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        LlamaConfig::from_hf_json(&v.to_string())
+    }
+
+    #[test]
+    fn model_type_picks_the_options() {
+        let c = hf(serde_json::json!({"model_type": "qwen2", "head_dim": 64, "sliding_window": 4096, "use_sliding_window": false})).unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.qk_norm), (true, false, false));
+        assert_eq!(c.head_dim, 32, "Qwen2 divides, whatever head_dim says");
+        assert_eq!(c.sliding_window, None, "Qwen's window is off unless used");
+        assert_eq!(c.rope_theta, 1e6);
+        let c = hf(serde_json::json!({"model_type": "qwen3", "head_dim": 64, "rope_theta": 5e5}))
+            .unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.qk_norm), (false, false, true));
+        assert_eq!((c.head_dim, c.rope_theta), (64, 5e5));
+        let c = hf(serde_json::json!({"model_type": "mistral", "sliding_window": 4096})).unwrap();
+        assert_eq!((c.qkv_bias, c.qk_norm, c.head_dim), (false, false, 32));
+        assert_eq!(c.sliding_window, Some(4096));
+        let c = hf(serde_json::json!({"model_type": "llama", "attention_bias": true, "sliding_window": null})).unwrap();
+        assert_eq!((c.qkv_bias, c.o_bias, c.sliding_window), (true, true, None));
+    }
+
+    #[test]
+    fn what_the_forward_would_get_wrong_is_an_error() {
+        let err = |extra| format!("{:#}", hf(extra).unwrap_err());
+        let e = err(serde_json::json!({"model_type": "gemma2"}));
+        assert!(
+            e.contains("\"gemma2\"") && e.contains("llama, mistral, qwen2, qwen3"),
+            "{e}"
+        );
+        let e = err(serde_json::json!({"model_type": "qwen3"}));
+        assert!(e.contains("head_dim"), "{e}");
+        let e = err(serde_json::json!({"model_type": "qwen2", "use_sliding_window": true}));
+        assert!(e.contains("use_sliding_window"), "{e}");
+        let e = err(serde_json::json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}));
+        assert!(e.contains("llama3"), "{e}");
+        let e =
+            err(serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}));
+        assert!(e.contains("yarn"), "{e}");
+        let e = err(serde_json::json!({"layer_types": ["full_attention", "sliding_attention"]}));
+        assert!(e.contains("sliding_attention"), "{e}");
+        let e = err(serde_json::json!({"mlp_bias": true}));
+        assert!(e.contains("mlp_bias"), "{e}");
+        assert!(
+            hf(serde_json::json!({"rope_scaling": null, "layer_types": ["full_attention"]}))
+                .is_ok()
+        );
+        let c = hf(
+            serde_json::json!({"model_type": "qwen3", "head_dim": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 2e6}}),
+        );
+        assert_eq!(c.unwrap().rope_theta, 2e6);
+    }
+}

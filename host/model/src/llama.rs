@@ -1,0 +1,928 @@
+//! A llama forward in the shape of mlx-lm's llama.py: RMSNorm, RoPE, GQA
+//! attention, SwiGLU MLP, tied or untied head.
+//!
+//! Two weight paths: quantized (the file's 4/8-bit blocks kept as they are,
+//! multiplied by specd's batch-invariant kernels, attention by specd's
+//! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
+//! attention). See [`WeightMode`].
+use super::config::Arch;
+use super::gemma3::{self, PostNorms};
+use super::linear::{fuse_packed, Linear, QuantizedWeight};
+use super::LlamaConfig;
+use crate::cache::{KvCache, LayerCache, RotatingCache};
+use specd_mlx::kernels::KvRows;
+use specd_mlx::{fast, kernels, ops, Array, Result};
+
+#[derive(Clone)]
+pub struct Layer {
+    pub attn_norm: Array,
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Linear,
+    pub ffn_norm: Array,
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+    /// `q`, `k`, `v` as one matmul, and `gate`, `up` as one (packed for the
+    /// CPU kernels by [`Llama::pack_for_cpu`]); the forward prefers them.
+    pub qkv: Option<Linear>,
+    pub gate_up: Option<Linear>,
+    /// The q, k and v biases concatenated `[q_out + 2 * kv_out]` (Qwen2,
+    /// `attention_bias`), added before rope.
+    pub qkv_bias: Option<Array>,
+    /// The output projection's bias (llama/Qwen3 `attention_bias`).
+    pub o_bias: Option<Array>,
+    /// Per-head RMS norm weights `[head_dim]` of q and k, applied before
+    /// rope (Qwen3, Gemma 3).
+    pub q_norm: Option<Array>,
+    pub k_norm: Option<Array>,
+    /// Which forward the layer runs.
+    pub kind: LayerKind,
+}
+
+/// What a layer is beyond the parts every llama-family layer has, and so
+/// which forward runs it.
+#[derive(Clone)]
+pub enum LayerKind {
+    /// llama, Mistral, Qwen2/3: SwiGLU MLP, no norms after attention or MLP.
+    Llama,
+    /// Gemma 3 ([`crate::gemma3`]): its post-norms, GeGLU, a rope base per
+    /// layer kind, attention per sequence.
+    Gemma3(PostNorms),
+}
+
+/// Called with a part's name and outputs as a forward builds them.
+pub type Probe<'a> = dyn FnMut(&'static str, &[&Array]) -> Result<()> + 'a;
+
+/// The probe of every forward but the profiler's.
+pub fn no_probe(_: &'static str, _: &[&Array]) -> Result<()> {
+    Ok(())
+}
+
+/// Which positions' logits a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position (prefill, plain decoding).
+    Last,
+    /// Every new position (a speculative verify).
+    All,
+}
+
+/// The logits of a [`Llama::forward_batch`]: `[rows, vocab]` for the rows
+/// the sequences asked for, in order (`None` where none did), and per
+/// sequence its rows `(first, count)` among them (`None`: a prefill chunk).
+pub struct BatchLogits {
+    pub logits: Option<Array>,
+    pub spans: Vec<Option<(i32, i32)>>,
+}
+
+/// One sequence's part of [`Llama::forward_batch`].
+pub struct BatchRows<'a> {
+    /// Its new tokens (at least one), after what its caches hold.
+    pub tokens: &'a [u32],
+    /// Its caches, one per layer of the model.
+    pub caches: &'a mut [Box<dyn LayerCache>],
+    /// Which of its rows' logits come back; `None`: none (prefill).
+    pub logits: Option<Logits>,
+}
+
+#[derive(Clone)]
+pub struct Llama {
+    pub config: LlamaConfig,
+    /// `[vocab, hidden]`; also the head when tied.
+    pub embed: Linear,
+    /// Attention, norms, rope and the SwiGLU activation through specd's
+    /// one-op, batch-invariant CPU kernels (the quantized path) or MLX's
+    /// fast ops (the float32 path).
+    pub own_kernels: bool,
+    pub layers: Vec<Layer>,
+    pub norm: Array,
+    /// `None` when the head is tied to the embedding.
+    pub lm_head: Option<Linear>,
+    /// Whether attention runs through `kernels::attention_kv_rows` where it
+    /// can (true when loaded); false: the per-sequence ops it replaced, to
+    /// measure one against the other with one build
+    /// (the engine's `Switches`).
+    pub kv_rows: bool,
+    /// Whether a layer's o, gate/up and down matmuls run as one op where
+    /// they can ([`kernels::layer_tail`]; true when loaded); false: three,
+    /// as `specd profile` shows them part by part
+    /// (the engine's `Switches`).
+    pub fused_tail: bool,
+    /// Whether the caches that attention writes in place hold f16 keys and
+    /// values (half the bytes a token, and half what a step reads) instead
+    /// of float32 (the engine's `Switches::kv_f16`); off when loaded.
+    pub kv_half: bool,
+}
+
+impl Llama {
+    /// Bytes of KV cache one token takes, every layer: float32 keys and
+    /// values, or f16 where the caches are 16-bit ([`Llama::kv_half`], the
+    /// fused path's caches; the per-sequence ops keep float32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let bytes = if self.kv_half && self.fused_attention() {
+            2
+        } else {
+            4
+        };
+        self.config.kv_bytes_per_token(bytes)
+    }
+
+    /// Whether every layer's attention is the one op over plain caches
+    /// (`kernels::attention_kv_rows`), the only writer of 16-bit caches:
+    /// packed q/k/v weights, no sliding window, no Gemma 3 layers.
+    fn fused_attention(&self) -> bool {
+        self.kv_rows
+            && self.config.sliding_window.is_none()
+            && self
+                .layers
+                .iter()
+                .all(|l| matches!(l.kind, LayerKind::Llama) && self.fused_qkv(l).is_some())
+    }
+
+    /// Fresh caches, one per layer.
+    pub fn new_caches(&self) -> Vec<Box<dyn LayerCache>> {
+        self.new_caches_n(self.config.num_hidden_layers)
+    }
+
+    /// Caches for the first `n` layers: rotating where the model attends
+    /// through a sliding window.
+    pub fn new_caches_n(&self, n: usize) -> Vec<Box<dyn LayerCache>> {
+        (0..n)
+            .map(|i| match self.config.sliding_window {
+                Some(w) if self.config.is_local(i) => {
+                    Box::new(RotatingCache::new(w)) as Box<dyn LayerCache>
+                }
+                _ => Box::new(KvCache::new()) as Box<dyn LayerCache>,
+            })
+            .collect()
+    }
+
+    /// Runs `tokens` through all layers after what `caches` hold; returns
+    /// logits `[T or 1, vocab]` (float32, lazy).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        which: Logits,
+    ) -> Result<Array> {
+        self.forward_layers(tokens, caches, self.layers.len(), which)
+    }
+
+    /// The first `n_layers` layers, then the final norm and head: the target
+    /// itself for `n_layers == layers.len()`, a self-speculative draft below.
+    pub fn forward_layers(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        which: Logits,
+    ) -> Result<Array> {
+        let h = self.hidden(tokens, caches, n_layers)?;
+        self.head(&h, which)
+    }
+
+    /// Hidden states after `n_layers` layers, `[1, T, hidden]`.
+    pub fn hidden(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+    ) -> Result<Array> {
+        self.hidden_probed(tokens, caches, n_layers, &mut no_probe)
+    }
+
+    /// [`Llama::hidden`], calling `probe` with each part's name and outputs
+    /// as soon as the part is built (`specd profile` evaluates and times
+    /// them there; everything else passes [`no_probe`]).
+    pub fn hidden_probed(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        let ids = Array::from_u32(tokens, &[tokens.len() as i32])?;
+        self.hidden_ids(&ids, caches, n_layers, probe)
+    }
+
+    /// [`Llama::hidden_probed`] from token ids `[T]` (uint32) on the device,
+    /// e.g. an argmax not yet computed.
+    pub fn hidden_ids(
+        &self,
+        ids: &Array,
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        assert!(caches.len() >= n_layers, "one cache per layer");
+        let t = ids.dim(0);
+        let mut x = self.embedded(ids)?;
+        probe("embedding", &[&x])?;
+        for (i, (layer, cache)) in self.layers[..n_layers]
+            .iter()
+            .zip(caches.iter_mut())
+            .enumerate()
+        {
+            x = match &layer.kind {
+                LayerKind::Gemma3(p) => {
+                    gemma3::layer(self, i, layer, p, &x, &mut [(cache, (0, t))], probe)?
+                }
+                LayerKind::Llama => self.layer(i, layer, &x, cache, probe)?,
+            };
+        }
+        Ok(x)
+    }
+
+    /// The embedding rows of token ids `[T]`, as `[1, T, hidden]` (scaled
+    /// by sqrt(hidden) for Gemma 3).
+    fn embedded(&self, ids: &Array) -> Result<Array> {
+        let x = self
+            .embed
+            .rows(ids)?
+            .reshape(&[1, ids.dim(0), self.config.hidden_size as i32])?;
+        if self.config.arch != Arch::Gemma3 {
+            return Ok(x);
+        }
+        let scale = Array::scalar(self.config.embed_scale())?;
+        ops::multiply(&x, &scale)
+    }
+
+    /// Final norm and the vocabulary projection.
+    pub fn head(&self, h: &Array, which: Logits) -> Result<Array> {
+        self.head_probed(h, which, &mut no_probe)
+    }
+
+    pub fn head_probed(&self, h: &Array, which: Logits, probe: &mut Probe<'_>) -> Result<Array> {
+        let t = h.dim(1);
+        let d = self.config.hidden_size as i32;
+        let h = match which {
+            Logits::All => h.reshape(&[t, d])?,
+            Logits::Last => h.slice(&[0, t - 1, 0], &[1, t, d])?.reshape(&[1, d])?,
+        };
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let logits = self.norm_linear(&h, &self.norm, head)?;
+        probe("final norm + lm head", &[&logits])?;
+        Ok(logits)
+    }
+
+    /// Packs the quantized weights for the CPU kernels, fusing `q`/`k`/`v`
+    /// and `gate`/`up` into one matmul each where they are quantized alike.
+    /// The unfused parts keep MLX's layout (for shapes, and the GPU).
+    pub fn pack_for_cpu(&mut self) -> Result<()> {
+        // Embedding lookups read the packed layout too.
+        self.embed = self.embed.clone().pack(false)?;
+        if let Some(h) = self.lm_head.take() {
+            self.lm_head = Some(h.pack(false)?);
+        }
+        for l in &mut self.layers {
+            l.qkv = fuse_packed(&mut [&mut l.q, &mut l.k, &mut l.v])?;
+            l.gate_up = fuse_packed(&mut [&mut l.gate, &mut l.up])?;
+            for p in [&mut l.o, &mut l.down] {
+                *p = p.clone().pack(false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a forward over k new tokens gives, row for row, bitwise the
+    /// logits of k one-token forwards: every matmul through specd's
+    /// quantized kernels and attention through its kernel (norms, rope and
+    /// elementwise ops are row-wise in MLX already).
+    pub fn batch_invariant(&self) -> bool {
+        self.own_kernels
+            && self.lm_head.as_ref().unwrap_or(&self.embed).is_quantized()
+            && self.layers.iter().all(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .into_iter()
+                    .all(|l| l.is_quantized())
+            })
+    }
+
+    /// Causal attention of `q` `[1, heads, T, d]` over the cached `k`, `v`;
+    /// returns `[1, T, heads * d]`.
+    pub fn attention(&self, q: &Array, k: &Array, v: &Array) -> Result<Array> {
+        let scale = 1.0 / (self.config.head_dim as f32).sqrt();
+        let (h, t, d) = (q.dim(1), q.dim(2), v.dim(3));
+        if self.own_kernels {
+            return kernels::attention(q, k, v, scale, t > 1)?.reshape(&[1, t, h * d]);
+        }
+        let mask = if t > 1 {
+            fast::Mask::Causal
+        } else {
+            fast::Mask::None
+        };
+        fast::scaled_dot_product_attention(q, k, v, scale, mask)?
+            .transpose(&[0, 2, 1, 3])?
+            .reshape(&[1, t, h * d])
+    }
+
+    /// Attention of `q` `[1, h, T, d]` over `k`, `v` `[1, kv, L, d]`, the
+    /// last T keys being the queries' own positions; with `window`, query
+    /// t sees only the keys less than `window` positions before it. Where
+    /// the window cuts, each query row runs alone over its own keys: the
+    /// same computation as a one-token step, so a k-token verify stays
+    /// bitwise equal to k steps.
+    pub(super) fn windowed_attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        window: Option<usize>,
+    ) -> Result<Array> {
+        let (t, l) = (q.dim(2), k.dim(2));
+        let w = match window {
+            Some(w) if l as usize > w => w as i32,
+            _ => return self.attention(q, k, v),
+        };
+        let (h, d, kv) = (q.dim(1), q.dim(3), k.dim(1));
+        let mut rows = Vec::with_capacity(t as usize);
+        for i in 0..t {
+            // Key index of query i's own position, and its window's start.
+            let end = l - t + i + 1;
+            let start = (end - w).max(0);
+            let qi = q.slice(&[0, 0, i, 0], &[1, h, i + 1, d])?;
+            let ki = k.slice(&[0, 0, start, 0], &[1, kv, end, d])?;
+            let vi = v.slice(&[0, 0, start, 0], &[1, kv, end, v.dim(3)])?;
+            rows.push(self.attention(&qi, &ki, &vi)?);
+        }
+        ops::concatenate(&rows.iter().collect::<Vec<_>>(), 1)
+    }
+
+    /// `lin(rms_norm(x, w))`: one op on the CPU kernels' packed weights.
+    pub fn norm_linear(&self, x: &Array, w: &Array, lin: &Linear) -> Result<Array> {
+        match lin {
+            Linear::Quantized(q) => q.forward_normed(x, w, self.config.rms_norm_eps),
+            Linear::Dense(_) => lin.forward(&self.rms_norm(x, w)?),
+        }
+    }
+
+    pub fn rms_norm(&self, x: &Array, w: &Array) -> Result<Array> {
+        if self.own_kernels {
+            kernels::rms_norm(x, w, self.config.rms_norm_eps)
+        } else {
+            fast::rms_norm(x, w, self.config.rms_norm_eps)
+        }
+    }
+
+    /// `y` `[1, T, n * head_dim]` split into heads `[1, n, T, head_dim]`
+    /// and rotated for positions `offset..`.
+    pub fn rope_heads(&self, y: &Array, n: i32, offset: i32) -> Result<Array> {
+        let c = &self.config;
+        let (t, hd) = (y.dim(1), c.head_dim as i32);
+        let y = y.reshape(&[1, t, n, hd])?;
+        let (trad, base) = (c.rope_traditional, c.rope_theta);
+        if self.own_kernels {
+            kernels::rope_heads(&y, hd, trad, base, 1.0, offset)
+        } else {
+            fast::rope(&y.transpose(&[0, 2, 1, 3])?, hd, trad, base, 1.0, offset)
+        }
+    }
+
+    /// `silu(g) * u`.
+    pub fn swiglu(&self, g: &Array, u: &Array) -> Result<Array> {
+        if self.own_kernels {
+            kernels::swiglu(g, u)
+        } else {
+            ops::multiply(&ops::silu(g)?, u)
+        }
+    }
+
+    /// q, k, v of a layer as heads `[1, heads, T, head_dim]`, q and k
+    /// rotated for positions `offset..`. With the CPU kernels and a packed
+    /// q/k/v the norm, the matmul and the rope are one op; the heads are
+    /// views of its output.
+    fn qkv_heads(
+        &self,
+        l: &Layer,
+        x: &Array,
+        offset: i32,
+        probe: &mut Probe<'_>,
+    ) -> Result<(Array, Array, Array)> {
+        let c = &self.config;
+        let t = x.dim(1);
+        let (nh, nkv, hd) = self.head_counts();
+        let (nq, nk) = (nh * hd, nkv * hd);
+        // Column slices of one product: views, no copies.
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
+        let heads = |y: &Array, n: i32| y.reshape(&[1, t, n, hd])?.transpose(&[0, 2, 1, 3]);
+        // A bias or a q/k norm comes between the matmul and the rope, so
+        // those models skip the op that folds the rope into the matmul.
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        if let (true, Some(Linear::Quantized(f))) = (plain, &l.qkv) {
+            if f.packed.is_some() {
+                let rope = kernels::RopeSpec {
+                    cols: nq + nk,
+                    head_dim: hd,
+                    traditional: c.rope_traditional,
+                    base: c.rope_theta,
+                    offset,
+                };
+                let y = f.forward_normed_rope(x, &l.attn_norm, c.rms_norm_eps, rope)?;
+                probe("norm + q/k/v matmuls + rope", &[&y])?;
+                return Ok((
+                    heads(&cols(&y, 0, nq)?, nh)?,
+                    heads(&cols(&y, nq, nk)?, nkv)?,
+                    heads(&cols(&y, nq + nk, nk)?, nkv)?,
+                ));
+            }
+        }
+        let (q, k, v) = self.qkv_rows(l, x, probe)?;
+        let q = self.rope_heads(&q, nh, offset)?;
+        let k = self.rope_heads(&k, nkv, offset)?;
+        probe("rope", &[&q, &k])?;
+        Ok((q, k, heads(&v, nkv)?))
+    }
+
+    /// The window layer `i` attends through (its cache is rotating), if any.
+    pub(super) fn window(&self, i: usize) -> Option<usize> {
+        let c = &self.config;
+        c.sliding_window.filter(|_| c.is_local(i))
+    }
+
+    /// Query heads, key/value heads and the head size.
+    pub(super) fn head_counts(&self) -> (i32, i32, i32) {
+        let c = &self.config;
+        (
+            c.num_attention_heads as i32,
+            c.num_key_value_heads as i32,
+            c.head_dim as i32,
+        )
+    }
+
+    /// q, k, v rows `[1, T, n * head_dim]` before the rope: the norm and
+    /// the q/k/v matmul, then the model's bias and q/k norms if any.
+    pub(super) fn qkv_rows(
+        &self,
+        l: &Layer,
+        x: &Array,
+        probe: &mut Probe<'_>,
+    ) -> Result<(Array, Array, Array)> {
+        let t = x.dim(1);
+        let (nh, nkv, hd) = self.head_counts();
+        let (nq, nk) = (nh * hd, nkv * hd);
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
+        let (q, k, v) = match &l.qkv {
+            Some(f) => {
+                let y = self.norm_linear(x, &l.attn_norm, f)?;
+                (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
+            }
+            None => {
+                let h = self.rms_norm(x, &l.attn_norm)?;
+                (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
+            }
+        };
+        let (q, k, v) = match &l.qkv_bias {
+            Some(b) => {
+                let part = |a: i32, n: i32| b.slice(&[a], &[a + n]);
+                (
+                    ops::add(&q, &part(0, nq)?)?,
+                    ops::add(&k, &part(nq, nk)?)?,
+                    ops::add(&v, &part(nq + nk, nk)?)?,
+                )
+            }
+            None => (q, k, v),
+        };
+        probe("norm + q/k/v matmuls", &[&q, &k, &v])?;
+        let (q, k) = match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) => (self.head_norm(&q, qn, nh)?, self.head_norm(&k, kn, nkv)?),
+            _ => (q, k),
+        };
+        Ok((q, k, v))
+    }
+
+    /// RMS norm of each of the `n` heads of `y` `[1, T, n * head_dim]`.
+    fn head_norm(&self, y: &Array, w: &Array, n: i32) -> Result<Array> {
+        let (t, hd) = (y.dim(1), self.config.head_dim as i32);
+        self.rms_norm(&y.reshape(&[1, t, n, hd])?, w)?
+            .reshape(&[1, t, n * hd])
+    }
+
+    fn layer(
+        &self,
+        i: usize,
+        l: &Layer,
+        x: &Array,
+        cache: &mut Box<dyn LayerCache>,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        let offset = cache.offset() as i32;
+        if let (Some(f), Some(kv)) = (self.fused_qkv(l), cache.as_kv().filter(|_| self.kv_rows)) {
+            // One sequence is a batch of one: the same two ops as
+            // `layer_batch`, so a sequence's rows round alike alone and batched.
+            let y = f.forward_normed_rope(
+                x,
+                &l.attn_norm,
+                self.config.rms_norm_eps,
+                self.rope(offset),
+            )?;
+            probe("norm + q/k/v matmuls + rope", &[&y])?;
+            return self.attention_and_rest(l, &y, x, &mut [kv], &[x.dim(1)], probe);
+        }
+
+        let (q, k, v) = self.qkv_heads(l, x, offset, probe)?;
+        let (k, v) = cache.update(&k, &v)?;
+        probe("cache update", &[&k, &v])?;
+        let o = self.windowed_attention(&q, &k, &v, self.window(i))?;
+        probe("attention", &[&o])?;
+        self.layer_rest(l, &o, x, probe)
+    }
+
+    /// The packed q/k/v matmul of layer `l` where the rope folds into it
+    /// and the fused attention kernel takes its output: specd's kernels,
+    /// packed weights, nothing (bias, q/k norm) between matmul and rope.
+    fn fused_qkv<'a>(&self, l: &'a Layer) -> Option<&'a QuantizedWeight> {
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        match &l.qkv {
+            Some(Linear::Quantized(f)) if plain && self.own_kernels && f.packed.is_some() => {
+                Some(f)
+            }
+            _ => None,
+        }
+    }
+
+    /// How the fused q/k/v matmul rotates q and k (`offset`: the first
+    /// row's position, where one sequence).
+    fn rope(&self, offset: i32) -> kernels::RopeSpec {
+        let c = &self.config;
+        let (nh, nkv, hd) = self.head_counts();
+        kernels::RopeSpec {
+            cols: (nh + nkv) * hd,
+            head_dim: hd,
+            traditional: c.rope_traditional,
+            base: c.rope_theta,
+            offset,
+        }
+    }
+
+    /// Every sequence's new k/v rows into its cache and its attention over
+    /// that cache, in one op (`kernels::attention_kv_rows`): `y` is the
+    /// fused q/k/v output `[1, T, (heads + 2 kv_heads) * head_dim]`, its
+    /// rows the sequences' in order, `rows[s]` of them for `caches[s]`.
+    /// Returns `[1, T, heads * head_dim]`.
+    fn attention_kv_rows(
+        &self,
+        y: &Array,
+        caches: &mut [&mut KvCache],
+        rows: &[i32],
+    ) -> Result<Array> {
+        self.with_kv_rows(caches, rows, |seqs, shape| {
+            let (o, kv) = kernels::attention_kv_rows(y, seqs, shape)?;
+            Ok((kv, o))
+        })
+    }
+
+    /// `f` over each cache's writable buffers for its `rows` new rows (with
+    /// the attention's shape); the caches it gives back are kept, as
+    /// written.
+    fn with_kv_rows<T>(
+        &self,
+        caches: &mut [&mut KvCache],
+        rows: &[i32],
+        f: impl FnOnce(&[KvRows<'_>], kernels::AttnShape) -> Result<(Vec<(Array, Array)>, T)>,
+    ) -> Result<T> {
+        let (nh, nkv, hd) = self.head_counts();
+        let shape = kernels::AttnShape {
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (self.config.head_dim as f32).sqrt(),
+        };
+        let seqs = caches
+            .iter_mut()
+            .zip(rows)
+            .map(|(c, &n)| {
+                let offset = c.offset() as i32;
+                let (keys, values) = c.writable(n as usize, nkv, hd, self.kv_half)?;
+                Ok(KvRows {
+                    keys,
+                    values,
+                    offset,
+                    rows: n,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (kv, out) = f(&seqs, shape)?;
+        drop(seqs);
+        for ((c, &n), (k, v)) in caches.iter_mut().zip(rows).zip(kv) {
+            c.written(n as usize, k, v);
+        }
+        Ok(out)
+    }
+
+    /// The MLP's input norm and its gate and up matmuls (one fused matmul
+    /// where the layer has it) over `x` `[1, T, hidden]`.
+    pub(super) fn gate_up(&self, l: &Layer, x: &Array) -> Result<(Array, Array)> {
+        Ok(match &l.gate_up {
+            Some(f) => halves(&self.norm_linear(x, &l.ffn_norm, f)?)?,
+            None => {
+                let h = self.rms_norm(x, &l.ffn_norm)?;
+                (l.gate.forward(&h)?, l.up.forward(&h)?)
+            }
+        })
+    }
+
+    /// A layer's weights after attention where they run as one op
+    /// ([`kernels::layer_tail`]): its three matmuls packed and nothing
+    /// between them (no o bias; a fused gate/up whose SwiGLU folds into
+    /// down).
+    fn tail<'a>(&self, l: &'a Layer) -> Option<kernels::Tail<'a>> {
+        if !(self.fused_tail && self.own_kernels) || l.o_bias.is_some() {
+            return None;
+        }
+        let (w_o, _, o_group, o_bits) = l.o.packed()?;
+        let (w_gate_up, gate_up_n, gate_up_group, gate_up_bits) = l.gate_up.as_ref()?.packed()?;
+        let (w_down, _, down_group, down_bits) = l.down.packed()?;
+        Some(kernels::Tail {
+            w_o,
+            o_group,
+            o_bits,
+            norm_w: &l.ffn_norm,
+            eps: self.config.rms_norm_eps,
+            w_gate_up,
+            gate_up_n,
+            gate_up_group,
+            gate_up_bits,
+            w_down,
+            down_group,
+            down_bits,
+            gelu: false,
+        })
+    }
+
+    /// Attention over the caches (as [`Self::attention_kv_rows`]) and the
+    /// rest of the layer: where the layer's tail fuses, the whole layer is
+    /// one op ([`kernels::layer_kv_rows`]; two where a probe evaluated `y`).
+    fn attention_and_rest(
+        &self,
+        l: &Layer,
+        y: &Array,
+        x: &Array,
+        caches: &mut [&mut KvCache],
+        rows: &[i32],
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        let Some(tail) = self.tail(l) else {
+            let o = self.attention_kv_rows(y, caches, rows)?;
+            probe("cache update + attention", &[&o])?;
+            return self.layer_rest(l, &o, x, probe);
+        };
+        let (out, attention) = self.with_kv_rows(caches, rows, |seqs, shape| {
+            let r = kernels::layer_kv_rows(y, seqs, shape, x, &tail)?;
+            Ok((r.caches, (r.out, r.attention)))
+        })?;
+        probe("cache update + attention", &[&attention])?;
+        probe("o matmul + MLP, one op", &[&out])?;
+        Ok(out)
+    }
+
+    /// A layer after attention: `o` matmul + residual, then the MLP.
+    fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
+        if let Some(t) = self.tail(l) {
+            let y = kernels::layer_tail(o, x, &t)?;
+            probe("o matmul + MLP, one op", &[&y])?;
+            return Ok(y);
+        }
+        let x = l.o.forward_add(o, x)?;
+        let x = match &l.o_bias {
+            Some(b) => ops::add(&x, b)?,
+            None => x,
+        };
+        probe("o matmul + residual", &[&x])?;
+
+        let (g, u) = match (&l.gate_up, self.own_kernels) {
+            // The swiglu folded into the down matmul where its weights are
+            // packed: the same bits, one op a layer fewer.
+            (Some(f), true) => {
+                let gu = self.norm_linear(&x, &l.ffn_norm, f)?;
+                probe("norm + gate/up matmuls", &[&gu])?;
+                if let Some(y) = l.down.forward_glu(&gu, Some(&x), false) {
+                    let y = y?;
+                    probe("silu * up + down + residual", &[&y])?;
+                    return Ok(y);
+                }
+                halves(&gu)?
+            }
+            _ => {
+                let (g, u) = self.gate_up(l, &x)?;
+                probe("norm + gate/up matmuls", &[&g, &u])?;
+                (g, u)
+            }
+        };
+        let gu = self.swiglu(&g, &u)?;
+        probe("silu * up", &[&gu])?;
+        let x = l.down.forward_add(&gu, &x)?;
+        probe("down matmul + residual", &[&x])?;
+        Ok(x)
+    }
+
+    /// One forward over the rows of several sequences at once (continuous
+    /// batching): the matmuls run over all rows together, so the weights
+    /// are streamed once per step; rope and attention run per sequence, at
+    /// its own positions over its own caches. Where the q/k/v matmul folds
+    /// the rope in and every cache is a plain [`KvCache`], a layer is a
+    /// fixed handful of ops whatever the number of sequences: the cache
+    /// writes and every sequence's attention are one op
+    /// (`kernels::attention_kv_rows`), the same one a lone forward runs.
+    /// Gemma 3's layers run their q/k norms, rope and windowed attention per
+    /// sequence ([`gemma3::layer`]). With [`Llama::batch_invariant`]
+    /// weights every sequence's logits are bitwise those of a forward of it
+    /// alone. Returns the logits of the rows asked for, in sequence order,
+    /// and which of them are each sequence's.
+    pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<BatchLogits> {
+        let n_layers = self.layers.len();
+        let mut tokens = Vec::new();
+        let mut spans = Vec::with_capacity(seqs.len());
+        for s in seqs.iter() {
+            assert!(!s.tokens.is_empty(), "every sequence brings rows");
+            assert!(s.caches.len() >= n_layers, "one cache per layer");
+            spans.push((tokens.len() as i32, s.tokens.len() as i32));
+            tokens.extend_from_slice(s.tokens);
+        }
+        let t = tokens.len() as i32;
+        let d = self.config.hidden_size as i32;
+        let ids = Array::from_u32(&tokens, &[t])?;
+        let mut x = self.embedded(&ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = match &layer.kind {
+                LayerKind::Gemma3(g) => {
+                    let mut parts: Vec<_> = seqs
+                        .iter_mut()
+                        .zip(&spans)
+                        .map(|(s, &span)| (&mut s.caches[i], span))
+                        .collect();
+                    gemma3::layer(self, i, layer, g, &x, &mut parts, &mut no_probe)?
+                }
+                LayerKind::Llama => self.layer_batch(layer, &x, i, seqs, &spans)?,
+            };
+        }
+        // The head over the rows asked for only, in one matmul. Runs of
+        // them that follow on are one slice: in a decode step every
+        // sequence's last row is every row, so the head reads x as it is.
+        let mut runs: Vec<(i32, i32)> = Vec::new();
+        let mut spans_out = Vec::with_capacity(seqs.len());
+        let mut rows = 0;
+        for (s, &(a, n)) in seqs.iter().zip(&spans) {
+            let (from, len) = match s.logits {
+                None => {
+                    spans_out.push(None);
+                    continue;
+                }
+                Some(Logits::All) => (a, n),
+                Some(Logits::Last) => (a + n - 1, 1),
+            };
+            match runs.last_mut() {
+                Some(r) if r.0 + r.1 == from => r.1 += len,
+                _ => runs.push((from, len)),
+            }
+            spans_out.push(Some((rows, len)));
+            rows += len;
+        }
+        if runs.is_empty() {
+            return Ok(BatchLogits {
+                logits: None,
+                spans: spans_out,
+            });
+        }
+        let run = |&(from, len): &(i32, i32)| x.slice(&[0, from, 0], &[1, from + len, d]);
+        let h = match runs.as_slice() {
+            [(0, n)] if *n == t => x.clone(),
+            [one] => run(one)?,
+            _ => {
+                let picked = runs
+                    .iter()
+                    .map(run)
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                ops::concatenate(&picked.iter().collect::<Vec<_>>(), 1)?
+            }
+        }
+        .reshape(&[rows, d])?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        Ok(BatchLogits {
+            logits: Some(self.norm_linear(&h, &self.norm, head)?),
+            spans: spans_out,
+        })
+    }
+
+    /// Layer `li` of [`Llama::forward_batch`]: the norm + q/k/v matmul over
+    /// every row (with the rope folded in at each row's own position where
+    /// the weights are packed), then the cache writes and attention (one op
+    /// for all the sequences where their caches are plain, per sequence
+    /// otherwise), then the rest of the layer over every row again.
+    fn layer_batch(
+        &self,
+        l: &Layer,
+        x: &Array,
+        li: usize,
+        seqs: &mut [BatchRows<'_>],
+        spans: &[(i32, i32)],
+    ) -> Result<Array> {
+        let c = &self.config;
+        let t = x.dim(1);
+        let (nh, nkv, hd) = self.head_counts();
+        let (nq, nk) = (nh * hd, nkv * hd);
+        let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
+        let heads = |y: &Array, n: i32| y.reshape(&[1, y.dim(1), n, hd])?.transpose(&[0, 2, 1, 3]);
+        let mut outs = Vec::with_capacity(seqs.len());
+        let positions = || -> Vec<i32> {
+            seqs.iter()
+                .zip(spans)
+                .flat_map(|(s, &(_, n))| {
+                    let o = s.caches[li].offset() as i32;
+                    o..o + n
+                })
+                .collect()
+        };
+        if let Some(f) = self.fused_qkv(l) {
+            // The rope folded into the matmul, each row at its own
+            // sequence's position: the solo forward's op and rounding.
+            let y = f.forward_normed_rope_rows(
+                x,
+                &l.attn_norm,
+                c.rms_norm_eps,
+                self.rope(0),
+                &positions(),
+            )?;
+            let n_seqs = seqs.len();
+            let mut kvs: Vec<&mut KvCache> = seqs
+                .iter_mut()
+                .filter_map(|s| s.caches[li].as_kv())
+                .collect();
+            if kvs.len() == n_seqs && self.kv_rows {
+                // Every cache a plain one: all the sequences' cache writes
+                // and attention in one op, as alone (`layer`).
+                let rows: Vec<i32> = spans.iter().map(|&(_, n)| n).collect();
+                return self.attention_and_rest(l, &y, x, &mut kvs, &rows, &mut no_probe);
+            }
+            drop(kvs);
+            let (q, k, v) = (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?);
+            for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
+                let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
+                let (qs, ks, vs) = (
+                    heads(&rows(&q)?, nh)?,
+                    heads(&rows(&k)?, nkv)?,
+                    heads(&rows(&v)?, nkv)?,
+                );
+                let (kc, vc) = s.caches[li].update(&ks, &vs)?;
+                outs.push(self.windowed_attention(&qs, &kc, &vc, self.window(li))?);
+            }
+        }
+        if outs.is_empty() {
+            let (q, k, v) = self.qkv_rows(l, x, &mut no_probe)?;
+            for (s, &(a, n)) in seqs.iter_mut().zip(spans) {
+                let rows = |y: &Array| y.slice(&[0, a, 0], &[1, a + n, y.dim(2)]);
+                let cache = &mut s.caches[li];
+                let offset = cache.offset() as i32;
+                // Rope per sequence, at its own positions.
+                let qs = self.rope_heads(&rows(&q)?, nh, offset)?;
+                let ks = self.rope_heads(&rows(&k)?, nkv, offset)?;
+                let vs = heads(&rows(&v)?, nkv)?;
+                let (kc, vc) = cache.update(&ks, &vs)?;
+                outs.push(self.windowed_attention(&qs, &kc, &vc, self.window(li))?);
+            }
+        }
+        let o = if outs.len() == 1 {
+            outs.pop().expect("one")
+        } else {
+            ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
+        };
+        self.layer_rest(l, &o, x, &mut no_probe)
+    }
+
+    /// Every weight, for evaluation after loading.
+    pub fn weights(&self) -> Vec<&Array> {
+        let mut w = self.embed.arrays();
+        w.push(&self.norm);
+        if let Some(h) = &self.lm_head {
+            w.extend(h.arrays());
+        }
+        for l in &self.layers {
+            w.extend([&l.attn_norm, &l.ffn_norm]);
+            w.extend(
+                [&l.qkv_bias, &l.o_bias, &l.q_norm, &l.k_norm]
+                    .into_iter()
+                    .flatten(),
+            );
+            for lin in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+                w.extend(lin.arrays());
+            }
+            for lin in l.qkv.iter().chain(&l.gate_up) {
+                w.extend(lin.arrays());
+            }
+            if let LayerKind::Gemma3(p) = &l.kind {
+                w.extend([&p.attn, &p.ffn]);
+            }
+        }
+        w
+    }
+}
+
+/// A fused gate/up matmul's output `[1, T, 2 n]` as its gate and up halves.
+pub(super) fn halves(y: &Array) -> Result<(Array, Array)> {
+    let (t, n) = (y.dim(1), y.dim(2) / 2);
+    Ok((
+        y.slice(&[0, 0, 0], &[1, t, n])?,
+        y.slice(&[0, 0, n], &[1, t, 2 * n])?,
+    ))
+}

@@ -1,0 +1,74 @@
+//! The `specd-tools` command line: `bench`, `profile` and `replay`, with
+//! the flags `specd` gives them (`specd` hands its arguments here as they
+//! are, so `specd bench spec ...` and `specd-tools bench spec ...` are one
+//! command).
+mod bench;
+mod replay;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use specd::cli::{Globals, ModelArg};
+
+#[derive(Parser)]
+#[command(
+    name = "specd",
+    bin_name = "specd",
+    version,
+    about = "specd's benchmarks, profiler and trace replay (run by `specd bench | profile | replay`)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    globals: Globals,
+}
+
+// Parsed once per process: the size of the largest variant costs nothing.
+#[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
+enum Command {
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+    /// Where the time of one plain decode step (or one verify) goes.
+    Profile {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Tokens in the cache before the profiled steps.
+        #[arg(long, default_value_t = 256)]
+        context: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// New tokens per forward: 1 is a plain decode step, more a
+        /// speculative verify of that many rows (every row's logits).
+        #[arg(long, default_value_t = 1)]
+        rows: usize,
+    },
+    /// Replay a trace (`--record`) under other policies, without a model.
+    Replay(replay::ReplayArgs),
+}
+
+pub fn main() -> Result<()> {
+    specd::cli::init_logging();
+    let cli: Cli = specd::cli::parse_args()?;
+    let load = cli.globals.load()?;
+    match cli.command {
+        Command::Bench(b) => bench::run(b, load),
+        Command::Profile {
+            model,
+            context,
+            steps,
+            rows,
+        } => {
+            let path = specd::store::Store::default().resolve(&model.model, false)?;
+            let (mut m, _) = specd::model::load_model_with(&path, load.weights)?;
+            m.kv_rows = load.switches.kv_rows;
+            m.fused_tail = load.switches.fused_tail;
+            m.kv_half = load.switches.kv_f16;
+            let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
+            print!("{}", crate::profile::report(&p));
+            Ok(())
+        }
+        Command::Replay(a) => replay::run(a),
+    }
+}
