@@ -1,12 +1,4 @@
 //! The `specd` command.
 fn main() {
-    let code = match specd::cli::main() {
-        Ok(()) => 0,
-        Err(e) => {
-            // One line, the whole context chain.
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            1
-        }
-    };
-    std::process::exit(code);
+    specd::cli::exit(specd::cli::main())
 }

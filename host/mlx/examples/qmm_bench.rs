@@ -8,6 +8,7 @@
 //! through copies of the weights that together exceed the last-level
 //! cache. Where it is near `ours us`, the kernel is bound by its FMAs, not
 //! by memory.
+use specd_mlx::kernels::Packing;
 use specd_mlx::{kernels, ops, Array, Dtype};
 use std::time::Instant;
 
@@ -113,17 +114,20 @@ fn main() {
             x.eval().unwrap();
             let reps = if n > 10000 { 20 } else { 200 };
             let ours = time(reps, || {
-                kernels::qmatmul_packed(&x, packed, n as i32, 32, bits as i32).unwrap()
+                kernels::qmatmul_packed(&x, packed, Packing::new(n as i32, 32, bits as i32))
+                    .unwrap()
             });
             let cold = time_cold(&copies, |p| {
-                kernels::qmatmul_packed(&x, p, n as i32, 32, bits as i32).unwrap()
+                kernels::qmatmul_packed(&x, p, Packing::new(n as i32, 32, bits as i32)).unwrap()
             });
             // The same weights with 8-bit activations (`--weights int8`).
             let int8 = time(reps, || {
-                kernels::qmatmul_packed(&x, packed, n as i32, 32, bits as i32 | 512).unwrap()
+                kernels::qmatmul_packed(&x, packed, Packing::new(n as i32, 32, bits as i32 | 512))
+                    .unwrap()
             });
             let int8_cold = time_cold(&copies, |p| {
-                kernels::qmatmul_packed(&x, p, n as i32, 32, bits as i32 | 512).unwrap()
+                kernels::qmatmul_packed(&x, p, Packing::new(n as i32, 32, bits as i32 | 512))
+                    .unwrap()
             });
             let mlxq = time(reps, || {
                 ops::quantized_matmul(&x, &w, &s, &b, true, 32, bits as i32).unwrap()

@@ -100,7 +100,7 @@ macro_rules! shim_as_is {
         }
     )*};
 }
-shim_as_is!(i32, f32, bool);
+shim_as_is!(i32, f32, bool, ffi::Packing);
 
 impl<'a> Shim for &'a [i32] {
     type Ffi = &'a [i32];

@@ -3,6 +3,17 @@
 
 #[cxx::bridge(namespace = "specd_mlx")]
 pub(crate) mod ffi {
+    /// A weight in the kernels' packed layout (`qpack`): its output
+    /// features `n`, its group size, and its bits with the layout's flags
+    /// (`qmm.h`: `kScaleF32`, `kActQ8`). With the packed words, every
+    /// packed kernel's weight argument.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Packing {
+        n: i32,
+        group_size: i32,
+        bits: i32,
+    }
+
     unsafe extern "C++" {
         include!("specd-mlx/src/shim.h");
         type Array;
@@ -126,13 +137,7 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
-        fn qrows_packed(
-            packed: &Array,
-            ids: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
-        ) -> Result<UniquePtr<Array>>;
+        fn qrows_packed(packed: &Array, ids: &Array, packing: Packing) -> Result<UniquePtr<Array>>;
         fn qpack(
             w: &Array,
             scales: &Array,
@@ -140,27 +145,17 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
-        fn qmatmul_packed(
-            x: &Array,
-            packed: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
-        ) -> Result<UniquePtr<Array>>;
+        fn qmatmul_packed(x: &Array, packed: &Array, packing: Packing) -> Result<UniquePtr<Array>>;
         fn qmatmul_packed_add(
             x: &Array,
             packed: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
+            packing: Packing,
             residual: &Array,
         ) -> Result<UniquePtr<Array>>;
         fn qmatmul_packed_glu_add(
             gu: &Array,
             packed: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
+            packing: Packing,
             residual: &Array,
             gelu: bool,
         ) -> Result<UniquePtr<Array>>;
@@ -176,9 +171,7 @@ pub(crate) mod ffi {
         fn qmatmul_packed_glu(
             gu: &Array,
             packed: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
+            packing: Packing,
             gelu: bool,
         ) -> Result<UniquePtr<Array>>;
         fn qmatmul_packed_norm(
@@ -186,9 +179,7 @@ pub(crate) mod ffi {
             norm_w: &Array,
             eps: f32,
             packed: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
+            packing: Packing,
         ) -> Result<UniquePtr<Array>>;
         #[allow(clippy::too_many_arguments)]
         fn qmatmul_packed_norm_rope_rows(
@@ -196,9 +187,7 @@ pub(crate) mod ffi {
             norm_w: &Array,
             eps: f32,
             packed: &Array,
-            n: i32,
-            group_size: i32,
-            bits: i32,
+            packing: Packing,
             rope_cols: i32,
             head_dim: i32,
             traditional: bool,

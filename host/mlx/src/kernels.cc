@@ -38,6 +38,7 @@
 #include "specd-mlx/src/kernels_rows.h"
 #include "specd-mlx/src/pages.h"
 #include "specd-mlx/src/qmm.h"
+#include "specd-mlx/src/bridge.rs.h"
 #include "specd-mlx/src/shim.h"
 #include "specd-mlx/src/top2.h"
 #include "specd-mlx/src/waiting.h"
@@ -292,39 +293,41 @@ A layer_tail(const Array& o, const Array& x, const ArrayList& tail,
   return kernel_op("SpecdLayerTail", plan.body, x.a.shape(), std::move(plan.in));
 }
 
-A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                 int32_t bits) {
+A qmatmul_packed(const Array& x, const Array& packed, Packing packing) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr, 0.f, nullptr);
 }
 
-A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                     int32_t bits, const Array& residual) {
+A qmatmul_packed_add(const Array& x, const Array& packed, Packing packing, const Array& residual) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr, 0.f, &residual);
 }
 
-A qmatmul_packed_glu_add(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
-                         int32_t bits, const Array& residual, bool gelu) {
+A qmatmul_packed_glu_add(const Array& gu, const Array& packed, Packing packing, const Array& residual, bool gelu) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   QmmBody body;
   body.glu = gelu ? Glu::Gelu : Glu::Silu;
   return qmatmul_packed_impl(gu, packed, n, group_size, bits, nullptr, 0.f, &residual, body);
 }
 
-A qmatmul_packed_glu(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
-                     int32_t bits, bool gelu) {
+A qmatmul_packed_glu(const Array& gu, const Array& packed, Packing packing, bool gelu) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   QmmBody body;
   body.glu = gelu ? Glu::Gelu : Glu::Silu;
   return qmatmul_packed_impl(gu, packed, n, group_size, bits, nullptr, 0.f, nullptr, body);
 }
 
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
-                      int32_t n, int32_t group_size, int32_t bits) {
+                      Packing packing) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr);
 }
 
 A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
-                                const Array& packed, int32_t n, int32_t group_size, int32_t bits,
+                                const Array& packed, Packing packing,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
                                 rust::Slice<const int32_t> positions) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   if (head_dim <= 0 || head_dim % 2 != 0 || rope_cols % head_dim != 0 || rope_cols > n ||
       rope_cols <= 0)
     throw std::invalid_argument("qmatmul rope: whole heads of an even size within the output");
@@ -337,8 +340,8 @@ A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
   return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr, body);
 }
 
-A qrows_packed(const Array& packed, const Array& ids, int32_t n, int32_t group_size,
-               int32_t bits) {
+A qrows_packed(const Array& packed, const Array& ids, Packing packing) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   const auto& p = packed.a;
   check_packed(p, n, group_size, bits, "qrows_packed");
   if (ids.a.ndim() != 1) throw std::invalid_argument("qrows_packed: ids must be 1-D");
@@ -356,8 +359,8 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
   if (mlx_ops())
     return wrap_array(mx::quantized_matmul(x.a, w.a, scales.a, biases.a, true, group_size, bits));
   int flag = scales.a.dtype() == mx::float32 ? qmm::kScaleF32 : 0;
-  return qmatmul_packed(x, *qpack(w, scales, biases, group_size, bits), w.a.shape(0), group_size,
-                        bits | flag | act);
+  return qmatmul_packed(x, *qpack(w, scales, biases, group_size, bits),
+                        Packing{w.a.shape(0), group_size, bits | flag | act});
 }
 
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {

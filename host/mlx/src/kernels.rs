@@ -6,6 +6,18 @@ use crate::array::wrap;
 use crate::bridge::ffi;
 use crate::{Array, Result};
 
+pub use crate::bridge::ffi::Packing;
+
+impl Packing {
+    pub fn new(n: i32, group_size: i32, bits: i32) -> Packing {
+        Packing {
+            n,
+            group_size,
+            bits,
+        }
+    }
+}
+
 shim_fns! {
 /// `x @ dequantize(w)^T` over MLX affine-quantized weights `w`
 /// (`[out, in * bits / 32]` uint32, 4 or 8 bits), with float16 `scales`
@@ -21,29 +33,29 @@ pub fn qpack(w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i
 /// Rows `ids` (1-D integers) of `n` packed weight rows, dequantized to
 /// float32 `[len(ids), in]`: an embedding lookup. An id past `n` gives
 /// a zero row. CPU only.
-pub fn qrows_packed(packed: &Array, ids: &Array, n: i32, group_size: i32, bits: i32);
+pub fn qrows_packed(packed: &Array, ids: &Array, packing: Packing);
 /// [`qmatmul`] over weights packed by [`qpack`]; `n` is the number of
 /// output features. CPU only.
-pub fn qmatmul_packed(x: &Array, packed: &Array, n: i32, group_size: i32, bits: i32);
+pub fn qmatmul_packed(x: &Array, packed: &Array, packing: Packing);
 /// `residual + qmatmul_packed(x, ...)` in one op (the sum rounds as
 /// `ops::add` would); `residual` is shaped like the output. CPU only.
 pub fn qmatmul_packed_add(
-    x: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array,
+    x: &Array, packed: &Array, packing: Packing, residual: &Array,
 );
 /// `residual + qmatmul_packed(swiglu(g, u), ...)` in one op, where `gu`
 /// holds the gate and up halves side by side (`[..., 2 K]`, as a fused
 /// gate/up matmul gives them); `gelu`: [`geglu`] instead. Bitwise the
 /// separate ops. CPU only.
 pub fn qmatmul_packed_glu_add(
-    gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, residual: &Array, gelu: bool,
+    gu: &Array, packed: &Array, packing: Packing, residual: &Array, gelu: bool,
 );
 /// [`qmatmul_packed_glu_add`] without the residual (Gemma's post-MLP norm
 /// comes between the matmul and its residual). CPU only.
-pub fn qmatmul_packed_glu(gu: &Array, packed: &Array, n: i32, group_size: i32, bits: i32, gelu: bool);
+pub fn qmatmul_packed_glu(gu: &Array, packed: &Array, packing: Packing, gelu: bool);
 /// `qmatmul_packed(rms_norm(x, norm_w, eps), ...)` in one op (the norm
 /// rounds as [`rms_norm`] does). CPU only.
 pub fn qmatmul_packed_norm(
-    x: &Array, norm_w: &Array, eps: f32, packed: &Array, n: i32, group_size: i32, bits: i32,
+    x: &Array, norm_w: &Array, eps: f32, packed: &Array, packing: Packing,
 );
 }
 /// How [`qmatmul_packed_norm_rope`] rotates its output.
@@ -60,38 +72,30 @@ pub struct RopeSpec {
 /// [`qmatmul_packed_norm`] with [`rope_heads`] applied to the leading
 /// output columns (q and k of a fused q/k/v), in the same op and
 /// rounding as `rope_heads` does; `x` is one sequence `[1, T, in]`.
-#[allow(clippy::too_many_arguments)]
 pub fn qmatmul_packed_norm_rope(
     x: &Array,
     norm_w: &Array,
     eps: f32,
     packed: &Array,
-    n: i32,
-    group_size: i32,
-    bits: i32,
+    packing: Packing,
     rope: RopeSpec,
 ) -> Result<Array> {
     // One sequence's rows are positions offset, offset + 1, ...: the rows
     // form with those positions (the same arithmetic per row).
     let t = x.shape().get(1).copied().unwrap_or(0);
     let positions: Vec<i32> = (rope.offset..rope.offset + t).collect();
-    qmatmul_packed_norm_rope_rows(
-        x, norm_w, eps, packed, n, group_size, bits, rope, &positions,
-    )
+    qmatmul_packed_norm_rope_rows(x, norm_w, eps, packed, packing, rope, &positions)
 }
 /// [`qmatmul_packed_norm_rope`] over the rows of several sequences: row t
 /// is rotated for `positions[t]` (`rope.offset` is not used). The rotation
 /// of a row is the same arithmetic as there, so a sequence's rows come out
 /// as they do alone.
-#[allow(clippy::too_many_arguments)]
 pub fn qmatmul_packed_norm_rope_rows(
     x: &Array,
     norm_w: &Array,
     eps: f32,
     packed: &Array,
-    n: i32,
-    group_size: i32,
-    bits: i32,
+    packing: Packing,
     rope: RopeSpec,
     positions: &[i32],
 ) -> Result<Array> {
@@ -100,9 +104,7 @@ pub fn qmatmul_packed_norm_rope_rows(
         &norm_w.0,
         eps,
         &packed.0,
-        n,
-        group_size,
-        bits,
+        packing,
         rope.cols,
         rope.head_dim,
         rope.traditional,
@@ -168,18 +170,16 @@ pub fn attention_kv_rows(
 /// A llama layer's weights after attention, every one packed: `W_o`, the
 /// MLP's norm and its fused gate/up (`gate_up_n` wide) and down matmuls.
 pub struct Tail<'a> {
+    /// The packed weights of o, gate/up and down, and their layouts (the
+    /// output features of o and down are the model's width, taken from `x`).
     pub w_o: &'a Array,
-    pub o_group: i32,
-    pub o_bits: i32,
+    pub o: Packing,
     pub norm_w: &'a Array,
     pub eps: f32,
     pub w_gate_up: &'a Array,
-    pub gate_up_n: i32,
-    pub gate_up_group: i32,
-    pub gate_up_bits: i32,
+    pub gate_up: Packing,
     pub w_down: &'a Array,
-    pub down_group: i32,
-    pub down_bits: i32,
+    pub down: Packing,
     /// GeGLU between gate/up and down (else SwiGLU).
     pub gelu: bool,
 }
@@ -204,13 +204,13 @@ impl Tail<'_> {
     /// The integers as the shim takes them, in `kernels.cc` `plan_tail`'s order.
     fn params(&self) -> [i32; 8] {
         [
-            self.o_group,
-            self.o_bits,
-            self.gate_up_n,
-            self.gate_up_group,
-            self.gate_up_bits,
-            self.down_group,
-            self.down_bits,
+            self.o.group_size,
+            self.o.bits,
+            self.gate_up.n,
+            self.gate_up.group_size,
+            self.gate_up.bits,
+            self.down.group_size,
+            self.down.bits,
             self.gelu as i32,
         ]
     }

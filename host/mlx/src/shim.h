@@ -111,27 +111,25 @@ A quantized_matmul(const Array& x, const Array& w, const Array& scales, const Ar
                    bool transpose, int32_t group_size, int32_t bits);
 std::unique_ptr<ArrayList> quantize(const Array& w, int32_t group_size, int32_t bits);
 
-// specd's own CPU kernels (kernels.cc): batch-invariant, MLX's ops on GPU
+// specd's own CPU kernels (kernels.cc): batch-invariant, MLX's ops on GPU.
+// A packed weight's layout (`qpack`): the cxx bridge's shared `Packing`
+// (src/bridge.rs), complete where the kernels are defined.
+struct Packing;
 A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
           int32_t group_size, int32_t bits);
-A qrows_packed(const Array& packed, const Array& ids, int32_t n, int32_t group_size,
-               int32_t bits);
+A qrows_packed(const Array& packed, const Array& ids, Packing packing);
 A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_size,
         int32_t bits);
-A qmatmul_packed(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                 int32_t bits);
-A qmatmul_packed_add(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                     int32_t bits, const Array& residual);
-A qmatmul_packed_glu_add(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
-                         int32_t bits, const Array& residual, bool gelu);
+A qmatmul_packed(const Array& x, const Array& packed, Packing packing);
+A qmatmul_packed_add(const Array& x, const Array& packed, Packing packing, const Array& residual);
+A qmatmul_packed_glu_add(const Array& gu, const Array& packed, Packing packing, const Array& residual, bool gelu);
 A layer_tail(const Array& o, const Array& x, const ArrayList& tail,
              rust::Slice<const int32_t> params, float eps);
-A qmatmul_packed_glu(const Array& gu, const Array& packed, int32_t n, int32_t group_size,
-                     int32_t bits, bool gelu);
+A qmatmul_packed_glu(const Array& gu, const Array& packed, Packing packing, bool gelu);
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
-                      int32_t n, int32_t group_size, int32_t bits);
+                      Packing packing);
 A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
-                                const Array& packed, int32_t n, int32_t group_size, int32_t bits,
+                                const Array& packed, Packing packing,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
                                 rust::Slice<const int32_t> positions);
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);

@@ -2,6 +2,7 @@
 //! `quantized_matmul` on the same arrays and against an fp32 matmul of the
 //! dequantized weights; the attention against MLX's fused SDPA; and both for
 //! batch invariance (row r of a k-row call is bitwise the 1-row call on row r).
+use specd_mlx::kernels::Packing;
 use specd_mlx::{fast, kernels, ops, Array, Dtype};
 
 /// A small deterministic generator (splitmix64), so failures reproduce.
@@ -188,9 +189,7 @@ fn qrows_packed_are_the_dequantized_rows() {
         let got = kernels::qrows_packed(
             &packed,
             &Array::from_u32(&ids, &[5]).unwrap(),
-            n as i32,
-            group,
-            bits,
+            Packing::new(n as i32, group, bits),
         )
         .unwrap();
         assert_eq!(got.shape(), vec![5, k as i32]);
@@ -226,7 +225,7 @@ fn packed_weights_keep_their_words_as_neighbours_come_and_go() {
     let x = Array::from_f32(&g.f32s(3 * k, -1.0, 1.0), &[3, k as i32]).unwrap();
     let pack = |q: &QWeight| kernels::qpack(&q.w, &q.s, &q.b, q.group, q.bits).unwrap();
     let product = |p: &Array, n: usize, q: &QWeight| {
-        kernels::qmatmul_packed(&x, p, n as i32, q.group, q.bits)
+        kernels::qmatmul_packed(&x, p, Packing::new(n as i32, q.group, q.bits))
             .unwrap()
             .to_vec_f32()
             .unwrap()
@@ -272,7 +271,7 @@ fn packed_weights_keep_their_words_as_neighbours_come_and_go() {
             "weight {i}: product after its neighbours went"
         );
     }
-    let got = kernels::qmatmul_packed(&xb, &big_packed, 8192, 32, 4)
+    let got = kernels::qmatmul_packed(&xb, &big_packed, Packing::new(8192, 32, 4))
         .unwrap()
         .to_vec_f32()
         .unwrap();
@@ -351,7 +350,7 @@ fn qmatmul_batched_leading_axes_and_errors() {
     // as a separate add (odd N: a partial last column block).
     let q = qweight(&mut g, 70, 96, 32, 4);
     let packed = kernels::qpack(&q.w, &q.s, &q.b, 32, 4).unwrap();
-    let y = kernels::qmatmul_packed(&x3, &packed, 70, 32, 4).unwrap();
+    let y = kernels::qmatmul_packed(&x3, &packed, Packing::new(70, 32, 4)).unwrap();
     assert_eq!(
         y.to_vec_f32().unwrap(),
         kernels::qmatmul(&x3, &q.w, &q.s, &q.b, 32, 4)
@@ -360,14 +359,14 @@ fn qmatmul_batched_leading_axes_and_errors() {
             .unwrap()
     );
     let r = Array::from_f32(&g.f32s(6 * 70, -3.0, 3.0), &[2, 3, 70]).unwrap();
-    let fused = kernels::qmatmul_packed_add(&x3, &packed, 70, 32, 4, &r).unwrap();
+    let fused = kernels::qmatmul_packed_add(&x3, &packed, Packing::new(70, 32, 4), &r).unwrap();
     let apart = ops::add(&r, &y).unwrap();
     assert_eq!(
         fused.to_vec_f32().unwrap(),
         apart.to_vec_f32().unwrap(),
         "fused residual"
     );
-    assert!(kernels::qmatmul_packed_add(&x3, &packed, 70, 32, 4, &x3).is_err());
+    assert!(kernels::qmatmul_packed_add(&x3, &packed, Packing::new(70, 32, 4), &x3).is_err());
     // The gated unit folded in (x holds gate and up side by side): the bits
     // of the swiglu / geglu op, then the matmul with its residual, at 1, 3
     // and 6 rows, 4-bit and 8-bit activations (the fold comes before the
@@ -386,19 +385,28 @@ fn qmatmul_batched_leading_axes_and_errors() {
                     kernels::swiglu(&gate, &up)
                 }
                 .unwrap();
-                let apart = kernels::qmatmul_packed_add(&h, &packed, 70, 32, 4 | act, &r).unwrap();
-                let fused =
-                    kernels::qmatmul_packed_glu_add(&gu, &packed, 70, 32, 4 | act, &r, gelu)
+                let apart =
+                    kernels::qmatmul_packed_add(&h, &packed, Packing::new(70, 32, 4 | act), &r)
                         .unwrap();
+                let fused = kernels::qmatmul_packed_glu_add(
+                    &gu,
+                    &packed,
+                    Packing::new(70, 32, 4 | act),
+                    &r,
+                    gelu,
+                )
+                .unwrap();
                 assert_eq!(
                     fused.to_vec_f32().unwrap(),
                     apart.to_vec_f32().unwrap(),
                     "glu folded into the matmul: {t} rows, gelu {gelu}, act {act}"
                 );
                 // Without the residual (Gemma's post-MLP norm sits between).
-                let apart = kernels::qmatmul_packed(&h, &packed, 70, 32, 4 | act).unwrap();
+                let apart =
+                    kernels::qmatmul_packed(&h, &packed, Packing::new(70, 32, 4 | act)).unwrap();
                 let fused =
-                    kernels::qmatmul_packed_glu(&gu, &packed, 70, 32, 4 | act, gelu).unwrap();
+                    kernels::qmatmul_packed_glu(&gu, &packed, Packing::new(70, 32, 4 | act), gelu)
+                        .unwrap();
                 assert_eq!(
                     fused.to_vec_f32().unwrap(),
                     apart.to_vec_f32().unwrap(),
@@ -408,18 +416,19 @@ fn qmatmul_batched_leading_axes_and_errors() {
         }
     }
     // A gated input is twice the weight's features.
-    assert!(kernels::qmatmul_packed_glu_add(&x3, &packed, 70, 32, 4, &r, false).is_err());
-    assert!(kernels::qmatmul_packed_glu(&x3, &packed, 70, 32, 4, false).is_err());
+    assert!(
+        kernels::qmatmul_packed_glu_add(&x3, &packed, Packing::new(70, 32, 4), &r, false).is_err()
+    );
+    assert!(kernels::qmatmul_packed_glu(&x3, &packed, Packing::new(70, 32, 4), false).is_err());
     // The RMS norm folded in rounds exactly as the norm op, strided x too.
     let nw = Array::from_f32(&g.f32s(96, 0.5, 1.5), &[96]).unwrap();
     for x in [&x3, &xw] {
-        let fused = kernels::qmatmul_packed_norm(x, &nw, 1e-5, &packed, 70, 32, 4).unwrap();
+        let fused =
+            kernels::qmatmul_packed_norm(x, &nw, 1e-5, &packed, Packing::new(70, 32, 4)).unwrap();
         let apart = kernels::qmatmul_packed(
             &kernels::rms_norm(x, &nw, 1e-5).unwrap(),
             &packed,
-            70,
-            32,
-            4,
+            Packing::new(70, 32, 4),
         )
         .unwrap();
         assert_eq!(
@@ -428,7 +437,9 @@ fn qmatmul_batched_leading_axes_and_errors() {
             "fused norm"
         );
     }
-    assert!(kernels::qmatmul_packed_norm(&x3, &x3, 1e-5, &packed, 70, 32, 4).is_err());
+    assert!(
+        kernels::qmatmul_packed_norm(&x3, &x3, 1e-5, &packed, Packing::new(70, 32, 4)).is_err()
+    );
 
     // The rope folded in rotates the leading heads exactly as rope_heads
     // does (2 heads of 16 over columns 0..32, 3 positions from 7).
@@ -440,11 +451,13 @@ fn qmatmul_batched_leading_axes_and_errors() {
         base: 10000.0,
         offset: 7,
     };
-    let fused = kernels::qmatmul_packed_norm_rope(&x13, &nw, 1e-5, &packed, 70, 32, 4, rope)
-        .unwrap()
-        .to_vec_f32()
-        .unwrap();
-    let plain = kernels::qmatmul_packed_norm(&x13, &nw, 1e-5, &packed, 70, 32, 4).unwrap();
+    let fused =
+        kernels::qmatmul_packed_norm_rope(&x13, &nw, 1e-5, &packed, Packing::new(70, 32, 4), rope)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+    let plain =
+        kernels::qmatmul_packed_norm(&x13, &nw, 1e-5, &packed, Packing::new(70, 32, 4)).unwrap();
     let heads = plain
         .slice(&[0, 0, 0], &[1, 3, 32])
         .unwrap()
@@ -470,9 +483,17 @@ fn qmatmul_batched_leading_axes_and_errors() {
         }
     }
     let bad = kernels::RopeSpec { cols: 24, ..rope };
-    assert!(kernels::qmatmul_packed_norm_rope(&x13, &nw, 1e-5, &packed, 70, 32, 4, bad).is_err());
-    assert!(kernels::qmatmul_packed(&x3, &packed, 81, 32, 4).is_err());
-    assert!(kernels::qmatmul_packed(&x3, &packed, 70, 64, 4).is_err());
+    assert!(kernels::qmatmul_packed_norm_rope(
+        &x13,
+        &nw,
+        1e-5,
+        &packed,
+        Packing::new(70, 32, 4),
+        bad
+    )
+    .is_err());
+    assert!(kernels::qmatmul_packed(&x3, &packed, Packing::new(81, 32, 4)).is_err());
+    assert!(kernels::qmatmul_packed(&x3, &packed, Packing::new(70, 64, 4)).is_err());
 }
 
 /// `[1, h, t, d]` from a flat buffer.
@@ -868,7 +889,7 @@ fn qmatmul_float32_scales_and_groups_of_16() {
         let packed = kernels::qpack(&w, &s, &b, group, bits).unwrap();
         let flag = bits | 256;
         let ids = Array::from_u32(&(0..n as u32).collect::<Vec<_>>(), &[n as i32]).unwrap();
-        let back = kernels::qrows_packed(&packed, &ids, n as i32, group, flag)
+        let back = kernels::qrows_packed(&packed, &ids, Packing::new(n as i32, group, flag))
             .unwrap()
             .to_vec_f32()
             .unwrap();
@@ -880,14 +901,18 @@ fn qmatmul_float32_scales_and_groups_of_16() {
         let xs = g.f32s(m * k, -2.0, 2.0);
         let single: Vec<Vec<f32>> = (0..m)
             .map(|r| {
-                kernels::qmatmul_packed(&rows(&xs, k, r, r + 1), &packed, n as i32, group, flag)
-                    .unwrap()
-                    .to_vec_f32()
-                    .unwrap()
+                kernels::qmatmul_packed(
+                    &rows(&xs, k, r, r + 1),
+                    &packed,
+                    Packing::new(n as i32, group, flag),
+                )
+                .unwrap()
+                .to_vec_f32()
+                .unwrap()
             })
             .collect();
         let x = rows(&xs, k, 0, m);
-        let got = kernels::qmatmul_packed(&x, &packed, n as i32, group, flag)
+        let got = kernels::qmatmul_packed(&x, &packed, Packing::new(n as i32, group, flag))
             .unwrap()
             .to_vec_f32()
             .unwrap();
@@ -923,7 +948,7 @@ fn qmatmul_float32_scales_and_groups_of_16() {
             );
         }
         // The wrong flag is a clear error, not a misread.
-        assert!(kernels::qmatmul_packed(&x, &packed, n as i32, group, bits).is_err());
+        assert!(kernels::qmatmul_packed(&x, &packed, Packing::new(n as i32, group, bits)).is_err());
     }
 }
 
@@ -1405,10 +1430,14 @@ fn qmatmul_int8_float32_scales_is_its_formula_exactly() {
         for m in [1, 2, 3, 5, 7, 8, 9, 11, 15, 17, 40] {
             let xs = g.f32s(m * k, -3.0, 3.0);
             let x = Array::from_f32(&xs, &[m as i32, k as i32]).unwrap();
-            let got = kernels::qmatmul_packed(&x, &packed, n as i32, group, bits | 256 | ACT_Q8)
-                .unwrap()
-                .to_vec_f32()
-                .unwrap();
+            let got = kernels::qmatmul_packed(
+                &x,
+                &packed,
+                Packing::new(n as i32, group, bits | 256 | ACT_Q8),
+            )
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
             let want = formula_reference(&xs, m, &q, true);
             for (j, (a, b)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(

@@ -9,7 +9,6 @@
 pub mod cache;
 pub mod config;
 pub mod convert;
-pub mod gemma3;
 pub mod ggml;
 pub mod linear;
 pub mod llama;
@@ -18,5 +17,6 @@ pub mod random;
 
 pub use config::{Arch, LlamaConfig};
 pub use linear::{Kernels, Linear, QuantSource, QuantizedWeight, WeightMode};
+pub use llama::gemma3;
 pub use llama::{no_probe, Llama, Logits, Probe};
 pub use load::{load_model_with, ModelFormat};

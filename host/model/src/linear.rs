@@ -2,7 +2,8 @@
 //! affine layout as loaded, repacked once for specd's CPU kernels, and
 //! several layers fused into one packed matmul).  The model file only says
 //! which linears it has and which it fuses.
-use specd_mlx::{kernels, ops, Array, Dtype, Result};
+use specd_mlx::kernels::{self, Packing};
+use specd_mlx::{ops, Array, Dtype, Result};
 
 /// How a model's weights are held and multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -158,15 +159,23 @@ impl QuantizedWeight {
             int8_activations: false,
         }
     }
-    /// The packed kernels' weight arguments: the packed weights, the output
-    /// features, the group size and `bits` (the value width with the
-    /// float32-scales and 8-bit-activation flags); `None` where not packed.
-    fn packed(&self) -> Option<(&Array, i32, i32, i32)> {
+    /// The packed kernels' weight arguments: the packed weights and their
+    /// layout (the output features, the group size and `bits`, the value
+    /// width with the float32-scales and 8-bit-activation flags); `None`
+    /// where not packed.
+    fn packed(&self) -> Option<(&Array, Packing)> {
         let bits = self.bits
             | if self.f32_scales { SCALE_F32 } else { 0 }
             | if self.int8_activations { ACT_Q8 } else { 0 };
         let p = self.packed.as_ref()?;
-        Some((p, self.out_features, self.group_size, bits))
+        Some((
+            p,
+            Packing {
+                n: self.out_features,
+                group_size: self.group_size,
+                bits,
+            },
+        ))
     }
     pub fn out_features(&self) -> i32 {
         self.out_features
@@ -197,13 +206,13 @@ impl QuantizedWeight {
     /// `kernels::rms_norm` rounds it).
     pub fn forward_normed(&self, x: &Array, norm: &Array, eps: f32) -> Result<Array> {
         match self.packed() {
-            Some((p, n, g, b)) => kernels::qmatmul_packed_norm(x, norm, eps, p, n, g, b),
+            Some((p, k)) => kernels::qmatmul_packed_norm(x, norm, eps, p, k),
             None => self.forward(&kernels::rms_norm(x, norm, eps)?),
         }
     }
     /// The packed weights' arguments, which a rope folded into the matmul
     /// needs.
-    fn packed_for_rope(&self) -> Result<(&Array, i32, i32, i32)> {
+    fn packed_for_rope(&self) -> Result<(&Array, Packing)> {
         self.packed().ok_or_else(|| {
             specd_mlx::Exception("a rope folded into a matmul needs packed weights".into())
         })
@@ -217,8 +226,8 @@ impl QuantizedWeight {
         eps: f32,
         rope: kernels::RopeSpec,
     ) -> Result<Array> {
-        let (p, n, g, b) = self.packed_for_rope()?;
-        kernels::qmatmul_packed_norm_rope(x, norm, eps, p, n, g, b, rope)
+        let (p, k) = self.packed_for_rope()?;
+        kernels::qmatmul_packed_norm_rope(x, norm, eps, p, k, rope)
     }
     /// [`QuantizedWeight::forward_normed_rope`] over the rows of several
     /// sequences: row t rotated for `positions[t]` (`rope.offset` unused).
@@ -230,8 +239,8 @@ impl QuantizedWeight {
         rope: kernels::RopeSpec,
         positions: &[i32],
     ) -> Result<Array> {
-        let (p, n, g, b) = self.packed_for_rope()?;
-        kernels::qmatmul_packed_norm_rope_rows(x, norm, eps, p, n, g, b, rope, positions)
+        let (p, k) = self.packed_for_rope()?;
+        kernels::qmatmul_packed_norm_rope_rows(x, norm, eps, p, k, rope, positions)
     }
     /// `residual + forward(swiglu(g, u))` (`gelu`: geglu; no residual:
     /// the product alone) in one op, for `gu` holding g and u side by
@@ -243,22 +252,22 @@ impl QuantizedWeight {
         residual: Option<&Array>,
         gelu: bool,
     ) -> Option<Result<Array>> {
-        let (p, n, g, b) = self.packed()?;
+        let (p, k) = self.packed()?;
         Some(match residual {
-            Some(r) => kernels::qmatmul_packed_glu_add(gu, p, n, g, b, r, gelu),
-            None => kernels::qmatmul_packed_glu(gu, p, n, g, b, gelu),
+            Some(r) => kernels::qmatmul_packed_glu_add(gu, p, k, r, gelu),
+            None => kernels::qmatmul_packed_glu(gu, p, k, gelu),
         })
     }
     /// `residual + forward(x)`, in one op where packed.
     pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
         match self.packed() {
-            Some((p, n, g, b)) => kernels::qmatmul_packed_add(x, p, n, g, b, residual),
+            Some((p, k)) => kernels::qmatmul_packed_add(x, p, k, residual),
             None => ops::add(residual, &self.forward(x)?),
         }
     }
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self.packed() {
-            Some((p, n, g, b)) => kernels::qmatmul_packed(x, p, n, g, b),
+            Some((p, k)) => kernels::qmatmul_packed(x, p, k),
             None => {
                 let src = self.source("forward")?;
                 kernels::qmatmul(
@@ -274,8 +283,8 @@ impl QuantizedWeight {
     }
     /// Rows `ids` dequantized to float32 (an embedding lookup).
     pub fn rows(&self, ids: &Array) -> Result<Array> {
-        if let Some((p, n, g, b)) = self.packed() {
-            return kernels::qrows_packed(p, ids, n, g, b);
+        if let Some((p, k)) = self.packed() {
+            return kernels::qrows_packed(p, ids, k);
         }
         let src = self.source("embedding lookup")?;
         let f = |a: &Array| -> Result<Array> { ops::take(a, ids, 0)?.as_type(Dtype::Float32) };
@@ -327,7 +336,7 @@ impl Linear {
     }
     /// Packed weights' arguments to the kernels (the array, out features,
     /// group size, bits with their flags); `None` unless quantized and packed.
-    pub fn packed(&self) -> Option<(&Array, i32, i32, i32)> {
+    pub fn packed(&self) -> Option<(&Array, Packing)> {
         match self {
             Linear::Dense(_) => None,
             Linear::Quantized(q) => q.packed(),

@@ -299,6 +299,19 @@ pub fn parse_args<C: Parser>() -> Result<C> {
     }
 }
 
+/// Ends the process with `result`: 0, or 1 after one `error: ...` line
+/// holding the whole context chain (`specd` and `specd-tools` alike).
+pub fn exit(result: Result<()>) -> ! {
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
 pub fn main() -> Result<()> {
     init_logging();
     let cli: Cli = parse_args()?;

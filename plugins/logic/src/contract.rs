@@ -122,6 +122,25 @@ pub struct Decision {
     pub correction: Correction,
 }
 
+impl Decision {
+    /// Accepts the drafts before the first position `rejects` refuses (all
+    /// of them where it refuses none), with `correction` after them.
+    pub fn until(
+        positions: &[Position],
+        correction: Correction,
+        rejects: impl FnMut(&Position) -> bool,
+    ) -> Decision {
+        let accepted = positions
+            .iter()
+            .position(rejects)
+            .unwrap_or(positions.len());
+        Decision {
+            accepted: accepted as u32,
+            correction,
+        }
+    }
+}
+
 /// A draft-length schedule (one value per request).
 pub trait ScheduleLogic: Sized {
     fn create(config: &str, carried: Option<&[u8]>) -> Result<Self, String>;

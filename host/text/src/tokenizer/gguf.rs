@@ -3,7 +3,7 @@
 //! `tokenizer.ggml.pre`) or SentencePiece BPE (`tokenizer.ggml.model = llama`).
 
 use super::{
-    is_byte_level_spelled, max_id_plus_one, spell_byte_level, Parts, Tokenizer,
+    is_byte_level_spelled, max_id_plus_one, spell_byte_level, Facts, Tokenizer,
     END_OF_GENERATION_TOKENS,
 };
 use crate::gguf::GgufMeta;
@@ -359,7 +359,7 @@ impl Tokenizer {
         };
         let ctx_key = format!("{}.context_length", meta.architecture().unwrap_or("llama"));
         let model_max_length = meta.get_u64(&ctx_key).ok();
-        let parts = Parts {
+        let facts = Facts {
             inner,
             bos_id,
             eos_ids: eos,
@@ -370,6 +370,6 @@ impl Tokenizer {
             chat_template,
             model_max_length,
         };
-        Ok(Tokenizer::assemble(parts, Some(tokens)))
+        Ok(Tokenizer::assemble(facts, Some(tokens)))
     }
 }

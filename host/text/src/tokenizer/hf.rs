@@ -2,7 +2,7 @@
 //! model directory (tokenizer_config.json, chat templates, the eos ids of
 //! config.json and generation_config.json).
 
-use super::{push_new, Parts, Tokenizer};
+use super::{push_new, Facts, Tokenizer};
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -74,9 +74,9 @@ impl Tokenizer {
             None
         };
         let mut t = Self::from_hf_parts(inner, cfg.as_ref(), Some(eos_extra), template_file);
-        if t.chat_template.is_none() {
+        if t.facts.chat_template.is_none() {
             if let Some(v) = read_json(&dir.join("chat_template.json"))? {
-                t.chat_template = v
+                t.facts.chat_template = v
                     .get("chat_template")
                     .and_then(|c| c.as_str())
                     .map(String::from);
@@ -130,7 +130,7 @@ impl Tokenizer {
             && with.first() == bos_id.as_ref()
             && without.first() != bos_id.as_ref();
         let add_eos = with.len() > without.len() && with.last().is_some_and(|l| eos.contains(l));
-        let parts = Parts {
+        let facts = Facts {
             inner,
             bos_id,
             eos_ids: eos,
@@ -141,6 +141,6 @@ impl Tokenizer {
             chat_template,
             model_max_length,
         };
-        Tokenizer::assemble(parts, None)
+        Tokenizer::assemble(facts, None)
     }
 }

@@ -37,15 +37,8 @@ pub const END_OF_GENERATION_TOKENS: &[&str] = &[
 /// A text tokenizer with the special-token facts a generator needs.
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
-    bos_id: Option<u32>,
-    eos_ids: Vec<u32>,
-    pad_id: Option<u32>,
-    unk_id: Option<u32>,
-    add_bos: bool,
-    add_eos: bool,
-    chat_template: Option<String>,
-    model_max_length: Option<u64>,
+    /// What its source (GGUF metadata, Hugging Face files) says.
+    facts: Facts,
     /// Largest id + 1 (cached: `tokenizers` recounts its vocabulary each call).
     vocab_size: usize,
     /// For byte-level decoders: each id's bytes (empty for unknown ids), and
@@ -61,7 +54,8 @@ pub(crate) struct ByteTable {
 
 /// What a source (GGUF metadata, Hugging Face files) says about its
 /// tokenizer; [`Tokenizer::assemble`] derives the rest.
-struct Parts {
+#[derive(Clone)]
+struct Facts {
     inner: tokenizers::Tokenizer,
     bos_id: Option<u32>,
     eos_ids: Vec<u32>,
@@ -167,21 +161,10 @@ impl Tokenizer {
     /// end-of-generation ids llama.cpp's rule adds, the vocabulary size and
     /// the byte table. `id_tokens`: the source's own token list, where it has
     /// one.
-    fn assemble(parts: Parts, id_tokens: Option<&[String]>) -> Tokenizer {
-        let Parts {
-            inner,
-            bos_id,
-            mut eos_ids,
-            pad_id,
-            unk_id,
-            add_bos,
-            add_eos,
-            chat_template,
-            model_max_length,
-        } = parts;
+    fn assemble(mut facts: Facts, id_tokens: Option<&[String]>) -> Tokenizer {
         // Every special token named like an end-of-turn/end-of-text marker
         // also ends generation (llama.cpp's rule).
-        let added = inner.get_added_tokens_decoder();
+        let added = facts.inner.get_added_tokens_decoder();
         let extra: BTreeSet<u32> = added
             .iter()
             .filter(|(_, tok)| {
@@ -189,12 +172,12 @@ impl Tokenizer {
             })
             .map(|(id, _)| *id)
             .collect();
-        push_new(&mut eos_ids, extra);
+        push_new(&mut facts.eos_ids, extra);
         let mut seen = BTreeSet::new();
-        eos_ids.retain(|id| seen.insert(*id));
+        facts.eos_ids.retain(|id| seen.insert(*id));
 
-        let vocab_size = max_id_plus_one(&inner);
-        let byte_table = match inner.get_decoder() {
+        let vocab_size = max_id_plus_one(&facts.inner);
+        let byte_table = match facts.inner.get_decoder() {
             Some(DecoderWrapper::ByteLevel(_)) => {
                 let mut bytes = Vec::with_capacity(vocab_size);
                 let mut special = Vec::with_capacity(vocab_size);
@@ -203,7 +186,7 @@ impl Tokenizer {
                     // vocabulary may spell two ids the same).
                     let text = match id_tokens {
                         Some(t) => t.get(id as usize).cloned(),
-                        None => inner.id_to_token(id),
+                        None => facts.inner.id_to_token(id),
                     };
                     special.push(text.is_some() && added.get(&id).is_some_and(|a| a.special));
                     bytes.push(text.map_or_else(Vec::new, |t| byte_level_bytes(&t)));
@@ -213,15 +196,7 @@ impl Tokenizer {
             _ => None,
         };
         Tokenizer {
-            inner,
-            bos_id,
-            eos_ids,
-            pad_id,
-            unk_id,
-            add_bos,
-            add_eos,
-            chat_template,
-            model_max_length,
+            facts,
             vocab_size,
             byte_table,
         }
@@ -232,6 +207,7 @@ impl Tokenizer {
     /// adds around a sequence (BOS for models that want it).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let enc = self
+            .facts
             .inner
             .encode_fast(text, add_special)
             .map_err(|e| anyhow!("tokenizer: {e}"))?;
@@ -246,8 +222,8 @@ impl Tokenizer {
             .bos_token()
             .is_some_and(|b| !b.is_empty() && text.starts_with(&b));
         let mut ids = self.encode(text, false)?;
-        if self.add_bos && !starts_with_bos {
-            if let Some(b) = self.bos_id {
+        if self.facts.add_bos && !starts_with_bos {
+            if let Some(b) = self.facts.bos_id {
                 ids.insert(0, b);
             }
         }
@@ -289,7 +265,10 @@ impl Tokenizer {
             }
             return String::from_utf8_lossy(&bytes).into_owned();
         }
-        self.inner.decode(ids, skip_special).unwrap_or_default()
+        self.facts
+            .inner
+            .decode(ids, skip_special)
+            .unwrap_or_default()
     }
 
     /// Number of token ids: the largest id (model vocabulary or added
@@ -300,50 +279,53 @@ impl Tokenizer {
 
     /// Ids that end generation (the model's eos first).
     pub fn eos_ids(&self) -> Vec<u32> {
-        self.eos_ids.clone()
+        self.facts.eos_ids.clone()
     }
 
     pub fn is_eos(&self, id: u32) -> bool {
-        self.eos_ids.contains(&id)
+        self.facts.eos_ids.contains(&id)
     }
 
     pub fn bos_id(&self) -> Option<u32> {
-        self.bos_id
+        self.facts.bos_id
     }
 
     /// Whether the model wants BOS prepended to a prompt.
     pub fn add_bos(&self) -> bool {
-        self.add_bos
+        self.facts.add_bos
     }
 
     pub fn add_eos(&self) -> bool {
-        self.add_eos
+        self.facts.add_eos
     }
 
     pub fn pad_id(&self) -> Option<u32> {
-        self.pad_id
+        self.facts.pad_id
     }
 
     pub fn unk_id(&self) -> Option<u32> {
-        self.unk_id
+        self.facts.unk_id
     }
 
     pub fn bos_token(&self) -> Option<String> {
-        self.bos_id.and_then(|i| self.id_to_token(i))
+        self.facts.bos_id.and_then(|i| self.id_to_token(i))
     }
 
     /// The text of the primary eos token.
     pub fn eos_token(&self) -> Option<String> {
-        self.eos_ids.first().and_then(|&i| self.id_to_token(i))
+        self.facts
+            .eos_ids
+            .first()
+            .and_then(|&i| self.id_to_token(i))
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+        self.facts.inner.token_to_id(token)
     }
 
     /// The token as stored in the vocabulary (byte-level spelling, e.g. `Ġthe`).
     pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.inner.id_to_token(id)
+        self.facts.inner.id_to_token(id)
     }
 
     /// Whether `id` is a special (control) token.
@@ -351,6 +333,7 @@ impl Tokenizer {
         match &self.byte_table {
             Some(t) => t.special.get(id as usize).copied().unwrap_or(false),
             None => self
+                .facts
                 .inner
                 .get_added_tokens_decoder()
                 .get(&id)
@@ -360,21 +343,21 @@ impl Tokenizer {
 
     /// The chat template (Jinja) the model carries, if any.
     pub fn chat_template(&self) -> Option<&str> {
-        self.chat_template.as_deref()
+        self.facts.chat_template.as_deref()
     }
 
     pub fn set_chat_template(&mut self, template: Option<String>) {
-        self.chat_template = template;
+        self.facts.chat_template = template;
     }
 
     /// The model's context length where the source says.
     pub fn model_max_length(&self) -> Option<u64> {
-        self.model_max_length
+        self.facts.model_max_length
     }
 
     /// The underlying `tokenizers` tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
-        &self.inner
+        &self.facts.inner
     }
 
     pub(crate) fn byte_table(&self) -> Option<&ByteTable> {
@@ -384,7 +367,8 @@ impl Tokenizer {
     /// tokenizer.json contents (pretty-printed) that `tokenizers`,
     /// transformers and mlx-lm load.
     pub fn to_tokenizer_json(&self) -> Result<String> {
-        self.inner
+        self.facts
+            .inner
             .to_string(true)
             .map_err(|e| anyhow!("serializing tokenizer.json: {e}"))
     }
@@ -393,8 +377,12 @@ impl Tokenizer {
     pub fn to_tokenizer_config_json(&self) -> Result<String> {
         let mut cfg = Map::new();
         let mut added = Map::new();
-        let mut decoder: Vec<(u32, AddedToken)> =
-            self.inner.get_added_tokens_decoder().into_iter().collect();
+        let mut decoder: Vec<(u32, AddedToken)> = self
+            .facts
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .collect();
         decoder.sort_by_key(|(id, _)| *id);
         let mut extra_specials = vec![];
         for (id, t) in &decoder {
@@ -418,23 +406,23 @@ impl Tokenizer {
                 .map(Value::String)
                 .unwrap_or(Value::Null)
         };
-        cfg.insert("add_bos_token".into(), json!(self.add_bos));
-        cfg.insert("add_eos_token".into(), json!(self.add_eos));
+        cfg.insert("add_bos_token".into(), json!(self.facts.add_bos));
+        cfg.insert("add_eos_token".into(), json!(self.facts.add_eos));
         cfg.insert("add_prefix_space".into(), json!(false));
         cfg.insert("added_tokens_decoder".into(), Value::Object(added));
         cfg.insert(
             "additional_special_tokens".into(),
             Value::Array(extra_specials),
         );
-        cfg.insert("bos_token".into(), tok(self.bos_id));
-        cfg.insert("eos_token".into(), tok(self.eos_ids.first().copied()));
-        cfg.insert("pad_token".into(), tok(self.pad_id));
-        cfg.insert("unk_token".into(), tok(self.unk_id));
-        if let Some(t) = &self.chat_template {
+        cfg.insert("bos_token".into(), tok(self.facts.bos_id));
+        cfg.insert("eos_token".into(), tok(self.facts.eos_ids.first().copied()));
+        cfg.insert("pad_token".into(), tok(self.facts.pad_id));
+        cfg.insert("unk_token".into(), tok(self.facts.unk_id));
+        if let Some(t) = &self.facts.chat_template {
             cfg.insert("chat_template".into(), json!(t));
         }
         cfg.insert("clean_up_tokenization_spaces".into(), json!(false));
-        if let Some(m) = self.model_max_length {
+        if let Some(m) = self.facts.model_max_length {
             cfg.insert("model_max_length".into(), json!(m));
         }
         cfg.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
@@ -446,10 +434,10 @@ impl Tokenizer {
     pub fn to_special_tokens_map_json(&self) -> Result<String> {
         let mut m = Map::new();
         for (k, id) in [
-            ("bos_token", self.bos_id),
-            ("eos_token", self.eos_ids.first().copied()),
-            ("pad_token", self.pad_id),
-            ("unk_token", self.unk_id),
+            ("bos_token", self.facts.bos_id),
+            ("eos_token", self.facts.eos_ids.first().copied()),
+            ("pad_token", self.facts.pad_id),
+            ("unk_token", self.facts.unk_id),
         ] {
             if let Some(t) = id.and_then(|i| self.id_to_token(i)) {
                 m.insert(k.into(), json!(t));
@@ -484,10 +472,10 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
             .field("vocab_size", &self.vocab_size())
-            .field("bos_id", &self.bos_id)
-            .field("eos_ids", &self.eos_ids)
-            .field("add_bos", &self.add_bos)
-            .field("has_chat_template", &self.chat_template.is_some())
+            .field("bos_id", &self.facts.bos_id)
+            .field("eos_ids", &self.facts.eos_ids)
+            .field("add_bos", &self.facts.add_bos)
+            .field("has_chat_template", &self.facts.chat_template.is_some())
             .finish()
     }
 }

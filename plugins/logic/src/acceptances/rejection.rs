@@ -21,17 +21,7 @@ impl AcceptanceLogic for Rejection {
         Ok(Rejection)
     }
     fn decide(&mut self, positions: &[Position]) -> Decision {
-        for (i, p) in positions.iter().enumerate() {
-            if p.uniform * p.q >= p.p {
-                return Decision {
-                    accepted: i as u32,
-                    correction: Correction::Residual,
-                };
-            }
-        }
-        Decision {
-            accepted: positions.len() as u32,
-            correction: Correction::Residual,
-        }
+        // Rejected where u >= p / q (the draft's own draw, `uniform`).
+        Decision::until(positions, Correction::Residual, |p| p.uniform * p.q >= p.p)
     }
 }

@@ -50,17 +50,8 @@ impl AcceptanceLogic for Typical {
         })
     }
     fn decide(&mut self, positions: &[Position]) -> Decision {
-        for (i, p) in positions.iter().enumerate() {
-            if p.p <= self.threshold(p.entropy) {
-                return Decision {
-                    accepted: i as u32,
-                    correction: Correction::TargetSample,
-                };
-            }
-        }
-        Decision {
-            accepted: positions.len() as u32,
-            correction: Correction::TargetSample,
-        }
+        Decision::until(positions, Correction::TargetSample, |p| {
+            p.p <= self.threshold(p.entropy)
+        })
     }
 }

@@ -5,11 +5,13 @@
 //! multiplied by specd's batch-invariant kernels, attention by specd's
 //! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
 //! attention). See [`WeightMode`].
-use super::config::Arch;
-use super::gemma3::{self, PostNorms};
-use super::linear::{fuse_packed, Linear, QuantizedWeight};
-use super::LlamaConfig;
+pub mod gemma3;
+
+use self::gemma3::PostNorms;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
+use crate::config::Arch;
+use crate::linear::{fuse_packed, Linear, QuantizedWeight};
+use crate::LlamaConfig;
 use specd_mlx::kernels::KvRows;
 use specd_mlx::{fast, kernels, ops, Array, Result};
 
@@ -631,22 +633,18 @@ impl Llama {
         if !(self.fused_tail && self.own_kernels) || l.o_bias.is_some() {
             return None;
         }
-        let (w_o, _, o_group, o_bits) = l.o.packed()?;
-        let (w_gate_up, gate_up_n, gate_up_group, gate_up_bits) = l.gate_up.as_ref()?.packed()?;
-        let (w_down, _, down_group, down_bits) = l.down.packed()?;
+        let (w_o, o) = l.o.packed()?;
+        let (w_gate_up, gate_up) = l.gate_up.as_ref()?.packed()?;
+        let (w_down, down) = l.down.packed()?;
         Some(kernels::Tail {
             w_o,
-            o_group,
-            o_bits,
+            o,
             norm_w: &l.ffn_norm,
             eps: self.config.rms_norm_eps,
             w_gate_up,
-            gate_up_n,
-            gate_up_group,
-            gate_up_bits,
+            gate_up,
             w_down,
-            down_group,
-            down_bits,
+            down,
             gelu: false,
         })
     }

@@ -18,10 +18,10 @@
 //! llama path's batch-invariant kernels.
 //!
 //! A Gemma layer is a llama-family [`Layer`] of kind
-//! [`crate::llama::LayerKind::Gemma3`]: the llama forward hands such layers
+//! [`super::LayerKind::Gemma3`]: the llama forward hands such layers
 //! to [`layer`], which borrows the shared parts (q/k/v rows, norms,
 //! windowed attention) from [`Llama`].
-use super::llama::{halves, Layer, Llama, Probe};
+use super::{halves, Layer, Llama, Probe};
 use crate::cache::LayerCache;
 use specd_mlx::{fast, kernels, ops, Array, Result};
 
