@@ -5,7 +5,7 @@
 use crate::cache::{PrefixCache, SuffixCorpus};
 use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
 use crate::options::{
-    DrafterSpec, SpecOptions, DEFAULT_DRAFTER, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
+    DrafterSpec, SpecOptions, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
 };
 use crate::sampling::SamplingParams;
 use crate::sequence::{self, Finished, Settings, Sink};
@@ -197,7 +197,7 @@ impl Engine {
         opts: &SpecOptions,
         params: &SamplingParams,
     ) -> Result<Option<Speculation>> {
-        let spec = opts.drafter.clone().unwrap_or(DEFAULT_DRAFTER);
+        let spec = opts.drafter_or_default();
         let draft_max = opts.draft_max.unwrap_or(DEFAULT_DRAFT_MAX);
         if draft_max > MAX_DRAFT_MAX {
             bail!("draft_max must be at most {MAX_DRAFT_MAX}, got {draft_max}");

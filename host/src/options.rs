@@ -178,6 +178,11 @@ pub fn split_list(s: &str) -> Vec<String> {
 }
 
 impl SpecOptions {
+    /// The drafter the request runs: its own, else [`DEFAULT_DRAFTER`].
+    pub fn drafter_or_default(&self) -> DrafterSpec {
+        self.drafter.clone().unwrap_or(DEFAULT_DRAFTER)
+    }
+
     /// Fills what `self` leaves open from `defaults` (server defaults).
     pub fn or(&self, defaults: &SpecOptions) -> SpecOptions {
         let pick = |a: &Option<serde_json::Value>, b: &Option<serde_json::Value>| {

@@ -18,7 +18,7 @@
 //! from its committed log when it resumes (same tokens, later). A request
 //! running alone is never preempted. A model drafter's cache (`self:N`,
 //! `model:NAME`) follows the committed log, so a request with one reserves
-//! and holds its bytes per token too ([`request_kv_bytes_per_token`]); a
+//! and holds its bytes per token too ([`KvRates::per_token`]); a
 //! preempted request's drafter cache is not dropped (it is rewound when the
 //! request resumes) and is not counted while it waits.
 use crate::engine::Engine;
@@ -61,10 +61,6 @@ pub fn kv_bytes_per_token(c: &LlamaConfig) -> usize {
 /// drafter's when the drafter is a model: `self:N` holds the target's first
 /// N layers, `model:NAME` that draft model's. Model-free drafters (n-gram,
 /// suffix) and no drafter hold no KV.
-pub fn request_kv_bytes_per_token(engine: &Engine, drafter: &DrafterSpec) -> usize {
-    KvRates::of(engine).per_token(drafter)
-}
-
 /// What the served model's KV caches take a token, read once from the
 /// engine: the target's, and each draft model's. A request's bytes a token
 /// ([`KvRates::per_token`]) is the one rule the scheduler and the server's
@@ -114,7 +110,7 @@ pub fn drafter_of(spec: &Option<Speculation>) -> &DrafterSpec {
 }
 
 /// Whether `drafter` holds a KV cache of its own (counted in
-/// [`request_kv_bytes_per_token`]).
+/// [`KvRates::per_token`]).
 pub fn drafter_holds_kv(drafter: &DrafterSpec) -> bool {
     matches!(drafter, DrafterSpec::SelfLayers(_) | DrafterSpec::Model(_))
 }
@@ -212,8 +208,9 @@ pub struct Scheduler<'e> {
     /// Admitted but not running (yet, or again), in order.
     waiting: VecDeque<Waiting<'e>>,
     next_id: u64,
-    /// KV bytes of one token of the target (the reserved share is in these).
-    per_token: usize,
+    /// KV bytes a token: the target's (the reserved share is in these) and
+    /// each drafter's, read once.
+    kv: KvRates,
     /// What one more row adds to a step, learnt from the steps run.
     curve: StepCurve,
     /// What a prefill row costs the requests decoding beside it.
@@ -232,7 +229,7 @@ impl<'e> Scheduler<'e> {
             active: Vec::new(),
             waiting: VecDeque::new(),
             next_id: 0,
-            per_token: engine.model.kv_bytes_per_token(),
+            kv: KvRates::of(engine),
             curve: StepCurve::default(),
             prefill_cost: PrefillCost::default(),
             decide_parallel_from: DECIDE_PARALLEL_FROM,
@@ -304,7 +301,7 @@ impl<'e> Scheduler<'e> {
     /// budget, so admission does not fill it with prompts alone.
     fn share_tokens(&self) -> usize {
         self.limits.kv_budget.map_or(0, |b| {
-            b / (2 * self.limits.max_sequences.max(1) * self.per_token.max(1))
+            b / (2 * self.limits.max_sequences.max(1) * self.kv.target.max(1))
         })
     }
 
@@ -324,13 +321,10 @@ impl<'e> Scheduler<'e> {
                 break;
             };
             let (tokens, per_token) = match front {
-                Waiting::Fresh(a) => (
-                    a.prompt.len(),
-                    request_kv_bytes_per_token(self.engine, drafter_of(&a.spec)),
-                ),
+                Waiting::Fresh(a) => (a.prompt.len(), self.kv.per_token(drafter_of(&a.spec))),
                 Waiting::Preempted(a) => (a.seq.kv_tokens() + a.seq.max_round_rows(), a.per_token),
             };
-            let need = tokens * per_token + self.share_tokens() * self.per_token;
+            let need = tokens * per_token + self.share_tokens() * self.kv.target;
             if !self.active.is_empty() && !self.fits(need) {
                 break;
             }
@@ -402,7 +396,7 @@ impl<'e> Scheduler<'e> {
     fn start(&mut self, a: Admitted<'e>) {
         let id = self.next_id;
         self.next_id += 1;
-        let per_token = request_kv_bytes_per_token(self.engine, drafter_of(&a.spec));
+        let per_token = self.kv.per_token(drafter_of(&a.spec));
         // A request asking for its prompt's logprobs builds them from its own
         // prefill's rows, so it skips the prefix-cache lookup and prefills
         // the whole prompt (what it leaves in the cache is kept as usual).

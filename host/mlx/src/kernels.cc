@@ -208,9 +208,9 @@ void check_packed(const mx::array& p, int32_t n, int32_t group_size, int32_t bit
                                 ": the packed weights do not fit n, group and bits");
 }
 
-A qmatmul_packed_impl(const Array& x, const Array& packed, int32_t n, int32_t group_size,
-                      int32_t bits, const Array* norm_w, float eps, const Array* residual,
-                      QmmBody body = {}) {
+A qmatmul_packed_impl(const Array& x, const Array& packed, Packing packing,
+                      const Array* norm_w, float eps, const Array* residual, QmmBody body = {}) {
+  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   const auto& p = packed.a;
   check_packed(p, n, group_size, bits, "qmatmul_packed");
   int K = p.shape(1) * group_size;
@@ -294,41 +294,37 @@ A layer_tail(const Array& o, const Array& x, const ArrayList& tail,
 }
 
 A qmatmul_packed(const Array& x, const Array& packed, Packing packing) {
-  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
-  return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr, 0.f, nullptr);
+  return qmatmul_packed_impl(x, packed, packing, nullptr, 0.f, nullptr);
 }
 
-A qmatmul_packed_add(const Array& x, const Array& packed, Packing packing, const Array& residual) {
-  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
-  return qmatmul_packed_impl(x, packed, n, group_size, bits, nullptr, 0.f, &residual);
+A qmatmul_packed_add(const Array& x, const Array& packed, Packing packing,
+                     const Array& residual) {
+  return qmatmul_packed_impl(x, packed, packing, nullptr, 0.f, &residual);
 }
 
-A qmatmul_packed_glu_add(const Array& gu, const Array& packed, Packing packing, const Array& residual, bool gelu) {
-  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
+A qmatmul_packed_glu_add(const Array& gu, const Array& packed, Packing packing,
+                         const Array& residual, bool gelu) {
   QmmBody body;
   body.glu = gelu ? Glu::Gelu : Glu::Silu;
-  return qmatmul_packed_impl(gu, packed, n, group_size, bits, nullptr, 0.f, &residual, body);
+  return qmatmul_packed_impl(gu, packed, packing, nullptr, 0.f, &residual, body);
 }
 
 A qmatmul_packed_glu(const Array& gu, const Array& packed, Packing packing, bool gelu) {
-  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
   QmmBody body;
   body.glu = gelu ? Glu::Gelu : Glu::Silu;
-  return qmatmul_packed_impl(gu, packed, n, group_size, bits, nullptr, 0.f, nullptr, body);
+  return qmatmul_packed_impl(gu, packed, packing, nullptr, 0.f, nullptr, body);
 }
 
 A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Array& packed,
                       Packing packing) {
-  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
-  return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr);
+  return qmatmul_packed_impl(x, packed, packing, &norm_w, eps, nullptr);
 }
 
 A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
                                 const Array& packed, Packing packing,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
                                 rust::Slice<const int32_t> positions) {
-  const int32_t n = packing.n, group_size = packing.group_size, bits = packing.bits;
-  if (head_dim <= 0 || head_dim % 2 != 0 || rope_cols % head_dim != 0 || rope_cols > n ||
+  if (head_dim <= 0 || head_dim % 2 != 0 || rope_cols % head_dim != 0 || rope_cols > packing.n ||
       rope_cols <= 0)
     throw std::invalid_argument("qmatmul rope: whole heads of an even size within the output");
   if (x.a.ndim() != 3 || x.a.shape(0) != 1 || (size_t)x.a.shape(1) != positions.size())
@@ -337,7 +333,7 @@ A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
   body.rope_cols = rope_cols, body.head_dim = head_dim;
   body.rope_positions.assign(positions.begin(), positions.end());
   body.rope_traditional = traditional, body.rope_base = base;
-  return qmatmul_packed_impl(x, packed, n, group_size, bits, &norm_w, eps, nullptr, body);
+  return qmatmul_packed_impl(x, packed, packing, &norm_w, eps, nullptr, body);
 }
 
 A qrows_packed(const Array& packed, const Array& ids, Packing packing) {

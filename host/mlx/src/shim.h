@@ -122,7 +122,8 @@ A qpack(const Array& w, const Array& scales, const Array& biases, int32_t group_
         int32_t bits);
 A qmatmul_packed(const Array& x, const Array& packed, Packing packing);
 A qmatmul_packed_add(const Array& x, const Array& packed, Packing packing, const Array& residual);
-A qmatmul_packed_glu_add(const Array& gu, const Array& packed, Packing packing, const Array& residual, bool gelu);
+A qmatmul_packed_glu_add(const Array& gu, const Array& packed, Packing packing,
+                         const Array& residual, bool gelu);
 A layer_tail(const Array& o, const Array& x, const ArrayList& tail,
              rust::Slice<const int32_t> params, float eps);
 A qmatmul_packed_glu(const Array& gu, const Array& packed, Packing packing, bool gelu);

@@ -10,7 +10,6 @@
 //! still refused by the worker when it builds the request's speculation.
 use super::config::ServerConfig;
 use crate::engine::{Engine, Prompt};
-use crate::options::DEFAULT_DRAFTER;
 use crate::request::ValidatedRequest;
 use crate::sampling::{Constraint, Grammars};
 use crate::scheduler::KvRates;
@@ -92,7 +91,7 @@ impl Validator {
         }
         if let Some(budget) = self.kv_budget {
             // A model drafter's cache grows with the target's: counted too.
-            let drafter = req.spec.drafter.clone().unwrap_or(DEFAULT_DRAFTER);
+            let drafter = req.spec.drafter_or_default();
             let need = (prompt.len() + 1) * self.kv.per_token(&drafter);
             if need > budget {
                 return Err(format!(

@@ -32,7 +32,7 @@ use std::time::Instant;
 pub struct Speculation {
     pub drafter: Box<dyn Drafter>,
     /// What `drafter` was built from: the KV budget counts a model
-    /// drafter's cache ([`crate::scheduler::request_kv_bytes_per_token`]).
+    /// drafter's cache ([`crate::scheduler::KvRates::per_token`]).
     pub drafter_spec: DrafterSpec,
     pub schedule: Box<dyn Schedule>,
     pub acceptance: Box<dyn Acceptance>,
