@@ -146,6 +146,7 @@ fn main() {
         "qmm_simd.h",
         "qmm_tiles.h",
         "top2.h",
+        "attn_rows_walk.h",
         "qmm_avx2.h",
         "qmm_avx2.cc",
         "qmm_q8_avx2.cc",

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "attn_rows_walk.h"
 #include "qmm_avx2.h"
 #include "qmm_simd.h"
 
@@ -455,65 +456,43 @@ inline float max_of(const float* p, int n) {
 }
 
 // Attention of `rows` query rows of one sequence over one kv head's keys
-// and values, row r over keys [0, g[r].n) (g[r]: row r's query and output
-// rows and its n; the rest shared). Keys go in blocks whose rows fit L1 (16 KB), and each block
-// serves every row and head before the next is read: the rows and heads
-// share one read of the cache from L2 or memory, where one (row, head) at
-// a time over all keys read it once per row and head. Per (row, head) the
-// float operations are those of the per-head path, in its order: scores
-// (dot_avx2's chains, 8 keys reduced side by side), max, exp_sum_avx2,
-// then o = fma(p_j, v_j, o) in key order from 0 (axpy_avx2's), times
-// 1 / sum. Between blocks a row's partial sums rest in its output row,
-// exactly (a float stored and loaded back).
+// and values, row r over keys [0, g[r].n), in attn_rows_walk.h's blocks.
+// Per (row, head) the float operations are those of the per-head path, in
+// its order: scores (dot_avx2's chains, 8 keys reduced side by side), max,
+// exp_sum_avx2, then o = fma(p_j, v_j, o) in key order from 0 (axpy_avx2's),
+// times 1 / sum.
 template <bool HALF>
 void group_rows(const AttnGroup* g, int rows, float* scores) {
-  const AttnGroup& g0 = g[0];
-  const int kb = std::max(8, 4096 / g0.D);  // a multiple of 8
-  float* sc[kAttnMaxRows];
-  int n_max = 0;
-  for (int r = 0; r < rows; r++) {
-    sc[r] = r == 0 ? scores : sc[r - 1] + (size_t)g[r - 1].heads * g[r - 1].n;
-    n_max = std::max(n_max, g[r].n);
-  }
-  for (int j0 = 0; j0 < n_max; j0 += kb)
-    for (int r = 0; r < rows; r++) {
-      const int j1 = std::min(g[r].n, j0 + kb);
-      int j = j0;
-      for (; j + 8 <= j1; j += 8)
-        for (int h = 0; h < g[r].heads; h++) scores_8keys<HALF>(g[r], h, j, sc[r]);
-      if (j < j1) scores_tail<HALF>(g[r], j, sc[r]);  // the row's last keys
+  auto softmax = [](const AttnGroup& r, float* sc, float* inv) {
+    for (int h = 0; h < r.heads; h++) {
+      float* p = sc + h * r.n;
+      inv[h] = 1.f / exp_sum_avx2(p, r.n, max_of(p, r.n));
     }
-  float inv[kAttnMaxRows][AttnGroup::kMaxHeads];
-  for (int r = 0; r < rows; r++)
-    for (int h = 0; h < g[r].heads; h++) {
-      float* p = sc[r] + h * g[r].n;
-      inv[r][h] = 1.f / exp_sum_avx2(p, g[r].n, max_of(p, g[r].n));
-    }
-  constexpr int CB = 8;  // 64 floats of a row per pass
-  for (int j0 = 0; j0 < n_max; j0 += kb)
-    for (int r = 0; r < rows; r++) {
-      if (j0 >= g[r].n) continue;
-      const int j1 = std::min(g[r].n, j0 + kb);
-      for (int h = 0; h < g[r].heads; h++) {
-        const float* p = sc[r] + h * g[r].n;
-        for (int c0 = 0; c0 < g0.D; c0 += 8 * CB) {
-          float* out = g[r].o[h] + c0;
-          __m256 o[CB];
-          for (int c = 0; c < CB; c++) o[c] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * c);
-          for (int j = j0; j < j1; j++) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-            for (int c = 0; c < CB; c++)
-              o[c] = _mm256_fmadd_ps(pj, cache8<HALF>(g0.v, g0.v16, (int64_t)j * g0.v_row + c0 + 8 * c),
-                                     o[c]);
-          }
-          if (j1 == g[r].n) {
-            __m256 s = _mm256_set1_ps(inv[r][h]);
-            for (int c = 0; c < CB; c++) o[c] = _mm256_mul_ps(o[c], s);
-          }
-          for (int c = 0; c < CB; c++) _mm256_storeu_ps(out + 8 * c, o[c]);
+  };
+  auto weigh = [](const AttnGroup& r, const float* sc, const float* inv, int j0, int j1) {
+    constexpr int CB = 8;  // 64 floats of a row per pass
+    for (int h = 0; h < r.heads; h++) {
+      const float* p = sc + h * r.n;
+      for (int c0 = 0; c0 < r.D; c0 += 8 * CB) {
+        float* out = r.o[h] + c0;
+        __m256 o[CB];
+        for (int c = 0; c < CB; c++) o[c] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * c);
+        for (int j = j0; j < j1; j++) {
+          __m256 pj = _mm256_set1_ps(p[j]);
+          for (int c = 0; c < CB; c++)
+            o[c] = _mm256_fmadd_ps(pj, cache8<HALF>(r.v, r.v16, (int64_t)j * r.v_row + c0 + 8 * c), o[c]);
         }
+        if (j1 == r.n) {
+          __m256 s = _mm256_set1_ps(inv[h]);
+          for (int c = 0; c < CB; c++) o[c] = _mm256_mul_ps(o[c], s);
+        }
+        for (int c = 0; c < CB; c++) _mm256_storeu_ps(out + 8 * c, o[c]);
       }
     }
+  };
+  auto keys = [](const AttnGroup& r, int h, int j, float* sc) { scores_8keys<HALF>(r, h, j, sc); };
+  auto tail = [](const AttnGroup& r, int j, float* sc) { scores_tail<HALF>(r, j, sc); };
+  walk_key_blocks<8>(g, rows, scores, keys, tail, softmax, weigh);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "attn_rows_walk.h"
 #include "qmm_simd.h"
 
 namespace specd_mlx::qmm {
@@ -314,43 +315,23 @@ void scores_tail(const AttnGroup& g, int j0, float* scores) {
 }
 
 // Attention of `rows` query rows of one sequence over one kv head's keys
-// and values, row r over keys [0, g[r].n). Keys go in blocks whose rows fit
-// L1 (16 KB), and each block serves every row and head of the unit before
-// the next is read, where attn_group_avx512 a row at a time reads the cache
-// once per row. Per (row, head) the float operations are attn_heads', in
-// its order (the scores' chains, 16 keys reduced side by side; max,
-// exp_sum_avx2, the fma chains over the values, times 1 / sum), so a row's
-// bits are those of the row alone. Between blocks a row's partial sums rest
-// in its output row, exactly (a float stored and loaded back).
+// and values, row r over keys [0, g[r].n), in attn_rows_walk.h's blocks.
+// Per (row, head) the float operations are attn_heads', in its order (the
+// scores' chains, 16 keys reduced side by side; max, exp_sum_avx2, the fma
+// chains over the values, times 1 / sum), so a row's bits are those of the
+// row alone.
 template <bool HALF, int HG, int CB, int DC>
 void group_rows(const AttnGroup* g, int rows, float* scores) {
-  const AttnGroup& g0 = g[0];
-  const int kb = std::max(16, 4096 / g0.D);  // a multiple of 16
-  float* sc[kAttnMaxRows];
-  int n_max = 0;
-  for (int r = 0; r < rows; r++) {
-    sc[r] = r == 0 ? scores : sc[r - 1] + (size_t)g[r - 1].heads * g[r - 1].n;
-    n_max = std::max(n_max, g[r].n);
-  }
-  for (int j0 = 0; j0 < n_max; j0 += kb)
-    for (int r = 0; r < rows; r++) {
-      const int j1 = std::min(g[r].n, j0 + kb);
-      int j = j0;
-      for (; j + 16 <= j1; j += 16)
-        for (int h = 0; h < g[r].heads; h++) scores_16keys<HALF, DC>(g[r], h, j, sc[r]);
-      if (j < j1) scores_tail<HALF>(g[r], j, sc[r]);
-    }
-  float inv[kAttnMaxRows][AttnGroup::kMaxHeads];
-  for (int r = 0; r < rows; r++) softmax_heads(sc[r], g[r].n, g[r].heads, inv[r]);
-  for (int j0 = 0; j0 < n_max; j0 += kb)
-    for (int r = 0; r < rows; r++) {
-      if (j0 >= g[r].n) continue;
-      const int j1 = std::min(g[r].n, j0 + kb);
-      for (int h0 = 0; h0 < g[r].heads; h0 += HG)
-        for (int c0 = 0; c0 < g0.D / 16; c0 += CB)
-          weigh_keys<HALF, HG, CB, false>(g[r], h0, std::min(HG, g[r].heads - h0),
-                                          sc[r] + h0 * g[r].n, inv[r] + h0, c0, j0, j1);
-    }
+  auto softmax = [](const AttnGroup& r, float* sc, float* inv) { softmax_heads(sc, r.n, r.heads, inv); };
+  auto weigh = [](const AttnGroup& r, const float* sc, const float* inv, int j0, int j1) {
+    for (int h0 = 0; h0 < r.heads; h0 += HG)
+      for (int c0 = 0; c0 < r.D / 16; c0 += CB)
+        weigh_keys<HALF, HG, CB, false>(r, h0, std::min(HG, r.heads - h0), sc + h0 * r.n, inv + h0, c0,
+                                        j0, j1);
+  };
+  auto keys = [](const AttnGroup& r, int h, int j, float* sc) { scores_16keys<HALF, DC>(r, h, j, sc); };
+  auto tail = [](const AttnGroup& r, int j, float* sc) { scores_tail<HALF>(r, j, sc); };
+  walk_key_blocks<16>(g, rows, scores, keys, tail, softmax, weigh);
 }
 
 template <bool HALF>
