@@ -3,6 +3,7 @@
 //! request's names (drafter, schedule, acceptance) into a [`Speculation`]
 //! and runs the sequence.
 use crate::cache::{PrefixCache, SuffixCorpus};
+use crate::model::mtp::MtpHead;
 use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
 use crate::options::{
     DrafterSpec, SpecOptions, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
@@ -10,7 +11,8 @@ use crate::options::{
 use crate::sampling::SamplingParams;
 use crate::sequence::{self, Finished, Settings, Sink};
 use crate::speculation::{
-    suffix::space_keys, LlamaTarget, ModelDrafter, NgramDrafter, Speculation, SuffixDrafter, Target,
+    suffix::space_keys, LlamaTarget, ModelDrafter, MtpDrafter, NgramDrafter, Speculation,
+    SuffixDrafter, Target,
 };
 use anyhow::{bail, Context, Result};
 use specd_policy::{PolicyConfig, PolicyHost};
@@ -42,6 +44,9 @@ pub struct Engine {
     pub policies: Arc<PolicyHost>,
     /// Draft models by name (`model:NAME`), configured at start.
     pub drafts: HashMap<String, Arc<Llama>>,
+    /// MTP draft heads by name (`mtp:NAME`); `""` is the model's shipped
+    /// head (`mtp`), found beside the model ([`shipped_head_dir`]).
+    pub heads: HashMap<String, Arc<MtpHead>>,
     /// KV states of earlier requests, by token prefix.
     pub prefix: Mutex<PrefixCache>,
     /// Earlier requests' outputs, for the `suffix` drafter; cleared with
@@ -97,6 +102,14 @@ pub const PREFIX_CACHE_BYTES: usize = 1 << 30;
 /// Default bound of the suffix drafter's cross-request corpus.
 pub const SUFFIX_CORPUS_BYTES: usize = 64 << 20;
 
+/// Where a model's shipped MTP head lives: `NAME.mtp/` beside the model
+/// file (or directory), as `specd pull` and `make` put it.
+pub fn shipped_head_dir(model: &Path) -> PathBuf {
+    let mut name = model.file_name().unwrap_or_default().to_os_string();
+    name.push(".mtp");
+    model.with_file_name(name)
+}
+
 pub fn load_tokenizer(path: &Path, format: ModelFormat) -> Result<Tokenizer> {
     match format {
         ModelFormat::Gguf => Tokenizer::from_gguf_file(path),
@@ -123,6 +136,13 @@ impl Engine {
             );
         }
         let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+        let mut heads = HashMap::new();
+        let shipped = shipped_head_dir(path);
+        if shipped.join("config.json").exists() {
+            let head = MtpHead::load(&shipped, &model)
+                .with_context(|| format!("loading the shipped MTP head {}", shipped.display()))?;
+            heads.insert(String::new(), Arc::new(head));
+        }
         Ok(Engine {
             name: name.to_string(),
             path: path.to_path_buf(),
@@ -132,6 +152,7 @@ impl Engine {
             template: Arc::new(template),
             policies,
             drafts: HashMap::new(),
+            heads,
             prefix: Mutex::new(PrefixCache::new(PREFIX_CACHE_BYTES)),
             suffix: Arc::new(Mutex::new(SuffixCorpus::new(SUFFIX_CORPUS_BYTES))),
             weights,
@@ -167,6 +188,14 @@ impl Engine {
             );
         }
         self.drafts.insert(name.to_string(), Arc::new(m));
+        Ok(())
+    }
+
+    /// Registers an MTP draft head trained for this model (`mtp:NAME`).
+    pub fn add_draft_head(&mut self, name: &str, dir: &Path) -> Result<()> {
+        let head = MtpHead::load(dir, &self.model)
+            .with_context(|| format!("loading MTP head {name} from {}", dir.display()))?;
+        self.heads.insert(name.to_string(), Arc::new(head));
         Ok(())
     }
 
@@ -248,6 +277,26 @@ impl Engine {
                     spec.to_string(),
                     Box::new(LlamaTarget::new(m.clone())),
                 ))
+            }
+            DrafterSpec::Mtp(name) => {
+                let key = name.as_deref().unwrap_or("");
+                let head = self.heads.get(key).with_context(|| match name {
+                    None => format!(
+                        "model {} has no shipped MTP head (looked in {}); train one with `specd drafter train` and serve it with --draft-head NAME=PATH",
+                        self.name,
+                        shipped_head_dir(&self.path).display()
+                    ),
+                    Some(n) => {
+                        let mut known: Vec<&str> =
+                            self.heads.keys().filter(|k| !k.is_empty()).map(String::as_str).collect();
+                        known.sort();
+                        format!(
+                            "unknown MTP head {n:?} (configured: {})",
+                            if known.is_empty() { "none".into() } else { known.join(", ") }
+                        )
+                    }
+                })?;
+                Box::new(MtpDrafter::new(spec.to_string(), head.clone()))
             }
         };
         let schedule = opts.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);

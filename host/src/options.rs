@@ -32,6 +32,10 @@ pub enum DrafterSpec {
     /// Suffix decoding over the prompt, the output so far and earlier
     /// requests' outputs.
     Suffix,
+    /// A draft head over the target's hidden states: `mtp` the served
+    /// model's shipped head, `mtp:NAME` one configured at server start (on
+    /// the command line, a head directory).
+    Mtp(Option<String>),
 }
 
 impl FromStr for DrafterSpec {
@@ -62,8 +66,10 @@ impl FromStr for DrafterSpec {
                     .with_context(|| format!("bad drafter {s:?}: want self:N, N >= 1"))?,
             ),
             ("model", Some(name)) if !name.is_empty() => DrafterSpec::Model(name.to_string()),
+            ("mtp", None) => DrafterSpec::Mtp(None),
+            ("mtp", Some(name)) if !name.is_empty() => DrafterSpec::Mtp(Some(name.to_string())),
             _ => bail!(
-                "unknown drafter {s:?} (none, ngram, ngram:MIN-MAX, suffix, self:N, model:NAME)"
+                "unknown drafter {s:?} (none, ngram, ngram:MIN-MAX, suffix, self:N, model:NAME, mtp, mtp:NAME)"
             ),
         })
     }
@@ -78,6 +84,8 @@ impl fmt::Display for DrafterSpec {
             DrafterSpec::SelfLayers(n) => write!(f, "self:{n}"),
             DrafterSpec::Model(name) => write!(f, "model:{name}"),
             DrafterSpec::Suffix => f.write_str("suffix"),
+            DrafterSpec::Mtp(None) => f.write_str("mtp"),
+            DrafterSpec::Mtp(Some(name)) => write!(f, "mtp:{name}"),
         }
     }
 }
@@ -198,6 +206,14 @@ impl SpecOptions {
             draft_max: self.draft_max.or(defaults.draft_max),
             schedule_config: pick(&self.schedule_config, &defaults.schedule_config),
             acceptance_config: pick(&self.acceptance_config, &defaults.acceptance_config),
+        }
+    }
+
+    /// The draft head a command line names (`mtp:PATH`), if any.
+    pub fn draft_head(&self) -> Option<&str> {
+        match &self.drafter {
+            Some(DrafterSpec::Mtp(Some(p))) => Some(p),
+            _ => None,
         }
     }
 

@@ -28,7 +28,7 @@ use crate::options::DrafterSpec;
 use crate::sequence::PREFILL_CHUNK;
 use crate::sequence::{Deciding, Finished, Sequence, Settings, Sink, VerifyTime};
 use crate::speculation::target::{forward_batch_verify, StepRows};
-use crate::speculation::{read_rows, row_threads, Decided, VerifyMode, VerifyRows};
+use crate::speculation::{read_rows, row_threads, Decided, Target as _, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, LlamaTarget, RoundPlan, Speculation};
 use anyhow::{anyhow, Result};
 use std::collections::VecDeque;
@@ -70,6 +70,8 @@ pub struct KvRates {
     target: usize,
     layers: usize,
     drafts: Vec<(String, usize)>,
+    /// Each draft head's (`""`: the shipped one).
+    heads: Vec<(String, usize)>,
 }
 
 impl KvRates {
@@ -81,6 +83,11 @@ impl KvRates {
                 .drafts
                 .iter()
                 .map(|(n, m)| (n.clone(), m.kv_bytes_per_token()))
+                .collect(),
+            heads: engine
+                .heads
+                .iter()
+                .map(|(n, h)| (n.clone(), h.kv_bytes_per_token()))
                 .collect(),
         }
     }
@@ -96,6 +103,13 @@ impl KvRates {
                 .iter()
                 .find(|(n, _)| n == name)
                 .map_or(0, |(_, b)| *b),
+            DrafterSpec::Mtp(name) => {
+                let name = name.as_deref().unwrap_or("");
+                self.heads
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or(0, |(_, b)| *b)
+            }
             DrafterSpec::None | DrafterSpec::Ngram { .. } | DrafterSpec::Suffix => 0,
         };
         self.target + draft
@@ -112,7 +126,10 @@ pub fn drafter_of(spec: &Option<Speculation>) -> &DrafterSpec {
 /// Whether `drafter` holds a KV cache of its own (counted in
 /// [`KvRates::per_token`]).
 pub fn drafter_holds_kv(drafter: &DrafterSpec) -> bool {
-    matches!(drafter, DrafterSpec::SelfLayers(_) | DrafterSpec::Model(_))
+    matches!(
+        drafter,
+        DrafterSpec::SelfLayers(_) | DrafterSpec::Model(_) | DrafterSpec::Mtp(_)
+    )
 }
 
 /// The default KV budget: a quarter of the memory the caches live in, the
@@ -370,6 +387,9 @@ impl<'e> Scheduler<'e> {
             a.seq.preempt();
             // Dropping the target frees its KV.
             a.target = LlamaTarget::new(self.engine.model.clone());
+            if a.seq.wants_hidden() {
+                a.target.keep_hidden();
+            }
             self.waiting.push_front(Waiting::Preempted(a));
             n += 1;
         }

@@ -13,6 +13,7 @@ pub mod ggml;
 pub mod linear;
 pub mod llama;
 pub mod load;
+pub mod mtp;
 pub mod random;
 
 pub use config::{Arch, LlamaConfig};

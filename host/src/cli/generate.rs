@@ -28,11 +28,15 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    /// `model:PATH` on the command line loads that draft model under its path.
+    /// `model:PATH` (`mtp:PATH`) on the command line loads that draft model
+    /// (head) under its path.
     pub fn register_draft_model(&self, engine: &mut Engine) -> Result<()> {
         if let Some(path) = self.options.draft_model() {
             let p = crate::store::Store::default().resolve(path, false)?;
             engine.add_draft_model(path, &p)?;
+        }
+        if let Some(path) = self.options.draft_head() {
+            engine.add_draft_head(path, std::path::Path::new(path))?;
         }
         Ok(())
     }

@@ -95,6 +95,9 @@ impl<'a> Sequence<'a> {
             (Some(hook), Some((req, _))) => Some(PromptLogprobs::new(prompt, *req, hook.clone())),
         };
         target.rewind(cached)?;
+        if spec.as_ref().is_some_and(|s| s.drafter.wants_hidden()) {
+            target.keep_hidden();
+        }
         let mut state = SpecState::new(spec);
         state.constraint = settings.constraint.clone();
         state.mode = verify_mode(settings);
@@ -267,6 +270,12 @@ impl<'a> Sequence<'a> {
     /// recording, temperature 0 without penalties, and nothing that needs
     /// the rows (logprobs) or masks them (structured output): the overlapped
     /// path copies back only the argmax.
+    /// Whether its drafter reads the target's hidden states (the target
+    /// must keep them, a fresh one after a preemption too).
+    pub fn wants_hidden(&self) -> bool {
+        self.state.wants_hidden()
+    }
+
     pub fn can_overlap(&self) -> bool {
         self.decoding()
             && self.state.is_plain()

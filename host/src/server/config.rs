@@ -41,7 +41,7 @@ pub struct ServeArgs {
     pub policy_dir: Option<PathBuf>,
     /// A JSON config file: {host, port, model, policy_dir, policy_store, queue, drain_seconds,
     /// max_sequences, step_tokens, kv_budget,
-    /// draft_models: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
+    /// draft_models: {NAME: PATH}, draft_heads: {NAME: PATH}, defaults: {drafter, schedule, acceptance,
     /// draft_max, schedule_config, acceptance_config}, policy_limits: {...},
     /// api_keys: [KEY...], admin_key, metrics_key_required,
     /// registry_max_policies, registry_max_bytes, max_body_bytes,
@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// A draft model requests can pick as `drafter: "model:NAME"` (repeatable).
     #[arg(long = "draft-model", value_name = "NAME=PATH")]
     pub draft_models: Vec<String>,
+    /// An MTP draft head (a directory `specd drafter train` wrote) requests
+    /// can pick as `drafter: "mtp:NAME"` (repeatable); `mtp` alone is the
+    /// model's shipped head.
+    #[arg(long = "draft-head", value_name = "NAME=PATH")]
+    pub draft_heads: Vec<String>,
     /// Requests that may wait to be admitted; past it: 503 + Retry-After
     /// [default: 512].
     #[arg(long)]
@@ -160,6 +165,8 @@ struct FileConfig {
     kv_budget: Option<usize>,
     #[serde(default)]
     draft_models: BTreeMap<String, String>,
+    #[serde(default)]
+    draft_heads: BTreeMap<String, String>,
     #[serde(default)]
     defaults: SpecOptions,
     /// Overrides of the policy host's limits (HostConfig fields).
@@ -291,6 +298,8 @@ pub struct ServerConfig {
     /// `--policy-store`.
     pub policy_store: Option<PathBuf>,
     pub draft_models: BTreeMap<String, String>,
+    /// `--draft-head NAME=PATH` (and the file's `draft_heads`).
+    pub draft_heads: BTreeMap<String, String>,
     pub defaults: SpecOptions,
     pub policy_limits: HostConfig,
     /// Trace file every request's rounds are appended to.
@@ -380,16 +389,21 @@ impl ServerConfig {
                 bail!("{name} must be at least 1");
             }
         }
-        let mut draft_models = file.draft_models;
-        for d in &a.draft_models {
-            let Some((name, path)) = d.split_once('=') else {
-                bail!("--draft-model wants NAME=PATH, got {d:?}");
-            };
-            if name.is_empty() || path.is_empty() {
-                bail!("--draft-model wants NAME=PATH, got {d:?}");
+        let named = |flag: &str, into: &mut BTreeMap<String, String>, args: &[String]| {
+            for d in args {
+                match d.split_once('=') {
+                    Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+                        into.insert(name.to_string(), path.to_string());
+                    }
+                    _ => bail!("{flag} wants NAME=PATH, got {d:?}"),
+                }
             }
-            draft_models.insert(name.to_string(), path.to_string());
-        }
+            Ok(())
+        };
+        let mut draft_models = file.draft_models;
+        named("--draft-model", &mut draft_models, &a.draft_models)?;
+        let mut draft_heads = file.draft_heads;
+        named("--draft-head", &mut draft_heads, &a.draft_heads)?;
         let mut policy_limits = HostConfig::default();
         if let Some(over) = file.policy_limits {
             let mut v = serde_json::to_value(&policy_limits)?;
@@ -433,6 +447,7 @@ impl ServerConfig {
                 .or(file.drain_seconds)
                 .unwrap_or(super::lifecycle::DEFAULT_DRAIN_SECONDS),
             draft_models,
+            draft_heads,
             defaults: a.defaults.or(&file.defaults),
             policy_limits,
             record: a.record.clone(),

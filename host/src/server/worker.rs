@@ -194,6 +194,9 @@ fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelI
         let dp = store.resolve(p, false)?;
         engine.add_draft_model(name, &dp)?;
     }
+    for (name, p) in &cfg.draft_heads {
+        engine.add_draft_head(name, std::path::Path::new(p))?;
+    }
     // The server defaults must name things that exist.
     engine
         .speculation(&cfg.defaults, &SamplingParams::default())

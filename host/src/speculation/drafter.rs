@@ -2,12 +2,12 @@
 //! n-gram prompt lookup, and a model drafter (a separate draft model sharing
 //! the tokenizer, the target itself, or the target's first N layers).
 //!
-//! MTP heads: a drafter that answers `wants_hidden() == true` is handed the
-//! target's last hidden state after each verify (`observe_hidden`), which is
-//! what a multi-token-prediction head drafts from. No MTP checkpoint exists
-//! for our models, so no drafter implements it yet.
+//! MTP heads ([`super::mtp`]): a drafter that answers `wants_hidden() ==
+//! true` is handed the target's last hidden states before each round
+//! (`observe_hidden`), which is what a multi-token-prediction head drafts
+//! from.
 use super::draft::{Draft, DraftProb};
-use super::target::Target;
+use super::target::{HiddenRows, Target};
 use crate::sampling::{distribution, Rng, SamplingParams};
 use anyhow::Result;
 use specd_policy::DraftStep;
@@ -49,11 +49,17 @@ pub trait Drafter: Send {
     /// A round ended: `log_len` committed tokens existed before it, and the
     /// first `accepted` of the drafted tokens were kept.
     fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()>;
-    /// Whether it drafts from the target's hidden state (MTP).
+    /// Whether it drafts from the target's hidden states (MTP): the target
+    /// then keeps them, and each round hands the drafter those of the
+    /// positions forwarded since the last ([`Drafter::observe_hidden`]).
     fn wants_hidden(&self) -> bool {
         false
     }
-    fn observe_hidden(&mut self, _hidden: &[f32]) {}
+    /// The target's last-layer rows of positions it forwarded since the
+    /// last call (`log`: the committed tokens, the last not yet forwarded).
+    fn observe_hidden(&mut self, _log: &[u32], _hidden: HiddenRows) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Prompt lookup: find the latest earlier occurrence of the last n tokens

@@ -6,6 +6,7 @@
 pub mod draft;
 pub mod drafter;
 pub mod history;
+pub mod mtp;
 pub mod rows;
 pub mod stats;
 pub mod suffix;
@@ -14,10 +15,11 @@ pub mod target;
 pub use draft::{Draft, DraftProb};
 pub use drafter::{Drafter, ModelDrafter, NgramDrafter};
 pub use history::ScheduleHistory;
+pub use mtp::MtpDrafter;
 pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
-pub use target::{LlamaTarget, Target, VerifyMode};
+pub use target::{HiddenRows, LlamaTarget, Target, VerifyMode};
 
 use crate::options::DrafterSpec;
 use crate::sampling::{Distribution, Rng, SamplingParams, SharedConstraint};
@@ -161,6 +163,10 @@ impl SpecState {
     }
 
     /// No speculation: every round is one plain step.
+    pub fn wants_hidden(&self) -> bool {
+        self.spec.as_ref().is_some_and(|s| s.drafter.wants_hidden())
+    }
+
     pub fn is_plain(&self) -> bool {
         self.spec.is_none()
     }
@@ -275,6 +281,15 @@ impl SpecState {
         let mut draft = Draft::default();
         let mut dt = 0.0;
         let mut draft_steps = Vec::new();
+        // A drafter that reads the target's hidden states reads those of
+        // every forward, whether it drafts this round or not.
+        if let Some(spec) = self.spec.as_mut().filter(|s| s.drafter.wants_hidden()) {
+            if let Some(h) = target.take_hidden() {
+                let t = Instant::now();
+                spec.drafter.observe_hidden(log, h)?;
+                dt += t.elapsed().as_secs_f64();
+            }
+        }
         if k > 0 {
             let Speculation {
                 drafter, schedule, ..
@@ -307,10 +322,8 @@ impl SpecState {
             }
             draft.truncate(k);
             // Time in the hook is policy time, not drafting.
-            dt = (t.elapsed().as_secs_f64() - hook_seconds).max(0.0);
-            self.counters.draft_seconds += dt;
+            dt += (t.elapsed().as_secs_f64() - hook_seconds).max(0.0);
             self.counters.policy_seconds += hook_seconds;
-            self.counters.phases.draft += dt;
             self.counters.phases.schedule += hook_seconds;
             if let Some(e) = hook_error {
                 // The schedule failed mid-draft: nothing drafted is verified
@@ -320,6 +333,8 @@ impl SpecState {
                 k = 0;
             }
         }
+        self.counters.draft_seconds += dt;
+        self.counters.phases.draft += dt;
         if let Some(c) = &self.constraint {
             let n = c.lock().valid_prefix(&draft.tokens)?;
             draft.truncate(n);

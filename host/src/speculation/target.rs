@@ -54,6 +54,14 @@ pub trait Target: Send {
     /// Asks the next forward to snapshot these offsets (the points a
     /// speculative round may roll back to).
     fn prepare_snapshots(&mut self, _offsets: &[usize]) {}
+    /// From now on, keep the last layer's output rows of every forward
+    /// (what an MTP drafter drafts from), until [`Target::take_hidden`]
+    /// takes them; rolled back with the caches.
+    fn keep_hidden(&mut self) {}
+    /// The rows kept since the last take, if any.
+    fn take_hidden(&mut self) -> Option<HiddenRows> {
+        None
+    }
     /// Snapshots alive and offsets still scheduled, summed over layers.
     fn snapshot_counts(&self) -> (usize, usize) {
         (0, 0)
@@ -74,6 +82,30 @@ pub trait Target: Send {
     }
 }
 
+/// The last layer's output (before the final norm) at consecutive
+/// positions of a sequence: `rows` `[1, n, hidden]` for positions
+/// `start..start + n`.
+pub struct HiddenRows {
+    pub start: usize,
+    pub rows: Array,
+}
+
+impl HiddenRows {
+    pub fn len(&self) -> usize {
+        self.rows.dim(1) as usize
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn end(&self) -> usize {
+        self.start + self.len()
+    }
+}
+
+/// Rows kept beyond this many without a take are dropped (a drafter that
+/// failed no longer takes them; nothing should grow without bound).
+const MAX_KEPT_HIDDEN: usize = 8192;
+
 /// A llama (or its first `n_layers` layers, for self-speculation) with its
 /// own per-layer KV caches.
 pub struct LlamaTarget {
@@ -84,6 +116,9 @@ pub struct LlamaTarget {
     snapshots: Vec<Vec<Snapshot>>,
     /// The last forward's times.
     times: ForwardTimes,
+    /// Whether forwards keep their hidden rows ([`Target::keep_hidden`]).
+    keeps_hidden: bool,
+    hidden: Option<HiddenRows>,
 }
 
 impl LlamaTarget {
@@ -101,6 +136,8 @@ impl LlamaTarget {
             n_layers,
             snapshots: Vec::new(),
             times: ForwardTimes::default(),
+            keeps_hidden: false,
+            hidden: None,
         }
     }
 
@@ -112,7 +149,47 @@ impl LlamaTarget {
             n_layers,
             snapshots: Vec::new(),
             times: ForwardTimes::default(),
+            keeps_hidden: false,
+            hidden: None,
         }
+    }
+
+    /// Keeps `h` `[1, T, hidden]`, the rows of positions `start..`, after
+    /// the rows kept where they follow on (else in their place).
+    fn record_hidden(&mut self, start: usize, h: &Array) -> Result<()> {
+        if !self.keeps_hidden {
+            return Ok(());
+        }
+        let rows = match self.hidden.take() {
+            Some(k) if k.end() == start && k.len() + h.dim(1) as usize <= MAX_KEPT_HIDDEN => {
+                ops::concatenate(&[&k.rows, h], 1)?
+            }
+            _ => h.clone(),
+        };
+        self.hidden = Some(HiddenRows { start, rows });
+        Ok(())
+    }
+
+    /// Drops the kept rows at positions `offset` and after.
+    fn trim_hidden(&mut self, offset: usize) -> Result<()> {
+        let Some(k) = self.hidden.take() else {
+            return Ok(());
+        };
+        if offset <= k.start {
+            return Ok(());
+        }
+        let keep = (offset - k.start).min(k.len()) as i32;
+        let rows = if keep as usize == k.len() {
+            k.rows
+        } else {
+            let d = k.rows.dim(2);
+            k.rows.slice(&[0, 0, 0], &[1, keep, d])?
+        };
+        self.hidden = Some(HiddenRows {
+            start: k.start,
+            rows,
+        });
+        Ok(())
     }
 
     /// Adds what the last forward snapshotted: a model drafter forwards one
@@ -186,9 +263,10 @@ impl LlamaTarget {
     /// rows' logits), then takes the caches' snapshots.
     fn build(&mut self, tokens: &[u32], which: Logits) -> Result<(Array, Instant)> {
         let t = Instant::now();
-        let logits = self
-            .model
-            .forward_layers(tokens, &mut self.caches, self.n_layers, which)?;
+        let start = self.offset();
+        let h = self.model.hidden(tokens, &mut self.caches, self.n_layers)?;
+        self.record_hidden(start, &h)?;
+        let logits = self.model.head(&h, which)?;
         self.collect_snapshots();
         Ok((logits, t))
     }
@@ -280,12 +358,15 @@ impl Target for LlamaTarget {
             return Ok(());
         }
         // Caches are all we need: skip the head.
-        let _ = self.model.hidden(tokens, &mut self.caches, self.n_layers)?;
+        let start = self.offset();
+        let h = self.model.hidden(tokens, &mut self.caches, self.n_layers)?;
+        self.record_hidden(start, &h)?;
         self.collect_snapshots();
         self.eval_caches()
     }
 
     fn rewind(&mut self, offset: usize) -> Result<()> {
+        self.trim_hidden(offset)?;
         let snapshots = std::mem::take(&mut self.snapshots);
         for (i, c) in self.caches.iter_mut().enumerate() {
             if c.offset() == offset || c.rewind(offset) {
@@ -314,11 +395,20 @@ impl Target for LlamaTarget {
         max: usize,
         each: &mut dyn FnMut(u32, f32) -> Result<bool>,
     ) -> Option<Result<usize>> {
-        // A wrapped sliding window cannot drop the one forward queued ahead.
-        if self.model.config.sliding_window.is_some() || max == 0 {
+        // A wrapped sliding window cannot drop the one forward queued ahead;
+        // kept hidden rows come from the round-by-round forwards only.
+        if self.model.config.sliding_window.is_some() || max == 0 || self.keeps_hidden {
             return None;
         }
         Some(self.run_greedy_overlapped(pending, max, each))
+    }
+
+    fn keep_hidden(&mut self) {
+        self.keeps_hidden = true;
+    }
+
+    fn take_hidden(&mut self) -> Option<HiddenRows> {
+        self.hidden.take()
     }
 
     fn snapshot_counts(&self) -> (usize, usize) {
@@ -425,6 +515,15 @@ pub fn forward_batch_verify(
             "a batched step runs full targets of one model"
         );
     }
+    // Where each part's rows start in its sequence and in the step.
+    let starts: Vec<(usize, i32)> = parts
+        .iter()
+        .scan(0i32, |at, p| {
+            let here = *at;
+            *at += p.tokens.len() as i32;
+            Some((p.target.offset(), here))
+        })
+        .collect();
     let batch = {
         let mut rows: Vec<BatchRows<'_>> = parts
             .iter_mut()
@@ -436,6 +535,13 @@ pub fn forward_batch_verify(
             .collect();
         model.forward_batch(&mut rows)?
     };
+    for (p, &(start, at)) in parts.iter_mut().zip(&starts) {
+        if p.target.keeps_hidden {
+            let (n, d) = (p.tokens.len() as i32, batch.hidden.dim(2));
+            let h = batch.hidden.slice(&[0, at, 0], &[1, at + n, d])?;
+            p.target.record_hidden(start, &h)?;
+        }
+    }
     let part_rows = |l: &Array, (a, n): (i32, i32)| l.slice(&[a, 0], &[a + n, l.dim(1)]);
     // Where every part that has rows reads them light (a greedy decode or
     // verify step), the statistics of all the rows come from one op over

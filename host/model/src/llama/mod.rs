@@ -77,6 +77,9 @@ pub enum Logits {
 pub struct BatchLogits {
     pub logits: Option<Array>,
     pub spans: Vec<Option<(i32, i32)>>,
+    /// The last layer's output over every row, `[1, rows, hidden]`, before
+    /// the final norm (what an MTP head drafts from).
+    pub hidden: Array,
 }
 
 /// One sequence's part of [`Llama::forward_batch`].
@@ -218,10 +221,22 @@ impl Llama {
         n_layers: usize,
         probe: &mut Probe<'_>,
     ) -> Result<Array> {
-        assert!(caches.len() >= n_layers, "one cache per layer");
-        let t = ids.dim(0);
-        let mut x = self.embedded(ids)?;
+        let x = self.embedded(ids)?;
         probe("embedding", &[&x])?;
+        self.layers_from(x, caches, n_layers, probe)
+    }
+
+    /// The first `n_layers` layers over the input rows `x` `[1, T, hidden]`
+    /// (an embedding, or what a draft head feeds its layer).
+    pub fn layers_from(
+        &self,
+        mut x: Array,
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        assert!(caches.len() >= n_layers, "one cache per layer");
+        let t = x.dim(1);
         for (i, (layer, cache)) in self.layers[..n_layers]
             .iter()
             .zip(caches.iter_mut())
@@ -781,6 +796,7 @@ impl Llama {
             return Ok(BatchLogits {
                 logits: None,
                 spans: spans_out,
+                hidden: x,
             });
         }
         let run = |&(from, len): &(i32, i32)| x.slice(&[0, from, 0], &[1, from + len, d]);
@@ -800,6 +816,7 @@ impl Llama {
         Ok(BatchLogits {
             logits: Some(self.norm_linear(&h, &self.norm, head)?),
             spans: spans_out,
+            hidden: x,
         })
     }
 

@@ -1,0 +1,299 @@
+//! A multi-token-prediction draft head over a target's last hidden state,
+//! in the EAGLE / DeepSeek-MTP shape: the next token's embedding and the
+//! target's feature, each RMS-normed, projected to the hidden size, one
+//! decoder layer of the target's architecture, a final norm and the
+//! target's own vocabulary head (over a subset of it, EAGLE-3's reduced
+//! draft vocabulary, where the head names one).
+//!
+//! The head's row at position i reads the target's feature f_i (the last
+//! layer's output for x_0..x_i, before the final norm) and the token
+//! x_{i+1}, and predicts x_{i+2}. Chained, a draft step reads the head's
+//! own output at the previous position in place of f.
+//!
+//! Files (`specd drafter train` writes them; `host/tools/python/
+//! train_head.py` trains them): `DIR/head.safetensors` and
+//! `DIR/config.json` (`"format": "specd-mtp"`).
+use crate::cache::LayerCache;
+use crate::llama::{Layer, LayerKind};
+use crate::{Linear, Llama, LlamaConfig, Logits, QuantSource, QuantizedWeight};
+use anyhow::{bail, ensure, Context, Result};
+use serde::Deserialize;
+use specd_mlx::{io, kernels, ops, Array, Dtype};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// `config.json` of a head: the shape it was trained for.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MtpConfig {
+    pub format: String,
+    pub version: u32,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub target_vocab_size: usize,
+    pub draft_vocab_size: usize,
+    /// How it was made (`specd drafter train`'s record), kept as it is.
+    #[serde(default)]
+    pub training: serde_json::Value,
+}
+
+pub struct MtpHead {
+    pub config: MtpConfig,
+    /// The decoder layer, final norm and draft vocabulary head as a
+    /// one-layer model (its `embed` is the target's).
+    pub body: Llama,
+    pub enorm: Array,
+    pub hnorm: Array,
+    /// `[hidden, 2 * hidden]` over `[enorm(e); hnorm(f)]`.
+    pub proj: Linear,
+    /// Target token id of each draft id (`None`: the whole vocabulary).
+    pub draft_ids: Option<Vec<u32>>,
+}
+
+/// What one head forward gives back.
+pub struct HeadRows {
+    /// `[T, draft vocab]` float32.
+    pub logits: Array,
+    /// `[1, T, hidden]`: the layer's output, the next chained step's feature.
+    pub hidden: Array,
+}
+
+impl MtpHead {
+    /// Loads a head from its directory for `target`, refusing one trained
+    /// for another shape. Its matrices are quantized to 8 bits (groups of
+    /// 32) where the target runs specd's packed kernels, so a draft step
+    /// costs a small fraction of a target step.
+    pub fn load(dir: &Path, target: &Llama) -> Result<MtpHead> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).with_context(|| {
+            format!(
+                "reading {} (an MTP head is a directory with config.json and head.safetensors)",
+                cfg_path.display()
+            )
+        })?;
+        let config: MtpConfig =
+            serde_json::from_str(&text).with_context(|| format!("in {}", cfg_path.display()))?;
+        ensure!(
+            config.format == "specd-mtp" && config.version == 1,
+            "{}: format {:?} version {} is not a specd MTP head (\"specd-mtp\", 1)",
+            cfg_path.display(),
+            config.format,
+            config.version
+        );
+        let t = &target.config;
+        let want = [
+            ("hidden_size", config.hidden_size, t.hidden_size),
+            (
+                "num_attention_heads",
+                config.num_attention_heads,
+                t.num_attention_heads,
+            ),
+            (
+                "num_key_value_heads",
+                config.num_key_value_heads,
+                t.num_key_value_heads,
+            ),
+            ("head_dim", config.head_dim, t.head_dim),
+            ("target_vocab_size", config.target_vocab_size, t.vocab_size),
+        ];
+        for (name, head, model) in want {
+            ensure!(
+                head == model,
+                "the MTP head in {} was trained for another model: its {name} is {head}, the model's {model}",
+                dir.display()
+            );
+        }
+        ensure!(
+            matches!(t.arch, crate::Arch::Llama),
+            "MTP heads are built for llama-family targets (this model is {:?})",
+            t.arch
+        );
+        let file = dir.join("head.safetensors");
+        let tensors = io::load_safetensors(&file)
+            .with_context(|| format!("loading {}", file.display()))?
+            .tensors
+            .into_iter()
+            .collect::<HashMap<String, Array>>();
+        let get = |name: &str| -> Result<Array> {
+            let a = tensors
+                .get(name)
+                .with_context(|| format!("{} has no tensor {name}", file.display()))?;
+            Ok(a.as_type(Dtype::Float32)?)
+        };
+        let quantize = target.own_kernels && !kernels::mlx_ops();
+        let linear = |name: &str, out: usize, inp: usize| -> Result<Linear> {
+            let w = get(name)?;
+            ensure!(
+                w.shape() == [out as i32, inp as i32],
+                "{name} in {} is {:?}, not [{out}, {inp}]",
+                file.display(),
+                w.shape()
+            );
+            dense_or_q8(w, quantize)
+        };
+        let vector = |name: &str, n: usize| -> Result<Array> {
+            let v = get(name)?;
+            ensure!(
+                v.shape() == [n as i32],
+                "{name} is {:?}, not [{n}]",
+                v.shape()
+            );
+            Ok(v)
+        };
+        let (h, nh, nkv, hd, ff) = (
+            t.hidden_size,
+            t.num_attention_heads,
+            t.num_key_value_heads,
+            t.head_dim,
+            config.intermediate_size,
+        );
+        let l = "layer.";
+        let layer = Layer {
+            attn_norm: vector(&format!("{l}input_layernorm.weight"), h)?,
+            q: linear(&format!("{l}self_attn.q_proj.weight"), nh * hd, h)?,
+            k: linear(&format!("{l}self_attn.k_proj.weight"), nkv * hd, h)?,
+            v: linear(&format!("{l}self_attn.v_proj.weight"), nkv * hd, h)?,
+            o: linear(&format!("{l}self_attn.o_proj.weight"), h, nh * hd)?,
+            ffn_norm: vector(&format!("{l}post_attention_layernorm.weight"), h)?,
+            gate: linear(&format!("{l}mlp.gate_proj.weight"), ff, h)?,
+            up: linear(&format!("{l}mlp.up_proj.weight"), ff, h)?,
+            down: linear(&format!("{l}mlp.down_proj.weight"), h, ff)?,
+            qkv: None,
+            gate_up: None,
+            qkv_bias: None,
+            o_bias: None,
+            q_norm: None,
+            k_norm: None,
+            kind: LayerKind::Llama,
+        };
+        let draft_ids = match tensors.get("draft_ids") {
+            None => None,
+            Some(ids) => {
+                let ids: Vec<u32> = ids
+                    .as_type(Dtype::Int32)?
+                    .to_vec_i32()?
+                    .into_iter()
+                    .map(|i| i as u32)
+                    .collect();
+                ensure!(
+                    ids.len() == config.draft_vocab_size,
+                    "draft_ids holds {} ids, config.json says {}",
+                    ids.len(),
+                    config.draft_vocab_size
+                );
+                if let Some(bad) = ids.iter().find(|&&i| i as usize >= t.vocab_size) {
+                    bail!(
+                        "draft id {bad} is outside the model's vocabulary ({})",
+                        t.vocab_size
+                    );
+                }
+                Some(ids)
+            }
+        };
+        // The draft vocabulary's head: the target's own rows for those ids.
+        let target_head = target.lm_head.as_ref().unwrap_or(&target.embed);
+        let lm_head = match &draft_ids {
+            Some(ids) => {
+                let idx = Array::from_u32(ids, &[ids.len() as i32])?;
+                Some(dense_or_q8(target_head.rows(&idx)?, quantize)?)
+            }
+            None => Some(target_head.clone()),
+        };
+        let mut body = Llama {
+            config: LlamaConfig {
+                num_hidden_layers: 1,
+                intermediate_size: ff,
+                vocab_size: config.draft_vocab_size,
+                tie_word_embeddings: false,
+                sliding_window: None,
+                qkv_bias: false,
+                o_bias: false,
+                qk_norm: false,
+                ..t.clone()
+            },
+            embed: target.embed.clone(),
+            own_kernels: quantize,
+            layers: vec![layer],
+            norm: vector("norm.weight", h)?,
+            lm_head,
+            kv_rows: true,
+            fused_tail: true,
+            kv_half: false,
+        };
+        let mut proj = linear("eh_proj.weight", h, 2 * h)?;
+        if quantize {
+            // Packing keeps the target's (already packed) embedding as it is.
+            body.pack_for_cpu()?;
+            proj = proj.pack(false)?;
+        }
+        Ok(MtpHead {
+            enorm: vector("enorm.weight", h)?,
+            hnorm: vector("hnorm.weight", h)?,
+            proj,
+            body,
+            draft_ids,
+            config,
+        })
+    }
+
+    /// Fresh caches for the head's layer.
+    pub fn new_caches(&self) -> Vec<Box<dyn LayerCache>> {
+        self.body.new_caches()
+    }
+
+    /// KV bytes one position of the head's cache takes.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.body.kv_bytes_per_token()
+    }
+
+    /// Rows for `tokens` (x_{i+1}) and `features` (`[1, T, hidden]`, f_i)
+    /// after what `caches` hold, each row's rope position its cache offset.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        features: &Array,
+        caches: &mut [Box<dyn LayerCache>],
+    ) -> Result<HeadRows> {
+        let n = tokens.len() as i32;
+        let d = self.config.hidden_size as i32;
+        ensure!(
+            features.shape() == [1, n, d],
+            "head features {:?} for {n} tokens",
+            features.shape()
+        );
+        let ids = Array::from_u32(tokens, &[n])?;
+        let e = self.body.embed.rows(&ids)?.reshape(&[1, n, d])?;
+        let e = self.body.rms_norm(&e, &self.enorm)?;
+        let f = self.body.rms_norm(features, &self.hnorm)?;
+        let x = self.proj.forward(&ops::concatenate(&[&e, &f], 2)?)?;
+        let hidden = self.body.layers_from(x, caches, 1, &mut crate::no_probe)?;
+        let logits = self.body.head(&hidden, Logits::All)?;
+        Ok(HeadRows { logits, hidden })
+    }
+
+    /// The target token id of draft id `i`.
+    pub fn target_id(&self, i: usize) -> u32 {
+        match &self.draft_ids {
+            Some(ids) => ids[i],
+            None => i as u32,
+        }
+    }
+}
+
+/// `w` `[out, in]` float32 as a linear layer: 8-bit, groups of 32 (MLX's
+/// affine layout, which the packed kernels take) with `quantize`, else
+/// dense.
+fn dense_or_q8(w: Array, quantize: bool) -> Result<Linear> {
+    if !quantize {
+        return Ok(Linear::Dense(w));
+    }
+    let (q, scales, biases) = ops::quantize(&w, 32, 8)?;
+    let src = QuantSource {
+        w: q,
+        scales: scales.as_type(Dtype::Float16)?,
+        biases: biases.as_type(Dtype::Float16)?,
+    };
+    Ok(Linear::Quantized(QuantizedWeight::new(src, 32, 8)))
+}

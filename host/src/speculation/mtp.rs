@@ -1,0 +1,215 @@
+//! The MTP drafter: drafts with a head trained on the target's own hidden
+//! states ([`crate::model::mtp::MtpHead`]).
+//!
+//! The target keeps the last layer's rows of every forward
+//! ([`Target::keep_hidden`](super::Target::keep_hidden)); before each
+//! round the drafter takes them and feeds its head one row per committed
+//! position it has not read (the feature f_i and the token x_{i+1}): the
+//! head's cache then holds every position the target read, and its last
+//! row predicts the token after the last committed one. Each further draft
+//! token is one head forward over the previous row's output (chained, as
+//! DeepSeek's MTP and EAGLE draft). Those chained entries are dropped from
+//! the head's cache at the next round, when the target's rows for what was
+//! kept replace them.
+use super::draft::{Draft, DraftProb};
+use super::drafter::{softmax_stats, DraftHook, Drafter};
+use super::target::HiddenRows;
+use crate::cache::LayerCache;
+use crate::model::mtp::{HeadRows, MtpHead};
+use crate::sampling::{distribution, Rng, SamplingParams};
+use anyhow::{ensure, Result};
+use specd_mlx::Array;
+use specd_policy::DraftStep;
+use std::sync::Arc;
+
+pub struct MtpDrafter {
+    name: String,
+    head: Arc<MtpHead>,
+    caches: Vec<Box<dyn LayerCache>>,
+    /// The sequence position of the head cache's first entry.
+    base: usize,
+    /// Positions read with the target's features: the cache holds
+    /// `base..fed` (and chained draft entries after, until the next round).
+    fed: usize,
+    /// The head's last row over the target's features: it predicts the
+    /// token at `fed + 1`, and its output feeds the first chained step.
+    last: Option<LastRow>,
+}
+
+struct LastRow {
+    logits: Vec<f32>,
+    hidden: Array,
+}
+
+impl MtpDrafter {
+    pub fn new(name: impl Into<String>, head: Arc<MtpHead>) -> Self {
+        let caches = head.new_caches();
+        MtpDrafter {
+            name: name.into(),
+            head,
+            caches,
+            base: 0,
+            fed: 0,
+            last: None,
+        }
+    }
+
+    /// The cache's offset (positions after `base`) back to `pos`.
+    fn rewind_to(&mut self, pos: usize) {
+        for c in &mut self.caches {
+            let ok = c.rewind(pos - self.base);
+            debug_assert!(ok, "a plain KV cache rewinds in place");
+        }
+    }
+
+    /// The last row of `rows`: its logits on the host, its output kept.
+    fn last_row(&self, rows: HeadRows) -> Result<LastRow> {
+        let t = rows.hidden.dim(1);
+        let d = rows.hidden.dim(2);
+        let v = rows.logits.dim(1);
+        let logits = rows.logits.slice(&[t - 1, 0], &[t, v])?;
+        let hidden = rows.hidden.slice(&[0, t - 1, 0], &[1, t, d])?;
+        specd_mlx::eval(&[&logits, &hidden])?;
+        Ok(LastRow {
+            logits: logits.to_vec_f32()?,
+            hidden,
+        })
+    }
+
+    /// The draft token from the head's logits row, and its statistics.
+    fn pick(
+        &self,
+        row: &[f32],
+        params: &SamplingParams,
+        history: &[u32],
+        rng: &mut Rng,
+    ) -> (u32, DraftProb, f32, f32) {
+        // Over the target's vocabulary, ids outside the draft vocabulary
+        // impossible: sampled drafts come from the distribution the
+        // acceptance is told (q), so rejection sampling stays exact.
+        let vocab = self.head.config.target_vocab_size;
+        let full: Vec<f32> = match &self.head.draft_ids {
+            None => row.to_vec(),
+            Some(ids) => {
+                let mut full = vec![f32::NEG_INFINITY; vocab];
+                for (i, &t) in ids.iter().enumerate() {
+                    full[t as usize] = row[i];
+                }
+                full
+            }
+        };
+        let d = distribution(&full, params, history);
+        let tok = d.draw(params, rng);
+        let (entropy, top1) = if params.greedy() {
+            softmax_stats(row)
+        } else {
+            (d.entropy, d.p(d.argmax))
+        };
+        (tok, DraftProb::Dist(d), entropy, top1)
+    }
+}
+
+impl Drafter for MtpDrafter {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn propose(
+        &mut self,
+        log: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<Draft> {
+        self.propose_stepwise(log, k, params, rng, &mut |_| true)
+    }
+
+    fn drafts_stepwise(&self) -> bool {
+        true
+    }
+
+    fn propose_stepwise(
+        &mut self,
+        log: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        rng: &mut Rng,
+        hook: DraftHook<'_>,
+    ) -> Result<Draft> {
+        let mut draft = Draft::default();
+        // The head must have read every position the target has: else it
+        // predicts for another place (no features came: nothing to draft).
+        let Some(last) = self.last.as_ref().filter(|_| self.fed + 1 == log.len()) else {
+            return Ok(draft);
+        };
+        let mut row = last.logits.clone();
+        let mut feature = last.hidden.clone();
+        self.rewind_to(self.fed);
+        let mut history = log.to_vec();
+        for i in 0..k {
+            let (tok, q, entropy, top1) = self.pick(&row, params, &history, rng);
+            let p = q.q(tok);
+            draft.tokens.push(tok);
+            draft.q.push(q);
+            draft.entropy.push(entropy);
+            draft.top1.push(top1);
+            history.push(tok);
+            if i + 1 == k {
+                break;
+            }
+            let step = DraftStep {
+                index: i as u32,
+                token: tok,
+                q: p,
+                entropy,
+                top1,
+                k: k as u32,
+            };
+            if !hook(&step) {
+                break;
+            }
+            let rows = self.head.forward(&[tok], &feature, &mut self.caches)?;
+            let next = self.last_row(rows)?;
+            row = next.logits;
+            feature = next.hidden;
+        }
+        Ok(draft)
+    }
+
+    fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
+        // The chained entries go at the next round (`observe_hidden`).
+        Ok(())
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+
+    fn observe_hidden(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {
+        // Row i reads f_i and x_{i+1}: the rows must end where the log's
+        // last token is (the target holds all but it).
+        ensure!(
+            hidden.end() < log.len(),
+            "hidden rows up to position {} for a log of {} tokens",
+            hidden.end(),
+            log.len()
+        );
+        if hidden.is_empty() {
+            return Ok(());
+        }
+        if hidden.start < self.base || hidden.start > self.fed {
+            // A gap (a prefix from the cache, a preemption): start over
+            // from these rows. Rope is relative, so the head's positions
+            // may start anywhere.
+            self.caches = self.head.new_caches();
+            self.base = hidden.start;
+            self.fed = hidden.start;
+        }
+        self.rewind_to(hidden.start);
+        let tokens = &log[hidden.start + 1..hidden.end() + 1];
+        let rows = self.head.forward(tokens, &hidden.rows, &mut self.caches)?;
+        self.fed = hidden.end();
+        self.last = Some(self.last_row(rows)?);
+        Ok(())
+    }
+}
