@@ -11,8 +11,8 @@ use crate::options::{
 use crate::sampling::SamplingParams;
 use crate::sequence::{self, Finished, Settings, Sink};
 use crate::speculation::{
-    suffix::space_keys, LlamaTarget, ModelDrafter, MtpDrafter, NgramDrafter, Speculation,
-    SuffixDrafter, Target,
+    mtp::SuffixThenMtp, suffix::space_keys, LlamaTarget, ModelDrafter, MtpDrafter, NgramDrafter,
+    Speculation, SuffixDrafter, Target,
 };
 use anyhow::{bail, Context, Result};
 use specd_policy::{PolicyConfig, PolicyHost};
@@ -191,6 +191,34 @@ impl Engine {
         Ok(())
     }
 
+    /// The MTP head a drafter names: `None` the shipped one.
+    fn head(&self, name: Option<&str>) -> Result<Arc<MtpHead>> {
+        let key = name.unwrap_or("");
+        let head = self.heads.get(key).with_context(|| match name {
+            None => format!(
+                "model {} has no shipped MTP head (looked in {}); train one with `specd drafter train` and serve it with --draft-head NAME=PATH",
+                self.name,
+                shipped_head_dir(&self.path).display()
+            ),
+            Some(n) => {
+                let mut known: Vec<&str> = (self.heads.keys())
+                    .filter(|k| !k.is_empty())
+                    .map(String::as_str)
+                    .collect();
+                known.sort();
+                format!(
+                    "unknown MTP head {n:?} (configured: {})",
+                    if known.is_empty() {
+                        "none".into()
+                    } else {
+                        known.join(", ")
+                    }
+                )
+            }
+        })?;
+        Ok(head.clone())
+    }
+
     /// Registers an MTP draft head trained for this model (`mtp:NAME`).
     pub fn add_draft_head(&mut self, name: &str, dir: &Path) -> Result<()> {
         let head = MtpHead::load(dir, &self.model)
@@ -279,24 +307,19 @@ impl Engine {
                 ))
             }
             DrafterSpec::Mtp(name) => {
-                let key = name.as_deref().unwrap_or("");
-                let head = self.heads.get(key).with_context(|| match name {
-                    None => format!(
-                        "model {} has no shipped MTP head (looked in {}); train one with `specd drafter train` and serve it with --draft-head NAME=PATH",
-                        self.name,
-                        shipped_head_dir(&self.path).display()
-                    ),
-                    Some(n) => {
-                        let mut known: Vec<&str> =
-                            self.heads.keys().filter(|k| !k.is_empty()).map(String::as_str).collect();
-                        known.sort();
-                        format!(
-                            "unknown MTP head {n:?} (configured: {})",
-                            if known.is_empty() { "none".into() } else { known.join(", ") }
-                        )
-                    }
-                })?;
-                Box::new(MtpDrafter::new(spec.to_string(), head.clone()))
+                let name = name.as_deref();
+                Box::new(MtpDrafter::new(spec.to_string(), self.head(name)?))
+            }
+            DrafterSpec::SuffixMtp(name) => {
+                let name = name.as_deref();
+                let mtp_name = name.map_or("mtp".to_string(), |n| format!("mtp:{n}"));
+                Box::new(SuffixThenMtp {
+                    suffix: SuffixDrafter::keyed(self.suffix.clone(), tenant, || {
+                        space_keys(&self.tokenizer)
+                    })
+                    .with_text(self.tokenizer.clone()),
+                    mtp: MtpDrafter::new(mtp_name, self.head(name)?),
+                })
             }
         };
         let schedule = opts.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);

@@ -36,6 +36,9 @@ pub enum DrafterSpec {
     /// model's shipped head, `mtp:NAME` one configured at server start (on
     /// the command line, a head directory).
     Mtp(Option<String>),
+    /// `suffix+mtp[:NAME]`: the suffix drafter's proposal where it matched
+    /// a long run, that head's otherwise.
+    SuffixMtp(Option<String>),
 }
 
 impl FromStr for DrafterSpec {
@@ -68,8 +71,12 @@ impl FromStr for DrafterSpec {
             ("model", Some(name)) if !name.is_empty() => DrafterSpec::Model(name.to_string()),
             ("mtp", None) => DrafterSpec::Mtp(None),
             ("mtp", Some(name)) if !name.is_empty() => DrafterSpec::Mtp(Some(name.to_string())),
+            ("suffix+mtp", None) => DrafterSpec::SuffixMtp(None),
+            ("suffix+mtp", Some(name)) if !name.is_empty() => {
+                DrafterSpec::SuffixMtp(Some(name.to_string()))
+            }
             _ => bail!(
-                "unknown drafter {s:?} (none, ngram, ngram:MIN-MAX, suffix, self:N, model:NAME, mtp, mtp:NAME)"
+                "unknown drafter {s:?} (none, ngram, ngram:MIN-MAX, suffix, self:N, model:NAME, mtp, mtp:NAME, suffix+mtp[:NAME])"
             ),
         })
     }
@@ -86,6 +93,8 @@ impl fmt::Display for DrafterSpec {
             DrafterSpec::Suffix => f.write_str("suffix"),
             DrafterSpec::Mtp(None) => f.write_str("mtp"),
             DrafterSpec::Mtp(Some(name)) => write!(f, "mtp:{name}"),
+            DrafterSpec::SuffixMtp(None) => f.write_str("suffix+mtp"),
+            DrafterSpec::SuffixMtp(Some(name)) => write!(f, "suffix+mtp:{name}"),
         }
     }
 }
@@ -109,7 +118,8 @@ impl<'de> Deserialize<'de> for DrafterSpec {
 #[derive(Args, Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SpecOptions {
     /// none, ngram, ngram:MIN-MAX, suffix, self:N (first N target layers),
-    /// model:NAME [default: ngram].
+    /// model:NAME, mtp (the model's shipped MTP head), mtp:NAME (on the
+    /// command line a head directory), suffix+mtp[:NAME] [default: ngram].
     #[arg(long)]
     pub drafter: Option<DrafterSpec>,
     /// Draft-length schedule: a policy name or content hash [default: throughput].
@@ -212,7 +222,7 @@ impl SpecOptions {
     /// The draft head a command line names (`mtp:PATH`), if any.
     pub fn draft_head(&self) -> Option<&str> {
         match &self.drafter {
-            Some(DrafterSpec::Mtp(Some(p))) => Some(p),
+            Some(DrafterSpec::Mtp(Some(p)) | DrafterSpec::SuffixMtp(Some(p))) => Some(p),
             _ => None,
         }
     }

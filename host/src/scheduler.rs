@@ -103,7 +103,7 @@ impl KvRates {
                 .iter()
                 .find(|(n, _)| n == name)
                 .map_or(0, |(_, b)| *b),
-            DrafterSpec::Mtp(name) => {
+            DrafterSpec::Mtp(name) | DrafterSpec::SuffixMtp(name) => {
                 let name = name.as_deref().unwrap_or("");
                 self.heads
                     .iter()
@@ -128,7 +128,10 @@ pub fn drafter_of(spec: &Option<Speculation>) -> &DrafterSpec {
 pub fn drafter_holds_kv(drafter: &DrafterSpec) -> bool {
     matches!(
         drafter,
-        DrafterSpec::SelfLayers(_) | DrafterSpec::Model(_) | DrafterSpec::Mtp(_)
+        DrafterSpec::SelfLayers(_)
+            | DrafterSpec::Model(_)
+            | DrafterSpec::Mtp(_)
+            | DrafterSpec::SuffixMtp(_)
     )
 }
 

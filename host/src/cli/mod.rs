@@ -176,6 +176,9 @@ enum Command {
     /// (`specd-tools`).
     #[command(disable_help_flag = true)]
     Replay(Tool),
+    /// Train an MTP draft head for a model (`specd-tools`).
+    #[command(disable_help_flag = true)]
+    Drafter(Tool),
     /// Debugging dumps (logits, greedy token ids) as JSON; used by the tests.
     #[command(subcommand, hide = true)]
     Debug(debug::DebugCmd),
@@ -315,7 +318,9 @@ pub fn exit(result: Result<()>) -> ! {
 pub fn main() -> Result<()> {
     init_logging();
     let cli: Cli = parse_args()?;
-    if let Command::Bench(_) | Command::Profile(_) | Command::Replay(_) = cli.command {
+    if let Command::Bench(_) | Command::Profile(_) | Command::Replay(_) | Command::Drafter(_) =
+        cli.command
+    {
         return run_tool();
     }
     let load = cli.globals.load()?;
@@ -438,7 +443,9 @@ pub fn main() -> Result<()> {
             );
             Ok(())
         }
-        Command::Bench(_) | Command::Profile(_) | Command::Replay(_) => run_tool(),
+        Command::Bench(_) | Command::Profile(_) | Command::Replay(_) | Command::Drafter(_) => {
+            run_tool()
+        }
         Command::Debug(d) => debug::run(d, load),
     }
 }

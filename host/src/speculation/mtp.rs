@@ -213,3 +213,66 @@ impl Drafter for MtpDrafter {
         Ok(())
     }
 }
+
+/// `suffix+mtp`: the suffix drafter's proposal where it matched a run long
+/// enough ([`SuffixThenMtp::MIN_SUFFIX`] tokens, or all k), the head's
+/// otherwise. Text that repeats (a grounded answer, a code edit) drafts long
+/// runs for nothing; the head covers the rest. The head reads the target's
+/// rows every round either way, so it is in step whenever it is asked.
+pub struct SuffixThenMtp {
+    pub suffix: super::SuffixDrafter,
+    pub mtp: MtpDrafter,
+}
+
+impl SuffixThenMtp {
+    /// Shortest suffix proposal taken over the head's.
+    pub const MIN_SUFFIX: usize = 4;
+}
+
+impl Drafter for SuffixThenMtp {
+    fn name(&self) -> String {
+        format!("suffix+{}", self.mtp.name())
+    }
+
+    fn propose(
+        &mut self,
+        log: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<Draft> {
+        self.propose_stepwise(log, k, params, rng, &mut |_| true)
+    }
+
+    fn drafts_stepwise(&self) -> bool {
+        true
+    }
+
+    fn propose_stepwise(
+        &mut self,
+        log: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        rng: &mut Rng,
+        hook: DraftHook<'_>,
+    ) -> Result<Draft> {
+        let s = self.suffix.propose(log, k, params, rng)?;
+        if s.tokens.len() >= Self::MIN_SUFFIX.min(k) && !s.tokens.is_empty() {
+            return Ok(s);
+        }
+        self.mtp.propose_stepwise(log, k, params, rng, hook)
+    }
+
+    fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()> {
+        self.suffix.commit(log_len, drafted, accepted)?;
+        self.mtp.commit(log_len, drafted, accepted)
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+
+    fn observe_hidden(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {
+        self.mtp.observe_hidden(log, hidden)
+    }
+}

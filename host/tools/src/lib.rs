@@ -10,6 +10,7 @@
 //! `specd` uses it.
 pub mod bench;
 pub mod cli;
+pub mod drafter;
 pub mod latency;
 pub mod profile;
 pub mod replay;

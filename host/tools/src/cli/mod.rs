@@ -46,6 +46,21 @@ enum Command {
     },
     /// Replay a trace (`--record`) under other policies, without a model.
     Replay(replay::ReplayArgs),
+    /// MTP draft heads.
+    #[command(subcommand)]
+    Drafter(DrafterCmd),
+}
+
+#[derive(Subcommand)]
+enum DrafterCmd {
+    /// Train an MTP draft head for a model on its own answers
+    /// (self-distillation), writing OUT/head.safetensors + OUT/config.json.
+    Train {
+        #[command(flatten)]
+        model: ModelArg,
+        #[command(flatten)]
+        args: crate::drafter::TrainArgs,
+    },
 }
 
 pub fn main() -> Result<()> {
@@ -70,5 +85,12 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Replay(a) => replay::run(a),
+        Command::Drafter(DrafterCmd::Train { model, args }) => {
+            let path = specd::store::Store::default().resolve(&model.model, false)?;
+            let policies = specd::cli::policy_host(None)?;
+            let mut e = specd::engine::Engine::load(&model.model, &path, policies, load.weights)?;
+            e.set_switches(load.switches)?;
+            crate::drafter::train(&e, &args)
+        }
     }
 }
