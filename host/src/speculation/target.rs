@@ -160,13 +160,18 @@ impl LlamaTarget {
         if !self.keeps_hidden {
             return Ok(());
         }
-        let rows = match self.hidden.take() {
+        self.hidden = Some(match self.hidden.take() {
             Some(k) if k.end() == start && k.len() + h.dim(1) as usize <= MAX_KEPT_HIDDEN => {
-                ops::concatenate(&[&k.rows, h], 1)?
+                HiddenRows {
+                    start: k.start,
+                    rows: ops::concatenate(&[&k.rows, h], 1)?,
+                }
             }
-            _ => h.clone(),
-        };
-        self.hidden = Some(HiddenRows { start, rows });
+            _ => HiddenRows {
+                start,
+                rows: h.clone(),
+            },
+        });
         Ok(())
     }
 

@@ -1,0 +1,247 @@
+//! The MTP drafter's plumbing on the real default model, with a head of
+//! random weights written here (a trained one is `tests/py/test_drafter.py`'s):
+//! the target keeps exactly its forwards' last-layer rows, rolled back with
+//! its caches, whether the rows came from a lone forward or a batched
+//! step; and a request drafting with the head gets its solo tokens (plain
+//! decoding's under greedy) alone and in a batch.
+use specd::engine::Prompt;
+use specd::model::mtp::MtpHead;
+use specd::options::SpecOptions;
+use specd::sampling::SamplingParams;
+use specd::scheduler::{Admitted, BatchLimits, Scheduler};
+use specd::sequence::Finished;
+use specd::speculation::target::{forward_batch, StepRows};
+use specd::speculation::{LlamaTarget, Target};
+use specd_mlx::{io, Array};
+use specd_tests::{bits, engine};
+use specd_text::ChatMessage;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+fn chat(text: &str) -> Prompt {
+    Prompt::Chat(vec![ChatMessage::user(text)])
+}
+
+/// A head of small random weights for the default model, in `dir`.
+fn random_head(dir: &Path, vocab: usize, draft_vocab: usize) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let (h, nh, nkv, hd, ff) = (576usize, 9usize, 3usize, 64usize, 1536usize);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = |o: usize, i: usize| {
+        let v: Vec<f32> = (0..o * i)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.05
+            })
+            .collect();
+        Array::from_f32(&v, &[o as i32, i as i32]).unwrap()
+    };
+    let ones = |n: usize| Array::from_f32(&vec![1.0; n], &[n as i32]).unwrap();
+    let ids: Vec<i32> = (0..draft_vocab as i32)
+        .map(|i| i * (vocab / draft_vocab) as i32)
+        .collect();
+    let t: Vec<(String, Array)> = vec![
+        ("enorm.weight".into(), ones(h)),
+        ("hnorm.weight".into(), ones(h)),
+        ("eh_proj.weight".into(), rand(h, 2 * h)),
+        ("layer.input_layernorm.weight".into(), ones(h)),
+        ("layer.self_attn.q_proj.weight".into(), rand(nh * hd, h)),
+        ("layer.self_attn.k_proj.weight".into(), rand(nkv * hd, h)),
+        ("layer.self_attn.v_proj.weight".into(), rand(nkv * hd, h)),
+        ("layer.self_attn.o_proj.weight".into(), rand(h, nh * hd)),
+        ("layer.post_attention_layernorm.weight".into(), ones(h)),
+        ("layer.mlp.gate_proj.weight".into(), rand(ff, h)),
+        ("layer.mlp.up_proj.weight".into(), rand(ff, h)),
+        ("layer.mlp.down_proj.weight".into(), rand(h, ff)),
+        ("norm.weight".into(), ones(h)),
+        (
+            "draft_ids".into(),
+            Array::from_i32(&ids, &[draft_vocab as i32]).unwrap(),
+        ),
+    ];
+    io::save_safetensors(&dir.join("head.safetensors"), &t, &[]).unwrap();
+    let cfg = serde_json::json!({
+        "format": "specd-mtp", "version": 1, "hidden_size": h, "num_attention_heads": nh,
+        "num_key_value_heads": nkv, "head_dim": hd, "intermediate_size": ff,
+        "target_vocab_size": vocab, "draft_vocab_size": draft_vocab,
+    });
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir.to_path_buf()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("specd-mtp-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn kept_hidden_rows_are_the_forwards_rows_rolled_back_with_the_caches() {
+    let e = engine();
+    let ids = e
+        .encode(&chat("Name three colors of the rainbow."))
+        .unwrap();
+    let n = ids.len();
+    // Reference: the last layer's rows of the whole prompt in one forward.
+    let mut caches = e.model.new_caches();
+    let full = e
+        .model
+        .hidden(&ids, &mut caches, e.model.layers.len())
+        .unwrap();
+    let row = |h: &Array, i: i32| {
+        let d = h.dim(2);
+        let v = h
+            .slice(&[0, i, 0], &[1, i + 1, d])
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        bits(&[v])
+    };
+    // Prefill, a 4-row verify that keeps 2, then a batched step of 3 rows.
+    let mut t = LlamaTarget::new(e.model.clone());
+    t.keep_hidden();
+    t.prefill(&ids[..n - 8]).unwrap();
+    t.forward(&ids[n - 8..n - 4], true).unwrap();
+    t.rewind(n - 6).unwrap();
+    let mut other = LlamaTarget::new(e.model.clone());
+    other.prefill(&ids[..3]).unwrap();
+    forward_batch(
+        &e.model,
+        &mut [
+            StepRows {
+                target: &mut other,
+                tokens: &ids[3..5],
+                logits: Some(specd::model::Logits::All),
+            },
+            StepRows {
+                target: &mut t,
+                tokens: &ids[n - 6..n - 3],
+                logits: Some(specd::model::Logits::All),
+            },
+        ],
+    )
+    .unwrap();
+    assert!(
+        other.take_hidden().is_none(),
+        "only a target asked keeps rows"
+    );
+    let kept = t.take_hidden().expect("rows kept");
+    assert_eq!((kept.start, kept.len()), (0, n - 3));
+    for i in 0..(n - 3) as i32 {
+        assert_eq!(row(&kept.rows, i), row(&full, i), "position {i}");
+    }
+    assert!(t.take_hidden().is_none(), "taken once");
+    // Rows after a take start where the caches are.
+    t.rewind(n - 5).unwrap();
+    t.forward(&ids[n - 5..n - 2], true).unwrap();
+    let next = t.take_hidden().unwrap();
+    assert_eq!((next.start, next.len()), (n - 5, 3));
+    assert_eq!(row(&next.rows, 2), row(&full, (n - 3) as i32));
+}
+
+#[test]
+fn a_head_for_another_shape_is_refused() {
+    let e = engine();
+    let dir = random_head(&temp_dir("shape"), e.model.config.vocab_size, 512);
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    cfg["num_key_value_heads"] = 9.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let err = MtpHead::load(&dir, &e.model).err().expect("refused");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("trained for another model") && msg.contains("num_key_value_heads"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn drafting_with_a_head_keeps_solo_tokens_alone_and_batched() {
+    let mut e = engine();
+    let vocab = e.model.config.vocab_size;
+    let dir = random_head(&temp_dir("batch"), vocab, 1024);
+    e.add_draft_head("rand", &dir).unwrap();
+    let e = &*e;
+    let opts = |drafter: &str, schedule: &str| SpecOptions {
+        drafter: Some(drafter.parse().unwrap()),
+        schedule: Some(schedule.into()),
+        ..Default::default()
+    };
+    let greedy = SamplingParams::default();
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        seed: 7,
+        ..Default::default()
+    };
+    let cases = [
+        (
+            "Write a haiku about the sea.",
+            greedy.clone(),
+            opts("mtp:rand", "constant"),
+        ),
+        (
+            "List five fruits.",
+            sampled.clone(),
+            // A schedule that carries nothing across requests: the solo run
+            // must not change what the batched one is told.
+            opts("mtp:rand", "heuristic-transient"),
+        ),
+        (
+            "Repeat exactly: one two three four five six.",
+            greedy.clone(),
+            opts("suffix+mtp:rand", "constant"),
+        ),
+        ("Name a color.", greedy.clone(), opts("ngram", "constant")),
+    ];
+    let n = 24;
+    let prompts: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|(p, ..)| e.encode(&chat(p)).unwrap())
+        .collect();
+    let solo = |i: usize, o: &SpecOptions| -> Finished {
+        let (_, params, _) = &cases[i];
+        let spec = e.speculation(o, params).unwrap();
+        let settings = e.settings(params.clone(), Some(n), vec![]);
+        e.generate(None, &prompts[i], &settings, spec, &mut |_| true)
+            .unwrap()
+    };
+    let solos: Vec<Finished> = (0..cases.len()).map(|i| solo(i, &cases[i].2)).collect();
+    // Greedy with the head is plain decoding, and the head drafted.
+    for i in [0, 2] {
+        let plain = solo(i, &opts("none", "constant"));
+        // What was streamed: a round may commit drafts past the end of
+        // generation, which the log keeps and nothing emits.
+        assert_eq!(
+            solos[i].emitted, plain.emitted,
+            "case {i} differs from plain decoding"
+        );
+    }
+    assert!(solos[0].stats.drafted > 0, "the head never drafted");
+    let finished: Rc<RefCell<Vec<Option<anyhow::Result<Finished>>>>> =
+        Rc::new(RefCell::new((0..cases.len()).map(|_| None).collect()));
+    let mut sched = Scheduler::new(e, BatchLimits::default());
+    for (i, (_, params, o)) in cases.iter().enumerate() {
+        let f = finished.clone();
+        sched.admit(Admitted {
+            tenant: None,
+            prompt: prompts[i].clone(),
+            settings: e.settings(params.clone(), Some(n), vec![]),
+            spec: e.speculation(o, params).unwrap(),
+            sink: Box::new(|_: &str| true),
+            done: Box::new(move |r| f.borrow_mut()[i] = Some(r)),
+        });
+    }
+    let mut widest = 0;
+    while !sched.is_idle() {
+        widest = widest.max(sched.step(&mut || true).sequences);
+    }
+    assert!(widest >= 2, "the requests should have shared steps");
+    for (i, r) in finished.borrow_mut().drain(..).enumerate() {
+        let fin = r.expect("finished").expect("no failure");
+        assert_eq!(
+            fin.emitted, solos[i].emitted,
+            "case {i} batched differs from its solo run"
+        );
+    }
+}
