@@ -114,3 +114,50 @@ pub fn assert_step_as_solo(
         "sequence {i}: the caches a batched step left differ from its solo ones"
     );
 }
+
+/// The chi-square statistic of a 2 x C table (two samples' counts over the
+/// same categories) and its degrees of freedom. Categories are the tokens
+/// both samples together drew at least `min` times; the rest are pooled.
+pub fn chi_square(a: &[u32], b: &[u32], min: usize) -> (f64, usize) {
+    use std::collections::BTreeMap;
+    let mut counts: BTreeMap<u32, (f64, f64)> = BTreeMap::new();
+    for &t in a {
+        counts.entry(t).or_default().0 += 1.0;
+    }
+    for &t in b {
+        counts.entry(t).or_default().1 += 1.0;
+    }
+    let mut cells: Vec<(f64, f64)> = Vec::new();
+    let mut rest = (0.0, 0.0);
+    for (_, (x, y)) in counts {
+        if x + y >= min as f64 {
+            cells.push((x, y));
+        } else {
+            rest.0 += x;
+            rest.1 += y;
+        }
+    }
+    if rest.0 + rest.1 > 0.0 {
+        cells.push(rest);
+    }
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let n = na + nb;
+    let stat = cells
+        .iter()
+        .map(|&(x, y)| {
+            let col = x + y;
+            let (ea, eb) = (col * na / n, col * nb / n);
+            (x - ea).powi(2) / ea + (y - eb).powi(2) / eb
+        })
+        .sum();
+    (stat, cells.len().saturating_sub(1))
+}
+
+/// The chi-square critical value at significance 0.001 (Wilson-Hilferty:
+/// within 3% of the exact quantile for df >= 2, above it at small df).
+pub fn chi_square_critical_001(df: usize) -> f64 {
+    let d = df.max(1) as f64;
+    let z = 3.090; // standard normal quantile of 0.999
+    let c = 2.0 / (9.0 * d);
+    d * (1.0 - c + z * c.sqrt()).powi(3)
+}

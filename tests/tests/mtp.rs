@@ -25,6 +25,16 @@ fn chat(text: &str) -> Prompt {
 
 /// A head of small random weights for the default model, in `dir`.
 fn random_head(dir: &Path, vocab: usize, draft_vocab: usize) -> PathBuf {
+    let ids: Vec<i32> = (0..draft_vocab as i32)
+        .map(|i| i * (vocab / draft_vocab) as i32)
+        .collect();
+    random_head_over(dir, vocab, &ids, 1.0)
+}
+
+/// [`random_head`] with the draft vocabulary `ids` and its final norm's
+/// weights all `norm` (0: every draft distribution uniform over `ids`).
+fn random_head_over(dir: &Path, vocab: usize, ids: &[i32], norm: f32) -> PathBuf {
+    let draft_vocab = ids.len();
     std::fs::create_dir_all(dir).unwrap();
     let (h, nh, nkv, hd, ff) = (576usize, 9usize, 3usize, 64usize, 1536usize);
     let mut state = 0x2545_f491_4f6c_dd1du64;
@@ -40,9 +50,6 @@ fn random_head(dir: &Path, vocab: usize, draft_vocab: usize) -> PathBuf {
         Array::from_f32(&v, &[o as i32, i as i32]).unwrap()
     };
     let ones = |n: usize| Array::from_f32(&vec![1.0; n], &[n as i32]).unwrap();
-    let ids: Vec<i32> = (0..draft_vocab as i32)
-        .map(|i| i * (vocab / draft_vocab) as i32)
-        .collect();
     let t: Vec<(String, Array)> = vec![
         ("enorm.weight".into(), ones(h)),
         ("hnorm.weight".into(), ones(h)),
@@ -56,10 +63,13 @@ fn random_head(dir: &Path, vocab: usize, draft_vocab: usize) -> PathBuf {
         ("layer.mlp.gate_proj.weight".into(), rand(ff, h)),
         ("layer.mlp.up_proj.weight".into(), rand(ff, h)),
         ("layer.mlp.down_proj.weight".into(), rand(h, ff)),
-        ("norm.weight".into(), ones(h)),
+        (
+            "norm.weight".into(),
+            Array::from_f32(&vec![norm; h], &[h as i32]).unwrap(),
+        ),
         (
             "draft_ids".into(),
-            Array::from_i32(&ids, &[draft_vocab as i32]).unwrap(),
+            Array::from_i32(ids, &[draft_vocab as i32]).unwrap(),
         ),
     ];
     io::save_safetensors(&dir.join("head.safetensors"), &t, &[]).unwrap();
@@ -242,6 +252,81 @@ fn drafting_with_a_head_keeps_solo_tokens_alone_and_batched() {
         assert_eq!(
             fin.emitted, solos[i].emitted,
             "case {i} batched differs from its solo run"
+        );
+    }
+}
+
+/// Sampled drafts come from the head's own distribution, the one the
+/// rejection acceptance is told: the tokens of many seeds drafted with the
+/// head have the distribution of plain sampling, position by position (the
+/// chi-square homogeneity test of `batch.rs`, significance 0.001).
+#[test]
+fn sampling_with_a_head_keeps_the_target_distribution() {
+    let mut e = engine();
+    let vocab = e.model.config.vocab_size;
+    let prompt = e
+        .encode(&Prompt::Raw("My favourite animal is the".into()))
+        .unwrap();
+    let n = 5;
+    let runs = |e: &specd::engine::Engine, drafter: &str| -> (Vec<Vec<u32>>, u64, u64) {
+        let opts = SpecOptions {
+            drafter: Some(drafter.parse().unwrap()),
+            schedule: Some("constant".into()),
+            schedule_config: Some(serde_json::json!({"k": 3})),
+            ..Default::default()
+        };
+        let (mut drafted, mut accepted) = (0, 0);
+        let toks = (0..200u64)
+            .map(|seed| {
+                let p = SamplingParams {
+                    temperature: 1.0,
+                    seed,
+                    ..Default::default()
+                };
+                let spec = e.speculation(&opts, &p).unwrap();
+                let settings = e.settings(p, Some(n), vec![]);
+                let f = e
+                    .generate(None, &prompt, &settings, spec, &mut |_| true)
+                    .unwrap();
+                drafted += f.stats.drafted;
+                accepted += f.stats.accepted;
+                f.log[prompt.len()..].to_vec()
+            })
+            .collect();
+        (toks, drafted, accepted)
+    };
+    let (plain, ..) = runs(&e, "none");
+    // The head drafts uniformly over the 24 tokens plain sampling drew
+    // most, so its drafts are often accepted and often rejected.
+    let mut freq: std::collections::HashMap<u32, usize> = Default::default();
+    for t in plain.iter().flatten() {
+        *freq.entry(*t).or_default() += 1;
+    }
+    let mut common: Vec<(u32, usize)> = freq.into_iter().collect();
+    common.sort_by_key(|&(t, c)| (std::cmp::Reverse(c), t));
+    let mut ids: Vec<i32> = common.iter().take(24).map(|&(t, _)| t as i32).collect();
+    ids.sort();
+    let dir = random_head_over(&temp_dir("dist"), vocab, &ids, 0.0);
+    e.add_draft_head("dist", &dir).unwrap();
+    let (head, drafted, accepted) = runs(&e, "mtp:dist");
+    eprintln!("head: {accepted} of {drafted} drafts accepted");
+    assert!(
+        accepted * 20 > drafted && accepted < drafted,
+        "{accepted} of {drafted}"
+    );
+    for i in 1..n {
+        let at = |r: &[Vec<u32>]| {
+            r.iter()
+                .filter_map(|t| t.get(i).copied())
+                .collect::<Vec<_>>()
+        };
+        let (stat, df) = specd_tests::chi_square(&at(&plain), &at(&head), 10);
+        let crit = specd_tests::chi_square_critical_001(df);
+        eprintln!("position {i}: chi-square {stat:.1} (df {df}, critical {crit:.1})");
+        assert!(df >= 2, "position {i}: too few categories to test");
+        assert!(
+            stat < crit,
+            "position {i}: drafting with the head changed the distribution"
         );
     }
 }

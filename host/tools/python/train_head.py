@@ -50,9 +50,7 @@ def load_st(path):
 def load_target(d):
     """target.json + target.safetensors, shape-checked. Returns a dict: config fields + arrays."""
     p = os.path.join(d, "target.json")
-    if not os.path.isfile(p):
-        die(f"missing {p} (is --data a dump directory?)")
-    cfg = json.load(open(p))
+    cfg = json.load(open(p)) if os.path.isfile(p) else die(f"missing {p} (is --data a dump directory?)")
     if [k for k in ARCH if k not in cfg]:
         die(f"{p} lacks {[k for k in ARCH if k not in cfg]}")
     if cfg.get("arch", "llama") != "llama":
@@ -66,9 +64,8 @@ def load_target(d):
             "init.q": (nh * hd, H), "init.k": (nkv * hd, H), "init.v": (nkv * hd, H),
             "init.o": (H, nh * hd), "init.ffn_norm": (H,), "init.gate": (I, H),
             "init.up": (I, H), "init.down": (H, I)}
-    for k in ("embed", "norm"):
-        if k not in w:
-            die(f"target.safetensors lacks '{k}'")
+    if "embed" not in w or "norm" not in w:
+        die("target.safetensors lacks 'embed' or 'norm'")
     for k, shape in want.items():
         if k in w and tuple(w[k].shape) != shape:
             die(f"target.safetensors '{k}' has shape {tuple(w[k].shape)}, target.json implies {shape}")
@@ -80,9 +77,8 @@ def load_target(d):
 
 def load_data(d, tgt):
     w = load_st(os.path.join(d, "data.safetensors"))
-    for k in ("tokens", "features", "argmax", "starts"):
-        if k not in w:
-            die(f"data.safetensors lacks '{k}'")
+    if [k for k in ("tokens", "features", "argmax", "starts") if k not in w]:
+        die(f"data.safetensors lacks {[k for k in ('tokens', 'features', 'argmax', 'starts') if k not in w]}")
     tok, feat, am, st = w["tokens"], w["features"], w["argmax"], w["starts"].astype(np.int64)
     N, H, V = tok.shape[0], tgt["hidden_size"], tgt["vocab_size"]
     if tok.ndim != 1 or feat.shape != (N, H) or am.shape != (N,) or st.ndim != 1 or len(st) < 2:
@@ -124,10 +120,8 @@ class Attention(nn.Module):
         super().__init__()
         H, s.nh, s.nkv, s.hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         s.trad, s.base, s.scale = bool(c["rope_traditional"]), float(c["rope_theta"]), 1.0 / math.sqrt(s.hd)
-        s.q_proj = nn.Linear(H, s.nh * s.hd, bias=False)
-        s.k_proj = nn.Linear(H, s.nkv * s.hd, bias=False)
-        s.v_proj = nn.Linear(H, s.nkv * s.hd, bias=False)
-        s.o_proj = nn.Linear(s.nh * s.hd, H, bias=False)
+        s.q_proj, s.o_proj = nn.Linear(H, s.nh * s.hd, False), nn.Linear(s.nh * s.hd, H, False)
+        s.k_proj, s.v_proj = nn.Linear(H, s.nkv * s.hd, False), nn.Linear(H, s.nkv * s.hd, False)
 
     def __call__(s, x, offs, kv1=None):
         B, T, _ = x.shape
@@ -240,17 +234,12 @@ class Batcher:
                 mx.array(lab), valid)
 
 
-def batch_order(step, nwin, B, seed, _cache={}):
+def batch_order(step, nwin, B, seed):
     """Window ids of a training step: an endless stream of per-epoch permutations, a pure function
     of (seed, step) so that --resume replays exactly the same data order."""
-    idx = step * B + np.arange(B)
-    out = []
-    for i in idx:
-        ep = int(i // nwin)
-        if (seed, ep, nwin) not in _cache:
-            _cache[(seed, ep, nwin)] = np.random.default_rng([seed, ep]).permutation(nwin)
-        out.append(_cache[(seed, ep, nwin)][i % nwin])
-    return np.array(out)
+    idx = (step * B + np.arange(B)).tolist()
+    perm = {e: np.random.default_rng([seed, e]).permutation(nwin) for e in {i // nwin for i in idx}}
+    return np.array([perm[i // nwin][i % nwin] for i in idx])
 
 
 def loss_fn(head, emb, feat, offs, lab, Wd, unroll):
@@ -266,7 +255,8 @@ def loss_fn(head, emb, feat, offs, lab, Wd, unroll):
 
 def evaluate(head, batcher, wins, Wd):
     """Held-back accuracy of step 1 and of the chained step 2 (always measured, even for --unroll 1).
-    Denominator: all rows, so labels outside the draft vocabulary count as misses."""
+    Denominator: all rows, so labels outside the draft vocabulary count as misses; step 2 skips
+    each window's first row (its step-1 input lies in the previous window)."""
     c1 = c2 = n1 = n2 = 0
     for i in range(0, len(wins), batcher.B):
         emb, feat, offs, lab, valid = batcher.build(wins[i:i + batcher.B])
@@ -440,18 +430,21 @@ def train(args):
     print(json.dumps(rec))
 
 
-def maybe_fast_blas():
+def maybe_fast_blas(threads):
     """The Linux mlx[cpu] wheel bundles netlib *reference* BLAS (~2 GFLOP/s sgemm). If a system
-    OpenBLAS exists, re-exec with it in LD_PRELOAD: its cblas_sgemm interposes (~70x faster here,
-    same results). Opt out with SPECD_TRAIN_BLAS=none, or name a library with SPECD_TRAIN_BLAS=path."""
+    OpenBLAS exists, re-exec with it in LD_PRELOAD: its cblas_sgemm interposes (~70x faster on the
+    dev box, same results). Opt out: SPECD_TRAIN_BLAS=none; other library: SPECD_TRAIN_BLAS=path.
+    --threads N sets OPENBLAS_NUM_THREADS / OMP_NUM_THREADS (MLX itself has no thread knob)."""
     import ctypes.util, glob
+    env = dict(os.environ, _TRAIN_HEAD_REEXEC="1")
+    if threads:
+        env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     lib = os.environ.get("SPECD_TRAIN_BLAS") or ctypes.util.find_library("openblas")
     libs = os.path.join(os.path.dirname(os.path.dirname(mx.__file__)), "mlx_cpu.libs")
-    if (sys.platform != "linux" or not lib or lib == "none" or os.environ.get("_TRAIN_HEAD_REEXEC")
-            or not glob.glob(os.path.join(libs, "libblas-*"))):
+    if os.environ.get("_TRAIN_HEAD_REEXEC") or sys.platform != "linux" or lib in (None, "none") \
+            or not glob.glob(os.path.join(libs, "libblas-*")):
         return
-    env = dict(os.environ, _TRAIN_HEAD_REEXEC="1",
-               LD_PRELOAD=(lib + " " + os.environ.get("LD_PRELOAD", "")).strip())
+    env["LD_PRELOAD"] = (lib + " " + os.environ.get("LD_PRELOAD", "")).strip()
     os.execve(sys.executable, [sys.executable, os.path.abspath(sys.argv[0])] + sys.argv[1:], env)
 
 
@@ -460,26 +453,23 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--out")
     ap.add_argument("--check", metavar="OUT", help="print step-1 argmax for the first held-back sequence")
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--batch-tokens", type=int, default=4096)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--draft-vocab", type=int, default=8192)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--save-every", type=int, default=200)
+    for name, typ, dflt in [("steps", int, 1000), ("batch-tokens", int, 4096), ("seq-len", int, 256),
+                            ("lr", float, 1e-3), ("seed", int, 0), ("draft-vocab", int, 8192),
+                            ("eval-every", int, 100), ("save-every", int, 200),
+                            ("held-back-fraction", float, 0.1), ("threads", int, None)]:
+        ap.add_argument("--" + name, type=typ, default=dflt)
     ap.add_argument("--unroll", type=int, default=2, choices=[1, 2])
-    ap.add_argument("--held-back-fraction", type=float, default=0.1)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--threads", type=int, help="ignored: MLX has no CPU thread knob")
     args = ap.parse_args()
-    maybe_fast_blas()
+    maybe_fast_blas(args.threads)
     if args.check:
         return check(args)
     if not args.out:
         die("--out is required (unless --check)")
     if min(args.steps, args.batch_tokens, args.seq_len, args.draft_vocab, args.eval_every, args.save_every) < 1:
         die("--steps, --batch-tokens, --seq-len, --draft-vocab, --eval-every, --save-every must be >= 1")
+    if not 0 < args.held_back_fraction < 1:
+        die("--held-back-fraction must be in (0, 1)")
     train(args)
 
 
