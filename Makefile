@@ -110,9 +110,14 @@ venv: $(VENV)/.installed
 build: tools | $(VENV)/bin/python
 	cargo build --release --workspace
 
+# The default model's shipped MTP draft head (heads/smollm2-135m, made by
+# `specd drafter train`; docs/drafter.md) goes beside the model file, where
+# `--drafter mtp` finds it.
 pull: build
 	$(SPECD) pull
 	$(SPECD) pull gemma3:270m
+	m="$$($(SPECD) pull --path smollm2:135m)" && mkdir -p "$$m.mtp" && \
+	    cp heads/smollm2-135m/head.safetensors heads/smollm2-135m/config.json "$$m.mtp/"
 
 # The Python policies (plugins/python -> plugins/target/python/*.wasm) for the
 # tests: componentize-py (pinned, pip, its own venv) builds them; loaded at

@@ -126,3 +126,24 @@ def test_a_head_for_another_model_is_refused(head, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert "trained for another model" in r.stderr and "hidden_size" in r.stderr, r.stderr
+
+
+def test_specd_runs_the_head_the_trainer_trained(head, tmp_path):
+    """The Rust forward of the head (8-bit packed, the served model's
+    features) predicts what the trainer's own forward does (float32, the
+    float32 model's features) on a held-back sequence."""
+    from safetensors.numpy import load_file
+
+    chk = subprocess.run([sys.executable, str(head / "train_head.py"), "--check", str(head),
+                          "--data", str(head / "data")], capture_output=True, text=True, timeout=300)
+    assert chk.returncode == 0, chk.stderr[-3000:]
+    c = json.loads(chk.stdout.strip().splitlines()[-1])
+    r0, r1 = c["rows"]
+    tokens = load_file(str(head / "data" / "data.safetensors"))["tokens"][r0:r1].tolist()
+    out = tmp_path / "mtp.json"
+    specd("debug", "mtp", "--head", head, "--ids", ",".join(map(str, tokens)), "--json", out)
+    rust = json.loads(out.read_text())["argmax"]
+    py = c["draft_argmax"]
+    assert len(rust) == len(py) == len(tokens) - 1
+    agree = sum(a == b for a, b in zip(rust, py)) / len(py)
+    assert agree >= 0.9, f"the Rust head agrees with the trainer on {agree:.0%} of {len(py)} rows"

@@ -11,6 +11,10 @@
 //! - `specd debug tokenize [--model M] --input TEXTS.json --json OUT`: the
 //!   prompt token ids (BOS as the model adds it) of each text, loading only
 //!   the tokenizer.
+//! - `specd debug mtp [--model M] [--head DIR] --ids 1,2,3 [--logits] --json OUT`
+//!   an MTP head's first-step rows over the ids (the target's features
+//!   from one forward): `{"argmax": [...]}` (target ids), with `--logits`
+//!   every row's logits over the draft vocabulary too.
 //! - `specd debug random-model [--shape tiny|small|1b] [--seed N] --out DIR`
 //!   writes a random-weight 4-bit llama checkpoint (`model::random`).
 //! - `specd debug weights --gguf FILE --tensor NAME --out OUT [--rows N]`
@@ -40,6 +44,27 @@ pub enum DebugCmd {
     Tokenize(TokenizeArgs),
     /// Writes a random-weight 4-bit llama checkpoint of a named shape.
     RandomModel(RandomModelArgs),
+    /// An MTP head's first-step rows over token ids: per position i, its
+    /// logits argmax (a target token id) reading the target's feature f_i
+    /// and x_{i+1}, as JSON.
+    Mtp(MtpArgs),
+}
+
+#[derive(Args)]
+pub struct MtpArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// The head directory; without it, the model's shipped head.
+    #[arg(long)]
+    head: Option<PathBuf>,
+    /// Comma-separated token ids (at least two).
+    #[arg(long, value_delimiter = ',', required = true)]
+    ids: Vec<u32>,
+    /// Also write every row's logits (over the draft vocabulary).
+    #[arg(long)]
+    logits: bool,
+    #[arg(long)]
+    json: PathBuf,
 }
 
 #[derive(Args)]
@@ -124,6 +149,7 @@ fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
 
 pub fn run(cmd: DebugCmd, load: Load) -> Result<()> {
     match cmd {
+        DebugCmd::Mtp(a) => mtp_rows(a, load),
         DebugCmd::Logits(a) => {
             let engine = engine(&a.model.model, load)?;
             let ids = match (&a.ids, &a.prompt) {
@@ -238,4 +264,41 @@ pub fn run(cmd: DebugCmd, load: Load) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `specd debug mtp`: one target forward over the ids, then one head forward
+/// over its rows (what a drafter's catch-up runs).
+fn mtp_rows(a: MtpArgs, load: Load) -> Result<()> {
+    let mut engine = engine(&a.model.model, load)?;
+    if let Some(dir) = &a.head {
+        engine.add_draft_head("debug", dir)?;
+    }
+    let key = if a.head.is_some() { "debug" } else { "" };
+    let head = engine
+        .heads
+        .get(key)
+        .context("the model has no shipped MTP head: pass --head DIR")?
+        .clone();
+    let ids = &a.ids;
+    if ids.len() < 2 {
+        bail!("give at least two token ids");
+    }
+    let m = &engine.model;
+    let mut caches = m.new_caches();
+    let h = m.hidden(&ids[..ids.len() - 1], &mut caches, m.layers.len())?;
+    let mut head_caches = head.new_caches();
+    let rows = head.forward(&ids[1..], &h, &mut head_caches)?;
+    let best = specd_mlx::ops::argmax(&rows.logits, -1, false)?.as_type(specd_mlx::Dtype::Int32)?;
+    let logits = rows.logits.as_type(specd_mlx::Dtype::Float32)?;
+    specd_mlx::eval(&[&best, &logits])?;
+    let argmax: Vec<u32> = (best.to_vec_i32()?.into_iter())
+        .map(|i| head.target_id(i as usize))
+        .collect();
+    let mut out = serde_json::json!({ "argmax": argmax });
+    if a.logits {
+        let v = logits.to_vec_f32()?;
+        let n = logits.dim(1) as usize;
+        out["logits"] = serde_json::json!(v.chunks(n).collect::<Vec<_>>());
+    }
+    write_json(&a.json, &out)
 }
