@@ -45,7 +45,8 @@ pub struct Engine {
     /// Draft models by name (`model:NAME`), configured at start.
     pub drafts: HashMap<String, Arc<Llama>>,
     /// MTP draft heads by name (`mtp:NAME`); `""` is the model's shipped
-    /// head (`mtp`), found beside the model ([`shipped_head_dir`]).
+    /// head (`mtp`): a MiMo checkpoint's own MTP layer, or the head found
+    /// beside the model ([`shipped_head_dir`]).
     pub heads: HashMap<String, Arc<MtpHead>>,
     /// KV states of earlier requests, by token prefix.
     pub prefix: Mutex<PrefixCache>,
@@ -138,7 +139,13 @@ impl Engine {
         let template = ChatTemplate::from_tokenizer(&tokenizer)?;
         let mut heads = HashMap::new();
         let shipped = shipped_head_dir(path);
-        if shipped.join("config.json").exists() {
+        let inside = match format {
+            ModelFormat::HfDir => MtpHead::from_mimo_checkpoint(path, &model)?,
+            ModelFormat::Gguf => None,
+        };
+        if let Some(head) = inside {
+            heads.insert(String::new(), Arc::new(head));
+        } else if shipped.join("config.json").exists() {
             let head = MtpHead::load(&shipped, &model)
                 .with_context(|| format!("loading the shipped MTP head {}", shipped.display()))?;
             heads.insert(String::new(), Arc::new(head));

@@ -56,7 +56,9 @@ pub struct LlamaConfig {
 
 /// The HF `model_type`s specd runs, all through the llama forward with the
 /// options above.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+/// `mimo` is Qwen2 with MTP layers (read as a draft head,
+/// [`crate::mtp::MtpHead::from_mimo_checkpoint`]).
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mimo"];
 
 /// Where a source keeps the shape every llama-family config states: the
 /// hidden size, layers, heads, key/value heads (default: as many as heads),
@@ -199,6 +201,12 @@ impl LlamaConfig {
                 SUPPORTED_MODEL_TYPES.join(", ")
             );
         }
+        // MiMo's trunk is Qwen2's.
+        let model_type = if model_type == "mimo" {
+            "qwen2"
+        } else {
+            model_type
+        };
         let qwen = model_type.starts_with("qwen");
         let get = |k: &str| -> Result<u64> {
             v[k].as_u64()

@@ -521,10 +521,12 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
     // different model. Rope tables some exports carry are recomputed; a
     // tied model may still carry its head.
     let tied_head = |k: &str| model.lm_head.is_none() && k.starts_with("lm_head.");
+    // A MiMo checkpoint's MTP layers are a draft head, read apart.
+    let mtp = |k: &str| k.starts_with("model.mtp_layers.");
     let unused: Vec<&str> = t
         .unused()
         .into_iter()
-        .filter(|k| !k.ends_with("rotary_emb.inv_freq") && !tied_head(k))
+        .filter(|k| !k.ends_with("rotary_emb.inv_freq") && !tied_head(k) && !mtp(k))
         .collect();
     if let Some(first) = unused.first() {
         bail!(

@@ -50,6 +50,11 @@ pub struct MtpHead {
     pub proj: Linear,
     /// Target token id of each draft id (`None`: the whole vocabulary).
     pub draft_ids: Option<Vec<u32>>,
+    /// The projection reads `[hnorm(f); enorm(e)]` (MiMo's order).
+    pub hidden_first: bool,
+    /// The target's final norm, applied to its features first (a head
+    /// trained on the normed output, as MiMo's MTP layer is).
+    pub feature_norm: Option<Array>,
 }
 
 /// What one head forward gives back.
@@ -58,6 +63,25 @@ pub struct HeadRows {
     pub logits: Array,
     /// `[1, T, hidden]`: the layer's output, the next chained step's feature.
     pub hidden: Array,
+}
+
+/// Where a head's tensors are and what they are called: specd's own format,
+/// or a published layout.
+struct Parts {
+    /// Tensors by name, as float32.
+    tensors: HashMap<String, Array>,
+    /// What the tensors came from, for errors.
+    file: String,
+    enorm: &'static str,
+    hnorm: &'static str,
+    proj: &'static str,
+    /// The layer's tensors are `{layer}input_layernorm.weight`, ...
+    layer: String,
+    norm: &'static str,
+    /// `[hnorm(f); enorm(e)]` into the projection (MiMo), not `[e; f]`.
+    hidden_first: bool,
+    /// The q/k/v biases (Qwen2 layers).
+    qkv_bias: bool,
 }
 
 impl MtpHead {
@@ -73,8 +97,19 @@ impl MtpHead {
                 cfg_path.display()
             )
         })?;
-        let config: MtpConfig =
+        let raw: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("in {}", cfg_path.display()))?;
+        if raw.get("format").is_none() {
+            let arch = raw["architectures"][0].as_str().unwrap_or("");
+            if arch.to_lowercase().contains("eagle") || raw.get("eagle_config").is_some() {
+                bail!(
+                    "{} is an EAGLE head ({arch}): specd loads its own heads (\"specd-mtp\") and the MTP layers inside MiMo checkpoints, not EAGLE-3 heads yet",
+                    dir.display()
+                );
+            }
+        }
+        let config: MtpConfig =
+            serde_json::from_value(raw).with_context(|| format!("in {}", cfg_path.display()))?;
         ensure!(
             config.format == "specd-mtp" && config.version == 1,
             "{}: format {:?} version {} is not a specd MTP head (\"specd-mtp\", 1)",
@@ -82,6 +117,103 @@ impl MtpHead {
             config.format,
             config.version
         );
+        let file = dir.join("head.safetensors");
+        let tensors = io::load_safetensors(&file)
+            .with_context(|| format!("loading {}", file.display()))?
+            .tensors
+            .into_iter()
+            .collect::<HashMap<String, Array>>();
+        let draft_ids = match tensors.get("draft_ids") {
+            None => None,
+            Some(ids) => Some(
+                ids.as_type(Dtype::Int32)?
+                    .to_vec_i32()?
+                    .into_iter()
+                    .map(|i| i as u32)
+                    .collect::<Vec<u32>>(),
+            ),
+        };
+        let parts = Parts {
+            tensors,
+            file: file.display().to_string(),
+            enorm: "enorm.weight",
+            hnorm: "hnorm.weight",
+            proj: "eh_proj.weight",
+            layer: "layer.".into(),
+            norm: "norm.weight",
+            hidden_first: false,
+            qkv_bias: false,
+        };
+        Self::build(config, parts, draft_ids, None, target)
+            .with_context(|| format!("the MTP head in {}", dir.display()))
+    }
+
+    /// The MTP layer a MiMo checkpoint carries (`model.mtp_layers.0.*`, the
+    /// names and math of vLLM's `vllm/model_executor/models/mimo_mtp.py`):
+    /// `input_proj` over `[hidden_layernorm(h); token_layernorm(e)]` (the
+    /// hidden state first), a Qwen2 decoder layer, `final_layernorm`, the
+    /// model's own head. The hidden state it reads is the model's output
+    /// after its final norm. `None` where the checkpoint has no MTP layer.
+    pub fn from_mimo_checkpoint(dir: &Path, target: &Llama) -> Result<Option<MtpHead>> {
+        let mut tensors = HashMap::new();
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        const PREFIX: &str = "model.mtp_layers.0.";
+        for f in &files {
+            let tf = io::load_safetensors(f).with_context(|| format!("loading {}", f.display()))?;
+            for (k, a) in tf.tensors {
+                if let Some(rest) = k.strip_prefix(PREFIX) {
+                    tensors.insert(format!("{PREFIX}{rest}"), a);
+                }
+            }
+        }
+        if tensors.is_empty() {
+            return Ok(None);
+        }
+        if let Some(q) = tensors.keys().find(|k| k.ends_with(".scales")) {
+            bail!("{q}: quantized MTP layers are not supported (specd quantizes the head itself)");
+        }
+        let t = &target.config;
+        let config = MtpConfig {
+            format: "mimo".into(),
+            version: 1,
+            hidden_size: t.hidden_size,
+            num_attention_heads: t.num_attention_heads,
+            num_key_value_heads: t.num_key_value_heads,
+            head_dim: t.head_dim,
+            intermediate_size: t.intermediate_size,
+            target_vocab_size: t.vocab_size,
+            draft_vocab_size: t.vocab_size,
+            training: serde_json::Value::Null,
+        };
+        let parts = Parts {
+            tensors,
+            file: dir.display().to_string(),
+            enorm: "model.mtp_layers.0.token_layernorm.weight",
+            hnorm: "model.mtp_layers.0.hidden_layernorm.weight",
+            proj: "model.mtp_layers.0.input_proj.weight",
+            layer: PREFIX.into(),
+            norm: "model.mtp_layers.0.final_layernorm.weight",
+            hidden_first: true,
+            qkv_bias: true,
+        };
+        let feature_norm = Some(target.norm.clone());
+        Self::build(config, parts, None, feature_norm, target)
+            .map(Some)
+            .with_context(|| format!("the MTP layer of {}", dir.display()))
+    }
+
+    fn build(
+        config: MtpConfig,
+        parts: Parts,
+        draft_ids: Option<Vec<u32>>,
+        feature_norm: Option<Array>,
+        target: &Llama,
+    ) -> Result<MtpHead> {
         let t = &target.config;
         let want = [
             ("hidden_size", config.hidden_size, t.hidden_size),
@@ -101,8 +233,7 @@ impl MtpHead {
         for (name, head, model) in want {
             ensure!(
                 head == model,
-                "the MTP head in {} was trained for another model: its {name} is {head}, the model's {model}",
-                dir.display()
+                "it was trained for another model: its {name} is {head}, the model's {model}"
             );
         }
         ensure!(
@@ -110,16 +241,10 @@ impl MtpHead {
             "MTP heads are built for llama-family targets (this model is {:?})",
             t.arch
         );
-        let file = dir.join("head.safetensors");
-        let tensors = io::load_safetensors(&file)
-            .with_context(|| format!("loading {}", file.display()))?
-            .tensors
-            .into_iter()
-            .collect::<HashMap<String, Array>>();
+        let file = &parts.file;
         let get = |name: &str| -> Result<Array> {
-            let a = tensors
-                .get(name)
-                .with_context(|| format!("{} has no tensor {name}", file.display()))?;
+            let a = (parts.tensors.get(name))
+                .with_context(|| format!("{file} has no tensor {name}"))?;
             Ok(a.as_type(Dtype::Float32)?)
         };
         let quantize = target.own_kernels && !kernels::mlx_ops();
@@ -127,8 +252,7 @@ impl MtpHead {
             let w = get(name)?;
             ensure!(
                 w.shape() == [out as i32, inp as i32],
-                "{name} in {} is {:?}, not [{out}, {inp}]",
-                file.display(),
+                "{name} in {file} is {:?}, not [{out}, {inp}]",
                 w.shape()
             );
             dense_or_q8(w, quantize)
@@ -137,7 +261,7 @@ impl MtpHead {
             let v = get(name)?;
             ensure!(
                 v.shape() == [n as i32],
-                "{name} is {:?}, not [{n}]",
+                "{name} in {file} is {:?}, not [{n}]",
                 v.shape()
             );
             Ok(v)
@@ -149,7 +273,17 @@ impl MtpHead {
             t.head_dim,
             config.intermediate_size,
         );
-        let l = "layer.";
+        let l = &parts.layer;
+        let qkv_bias = match parts.qkv_bias {
+            false => None,
+            true => {
+                let b = |p: &str, n: usize| vector(&format!("{l}self_attn.{p}_proj.bias"), n);
+                Some(ops::concatenate(
+                    &[&b("q", nh * hd)?, &b("k", nkv * hd)?, &b("v", nkv * hd)?],
+                    0,
+                )?)
+            }
+        };
         let layer = Layer {
             attn_norm: vector(&format!("{l}input_layernorm.weight"), h)?,
             q: linear(&format!("{l}self_attn.q_proj.weight"), nh * hd, h)?,
@@ -162,36 +296,26 @@ impl MtpHead {
             down: linear(&format!("{l}mlp.down_proj.weight"), h, ff)?,
             qkv: None,
             gate_up: None,
-            qkv_bias: None,
+            qkv_bias,
             o_bias: None,
             q_norm: None,
             k_norm: None,
             kind: LayerKind::Llama,
         };
-        let draft_ids = match tensors.get("draft_ids") {
-            None => None,
-            Some(ids) => {
-                let ids: Vec<u32> = ids
-                    .as_type(Dtype::Int32)?
-                    .to_vec_i32()?
-                    .into_iter()
-                    .map(|i| i as u32)
-                    .collect();
-                ensure!(
-                    ids.len() == config.draft_vocab_size,
-                    "draft_ids holds {} ids, config.json says {}",
-                    ids.len(),
-                    config.draft_vocab_size
+        if let Some(ids) = &draft_ids {
+            ensure!(
+                ids.len() == config.draft_vocab_size,
+                "draft_ids holds {} ids, config.json says {}",
+                ids.len(),
+                config.draft_vocab_size
+            );
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= t.vocab_size) {
+                bail!(
+                    "draft id {bad} is outside the model's vocabulary ({})",
+                    t.vocab_size
                 );
-                if let Some(bad) = ids.iter().find(|&&i| i as usize >= t.vocab_size) {
-                    bail!(
-                        "draft id {bad} is outside the model's vocabulary ({})",
-                        t.vocab_size
-                    );
-                }
-                Some(ids)
             }
-        };
+        }
         // The draft vocabulary's head: the target's own rows for those ids.
         let target_head = target.lm_head.as_ref().unwrap_or(&target.embed);
         let lm_head = match &draft_ids {
@@ -208,32 +332,34 @@ impl MtpHead {
                 vocab_size: config.draft_vocab_size,
                 tie_word_embeddings: false,
                 sliding_window: None,
-                qkv_bias: false,
+                qkv_bias: parts.qkv_bias,
                 o_bias: false,
                 qk_norm: false,
                 ..t.clone()
             },
             embed: target.embed.clone(),
-            own_kernels: quantize,
+            own_kernels: target.own_kernels,
             layers: vec![layer],
-            norm: vector("norm.weight", h)?,
+            norm: vector(parts.norm, h)?,
             lm_head,
             kv_rows: true,
             fused_tail: true,
             kv_half: false,
         };
-        let mut proj = linear("eh_proj.weight", h, 2 * h)?;
+        let mut proj = linear(parts.proj, h, 2 * h)?;
         if quantize {
             // Packing keeps the target's (already packed) embedding as it is.
             body.pack_for_cpu()?;
             proj = proj.pack(false)?;
         }
         Ok(MtpHead {
-            enorm: vector("enorm.weight", h)?,
-            hnorm: vector("hnorm.weight", h)?,
+            enorm: vector(parts.enorm, h)?,
+            hnorm: vector(parts.hnorm, h)?,
             proj,
             body,
             draft_ids,
+            hidden_first: parts.hidden_first,
+            feature_norm,
             config,
         })
     }
@@ -266,8 +392,16 @@ impl MtpHead {
         let ids = Array::from_u32(tokens, &[n])?;
         let e = self.body.embed.rows(&ids)?.reshape(&[1, n, d])?;
         let e = self.body.rms_norm(&e, &self.enorm)?;
-        let f = self.body.rms_norm(features, &self.hnorm)?;
-        let x = self.proj.forward(&ops::concatenate(&[&e, &f], 2)?)?;
+        let f = match &self.feature_norm {
+            Some(w) => self.body.rms_norm(features, w)?,
+            None => features.clone(),
+        };
+        let f = self.body.rms_norm(&f, &self.hnorm)?;
+        let both = match self.hidden_first {
+            true => [&f, &e],
+            false => [&e, &f],
+        };
+        let x = self.proj.forward(&ops::concatenate(&both, 2)?)?;
         let hidden = self.body.layers_from(x, caches, 1, &mut crate::no_probe)?;
         let logits = self.body.head(&hidden, Logits::All)?;
         Ok(HeadRows { logits, hidden })
