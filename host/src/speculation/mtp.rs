@@ -3,10 +3,11 @@
 //!
 //! The target keeps the last layer's rows of every forward
 //! ([`Target::keep_hidden`](super::Target::keep_hidden)); before each
-//! round the drafter takes them and feeds its head one row per committed
-//! position it has not read (the feature f_i and the token x_{i+1}): the
-//! head's cache then holds every position the target read, and its last
-//! row predicts the token after the last committed one. Each further draft
+//! round the drafter takes them, and when the round drafts it feeds its
+//! head one row per committed position it has not read (the feature f_i
+//! and the token x_{i+1}): the head's cache then holds every position the
+//! target read, and its last row predicts the token after the last
+//! committed one. Each further draft
 //! token is one head forward over the previous row's output (chained, as
 //! DeepSeek's MTP and EAGLE draft). Those chained entries are dropped from
 //! the head's cache at the next round, when the target's rows for what was
@@ -34,6 +35,8 @@ pub struct MtpDrafter {
     /// The head's last row over the target's features: it predicts the
     /// token at `fed + 1`, and its output feeds the first chained step.
     last: Option<LastRow>,
+    /// The target's rows not fed yet (fed when a round drafts).
+    pending: Option<HiddenRows>,
 }
 
 struct LastRow {
@@ -51,6 +54,7 @@ impl MtpDrafter {
             base: 0,
             fed: 0,
             last: None,
+            pending: None,
         }
     }
 
@@ -74,6 +78,25 @@ impl MtpDrafter {
             logits: logits.to_vec_f32()?,
             hidden,
         })
+    }
+
+    /// Feeds the head the target's rows it has not read (one forward over
+    /// all of them); its last row predicts the token after the log.
+    fn catch_up(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {
+        if hidden.start < self.base || hidden.start > self.fed {
+            // A gap (a prefix from the cache, a preemption, a long stretch
+            // without drafts): start over from these rows. Rope is
+            // relative, so the head's positions may start anywhere.
+            self.caches = self.head.new_caches();
+            self.base = hidden.start;
+            self.fed = hidden.start;
+        }
+        self.rewind_to(hidden.start);
+        let tokens = &log[hidden.start + 1..hidden.end() + 1];
+        let rows = self.head.forward(tokens, &hidden.rows, &mut self.caches)?;
+        self.fed = hidden.end();
+        self.last = Some(self.last_row(rows)?);
+        Ok(())
     }
 
     /// The draft token from the head's logits row, and its statistics.
@@ -137,6 +160,12 @@ impl Drafter for MtpDrafter {
         hook: DraftHook<'_>,
     ) -> Result<Draft> {
         let mut draft = Draft::default();
+        if k == 0 {
+            return Ok(draft);
+        }
+        if let Some(hidden) = self.pending.take() {
+            self.catch_up(log, hidden)?;
+        }
         // The head must have read every position the target has: else it
         // predicts for another place (no features came: nothing to draft).
         let Some(last) = self.last.as_ref().filter(|_| self.fed + 1 == log.len()) else {
@@ -197,22 +226,24 @@ impl Drafter for MtpDrafter {
         if hidden.is_empty() {
             return Ok(());
         }
-        if hidden.start < self.base || hidden.start > self.fed {
-            // A gap (a prefix from the cache, a preemption): start over
-            // from these rows. Rope is relative, so the head's positions
-            // may start anywhere.
-            self.caches = self.head.new_caches();
-            self.base = hidden.start;
-            self.fed = hidden.start;
-        }
-        self.rewind_to(hidden.start);
-        let tokens = &log[hidden.start + 1..hidden.end() + 1];
-        let rows = self.head.forward(tokens, &hidden.rows, &mut self.caches)?;
-        self.fed = hidden.end();
-        self.last = Some(self.last_row(rows)?);
+        // Kept until a round drafts: a round that drafts nothing (k = 0)
+        // costs no head forward.
+        self.pending = Some(match self.pending.take() {
+            Some(p) if p.end() == hidden.start && p.len() + hidden.len() <= MAX_PENDING => {
+                HiddenRows {
+                    start: p.start,
+                    rows: specd_mlx::ops::concatenate(&[&p.rows, &hidden.rows], 1)?,
+                }
+            }
+            _ => hidden,
+        });
         Ok(())
     }
 }
+
+/// Rows kept for the head without a draft beyond this many start its cache
+/// afresh from the latest (a long stretch of k = 0 rounds).
+const MAX_PENDING: usize = 2048;
 
 /// `suffix+mtp`: the suffix drafter's proposal where it matched a run long
 /// enough ([`SuffixThenMtp::MIN_SUFFIX`] tokens, or all k), the head's
