@@ -107,6 +107,18 @@ impl MtpDrafter {
         history: &[u32],
         rng: &mut Rng,
     ) -> (u32, DraftProb, f32, f32) {
+        if params.plain_greedy() {
+            // The one-hot distribution at the argmax, without building it
+            // over the whole vocabulary (argmax_margin's first-index rule).
+            let (best, _) = crate::sampling::argmax_margin(row);
+            let (entropy, top1) = softmax_stats(row);
+            return (
+                self.head.target_id(best as usize),
+                DraftProb::PointMass,
+                entropy,
+                top1,
+            );
+        }
         // Over the target's vocabulary, ids outside the draft vocabulary
         // impossible: sampled drafts come from the distribution the
         // acceptance is told (q), so rejection sampling stays exact.
