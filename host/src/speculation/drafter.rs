@@ -20,14 +20,18 @@ pub trait Drafter: Send {
     /// The name it was selected by (`ngram`, `self:N`, `model:NAME`).
     fn name(&self) -> String;
     /// Proposes up to `k` tokens continuing `log` (the committed tokens of
-    /// the request, prompt included).
+    /// the request, prompt included). A drafter implements this or
+    /// [`propose_stepwise`](Self::propose_stepwise) (a stepwise one), each
+    /// the other's default.
     fn propose(
         &mut self,
         log: &[u32],
         k: usize,
         params: &SamplingParams,
         rng: &mut Rng,
-    ) -> Result<Draft>;
+    ) -> Result<Draft> {
+        self.propose_stepwise(log, k, params, rng, &mut |_| true)
+    }
     /// Whether it drafts token by token (a model forward each), so that
     /// asking the schedule after each token can save work; only such
     /// drafters are given a hook (`propose_stepwise`).
@@ -141,16 +145,6 @@ impl Drafter for ModelDrafter {
         self.name.clone()
     }
 
-    fn propose(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-    ) -> Result<Draft> {
-        self.propose_stepwise(log, k, params, rng, &mut |_| true)
-    }
-
     fn drafts_stepwise(&self) -> bool {
         true
     }
@@ -175,7 +169,7 @@ impl Drafter for ModelDrafter {
         self.model.prepare_snapshots(&keepable);
         let mut rows = self.model.forward(&log[have..], false)?;
         let mut history = log.to_vec();
-        for i in 0..k {
+        for _ in 0..k {
             let logits = rows.pop().expect("one logits row");
             let d = distribution(&logits, params, &history);
             let tok = d.draw(params, rng);
@@ -184,27 +178,19 @@ impl Drafter for ModelDrafter {
             } else {
                 (d.entropy, d.p(d.argmax))
             };
-            let q = d.p(tok);
-            draft.tokens.push(tok);
-            draft.q.push(DraftProb::Dist(d));
-            draft.entropy.push(entropy);
-            draft.top1.push(top1);
             history.push(tok);
-            if i + 1 < k {
-                let step = DraftStep {
-                    index: i as u32,
-                    token: tok,
-                    q,
-                    entropy,
-                    top1,
-                    k: k as u32,
-                };
-                if !hook(&step) {
-                    break;
-                }
-                self.model.prepare_snapshots(&keepable);
-                rows = self.model.forward(&[tok], false)?;
+            if !draft_on(
+                &mut draft,
+                tok,
+                DraftProb::Dist(d),
+                (entropy, top1),
+                k,
+                hook,
+            ) {
+                break;
             }
+            self.model.prepare_snapshots(&keepable);
+            rows = self.model.forward(&[tok], false)?;
         }
         Ok(draft)
     }
@@ -219,6 +205,32 @@ impl Drafter for ModelDrafter {
         }
         Ok(())
     }
+}
+
+/// Adds a drafted token with its draft probability and statistics
+/// (entropy, top-1) to `draft`, then, unless it is the k-th, asks `hook`
+/// (the schedule's `continue-drafting`) whether to draft on.
+pub fn draft_on(
+    draft: &mut Draft,
+    token: u32,
+    q: DraftProb,
+    (entropy, top1): (f32, f32),
+    k: usize,
+    hook: DraftHook<'_>,
+) -> bool {
+    let step = DraftStep {
+        index: draft.tokens.len() as u32,
+        token,
+        q: q.q(token),
+        entropy,
+        top1,
+        k: k as u32,
+    };
+    draft.tokens.push(token);
+    draft.q.push(q);
+    draft.entropy.push(entropy);
+    draft.top1.push(top1);
+    draft.tokens.len() < k && hook(&step)
 }
 
 /// Entropy (nats) and largest probability of softmax(logits) at

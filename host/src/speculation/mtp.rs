@@ -13,14 +13,13 @@
 //! the head's cache at the next round, when the target's rows for what was
 //! kept replace them.
 use super::draft::{Draft, DraftProb};
-use super::drafter::{softmax_stats, DraftHook, Drafter};
+use super::drafter::{draft_on, softmax_stats, DraftHook, Drafter};
 use super::target::HiddenRows;
 use crate::cache::LayerCache;
 use crate::model::mtp::{HeadRows, MtpHead};
 use crate::sampling::{distribution, Rng, SamplingParams};
 use anyhow::{ensure, Result};
 use specd_mlx::Array;
-use specd_policy::DraftStep;
 use std::sync::Arc;
 
 pub struct MtpDrafter {
@@ -149,16 +148,6 @@ impl Drafter for MtpDrafter {
         self.name.clone()
     }
 
-    fn propose(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-    ) -> Result<Draft> {
-        self.propose_stepwise(log, k, params, rng, &mut |_| true)
-    }
-
     fn drafts_stepwise(&self) -> bool {
         true
     }
@@ -187,26 +176,10 @@ impl Drafter for MtpDrafter {
         let mut feature = last.hidden.clone();
         self.rewind_to(self.fed);
         let mut history = log.to_vec();
-        for i in 0..k {
+        for _ in 0..k {
             let (tok, q, entropy, top1) = self.pick(&row, params, &history, rng);
-            let p = q.q(tok);
-            draft.tokens.push(tok);
-            draft.q.push(q);
-            draft.entropy.push(entropy);
-            draft.top1.push(top1);
             history.push(tok);
-            if i + 1 == k {
-                break;
-            }
-            let step = DraftStep {
-                index: i as u32,
-                token: tok,
-                q: p,
-                entropy,
-                top1,
-                k: k as u32,
-            };
-            if !hook(&step) {
+            if !draft_on(&mut draft, tok, q, (entropy, top1), k, hook) {
                 break;
             }
             let rows = self.head.forward(&[tok], &feature, &mut self.caches)?;
@@ -275,16 +248,6 @@ impl SuffixThenMtp {
 impl Drafter for SuffixThenMtp {
     fn name(&self) -> String {
         format!("suffix+{}", self.mtp.name())
-    }
-
-    fn propose(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-    ) -> Result<Draft> {
-        self.propose_stepwise(log, k, params, rng, &mut |_| true)
     }
 
     fn drafts_stepwise(&self) -> bool {
