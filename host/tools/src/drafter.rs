@@ -152,9 +152,11 @@ fn record(out: &Path, a: &TrainArgs, data_seconds: f64) -> Result<()> {
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("the trainer wrote no {}", path.display()))?;
     let mut cfg: serde_json::Value = serde_json::from_str(&text)?;
-    let args: Vec<String> = std::env::args().collect();
+    // `specd drafter train ...` (specd runs this binary with its own
+    // arguments), without the binary's path.
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let t = &mut cfg["training"];
-    t["command"] = serde_json::json!(args.join(" "));
+    t["command"] = serde_json::json!(format!("specd {}", args.join(" ")));
     if data_seconds > 0.0 {
         t["data_seconds"] = serde_json::json!(data_seconds);
         t["answer_tokens"] = serde_json::json!(a.max_tokens);
