@@ -147,3 +147,12 @@ def test_specd_runs_the_head_the_trainer_trained(head, tmp_path):
     assert len(rust) == len(py) == len(tokens) - 1
     agree = sum(a == b for a, b in zip(rust, py)) / len(py)
     assert agree >= 0.9, f"the Rust head agrees with the trainer on {agree:.0%} of {len(py)} rows"
+
+
+def test_the_shipped_head_drafts_for_the_default_model(tmp_path):
+    """`make` puts heads/smollm2-135m beside the model: `--drafter mtp`
+    finds it, and greedy output stays plain decoding's."""
+    plain, _ = run_generate(tmp_path, "--drafter", "none", HELD_OUT[9])
+    text, st = run_generate(tmp_path, "--drafter", "mtp", "--schedule", "constant", HELD_OUT[9])
+    assert text == plain
+    assert st["drafter"] == "mtp" and st["drafted"] > 0 and st["accepted"] > 0, st
