@@ -59,7 +59,7 @@ pub struct MtpHead {
 
 /// What one head forward gives back.
 pub struct HeadRows {
-    /// `[T, draft vocab]` float32.
+    /// `[T, draft vocab]` float32 (`[1, draft vocab]` for `Logits::Last`).
     pub logits: Array,
     /// `[1, T, hidden]`: the layer's output, the next chained step's feature.
     pub hidden: Array,
@@ -375,12 +375,15 @@ impl MtpHead {
     }
 
     /// Rows for `tokens` (x_{i+1}) and `features` (`[1, T, hidden]`, f_i)
-    /// after what `caches` hold, each row's rope position its cache offset.
+    /// after what `caches` hold, each row's rope position its cache offset;
+    /// the logits of `which` rows (a catch-up over many rows drafts from
+    /// its last only).
     pub fn forward(
         &self,
         tokens: &[u32],
         features: &Array,
         caches: &mut [Box<dyn LayerCache>],
+        which: Logits,
     ) -> Result<HeadRows> {
         let n = tokens.len() as i32;
         let d = self.config.hidden_size as i32;
@@ -403,7 +406,7 @@ impl MtpHead {
         };
         let x = self.proj.forward(&ops::concatenate(&both, 2)?)?;
         let hidden = self.body.layers_from(x, caches, 1, &mut crate::no_probe)?;
-        let logits = self.body.head(&hidden, Logits::All)?;
+        let logits = self.body.head(&hidden, which)?;
         Ok(HeadRows { logits, hidden })
     }
 

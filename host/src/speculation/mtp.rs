@@ -17,6 +17,7 @@ use super::drafter::{draft_on, softmax_stats, DraftHook, Drafter};
 use super::target::HiddenRows;
 use crate::cache::LayerCache;
 use crate::model::mtp::{HeadRows, MtpHead};
+use crate::model::Logits;
 use crate::sampling::{distribution, Rng, SamplingParams};
 use anyhow::{ensure, Result};
 use specd_mlx::Array;
@@ -65,12 +66,12 @@ impl MtpDrafter {
         }
     }
 
-    /// The last row of `rows`: its logits on the host, its output kept.
+    /// The last row of `rows` (whose logits are the last row's): its
+    /// logits on the host, its output kept.
     fn last_row(&self, rows: HeadRows) -> Result<LastRow> {
         let t = rows.hidden.dim(1);
         let d = rows.hidden.dim(2);
-        let v = rows.logits.dim(1);
-        let logits = rows.logits.slice(&[t - 1, 0], &[t, v])?;
+        let logits = rows.logits;
         let hidden = rows.hidden.slice(&[0, t - 1, 0], &[1, t, d])?;
         specd_mlx::eval(&[&logits, &hidden])?;
         Ok(LastRow {
@@ -92,7 +93,9 @@ impl MtpDrafter {
         }
         self.rewind_to(hidden.start);
         let tokens = &log[hidden.start + 1..hidden.end() + 1];
-        let rows = self.head.forward(tokens, &hidden.rows, &mut self.caches)?;
+        let rows = self
+            .head
+            .forward(tokens, &hidden.rows, &mut self.caches, Logits::Last)?;
         self.fed = hidden.end();
         self.last = Some(self.last_row(rows)?);
         Ok(())
@@ -182,7 +185,9 @@ impl Drafter for MtpDrafter {
             if !draft_on(&mut draft, tok, q, (entropy, top1), k, hook) {
                 break;
             }
-            let rows = self.head.forward(&[tok], &feature, &mut self.caches)?;
+            let rows = self
+                .head
+                .forward(&[tok], &feature, &mut self.caches, Logits::Last)?;
             let next = self.last_row(rows)?;
             row = next.logits;
             feature = next.hidden;
