@@ -54,9 +54,9 @@ APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclan
 # wheel it builds, so only the first install compiles.
 LLAMA_CPP_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
 
-.PHONY: run test setup apt rust tools venv build pull python-plugins js-plugins lint test-rust test-py bench-anchors clean-stamps
+.PHONY: run test setup apt rust tools venv build head pull python-plugins js-plugins lint test-rust test-py bench-anchors clean-stamps
 
-run: build
+run: head
 	$(SPECD) generate --chat "$(PROMPT)"
 
 test: build venv pull python-plugins js-plugins lint test-rust test-py
@@ -110,14 +110,15 @@ venv: $(VENV)/.installed
 build: tools | $(VENV)/bin/python
 	cargo build --release --workspace
 
-# The default model's shipped MTP draft head (heads/smollm2-135m, made by
-# `specd drafter train`; docs/drafter.md) goes beside the model file, where
-# `--drafter mtp` finds it.
-pull: build
-	$(SPECD) pull
-	$(SPECD) pull gemma3:270m
+# The default model (fetched when missing), and its shipped MTP draft head
+# (heads/smollm2-135m, made by `specd drafter train`; docs/drafter.md)
+# beside the model file, where `--drafter mtp` finds it.
+head: build
 	m="$$($(SPECD) pull --path smollm2:135m)" && mkdir -p "$$m.mtp" && \
 	    cp heads/smollm2-135m/head.safetensors heads/smollm2-135m/config.json "$$m.mtp/"
+
+pull: head
+	$(SPECD) pull gemma3:270m
 
 # The Python policies (plugins/python -> plugins/target/python/*.wasm) for the
 # tests: componentize-py (pinned, pip, its own venv) builds them; loaded at
