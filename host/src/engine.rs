@@ -103,6 +103,17 @@ pub const PREFIX_CACHE_BYTES: usize = 1 << 30;
 /// Default bound of the suffix drafter's cross-request corpus.
 pub const SUFFIX_CORPUS_BYTES: usize = 64 << 20;
 
+/// Configured names for an error: sorted, comma-separated, or `none`.
+fn configured<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let mut known: Vec<&str> = names.map(String::as_str).collect();
+    known.sort();
+    if known.is_empty() {
+        "none".into()
+    } else {
+        known.join(", ")
+    }
+}
+
 /// Where a model's shipped MTP head lives: `NAME.mtp/` beside the model
 /// file (or directory), as `specd pull` and `make` put it.
 pub fn shipped_head_dir(model: &Path) -> PathBuf {
@@ -207,21 +218,10 @@ impl Engine {
                 self.name,
                 shipped_head_dir(&self.path).display()
             ),
-            Some(n) => {
-                let mut known: Vec<&str> = (self.heads.keys())
-                    .filter(|k| !k.is_empty())
-                    .map(String::as_str)
-                    .collect();
-                known.sort();
-                format!(
-                    "unknown MTP head {n:?} (configured: {})",
-                    if known.is_empty() {
-                        "none".into()
-                    } else {
-                        known.join(", ")
-                    }
-                )
-            }
+            Some(n) => format!(
+                "unknown MTP head {n:?} (configured: {})",
+                configured(self.heads.keys().filter(|k| !k.is_empty()))
+            ),
         })?;
         Ok(head.clone())
     }
@@ -297,15 +297,9 @@ impl Engine {
             }
             DrafterSpec::Model(name) => {
                 let m = self.drafts.get(name).with_context(|| {
-                    let mut known: Vec<&str> = self.drafts.keys().map(String::as_str).collect();
-                    known.sort();
                     format!(
                         "unknown draft model {name:?} (configured: {})",
-                        if known.is_empty() {
-                            "none".into()
-                        } else {
-                            known.join(", ")
-                        }
+                        configured(self.drafts.keys())
                     )
                 })?;
                 Box::new(ModelDrafter::new(

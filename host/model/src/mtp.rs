@@ -155,6 +155,14 @@ impl MtpHead {
     /// model's own head. The hidden state it reads is the model's output
     /// after its final norm. `None` where the checkpoint has no MTP layer.
     pub fn from_mimo_checkpoint(dir: &Path, target: &Llama) -> Result<Option<MtpHead>> {
+        // Only a MiMo config promises MTP layers: other checkpoints' files
+        // are not read a second time.
+        let cfg = std::fs::read_to_string(dir.join("config.json"))
+            .with_context(|| format!("reading {}/config.json", dir.display()))?;
+        let cfg: serde_json::Value = serde_json::from_str(&cfg)?;
+        if cfg["model_type"].as_str() != Some("mimo") {
+            return Ok(None);
+        }
         let mut tensors = HashMap::new();
         let mut files: Vec<_> = std::fs::read_dir(dir)
             .with_context(|| format!("reading {}", dir.display()))?
