@@ -138,7 +138,15 @@ impl Engine {
         policies: Arc<PolicyHost>,
         weights: WeightMode,
     ) -> Result<Engine> {
-        let (model, format) = load_model_with(path, weights)?;
+        let (model, format) = match crate::ranks::joined() {
+            Some(j) => {
+                let part = j.split.ranges[0].clone();
+                let (mut m, f) = crate::model::load_model_part(path, weights, Some(part))?;
+                crate::ranks::attach(&mut m, j);
+                (m, f)
+            }
+            None => load_model_with(path, weights)?,
+        };
         let tokenizer = load_tokenizer(path, format)?;
         if tokenizer.vocab_size() > model.config.vocab_size {
             bail!(
@@ -186,6 +194,17 @@ impl Engine {
             m.kv_rows = switches.kv_rows;
             m.fused_tail = switches.fused_tail;
             m.kv_half = switches.kv_f16;
+        }
+        if let Some(j) = crate::ranks::joined() {
+            // The remote caches count the KV bytes the switches make.
+            let m = Arc::get_mut(&mut self.model)
+                .context("switches are set before the engine serves")?;
+            m.downstream = Some(Arc::new(crate::model::ranks::Downstream::new(
+                j.group,
+                j.split.clone(),
+                &m.config,
+                m.kv_bytes_per_token() / m.layer_count().max(1),
+            )));
         }
         self.switches = switches;
         Ok(())
@@ -284,10 +303,18 @@ impl Engine {
                 )
             }
             DrafterSpec::SelfLayers(n) => {
-                let layers = self.model.layers.len();
+                let layers = self.model.layer_count();
                 if *n > layers {
                     bail!(
                         "bad drafter \"{spec}\": N must be in 1..={layers} (the target's layers)"
+                    );
+                }
+                // A draft runs on rank 0's layers alone: its steps do not
+                // go around the ring.
+                let here = self.model.local_end();
+                if self.model.downstream.is_some() && *n > here {
+                    bail!(
+                        "drafter \"{spec}\" needs layers rank 0 does not hold: with these ranks N must be in 1..={here} (rank 0 holds layers 0..{here}; --layers moves the split)"
                     );
                 }
                 Box::new(ModelDrafter::new(

@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod engine;
 pub mod options;
+pub mod ranks;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;

@@ -45,6 +45,11 @@ impl Dtype {
         ];
         ALL.get(c as usize).copied().unwrap_or(Complex64)
     }
+
+    /// The dtype of a code `dtype as u8` gave; `None` for any other.
+    pub fn from_u8(c: u8) -> Option<Dtype> {
+        (c <= Dtype::Complex64 as u8).then(|| Dtype::from_code(c))
+    }
 }
 
 /// A lazily evaluated MLX array (reference counted on the C++ side; cloning

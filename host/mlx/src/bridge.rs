@@ -281,5 +281,10 @@ pub(crate) mod ffi {
         fn blas_threads() -> i32;
         fn set_blas_threads(n: i32);
         fn blas_config() -> String;
+
+        fn dist_init(backend: &str) -> Result<Vec<i32>>;
+        fn dist_send(x: &Array, dst: i32) -> Result<UniquePtr<Array>>;
+        fn dist_recv(shape: &[i32], dtype: u8, src: i32) -> Result<UniquePtr<Array>>;
+        fn dist_all_gather(x: &Array) -> Result<UniquePtr<Array>>;
     }
 }

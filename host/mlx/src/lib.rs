@@ -25,6 +25,7 @@ macro_rules! shim_fns {
 
 mod array;
 mod bridge;
+pub mod distributed;
 pub mod fast;
 pub mod io;
 pub mod kernels;

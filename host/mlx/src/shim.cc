@@ -1,6 +1,7 @@
 #include "specd-mlx/src/shim.h"
 
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <variant>
@@ -267,6 +268,34 @@ uint64_t gpu_memory() {
   return 0;
 }
 rust::String mlx_version() { return rust::String(mx::version()); }
+
+// The process's group, joined once. Its operations run on the CPU stream:
+// the ring backend moves host memory.
+namespace {
+std::optional<mx::distributed::Group>& group() {
+  static std::optional<mx::distributed::Group> g;
+  return g;
+}
+mx::distributed::Group joined() {
+  if (!group()) throw std::runtime_error("no distributed group: dist_init first");
+  return *group();
+}
+}  // namespace
+
+rust::Vec<int32_t> dist_init(rust::Str backend) {
+  if (!group()) group() = mx::distributed::init(true, std::string(backend));
+  rust::Vec<int32_t> out;
+  out.push_back(group()->rank());
+  out.push_back(group()->size());
+  return out;
+}
+A dist_send(const Array& x, int32_t dst) {
+  return wrap(mx::distributed::send(x.a, dst, joined(), mx::Device::cpu));
+}
+A dist_recv(rust::Slice<const int32_t> shape, uint8_t dtype, int32_t src) {
+  return wrap(mx::distributed::recv(to_shape(shape), to_dtype(dtype), src, joined(), mx::Device::cpu));
+}
+A dist_all_gather(const Array& x) { return wrap(mx::distributed::all_gather(x.a, joined(), mx::Device::cpu)); }
 
 #ifdef SPECD_OPENBLAS
 int32_t blas_threads() { return openblas_get_num_threads(); }

@@ -192,4 +192,10 @@ int32_t blas_threads();
 void set_blas_threads(int32_t n);
 rust::String blas_config();
 
+// distributed (pipeline ranks over MLX's ring backend)
+rust::Vec<int32_t> dist_init(rust::Str backend);
+A dist_send(const Array& x, int32_t dst);
+A dist_recv(rust::Slice<const int32_t> shape, uint8_t dtype, int32_t src);
+A dist_all_gather(const Array& x);
+
 }  // namespace specd_mlx

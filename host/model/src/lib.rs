@@ -15,9 +15,10 @@ pub mod llama;
 pub mod load;
 pub mod mtp;
 pub mod random;
+pub mod ranks;
 
 pub use config::{Arch, LlamaConfig};
 pub use linear::{Kernels, Linear, QuantSource, QuantizedWeight, WeightMode};
 pub use llama::gemma3;
 pub use llama::{no_probe, Llama, Logits, Probe};
-pub use load::{load_model_with, ModelFormat};
+pub use load::{load_model_part, load_model_with, ModelFormat};

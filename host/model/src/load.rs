@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use specd_mlx::{io, kernels, ops, Array, Dtype};
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +184,17 @@ impl Tensors {
 /// Reads the tensors of a GGUF file (MLX's reader) and the string/number
 /// metadata specd-mlx hands back.
 pub fn read_gguf(path: &Path, mode: WeightMode) -> Result<(Tensors, HashMap<String, String>)> {
+    read_gguf_kept(path, mode, &|_| true)
+}
+
+/// [`read_gguf`] holding only the tensors `keep` names (a pipeline rank's
+/// part: the others are never decoded, or dropped as soon as MLX's reader
+/// has read them).
+fn read_gguf_kept(
+    path: &Path,
+    mode: WeightMode,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<(Tensors, HashMap<String, String>)> {
     // Parse the header ourselves first: a truncated or foreign file gets a
     // clear error instead of whatever the C++ reader does with it.
     let header = specd_text::gguf::GgufFile::open(path)
@@ -196,11 +208,11 @@ pub fn read_gguf(path: &Path, mode: WeightMode) -> Result<(Tensors, HashMap<Stri
         )
     });
     if !mlx_reads {
-        return read_gguf_blocks(path, &header, mode);
+        return read_gguf_blocks(path, &header, mode, keep);
     }
     let f = io::load_gguf(path).with_context(|| format!("loading GGUF {}", path.display()))?;
     let meta = f.metadata.into_iter().collect();
-    let map = f.tensors.into_iter().collect();
+    let map = f.tensors.into_iter().filter(|(k, _)| keep(k)).collect();
     Ok((
         Tensors {
             map,
@@ -222,11 +234,12 @@ fn read_gguf_blocks(
     path: &Path,
     header: &specd_text::gguf::GgufMeta,
     mode: WeightMode,
+    keep: &dyn Fn(&str) -> bool,
 ) -> Result<(Tensors, HashMap<String, String>)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut map = HashMap::new();
     let mut overrides = HashMap::new();
-    for t in &header.tensors {
+    for t in header.tensors.iter().filter(|t| keep(&t.name)) {
         let start = (header.data_offset + t.offset) as usize;
         let data = bytes.get(start..).unwrap_or(&[]);
         let cols = *t.shape.first().unwrap_or(&1) as usize;
@@ -290,15 +303,36 @@ fn read_gguf_blocks(
     ))
 }
 
-fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
+/// The layers `part` (all: `None`) of the model in `t`; the embedding,
+/// final norm and head where the part starts at layer 0 (a later rank
+/// holds placeholders in their place).
+fn build(
+    config: LlamaConfig,
+    t: &Tensors,
+    names: &Names,
+    part: Option<Range<usize>>,
+) -> Result<Llama> {
     let mut config = config;
-    let embed = t.linear(names.embed)?;
+    let part = part.unwrap_or(0..config.num_hidden_layers);
+    if part.is_empty() || part.end > config.num_hidden_layers {
+        bail!(
+            "layers {part:?} of a model of {} layers",
+            config.num_hidden_layers
+        );
+    }
+    let ends = part.start == 0;
+    let d = config.hidden_size as i32;
+    let placeholder = || Array::zeros(&[1, d], Dtype::Float32);
+    let embed = match ends {
+        true => t.linear(names.embed)?,
+        false => Linear::Dense(placeholder()?),
+    };
     let vocab = embed.shape()[0] as usize;
-    if config.vocab_size == 0 {
+    if config.vocab_size == 0 && ends {
         config.vocab_size = vocab;
     }
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
-    for i in 0..config.num_hidden_layers {
+    let mut layers = Vec::with_capacity(part.len());
+    for i in part.clone() {
         let n = |suffix: &str| format!("{}{i}.{suffix}", names.layer_prefix);
         let bias = |part: &str| t.vector(&format!("{}.bias", n(part)));
         let qkv_bias = match config.qkv_bias {
@@ -334,7 +368,7 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
             },
         });
     }
-    let lm_head = if t.has(names.head) && !config.tie_word_embeddings {
+    let lm_head = if ends && t.has(names.head) && !config.tie_word_embeddings {
         Some(t.linear(names.head)?)
     } else {
         config.tie_word_embeddings = true;
@@ -350,11 +384,16 @@ fn build(config: LlamaConfig, t: &Tensors, names: &Names) -> Result<Llama> {
         // own ops throughout.
         own_kernels: t.mode.quantized() && t.any_quantized() && !kernels::mlx_ops(),
         layers,
-        norm: t.dense(names.norm)?,
+        norm: match ends {
+            true => t.dense(names.norm)?,
+            false => placeholder()?.reshape(&[d])?,
+        },
         lm_head,
         kv_rows: true,
         fused_tail: true,
         kv_half: false,
+        first_layer: part.start,
+        downstream: None,
     };
     check_shapes(&model)?;
     // Packed (and q/k/v, gate/up fused) for the CPU kernels; MLX's own
@@ -392,12 +431,14 @@ fn check_shapes(m: &Llama) -> Result<()> {
             _ => Ok(()),
         }
     };
-    want("embedding", &m.embed, &[c.vocab_size as i32, d])?;
+    if m.first_layer == 0 {
+        want("embedding", &m.embed, &[c.vocab_size as i32, d])?;
+    }
     if let Some(h) = &m.lm_head {
         want("lm_head", h, &[c.vocab_size as i32, d])?;
     }
     want_vec("norm", &Some(m.norm.clone()), d)?;
-    for (i, l) in m.layers.iter().enumerate() {
+    for (i, l) in (m.first_layer..).zip(&m.layers) {
         let name = |part: &str| format!("layer {i} {part}");
         want(&name("q"), &l.q, &[nq, d])?;
         want(&name("k"), &l.k, &[nk, d])?;
@@ -471,14 +512,29 @@ const HF_NAMES: Names = Names {
     head: "lm_head",
 };
 
-pub fn load_gguf_model(path: &Path, mode: WeightMode) -> Result<Llama> {
-    let (t, meta) = read_gguf(path, mode)?;
-    let config = LlamaConfig::from_gguf(&meta, t.has("output"))?;
-    build(config, &t, &GGUF_NAMES)
+/// Whether a tensor belongs to the layers `part` (or, outside any layer,
+/// to the part that starts at layer 0).
+fn in_part(part: &Option<Range<usize>>, name: &str) -> bool {
+    match (part, crate::ranks::split::layer_of(name)) {
+        (None, _) => true,
+        (Some(p), Some(i)) => p.contains(&i),
+        (Some(p), None) => p.start == 0,
+    }
+}
+
+pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>) -> Result<Llama> {
+    let (t, meta) = read_gguf_kept(path, mode, &|name| in_part(&part, name))?;
+    // The head's presence comes from the header: a later rank holds none.
+    let has_output = specd_text::gguf::GgufFile::open(path)?
+        .tensors
+        .iter()
+        .any(|t| t.name == "output.weight");
+    let config = LlamaConfig::from_gguf(&meta, has_output)?;
+    build(config, &t, &GGUF_NAMES, part)
         .with_context(|| format!("building the model from {}", path.display()))
 }
 
-pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
+pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -> Result<Llama> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)
         .with_context(|| format!("reading {}", cfg_path.display()))?;
@@ -497,7 +553,8 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
     let mut map = HashMap::new();
     for f in &files {
         let tf = io::load_safetensors(f).with_context(|| format!("loading {}", f.display()))?;
-        map.extend(tf.tensors);
+        // Lazy arrays: those of another rank's layers are never read.
+        map.extend(tf.tensors.into_iter().filter(|(k, _)| in_part(&part, k)));
     }
     let q = quantization(&raw).with_context(|| format!("in {}", cfg_path.display()))?;
     let t = Tensors {
@@ -510,7 +567,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode) -> Result<Llama> {
         mode,
         used: RefCell::default(),
     };
-    let model = build(config, &t, &HF_NAMES).with_context(|| {
+    let model = build(config, &t, &HF_NAMES, part).with_context(|| {
         format!(
             "the weights in {} do not match its config.json",
             dir.display()
@@ -592,10 +649,20 @@ fn quantization(config: &serde_json::Value) -> Result<Quantization> {
 /// A model from a GGUF file or a HF directory, its weights held as `mode`
 /// says.
 pub fn load_model_with(path: &Path, mode: WeightMode) -> Result<(Llama, ModelFormat)> {
+    load_model_part(path, mode, None)
+}
+
+/// The layers `part` of a model (all: `None`): a pipeline rank's share,
+/// the other layers' weights never held.
+pub fn load_model_part(
+    path: &Path,
+    mode: WeightMode,
+    part: Option<Range<usize>>,
+) -> Result<(Llama, ModelFormat)> {
     let format = ModelFormat::detect(path)?;
     let m = match format {
-        ModelFormat::Gguf => load_gguf_model(path, mode)?,
-        ModelFormat::HfDir => load_hf_model(path, mode)?,
+        ModelFormat::Gguf => load_gguf_model(path, mode, part)?,
+        ModelFormat::HfDir => load_hf_model(path, mode, part)?,
     };
     Ok((m, format))
 }

@@ -353,6 +353,8 @@ impl MtpHead {
             kv_rows: true,
             fused_tail: true,
             kv_half: false,
+            first_layer: 0,
+            downstream: None,
         };
         let mut proj = linear(parts.proj, h, 2 * h)?;
         if quantize {

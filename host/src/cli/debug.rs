@@ -285,7 +285,7 @@ fn mtp_rows(a: MtpArgs, load: Load) -> Result<()> {
     }
     let m = &engine.model;
     let mut caches = m.new_caches();
-    let h = m.hidden(&ids[..ids.len() - 1], &mut caches, m.layers.len())?;
+    let h = m.hidden(&ids[..ids.len() - 1], &mut caches, m.layer_count())?;
     let mut head_caches = head.new_caches();
     let rows = head.forward(&ids[1..], &h, &mut head_caches, Logits::All)?;
     let best = specd_mlx::ops::argmax(&rows.logits, -1, false)?.as_type(specd_mlx::Dtype::Int32)?;

@@ -111,8 +111,15 @@ impl GenerateArgs {
 pub fn run(a: GenerateArgs, load: Load) -> Result<()> {
     let req = a.request()?;
     let engine = load_engine(&a.model.model, &a.spec, load)?;
+    let r = generate(&a, &req, &engine);
+    // Pipeline ranks after 0 exit with this one.
+    crate::ranks::finish(&engine.model);
+    r
+}
+
+fn generate(a: &GenerateArgs, req: &ValidatedRequest, engine: &Engine) -> Result<()> {
     let prompt = engine.encode(&req.prompt)?;
-    let Prepared { mut settings, spec } = engine.prepare(&req)?;
+    let Prepared { mut settings, spec } = engine.prepare(req)?;
     settings.record = a.record.is_some();
     let mut out = std::io::stdout().lock();
     let mut sink = |s: &str| {
@@ -155,7 +162,7 @@ pub fn run(a: GenerateArgs, load: Load) -> Result<()> {
         );
     }
     if let Some(p) = &a.record {
-        crate::trace::write(p, &engine, &settings, &req.spec, &fin)
+        crate::trace::write(p, engine, &settings, &req.spec, &fin)
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if let Some(p) = &a.stats_json {

@@ -65,6 +65,12 @@ pub struct Globals {
     /// SPECD_LIGHT_ROUNDS=0.
     #[arg(long, global = true, hide = true, value_name = "on|off", value_parser = parse_on_off)]
     light_rounds: Option<bool>,
+    /// Pipeline ranks (started by `mlx.launch --backend ring`): how many
+    /// layers each rank holds, in rank order, e.g. `14,16`; the same on
+    /// every rank. Default: equal weight bytes per rank (rank 0 also holds
+    /// the embedding and head).
+    #[arg(long, global = true, value_delimiter = ',', value_name = "N,N,...")]
+    layers: Option<Vec<usize>>,
 }
 
 impl Globals {
@@ -324,6 +330,22 @@ pub fn main() -> Result<()> {
         return run_tool();
     }
     let load = cli.globals.load()?;
+    if crate::ranks::launched() {
+        let model = match &cli.command {
+            Command::Generate(a) => a.model.model.clone(),
+            Command::Serve(a) => crate::server::ServerConfig::from_args(a)?.model,
+            _ => anyhow::bail!(
+                "MLX_RANK is set: pipeline ranks run `specd generate` and `specd serve` (unset it for other commands)"
+            ),
+        };
+        let path = crate::store::Store::default().resolve(&model, false)?;
+        let j = crate::ranks::join(&path, cli.globals.layers.as_deref(), &load)?;
+        if j.group.rank > 0 {
+            return crate::ranks::run_stage(&path, &load, j);
+        }
+    } else if cli.globals.layers.is_some() {
+        anyhow::bail!("--layers splits a model across pipeline ranks: start them with `mlx.launch --backend ring` (MLX_RANK and MLX_HOSTFILE)");
+    }
     match cli.command {
         Command::Generate(a) => generate::run(a, load),
         Command::Serve(a) => crate::server::run(a, load),

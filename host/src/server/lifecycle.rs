@@ -70,12 +70,18 @@ impl Lifecycle {
 /// `/health` as llama.cpp's and vLLM's servers answer it: 200 when ready,
 /// 503 while loading or draining (a router stops sending new requests).
 pub fn health_response(life: &Lifecycle, body: serde_json::Value) -> Response {
+    // A pipeline rank lost: nothing more can run (the process exits soon).
+    let lost = crate::model::ranks::broken();
     let status = match life.phase() {
-        Phase::Ready => StatusCode::OK,
+        Phase::Ready if !lost => StatusCode::OK,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     let mut body = body;
-    body["status"] = json!(life.phase().as_str());
+    body["status"] = json!(if lost {
+        "rank lost"
+    } else {
+        life.phase().as_str()
+    });
     (status, Json(body)).into_response()
 }
 

@@ -265,7 +265,11 @@ pub fn start(
                 .store(cfg2.batch.kv_budget.unwrap_or(0) as u64, Relaxed);
             m.kv_bytes_per_token
                 .store(engine.model.kv_bytes_per_token() as u64, Relaxed);
+            if engine.model.downstream.is_some() {
+                crate::ranks::exit_when_broken();
+            }
             schedule(&engine, &rx, &m, &cfg2, &life2);
+            crate::ranks::finish(&engine.model);
         })
         .context("starting the worker thread")?;
     let (info, validator) = ready_rx
@@ -313,7 +317,7 @@ fn schedule(
         }
         while open && sched.has_room() {
             let job = if sched.is_idle() {
-                match rx.recv() {
+                match idle_recv(engine, rx) {
                     Ok(j) => j,
                     Err(_) => return,
                 }
@@ -357,6 +361,28 @@ fn schedule(
         }
         m.batch_waiting.store(sched.waiting() as u64, Relaxed);
         m.kv_bytes.store(sched.kv_bytes() as u64, Relaxed);
+    }
+}
+
+/// The next job, waiting as long as it takes; on rank 0 of a pipeline,
+/// a round trip around the ring every second meanwhile, so a lost rank is
+/// found while idle too.
+fn idle_recv(engine: &Engine, rx: &Receiver<Job>) -> Result<Job, std::sync::mpsc::RecvError> {
+    let Some(d) = &engine.model.downstream else {
+        return rx.recv();
+    };
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(j) => return Ok(j),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(std::sync::mpsc::RecvError)
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = d.ping() {
+                    tracing::error!("{e:#}");
+                }
+            }
+        }
     }
 }
 

@@ -123,12 +123,12 @@ pub struct LlamaTarget {
 
 impl LlamaTarget {
     pub fn new(model: Arc<Llama>) -> Self {
-        let n = model.layers.len();
+        let n = model.layer_count();
         Self::first_layers(model, n)
     }
 
     pub fn first_layers(model: Arc<Llama>, n_layers: usize) -> Self {
-        let n_layers = n_layers.clamp(1, model.layers.len());
+        let n_layers = n_layers.clamp(1, model.layer_count());
         let caches = model.new_caches_n(n_layers);
         LlamaTarget {
             model,
@@ -516,7 +516,7 @@ pub fn forward_batch_verify(
     anyhow::ensure!(modes.len() == parts.len(), "one verify mode per part");
     for p in parts.iter() {
         anyhow::ensure!(
-            p.target.n_layers == model.layers.len() && std::ptr::eq(&*p.target.model, model),
+            p.target.n_layers == model.layer_count() && std::ptr::eq(&*p.target.model, model),
             "a batched step runs full targets of one model"
         );
     }

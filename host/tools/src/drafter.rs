@@ -313,7 +313,7 @@ fn write_data(
     for (i, (s, &p)) in seqs.iter().zip(prompt_lens).enumerate() {
         let mut caches = m.new_caches();
         let n = s.len() as i32;
-        let h = m.hidden(s, &mut caches, m.layers.len())?;
+        let h = m.hidden(s, &mut caches, m.layer_count())?;
         // A greedy answer's next tokens are the target's argmax already:
         // the head runs over the prompt's rows only (it costs about what
         // the layers do a row).

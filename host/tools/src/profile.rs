@@ -69,7 +69,7 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
         .map(|i| 100 + (i * 37) % 20000)
         .collect();
     let mut caches = m.new_caches();
-    let _ = m.hidden(&prompt, &mut caches, m.layers.len())?;
+    let _ = m.hidden(&prompt, &mut caches, m.layer_count())?;
     let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
     specd_mlx::eval(&state)?;
     let params = SamplingParams::default();
@@ -129,7 +129,7 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
             (last, last_cpu) = (now, now_cpu);
             Ok(())
         };
-        let h = m.hidden_probed(&toks, &mut caches, m.layers.len(), &mut probe)?;
+        let h = m.hidden_probed(&toks, &mut caches, m.layer_count(), &mut probe)?;
         let logits = m.head_probed(&h, which, &mut probe)?;
         let (t0, c0) = (Instant::now(), cpu_ms());
         let l = logits.to_vec_f32()?;

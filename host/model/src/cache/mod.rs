@@ -14,6 +14,8 @@ pub use prefix::PrefixCache;
 pub use rotating::RotatingCache;
 pub use suffix::SuffixCorpus;
 
+use crate::ranks::remote::RemoteSnap;
+use crate::ranks::RemoteCache;
 use specd_mlx::{Array, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,8 +23,10 @@ use std::sync::Arc;
 /// A cache's state at one offset. Counted while alive.
 pub struct Snapshot {
     pub offset: usize,
-    pub keys: Array,
-    pub values: Array,
+    keys: Option<Array>,
+    values: Option<Array>,
+    /// Where another rank holds it (a [`crate::ranks::RemoteCache`]'s).
+    pub remote: Option<RemoteSnap>,
     live: Arc<AtomicUsize>,
 }
 
@@ -31,22 +35,33 @@ impl Snapshot {
         live.fetch_add(1, Ordering::SeqCst);
         Snapshot {
             offset,
-            keys,
-            values,
+            keys: Some(keys),
+            values: Some(values),
+            remote: None,
             live: live.clone(),
         }
     }
-}
 
-impl Snapshot {
+    /// A snapshot another rank holds.
+    pub fn remote(offset: usize, remote: RemoteSnap, live: &Arc<AtomicUsize>) -> Snapshot {
+        live.fetch_add(1, Ordering::SeqCst);
+        Snapshot {
+            offset,
+            keys: None,
+            values: None,
+            remote: Some(remote),
+            live: live.clone(),
+        }
+    }
+
+    pub fn remote_id(&self) -> Option<u64> {
+        self.remote.as_ref().map(|r| r.id)
+    }
+
     /// What a cache holds once restored to this snapshot: its keys, values
     /// and offset.
     pub fn held(&self) -> (Option<Array>, Option<Array>, usize) {
-        (
-            Some(self.keys.clone()),
-            Some(self.values.clone()),
-            self.offset,
-        )
+        (self.keys.clone(), self.values.clone(), self.offset)
     }
 }
 
@@ -81,6 +96,14 @@ pub trait LayerCache: Send {
     /// that writes it in place; `None` for every other kind.
     fn as_kv(&mut self) -> Option<&mut KvCache> {
         None
+    }
+    /// A cache another rank holds, seen from rank 0; `None` for the rest.
+    fn as_remote(&mut self) -> Option<&mut RemoteCache> {
+        None
+    }
+    /// Bytes of keys and values held (the prefix cache's bound counts them).
+    fn held_bytes(&self) -> usize {
+        self.state().iter().map(|a| a.nbytes()).sum()
     }
 }
 

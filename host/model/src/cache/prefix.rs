@@ -44,11 +44,7 @@ pub struct Hit {
 }
 
 fn bytes_of(caches: &[Box<dyn LayerCache>]) -> usize {
-    caches
-        .iter()
-        .flat_map(|c| c.state())
-        .map(|a| a.nbytes())
-        .sum()
+    caches.iter().map(|c| c.held_bytes()).sum()
 }
 
 impl PrefixCache {

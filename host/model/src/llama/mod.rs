@@ -11,9 +11,11 @@ use self::gemma3::PostNorms;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
 use crate::config::Arch;
 use crate::linear::{fuse_packed, Linear, QuantizedWeight};
+use crate::ranks::Downstream;
 use crate::LlamaConfig;
 use specd_mlx::kernels::KvRows;
 use specd_mlx::{fast, kernels, ops, Array, Result};
+use std::sync::Arc;
 
 #[derive(Clone)]
 pub struct Layer {
@@ -119,6 +121,12 @@ pub struct Llama {
     /// values (half the bytes a token, and half what a step reads) instead
     /// of float32 (the engine's `Switches::kv_f16`); off when loaded.
     pub kv_half: bool,
+    /// The index of `layers[0]` in the whole model: 0, or where this
+    /// rank's part of a pipeline starts ([`crate::ranks`]).
+    pub first_layer: usize,
+    /// On rank 0 of a pipeline: the ranks that run the layers after
+    /// `layers` (their caches are [`crate::ranks::RemoteCache`]s here).
+    pub downstream: Option<Arc<Downstream>>,
 }
 
 impl Llama {
@@ -146,22 +154,40 @@ impl Llama {
                 .all(|l| matches!(l.kind, LayerKind::Llama) && self.fused_qkv(l).is_some())
     }
 
+    /// The model's layers, wherever they run (`layers` holds this
+    /// process's).
+    pub fn layer_count(&self) -> usize {
+        self.config.num_hidden_layers
+    }
+
+    /// One past the last layer this process holds.
+    pub fn local_end(&self) -> usize {
+        self.first_layer + self.layers.len()
+    }
+
     /// Fresh caches, one per layer.
     pub fn new_caches(&self) -> Vec<Box<dyn LayerCache>> {
         self.new_caches_n(self.config.num_hidden_layers)
     }
 
     /// Caches for the first `n` layers: rotating where the model attends
-    /// through a sliding window.
+    /// through a sliding window; on rank 0 of a pipeline, remote for the
+    /// layers the other ranks hold.
     pub fn new_caches_n(&self, n: usize) -> Vec<Box<dyn LayerCache>> {
         (0..n)
-            .map(|i| match self.config.sliding_window {
-                Some(w) if self.config.is_local(i) => {
-                    Box::new(RotatingCache::new(w)) as Box<dyn LayerCache>
-                }
-                _ => Box::new(KvCache::new()) as Box<dyn LayerCache>,
+            .map(|i| match &self.downstream {
+                Some(d) if i >= self.local_end() => d.new_cache(i),
+                _ => self.new_cache(i),
             })
             .collect()
+    }
+
+    /// A fresh cache for layer `i`, held here.
+    pub fn new_cache(&self, i: usize) -> Box<dyn LayerCache> {
+        match self.config.sliding_window {
+            Some(w) if self.config.is_local(i) => Box::new(RotatingCache::new(w)),
+            _ => Box::new(KvCache::new()),
+        }
     }
 
     /// Runs `tokens` through all layers after what `caches` hold; returns
@@ -237,17 +263,19 @@ impl Llama {
     ) -> Result<Array> {
         assert!(caches.len() >= n_layers, "one cache per layer");
         let t = x.dim(1);
-        for (i, (layer, cache)) in self.layers[..n_layers]
-            .iter()
-            .zip(caches.iter_mut())
-            .enumerate()
-        {
+        let here = n_layers.min(self.local_end()) - self.first_layer;
+        for (j, layer) in self.layers[..here].iter().enumerate() {
+            let i = self.first_layer + j;
+            let cache = &mut caches[i];
             x = match &layer.kind {
                 LayerKind::Gemma3(p) => {
                     gemma3::layer(self, i, layer, p, &x, &mut [(cache, (0, t))], probe)?
                 }
                 LayerKind::Llama => self.layer(i, layer, &x, cache, probe)?,
             };
+        }
+        if n_layers > self.local_end() {
+            x = self.downstream(n_layers, &x, std::iter::once((caches, t)))?;
         }
         Ok(x)
     }
@@ -744,7 +772,7 @@ impl Llama {
     /// alone. Returns the logits of the rows asked for, in sequence order,
     /// and which of them are each sequence's.
     pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<BatchLogits> {
-        let n_layers = self.layers.len();
+        let n_layers = self.layer_count();
         let mut tokens = Vec::new();
         let mut spans = Vec::with_capacity(seqs.len());
         for s in seqs.iter() {
@@ -756,20 +784,7 @@ impl Llama {
         let t = tokens.len() as i32;
         let d = self.config.hidden_size as i32;
         let ids = Array::from_u32(&tokens, &[t])?;
-        let mut x = self.embedded(&ids)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = match &layer.kind {
-                LayerKind::Gemma3(g) => {
-                    let mut parts: Vec<_> = seqs
-                        .iter_mut()
-                        .zip(&spans)
-                        .map(|(s, &span)| (&mut s.caches[i], span))
-                        .collect();
-                    gemma3::layer(self, i, layer, g, &x, &mut parts, &mut no_probe)?
-                }
-                LayerKind::Llama => self.layer_batch(layer, &x, i, seqs, &spans)?,
-            };
-        }
+        let x = self.layers_batch(self.embedded(&ids)?, seqs, &spans)?;
         // The head over the rows asked for only, in one matmul. Runs of
         // them that follow on are one slice: in a decode step every
         // sequence's last row is every row, so the head reads x as it is.
@@ -818,6 +833,60 @@ impl Llama {
             spans: spans_out,
             hidden: x,
         })
+    }
+
+    /// Every layer of [`Llama::forward_batch`] over the rows `x`
+    /// `[1, T, hidden]` (`spans[s]` are sequence `s`'s): this process's,
+    /// then, on rank 0 of a pipeline, the other ranks'.
+    pub fn layers_batch(
+        &self,
+        mut x: Array,
+        seqs: &mut [BatchRows<'_>],
+        spans: &[(i32, i32)],
+    ) -> Result<Array> {
+        for (j, layer) in self.layers.iter().enumerate() {
+            let i = self.first_layer + j;
+            x = match &layer.kind {
+                LayerKind::Gemma3(g) => {
+                    let mut parts: Vec<_> = seqs
+                        .iter_mut()
+                        .zip(spans)
+                        .map(|(s, &span)| (&mut s.caches[i], span))
+                        .collect();
+                    gemma3::layer(self, i, layer, g, &x, &mut parts, &mut no_probe)?
+                }
+                LayerKind::Llama => self.layer_batch(layer, &x, i, seqs, spans)?,
+            };
+        }
+        if self.downstream.is_some() {
+            let n = self.layer_count();
+            let rows = seqs
+                .iter_mut()
+                .zip(spans)
+                .map(|(s, &(_, r))| (&mut *s.caches, r));
+            x = self.downstream(n, &x, rows)?;
+        }
+        Ok(x)
+    }
+
+    /// The layers after this process's, on the ranks that hold them.
+    fn downstream<'a>(
+        &self,
+        n_layers: usize,
+        x: &Array,
+        seqs: impl Iterator<Item = (&'a mut [Box<dyn LayerCache>], i32)>,
+    ) -> Result<Array> {
+        let d = match &self.downstream {
+            Some(d) if n_layers == self.layer_count() => d,
+            _ => {
+                return Err(specd_mlx::Exception(format!(
+                    "layers {}..{n_layers} are not held by this process",
+                    self.local_end()
+                )))
+            }
+        };
+        d.forward(x, seqs)
+            .map_err(|e| specd_mlx::Exception(format!("{e:#}")))
     }
 
     /// Layer `li` of [`Llama::forward_batch`]: the norm + q/k/v matmul over

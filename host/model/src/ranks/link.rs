@@ -1,0 +1,177 @@
+//! Rank 0's end of the ring: it sends each step's frame and hidden rows
+//! to rank 1 and waits for the last rank's rows to come back.
+use super::remote::{Ops, RemoteCache};
+use super::wire::{Frame, Kind, Seq, HEADER};
+use super::{mark_broken, Group, Split};
+use crate::cache::LayerCache;
+use crate::LlamaConfig;
+use anyhow::{anyhow, Context, Result};
+use specd_mlx::{distributed as dist, Array, Dtype};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Where rank 0's time in the ring went, summed over its frames.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Timings {
+    pub steps: u64,
+    /// Evaluating rank 0's own layers (before the rows can go).
+    pub local_seconds: f64,
+    /// Sending the header, the description and the rows.
+    pub send_seconds: f64,
+    /// Waiting for the rows to come back: the other ranks' layers and
+    /// every hop's transfer.
+    pub recv_seconds: f64,
+}
+
+pub struct Downstream {
+    pub group: Group,
+    pub split: Split,
+    ops: Arc<Ops>,
+    /// The rotating window of each layer's cache (`None`: a plain one).
+    windows: Vec<Option<usize>>,
+    token_bytes: usize,
+    /// Held while a frame is in flight: one frame at a time on the ring.
+    timings: Mutex<Timings>,
+}
+
+impl Downstream {
+    pub fn new(group: Group, split: Split, config: &LlamaConfig, token_bytes: usize) -> Self {
+        let windows = (0..config.num_hidden_layers)
+            .map(|i| config.sliding_window.filter(|_| config.is_local(i)))
+            .collect();
+        Downstream {
+            group,
+            split,
+            ops: Arc::new(Ops::default()),
+            windows,
+            token_bytes,
+            timings: Mutex::new(Timings::default()),
+        }
+    }
+
+    /// The first layer another rank holds.
+    pub fn first_remote(&self) -> usize {
+        self.split.ranges[0].end
+    }
+
+    /// A cache for `layer`, which another rank holds.
+    pub fn new_cache(&self, layer: usize) -> Box<dyn LayerCache> {
+        Box::new(RemoteCache::new(
+            &self.ops,
+            layer,
+            self.windows[layer],
+            self.token_bytes,
+        ))
+    }
+
+    pub fn timings(&self) -> Timings {
+        *self.timings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The other ranks' layers over `x` `[1, T, hidden]`: the rows of
+    /// each `(caches, rows)` in order, the caches of every layer. Returns
+    /// the last layer's rows (evaluated).
+    pub fn forward<'a>(
+        &self,
+        x: &Array,
+        seqs: impl Iterator<Item = (&'a mut [Box<dyn LayerCache>], i32)>,
+    ) -> Result<Array> {
+        let first = self.first_remote();
+        let seqs = seqs
+            .map(|(caches, rows)| {
+                let ids = caches[first..]
+                    .iter_mut()
+                    .map(|c| {
+                        let r = c
+                            .as_remote()
+                            .context("a layer another rank holds has a local cache")?;
+                        r.advance(rows as usize);
+                        Ok(r.id)
+                    })
+                    .collect::<Result<Vec<u64>>>()?;
+                Ok(Seq {
+                    rows: rows as u32,
+                    ids,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        let t0 = Instant::now();
+        x.eval()?;
+        let t1 = Instant::now();
+        let frame = Frame {
+            kind: Kind::Step,
+            ops: self.ops.take(),
+            first_remote: first,
+            seqs,
+            dtype: x.dtype() as u8,
+        };
+        let back = self
+            .exchange(&frame, Some(x))
+            .inspect_err(|_| mark_broken())?;
+        let t2 = Instant::now();
+        let y = back.expect("a step's rows come back");
+        y.eval()
+            .map_err(|e| lost(&e.to_string()))
+            .inspect_err(|_| mark_broken())?;
+        t.steps += 1;
+        t.local_seconds += (t1 - t0).as_secs_f64();
+        t.send_seconds += (t2 - t1).as_secs_f64();
+        t.recv_seconds += t2.elapsed().as_secs_f64();
+        Ok(y)
+    }
+
+    /// A round trip with no rows: every rank is there (and the pending
+    /// cache operations are applied). Errors once a peer is lost.
+    pub fn ping(&self) -> Result<()> {
+        let _t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        let frame = self.control(Kind::Ping);
+        self.exchange(&frame, None)
+            .and_then(|_| {
+                let pong = dist::recv(&[1], Dtype::Uint32, self.group.prev())?;
+                pong.eval().map_err(|e| lost(&e.to_string()))
+            })
+            .inspect_err(|_| mark_broken())
+    }
+
+    /// Tells every rank to exit (rank 0 is done).
+    pub fn stop(&self) -> Result<()> {
+        let _t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        let frame = self.control(Kind::Stop);
+        self.exchange(&frame, None).map(|_| ())
+    }
+
+    fn control(&self, kind: Kind) -> Frame {
+        Frame {
+            kind,
+            ops: self.ops.take(),
+            first_remote: self.first_remote(),
+            seqs: Vec::new(),
+            dtype: 0,
+        }
+    }
+
+    /// Sends `frame` (and `x`) to the next rank; for a step, the rows
+    /// that come back from the last rank (lazy).
+    fn exchange(&self, frame: &Frame, x: Option<&Array>) -> Result<Option<Array>> {
+        let (header, words) = frame.encode()?;
+        let next = self.group.next();
+        let send = |a: &Array| -> Result<()> {
+            dist::send(a, next)?
+                .eval()
+                .map_err(|e| lost(&e.to_string()))
+        };
+        send(&Array::from_u32(&header, &[HEADER])?)?;
+        send(&Array::from_u32(&words, &[words.len() as i32])?)?;
+        let Some(x) = x else {
+            return Ok(None);
+        };
+        send(x)?;
+        Ok(Some(dist::recv(&x.shape(), x.dtype(), self.group.prev())?))
+    }
+}
+
+/// The error every rank gives when a peer is gone.
+pub fn lost(detail: &str) -> anyhow::Error {
+    anyhow!("a rank of the pipeline group was lost ({detail}); this process cannot run the model any more")
+}

@@ -1,0 +1,222 @@
+//! Rank 0's view of a cache another rank holds.
+use super::wire::Op;
+use crate::cache::{LayerCache, Snapshot};
+use specd_mlx::{Array, Result};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The operations made since the last frame, in order, and the ids given.
+#[derive(Default)]
+pub struct Ops {
+    queue: Mutex<Vec<Op>>,
+    next: AtomicU64,
+}
+
+impl Ops {
+    pub fn push(&self, op: Op) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(op);
+    }
+    pub fn take(&self) -> Vec<Op> {
+        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+    pub fn id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// A snapshot another rank holds; dropping it frees it there.
+pub struct RemoteSnap {
+    pub id: u64,
+    /// Tokens the cache keeps once restored to it.
+    kept: usize,
+    ops: Arc<Ops>,
+}
+
+impl Drop for RemoteSnap {
+    fn drop(&mut self) {
+        self.ops.push(Op::DropSnap { snap: self.id });
+    }
+}
+
+/// A cache of another rank's layer, as rank 0 sees it. It answers from
+/// the cache's shape, which it keeps as the cache itself does (a plain KV
+/// cache, or a rotating one of `window` tokens: `crate::cache::rotating`'s
+/// rules), and queues every operation for the rank that holds the cache.
+pub struct RemoteCache {
+    pub id: u64,
+    ops: Arc<Ops>,
+    window: Option<usize>,
+    /// KV bytes one token takes in this layer.
+    token_bytes: usize,
+    offset: usize,
+    kept: usize,
+    pending: Vec<usize>,
+    /// `(offset, kept)` of the snapshots the last update took.
+    taken: Vec<(usize, usize)>,
+    live: Arc<AtomicUsize>,
+}
+
+impl RemoteCache {
+    /// A fresh cache for `layer` (created there with the next frame).
+    pub fn new(ops: &Arc<Ops>, layer: usize, window: Option<usize>, token_bytes: usize) -> Self {
+        let id = ops.id();
+        ops.push(Op::New { id, layer });
+        RemoteCache {
+            id,
+            ops: ops.clone(),
+            window: window.map(|w| w.max(1)),
+            token_bytes,
+            offset: 0,
+            kept: 0,
+            pending: Vec::new(),
+            taken: Vec::new(),
+            live: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The frame that carries `rows` new rows for this cache is on its way:
+    /// what the cache's update does there, done to its shape here.
+    pub fn advance(&mut self, rows: usize) {
+        if let Some(w) = self.window {
+            for o in std::mem::take(&mut self.pending) {
+                if o > self.offset && o <= self.offset + rows {
+                    self.taken.push((o, (self.kept + (o - self.offset)).min(w)));
+                }
+            }
+            self.kept = (self.kept + rows).min(w);
+        } else {
+            self.kept += rows;
+        }
+        self.offset += rows;
+    }
+}
+
+impl Drop for RemoteCache {
+    fn drop(&mut self) {
+        self.ops.push(Op::Free { id: self.id });
+    }
+}
+
+impl LayerCache for RemoteCache {
+    fn offset(&self) -> usize {
+        self.offset
+    }
+
+    fn update(&mut self, _: &Array, _: &Array) -> Result<(Array, Array)> {
+        unreachable!("a remote cache is written by the rank that holds it")
+    }
+
+    fn rewind(&mut self, to: usize) -> bool {
+        if let Some(w) = self.window {
+            // RotatingCache::rewind's rule.
+            if to >= self.offset {
+                return to == self.offset;
+            }
+            let first = self.offset - self.kept;
+            if to.saturating_sub(w) < first {
+                return false;
+            }
+            self.kept -= self.offset - to;
+        } else {
+            self.kept = self.kept.min(to);
+        }
+        if to < self.offset {
+            self.offset = to;
+            self.ops.push(Op::Rewind { id: self.id, to });
+        }
+        true
+    }
+
+    fn prepare_snapshots(&mut self, offsets: &[usize]) {
+        // A plain cache rewinds live and takes none.
+        if self.window.is_some() {
+            self.pending = offsets.to_vec();
+            self.ops.push(Op::Prepare {
+                id: self.id,
+                offsets: offsets.to_vec(),
+            });
+        }
+    }
+
+    fn take_snapshots(&mut self) -> Vec<Snapshot> {
+        if self.window.is_none() {
+            return Vec::new();
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let taken = std::mem::take(&mut self.taken);
+        if pending.is_empty() && taken.is_empty() {
+            return Vec::new();
+        }
+        let snaps: Vec<Snapshot> = taken
+            .into_iter()
+            .map(|(offset, kept)| {
+                let id = self.ops.id();
+                Snapshot::remote(
+                    offset,
+                    RemoteSnap {
+                        id,
+                        kept,
+                        ops: self.ops.clone(),
+                    },
+                    &self.live,
+                )
+            })
+            .collect();
+        self.ops.push(Op::Take {
+            id: self.id,
+            snaps: snaps.iter().filter_map(|s| s.remote_id()).collect(),
+        });
+        snaps
+    }
+
+    fn restore(&mut self, snap: &Snapshot) {
+        let (id, kept) = snap
+            .remote
+            .as_ref()
+            .map(|r| (r.id, r.kept))
+            .expect("a remote cache restores the snapshots it took");
+        self.ops.push(Op::Restore {
+            id: self.id,
+            snap: id,
+        });
+        (self.offset, self.kept) = (snap.offset, kept);
+    }
+
+    fn state(&self) -> Vec<&Array> {
+        Vec::new()
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.kept * self.token_bytes
+    }
+
+    fn snapshot_counts(&self) -> (usize, usize) {
+        (crate::cache::live_count(&self.live), self.pending.len())
+    }
+
+    fn boxed_clone(&self) -> Box<dyn LayerCache> {
+        let id = self.ops.id();
+        self.ops.push(Op::Clone {
+            from: self.id,
+            to: id,
+        });
+        Box::new(RemoteCache {
+            id,
+            ops: self.ops.clone(),
+            window: self.window,
+            token_bytes: self.token_bytes,
+            offset: self.offset,
+            kept: self.kept,
+            pending: Vec::new(),
+            taken: Vec::new(),
+            live: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    fn as_remote(&mut self) -> Option<&mut RemoteCache> {
+        Some(self)
+    }
+}

@@ -1,0 +1,239 @@
+//! This process as one rank of a pipeline group that `mlx.launch --backend
+//! ring` started (`MLX_RANK`, `MLX_HOSTFILE`; the same binary and flags on
+//! every rank). Rank 0 serves (or generates) as a single process would, its
+//! model holding the embedding, the head and the first layers; every other
+//! rank holds its layers and runs them over each step's rows
+//! ([`specd_model::ranks`]). At start the ranks compare what shapes the
+//! forward (the binary's version, the model's sha256, the weights and
+//! kernels, the split) and refuse to run apart.
+use crate::engine::Load;
+use crate::model::ranks::{stage, Group, Split};
+use crate::model::{load_model_part, Llama};
+use anyhow::{anyhow, bail, Context, Result};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// A joined group and who holds which layers.
+#[derive(Debug)]
+pub struct Joined {
+    pub group: Group,
+    pub split: Split,
+}
+
+static JOINED: OnceLock<Joined> = OnceLock::new();
+
+/// The group this process joined, if it is a rank of one.
+pub fn joined() -> Option<&'static Joined> {
+    JOINED.get().filter(|j| j.group.size > 1)
+}
+
+/// Whether the launcher started this process as a rank.
+pub fn launched() -> bool {
+    std::env::var("MLX_RANK").is_ok_and(|v| !v.is_empty())
+}
+
+/// How long ranks wait for each other at start (`SPECD_RANK_CONNECT_SECONDS`).
+const CONNECT_SECONDS: u64 = 60;
+
+/// Joins the group the environment describes, splits the model at `path`
+/// (`layers`: counts in rank order, else equal weight bytes) and checks
+/// that every rank runs the same thing.
+pub fn join(path: &Path, layers: Option<&[usize]>, load: &Load) -> Result<&'static Joined> {
+    let rank = std::env::var("MLX_RANK").unwrap_or_default();
+    if std::env::var("MLX_HOSTFILE").is_err() {
+        bail!("MLX_RANK={rank} but MLX_HOSTFILE is not set: start the ranks with `mlx.launch --backend ring` (or set both, as it does)");
+    }
+    let wait = std::env::var("SPECD_RANK_CONNECT_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CONNECT_SECONDS);
+    // MLX's ring backend retries a missing peer for a long time (and waits
+    // on an accept with no end): give up on our own clock.
+    let joined = Arc::new(AtomicBool::new(false));
+    {
+        let (joined, rank) = (joined.clone(), rank.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(wait));
+            if !joined.load(Ordering::SeqCst) {
+                eprintln!("error: rank {rank}: the other ranks did not all connect within {wait} s (the hosts in MLX_HOSTFILE)");
+                std::process::exit(1);
+            }
+        });
+    }
+    let (r, n) = specd_mlx::distributed::init("ring")
+        .map_err(|e| anyhow!("rank {rank}: joining the ring ({e})"))?;
+    joined.store(true, Ordering::SeqCst);
+    let group = Group {
+        rank: r as usize,
+        size: n as usize,
+    };
+    let split = Split::of_model(path, group.size, layers)?;
+    agree(group, &fingerprint(path, load, &split)?)?;
+    JOINED
+        .set(Joined { group, split })
+        .map_err(|_| anyhow!("this process joined a group already"))?;
+    Ok(JOINED.get().expect("just set"))
+}
+
+/// What must be equal on every rank for their layers to make one model.
+fn fingerprint(path: &Path, load: &Load, split: &Split) -> Result<String> {
+    let sha = if path.is_dir() {
+        let mut files: Vec<_> = std::fs::read_dir(path)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        let mut all = String::new();
+        for f in files {
+            all += &crate::store::sha256_file(&f)?;
+        }
+        crate::store::sha256_hex(all.as_bytes())
+    } else {
+        crate::store::sha256_file(path)?
+    };
+    let s = load.switches;
+    Ok(format!(
+        "version {}; model sha256 {sha}; weights {:?}; kernels {:?}; kv-f16 {}; kv-rows {}; fused-tail {}; layers {:?}",
+        env!("CARGO_PKG_VERSION"),
+        load.weights,
+        load.kernels,
+        s.kv_f16,
+        s.kv_rows,
+        s.fused_tail,
+        split.counts(),
+    ))
+}
+
+/// Every rank's fingerprint to every rank; any difference is an error on
+/// each, naming what differs.
+fn agree(group: Group, mine: &str) -> Result<()> {
+    const WORDS: usize = 256;
+    let bytes = mine.as_bytes();
+    if bytes.len() > WORDS * 4 {
+        bail!("a fingerprint of {} bytes", bytes.len());
+    }
+    let mut words = vec![0u32; WORDS];
+    for (w, c) in words.iter_mut().zip(bytes.chunks(4)) {
+        let mut b = [0u8; 4];
+        b[..c.len()].copy_from_slice(c);
+        *w = u32::from_le_bytes(b);
+    }
+    let all =
+        specd_mlx::distributed::all_gather(&specd_mlx::Array::from_u32(&words, &[WORDS as i32])?)?;
+    let all = all
+        .to_vec_u32()
+        .map_err(|e| anyhow!("comparing the ranks' settings: a rank was lost ({e})"))?;
+    let text = |r: usize| -> String {
+        let b: Vec<u8> = all[r * WORDS..(r + 1) * WORDS]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .take_while(|&b| b != 0)
+            .collect();
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    for r in 0..group.size {
+        let theirs = text(r);
+        if theirs != mine {
+            let differ: Vec<String> = mine
+                .split("; ")
+                .zip(theirs.split("; "))
+                .filter(|(a, b)| a != b)
+                .map(|(a, b)| format!("rank {}: {a}, rank {r}: {b}", group.rank))
+                .collect();
+            bail!(
+                "the ranks do not run the same model and flags ({}); start every rank with the same binary, model and flags",
+                differ.join("; ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Weight bytes `model` holds.
+pub fn weight_bytes(model: &Llama) -> usize {
+    model.weights().iter().map(|a| a.nbytes()).sum()
+}
+
+/// Rank 0's model: its layers, the embedding and head, and the link to
+/// the other ranks.
+pub fn attach(model: &mut Llama, j: &Joined) {
+    let per_layer = model.kv_bytes_per_token() / model.layer_count().max(1);
+    model.downstream = Some(Arc::new(crate::model::ranks::Downstream::new(
+        j.group,
+        j.split.clone(),
+        &model.config,
+        per_layer,
+    )));
+    report(model, j);
+}
+
+fn report(model: &Llama, j: &Joined) {
+    eprintln!(
+        "rank {}/{}: layers {}..{} of {}, {} weight bytes held",
+        j.group.rank,
+        j.group.size,
+        model.first_layer,
+        model.local_end(),
+        model.layer_count(),
+        weight_bytes(model)
+    );
+}
+
+/// A rank after 0: loads its layers and runs them until rank 0 is done.
+pub fn run_stage(path: &Path, load: &Load, j: &Joined) -> Result<()> {
+    let part = j.split.ranges[j.group.rank].clone();
+    let (mut model, _) = load_model_part(path, load.weights, Some(part)).with_context(|| {
+        format!(
+            "rank {}: loading its layers of {}",
+            j.group.rank,
+            path.display()
+        )
+    })?;
+    model.kv_rows = load.switches.kv_rows;
+    model.fused_tail = load.switches.fused_tail;
+    model.kv_half = load.switches.kv_f16;
+    specd_mlx::memory::clear_cache();
+    report(&model, j);
+    let t = stage::serve(&model, j.group).with_context(|| format!("rank {}", j.group.rank))?;
+    eprintln!(
+        "rank {}: stopped after {} steps: waiting {:.3} s, receiving rows {:.3} s, its layers {:.3} s, sending {:.3} s",
+        j.group.rank, t.steps, t.wait_seconds, t.recv_seconds, t.compute_seconds, t.send_seconds
+    );
+    Ok(())
+}
+
+/// Rank 0 is done: the other ranks exit (nothing to do elsewhere).
+pub fn finish(model: &Llama) {
+    let Some(d) = &model.downstream else {
+        return;
+    };
+    if crate::model::ranks::broken() {
+        return;
+    }
+    let t = d.timings();
+    eprintln!(
+        "rank 0: {} steps through the ring: its layers {:.3} s, sending {:.3} s, waiting for the rows back {:.3} s",
+        t.steps, t.local_seconds, t.send_seconds, t.recv_seconds
+    );
+    if let Err(e) = d.stop() {
+        eprintln!("warning: telling the other ranks to stop: {e:#}");
+    }
+}
+
+/// On a server's rank 0: once a peer is lost, `/health` answers 503 (it
+/// reads [`crate::model::ranks::broken`]) and the process exits with an
+/// error shortly after, so a router stops sending to it first.
+pub fn exit_when_broken() {
+    std::thread::spawn(|| loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if crate::model::ranks::broken() {
+            eprintln!(
+                "error: a rank of the pipeline group was lost; failing what runs and exiting"
+            );
+            std::thread::sleep(Duration::from_secs(2));
+            std::process::exit(1);
+        }
+    });
+}
