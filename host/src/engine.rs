@@ -195,16 +195,9 @@ impl Engine {
             m.fused_tail = switches.fused_tail;
             m.kv_half = switches.kv_f16;
         }
-        if let Some(j) = crate::ranks::joined() {
+        if let Some(d) = &self.model.downstream {
             // The remote caches count the KV bytes the switches make.
-            let m = Arc::get_mut(&mut self.model)
-                .context("switches are set before the engine serves")?;
-            m.downstream = Some(Arc::new(crate::model::ranks::Downstream::new(
-                j.group,
-                j.split.clone(),
-                &m.config,
-                m.kv_bytes_per_token() / m.layer_count().max(1),
-            )));
+            d.set_token_bytes(self.model.kv_bytes_per_token() / self.model.layer_count().max(1));
         }
         self.switches = switches;
         Ok(())

@@ -7,7 +7,7 @@
 //! forward (the binary's version, the model's sha256, the weights and
 //! kernels, the split) and refuse to run apart.
 use crate::engine::Load;
-use crate::model::ranks::{stage, Group, Split};
+use crate::model::ranks::{stage, Downstream, Group, Split};
 use crate::model::{load_model_part, Llama};
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::Path;
@@ -160,14 +160,20 @@ pub fn weight_bytes(model: &Llama) -> usize {
 /// the other ranks.
 pub fn attach(model: &mut Llama, j: &Joined) {
     let per_layer = model.kv_bytes_per_token() / model.layer_count().max(1);
-    model.downstream = Some(Arc::new(crate::model::ranks::Downstream::new(
-        j.group,
-        j.split.clone(),
-        &model.config,
-        per_layer,
-    )));
+    let d = DOWNSTREAM.get_or_init(|| {
+        Arc::new(Downstream::new(
+            j.group,
+            j.split.clone(),
+            &model.config,
+            per_layer,
+        ))
+    });
+    model.downstream = Some(d.clone());
     report(model, j);
 }
+
+/// Rank 0's link to the others, once its model is loaded.
+static DOWNSTREAM: OnceLock<Arc<Downstream>> = OnceLock::new();
 
 fn report(model: &Llama, j: &Joined) {
     eprintln!(
@@ -205,8 +211,8 @@ pub fn run_stage(path: &Path, load: &Load, j: &Joined) -> Result<()> {
 }
 
 /// Rank 0 is done: the other ranks exit (nothing to do elsewhere).
-pub fn finish(model: &Llama) {
-    let Some(d) = &model.downstream else {
+pub fn finish() {
+    let Some(d) = DOWNSTREAM.get() else {
         return;
     };
     if crate::model::ranks::broken() {

@@ -113,7 +113,7 @@ pub fn run(a: GenerateArgs, load: Load) -> Result<()> {
     let engine = load_engine(&a.model.model, &a.spec, load)?;
     let r = generate(&a, &req, &engine);
     // Pipeline ranks after 0 exit with this one.
-    crate::ranks::finish(&engine.model);
+    crate::ranks::finish();
     r
 }
 

@@ -241,9 +241,9 @@ pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
         if life.phase() == lifecycle::Phase::Loading {
             life.set(lifecycle::Phase::Ready);
         }
-        server
-            .await
-            .context("the HTTP server task")?
-            .context("serving HTTP")
+        let served = server.await;
+        // Drained: pipeline ranks after 0 exit with this one.
+        crate::ranks::finish();
+        served.context("the HTTP server task")?.context("serving HTTP")
     })
 }

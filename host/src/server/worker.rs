@@ -269,7 +269,7 @@ pub fn start(
                 crate::ranks::exit_when_broken();
             }
             schedule(&engine, &rx, &m, &cfg2, &life2);
-            crate::ranks::finish(&engine.model);
+            crate::ranks::finish();
         })
         .context("starting the worker thread")?;
     let (info, validator) = ready_rx
@@ -378,6 +378,9 @@ fn idle_recv(engine: &Engine, rx: &Receiver<Job>) -> Result<Job, std::sync::mpsc
                 return Err(std::sync::mpsc::RecvError)
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if crate::model::ranks::broken() {
+                    continue;
+                }
                 if let Err(e) = d.ping() {
                     tracing::error!("{e:#}");
                 }

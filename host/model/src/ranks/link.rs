@@ -7,6 +7,7 @@ use crate::cache::LayerCache;
 use crate::LlamaConfig;
 use anyhow::{anyhow, Context, Result};
 use specd_mlx::{distributed as dist, Array, Dtype};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -29,7 +30,10 @@ pub struct Downstream {
     ops: Arc<Ops>,
     /// The rotating window of each layer's cache (`None`: a plain one).
     windows: Vec<Option<usize>>,
-    token_bytes: usize,
+    /// KV bytes a token takes in one layer (the remote caches count them).
+    token_bytes: AtomicUsize,
+    /// Set once the other ranks were told to exit: nothing more is sent.
+    stopped: AtomicBool,
     /// Held while a frame is in flight: one frame at a time on the ring.
     timings: Mutex<Timings>,
 }
@@ -44,7 +48,8 @@ impl Downstream {
             split,
             ops: Arc::new(Ops::default()),
             windows,
-            token_bytes,
+            token_bytes: AtomicUsize::new(token_bytes),
+            stopped: AtomicBool::new(false),
             timings: Mutex::new(Timings::default()),
         }
     }
@@ -60,8 +65,13 @@ impl Downstream {
             &self.ops,
             layer,
             self.windows[layer],
-            self.token_bytes,
+            self.token_bytes.load(Ordering::Relaxed),
         ))
+    }
+
+    /// The KV bytes a token takes in one layer, for caches made from now.
+    pub fn set_token_bytes(&self, bytes: usize) {
+        self.token_bytes.store(bytes, Ordering::Relaxed);
     }
 
     pub fn timings(&self) -> Timings {
@@ -96,6 +106,9 @@ impl Downstream {
             })
             .collect::<Result<Vec<_>>>()?;
         let mut t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::SeqCst) {
+            return Err(anyhow!("the other ranks were told to stop"));
+        }
         let t0 = Instant::now();
         x.eval()?;
         let t1 = Instant::now();
@@ -112,7 +125,7 @@ impl Downstream {
         let t2 = Instant::now();
         let y = back.expect("a step's rows come back");
         y.eval()
-            .map_err(|e| lost(&e.to_string()))
+            .map_err(|e| lost(&e.0))
             .inspect_err(|_| mark_broken())?;
         t.steps += 1;
         t.local_seconds += (t1 - t0).as_secs_f64();
@@ -125,18 +138,24 @@ impl Downstream {
     /// cache operations are applied). Errors once a peer is lost.
     pub fn ping(&self) -> Result<()> {
         let _t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let frame = self.control(Kind::Ping);
         self.exchange(&frame, None)
             .and_then(|_| {
                 let pong = dist::recv(&[1], Dtype::Uint32, self.group.prev())?;
-                pong.eval().map_err(|e| lost(&e.to_string()))
+                pong.eval().map_err(|e| lost(&e.0))
             })
             .inspect_err(|_| mark_broken())
     }
 
-    /// Tells every rank to exit (rank 0 is done).
+    /// Tells every rank to exit (rank 0 is done); once.
     pub fn stop(&self) -> Result<()> {
         let _t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
         let frame = self.control(Kind::Stop);
         self.exchange(&frame, None).map(|_| ())
     }
@@ -159,7 +178,7 @@ impl Downstream {
         let send = |a: &Array| -> Result<()> {
             dist::send(a, next)?
                 .eval()
-                .map_err(|e| lost(&e.to_string()))
+                .map_err(|e| lost(&e.0))
         };
         send(&Array::from_u32(&header, &[HEADER])?)?;
         send(&Array::from_u32(&words, &[words.len() as i32])?)?;

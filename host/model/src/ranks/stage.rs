@@ -157,7 +157,7 @@ pub fn serve(model: &Llama, group: Group) -> Result<StageTimings> {
     let mut t = StageTimings::default();
     let io = |e: specd_mlx::Exception| {
         mark_broken();
-        lost(&e.to_string())
+        lost(&e.0)
     };
     loop {
         let t0 = Instant::now();
