@@ -195,9 +195,19 @@ REQUESTS = [
 ]
 
 
-def test_concurrent_requests_over_http_equal_one_rank(tmp_path, start_server):
-    solo = start_server()
-    want = [chat(solo.url, o, **e) for o, e in REQUESTS]
+@pytest.fixture(scope="module")
+def solo(start_server):
+    """One process, for the answers the ranks must give."""
+    return start_server()
+
+
+@pytest.fixture(scope="module")
+def want(solo) -> list[str]:
+    """Each of REQUESTS answered by one process alone."""
+    return [chat(solo.url, o, **e) for o, e in REQUESTS]
+
+
+def test_concurrent_requests_over_http_equal_one_rank(tmp_path, want):
     ranks = Ranks(tmp_path)
     try:
         with ThreadPoolExecutor(len(REQUESTS)) as ex:
@@ -210,6 +220,26 @@ def test_concurrent_requests_over_http_equal_one_rank(tmp_path, start_server):
     assert ranks.r0.returncode == 0, ranks.logs[0].read_text()
     # Rank 0's drain tells rank 1 to stop: it exits cleanly.
     assert ranks.r1.wait(timeout=30) == 0, ranks.logs[1].read_text()
+
+
+def test_preemption_on_two_ranks_keeps_the_tokens(tmp_path, solo):
+    # About 86 tokens of KV cache in all (--kv-budget counts every rank's
+    # layers): three short prompts start together and, growing, take turns.
+    short = [{"messages": [{"role": "user", "content": q}], "max_tokens": 40}
+             for q in ("Tell me a story.", "Name three colors.", "Count to ten.")]
+    options = [REQUESTS[i][0] for i in (0, 1, 2)]
+    want = [chat(solo.url, o, **b) for o, b in zip(options, short)]
+    ranks = Ranks(tmp_path, "--kv-budget", "4000000")
+    try:
+        with ThreadPoolExecutor(len(short)) as ex:
+            got = list(ex.map(lambda ob: chat(ranks.url, ob[0], **ob[1]), zip(options, short)))
+        metrics = httpx.get(ranks.url + "/metrics", timeout=10).text
+    finally:
+        ranks.stop()
+    assert got == want
+    preempted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                    if line.startswith("specd_preemptions_total"))
+    assert preempted >= 1, metrics
 
 
 def test_killing_rank_one_mid_request_fails_it_and_ends_rank_zero(tmp_path):

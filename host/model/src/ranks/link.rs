@@ -175,11 +175,8 @@ impl Downstream {
     fn exchange(&self, frame: &Frame, x: Option<&Array>) -> Result<Option<Array>> {
         let (header, words) = frame.encode()?;
         let next = self.group.next();
-        let send = |a: &Array| -> Result<()> {
-            dist::send(a, next)?
-                .eval()
-                .map_err(|e| lost(&e.0))
-        };
+        let send =
+            |a: &Array| -> Result<()> { dist::send(a, next)?.eval().map_err(|e| lost(&e.0)) };
         send(&Array::from_u32(&header, &[HEADER])?)?;
         send(&Array::from_u32(&words, &[words.len() as i32])?)?;
         let Some(x) = x else {

@@ -220,3 +220,77 @@ impl LayerCache for RemoteCache {
         Some(self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::RotatingCache;
+    use specd_mlx::Dtype;
+
+    /// `t` rows of keys/values `[1, 1, t, 2]`.
+    fn rows(t: i32) -> Array {
+        Array::zeros(&[1, 1, t, 2], Dtype::Float32).unwrap()
+    }
+
+    /// A remote cache answers every call as the rotating cache it stands
+    /// for, through a speculative round's life: updates past the window,
+    /// snapshots, rewinds that can and cannot happen in place, restores
+    /// and clones.
+    #[test]
+    fn a_remote_cache_keeps_a_rotating_cache_shape() {
+        let ops = Arc::new(Ops::default());
+        let mut real = RotatingCache::new(8);
+        let mut shadow = RemoteCache::new(&ops, 3, Some(8), 16);
+        let same = |r: &RotatingCache, s: &RemoteCache| {
+            assert_eq!(r.offset(), s.offset());
+            assert_eq!(r.snapshot_counts(), s.snapshot_counts());
+        };
+        let update = |r: &mut RotatingCache, s: &mut RemoteCache, t: i32| {
+            r.update(&rows(t), &rows(t)).unwrap();
+            s.advance(t as usize);
+        };
+        update(&mut real, &mut shadow, 5);
+        same(&real, &shadow);
+        assert_eq!(real.rewind(3), shadow.rewind(3));
+        same(&real, &shadow);
+        // Rounds past the window: snapshot at the offsets kept.
+        for round in 0..6 {
+            let base = real.offset();
+            let keep = [base + 1, base + 2, base + 4];
+            real.prepare_snapshots(&keep);
+            shadow.prepare_snapshots(&keep);
+            update(&mut real, &mut shadow, 4);
+            let (a, b) = (real.take_snapshots(), shadow.take_snapshots());
+            assert_eq!(
+                a.iter().map(|s| s.offset).collect::<Vec<_>>(),
+                b.iter().map(|s| s.offset).collect::<Vec<_>>()
+            );
+            same(&real, &shadow);
+            // Accept 1 of 3 drafts: rewind in place where it can, else
+            // restore the snapshot.
+            let to = base + 2;
+            let (ra, rb) = (real.rewind(to), shadow.rewind(to));
+            assert_eq!(ra, rb, "round {round}");
+            if !ra {
+                let i = a.iter().position(|s| s.offset == to).unwrap();
+                real.restore(&a[i]);
+                shadow.restore(&b[i]);
+            }
+            same(&real, &shadow);
+            let (x, y) = (real.boxed_clone(), shadow.boxed_clone());
+            assert_eq!(x.offset(), y.offset());
+            assert_eq!(x.held_bytes() / 16, y.held_bytes() / 16);
+        }
+        assert_eq!(real.snapshot_counts(), (0, 0));
+        assert_eq!(shadow.snapshot_counts(), (0, 0));
+        // What the rank holding the cache is told, in order.
+        let told = ops.take();
+        assert!(matches!(told[0], Op::New { layer: 3, .. }));
+        for kind in ["Prepare", "Take", "Restore", "Clone", "Free", "DropSnap"] {
+            assert!(
+                told.iter().any(|o| format!("{o:?}").starts_with(kind)),
+                "no {kind} in {told:?}"
+            );
+        }
+    }
+}
