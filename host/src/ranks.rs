@@ -204,8 +204,14 @@ pub fn run_stage(path: &Path, load: &Load, j: &Joined) -> Result<()> {
     report(&model, j);
     let t = stage::serve(&model, j.group).with_context(|| format!("rank {}", j.group.rank))?;
     eprintln!(
-        "rank {}: stopped after {} steps: waiting {:.3} s, receiving rows {:.3} s, its layers {:.3} s, sending {:.3} s",
-        j.group.rank, t.steps, t.wait_seconds, t.recv_seconds, t.compute_seconds, t.send_seconds
+        "rank {}: stopped after {} steps: waiting {:.3} s, receiving rows {:.3} s, its layers {:.3} s, sending {:.3} s; {} rotating-cache restores",
+        j.group.rank,
+        t.steps,
+        t.wait_seconds,
+        t.recv_seconds,
+        t.compute_seconds,
+        t.send_seconds,
+        crate::cache::rotating::restores()
     );
     Ok(())
 }

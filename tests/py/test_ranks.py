@@ -88,6 +88,20 @@ def test_generate_on_two_ranks_equals_one(tmp_path, extra):
     assert steps and int(steps.group(1)) > 10, log1
 
 
+def test_gemma_past_its_window_on_two_ranks(tmp_path, gemma_path):
+    # A prompt near Gemma's 512-token window, then speculation across it:
+    # rank 1's rotating caches wrap, and rounds that reject drafts restore
+    # the snapshots rank 0 asked for.
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    prompt = "Count: " + ", ".join(words * 45) + ","
+    args = ["--model", str(gemma_path), "--max-tokens", "96", "--drafter", "ngram", prompt]
+    solo = generate_solo(args)
+    two, log0, log1 = generate_ranks(tmp_path, args)
+    assert two == solo and len(solo) > 100
+    restores = re.search(r"(\d+) rotating-cache restores", log1)
+    assert restores and int(restores.group(1)) > 0, log1
+
+
 def test_each_rank_holds_its_share_of_the_weights(tmp_path):
     _, log0, log1 = generate_ranks(tmp_path, ["--max-tokens", "4", "Hello"])
     held = {}
