@@ -6,9 +6,10 @@ ranks with SPECD_THREADS=1 each (loopback ring), alternated `--repeats`
 times. Each runs 1 stream and N concurrent streams of greedy completions that
 ignore EOS (`--max-tokens` each, drafter none): aggregate decode tok/s.
 Also each process's resident memory once warm, and rank 0's and rank 1's
-own accounts of their time (the lines they print at exit): the time per
-ring step spent sending and waiting beyond rank 1's layers is what the
-pipeline adds.
+own accounts of their time (the lines they print at exit), per frame (a
+batched step is two frames, its micro-batches): rank 0's layers, its
+sends and its wait for the rows back, rank 1's layers, and the time in
+the sends and receives proper.
 
     .venv/bin/python scripts/bench_ranks.py [--models smollm2:135m,gemma3:270m]
         [--streams 8] [--max-tokens 128] [--repeats 2]
@@ -128,8 +129,8 @@ def ring_times(logs: list[Path]) -> dict:
     return {"steps": steps, "rank0_layers_ms": ms(local), "rank0_send_ms": ms(send),
             "rank0_wait_ms": ms(back), "rank1_layers_ms": ms(r1_layers),
             "rank1_recv_ms": ms(r1_recv), "rank1_send_ms": ms(r1_send),
-            # What the ring adds per step beyond the layers themselves.
-            "ring_ms": ms(send + back - r1_layers)}
+            # The sends and receives proper (rows ready on both sides).
+            "transfer_ms": ms(send + r1_recv + r1_send)}
 
 
 def main() -> None:
@@ -169,7 +170,7 @@ def main() -> None:
               f"{rss1[0]:.0f} | {rss2[0]:.0f}, {rss2[1]:.0f} |")
     print()
     for model, *_, ring in rows:
-        print(f"{model}: ring per step (last 2-rank run): " + ", ".join(
+        print(f"{model}: ring per frame (last 2-rank run, both loads): " + ", ".join(
             f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in ring.items()))
 
 

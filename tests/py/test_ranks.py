@@ -92,12 +92,12 @@ def test_gemma_past_its_window_on_two_ranks(tmp_path, gemma_path):
     # A prompt near Gemma's 512-token window, then speculation across it:
     # rank 1's rotating caches wrap, and rounds that reject drafts restore
     # the snapshots rank 0 asked for.
-    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
-    prompt = "Count: " + ", ".join(words * 45) + ","
+    # 470 tokens; n-gram drafts of the next number are partly wrong.
+    prompt = "Count: " + ", ".join(str(i) for i in range(1, 116)) + ","
     args = ["--model", str(gemma_path), "--max-tokens", "96", "--drafter", "ngram", prompt]
     solo = generate_solo(args)
     two, log0, log1 = generate_ranks(tmp_path, args)
-    assert two == solo and len(solo) > 100
+    assert two == solo and len(solo) > 90
     restores = re.search(r"(\d+) rotating-cache restores", log1)
     assert restores and int(restores.group(1)) > 0, log1
 

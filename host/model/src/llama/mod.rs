@@ -772,6 +772,16 @@ impl Llama {
     /// alone. Returns the logits of the rows asked for, in sequence order,
     /// and which of them are each sequence's.
     pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<BatchLogits> {
+        if let Some(d) = self.downstream.as_ref().filter(|_| seqs.len() > 1) {
+            return self.forward_batch_halves(d, seqs);
+        }
+        let (ids, spans) = self.batch_ids(seqs)?;
+        let x = self.layers_batch(self.embedded(&ids)?, seqs, &spans)?;
+        self.batch_head(x, seqs, &spans)
+    }
+
+    /// The step's token ids `[T]` and each sequence's rows `(first, count)`.
+    fn batch_ids(&self, seqs: &[BatchRows<'_>]) -> Result<(Array, Vec<(i32, i32)>)> {
         let n_layers = self.layer_count();
         let mut tokens = Vec::new();
         let mut spans = Vec::with_capacity(seqs.len());
@@ -782,16 +792,84 @@ impl Llama {
             tokens.extend_from_slice(s.tokens);
         }
         let t = tokens.len() as i32;
+        Ok((Array::from_u32(&tokens, &[t])?, spans))
+    }
+
+    /// [`Llama::forward_batch`] on rank 0 of a pipeline, as two
+    /// micro-batches: the second half's layers here run while the next
+    /// rank runs the first half's, and the first half's head while it runs
+    /// the second's. Every row is computed as in one batch (the kernels
+    /// are batch-invariant), so the result is the same, bit for bit.
+    fn forward_batch_halves(
+        &self,
+        d: &Downstream,
+        seqs: &mut [BatchRows<'_>],
+    ) -> Result<BatchLogits> {
+        let io = |e: anyhow::Error| specd_mlx::Exception(format!("{e:#}"));
+        // Halves of about equal rows, each at least one sequence.
+        let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let mut mid = 1;
+        let mut rows = seqs[0].tokens.len();
+        while mid + 1 < seqs.len() && 2 * (rows + seqs[mid].tokens.len()) <= total {
+            rows += seqs[mid].tokens.len();
+            mid += 1;
+        }
+        let (a, b) = seqs.split_at_mut(mid);
+        let mut sent = Vec::with_capacity(2);
+        for half in [&mut *a, &mut *b] {
+            let (ids, spans) = self.batch_ids(half)?;
+            let x = self.local_layers_batch(self.embedded(&ids)?, half, &spans)?;
+            let rows = half
+                .iter_mut()
+                .zip(&spans)
+                .map(|(s, &(_, r))| (&mut *s.caches, r));
+            sent.push((d.send(&x, rows).map_err(io)?, spans));
+        }
+        let mut outs = Vec::with_capacity(2);
+        for (half, (x, spans)) in [&mut *a, &mut *b].into_iter().zip(sent) {
+            let x = d.recv(x).map_err(io)?;
+            let out = self.batch_head(x, half, &spans)?;
+            // Computed now: the next rank works on the other half meanwhile.
+            if let Some(l) = &out.logits {
+                l.eval()?;
+            }
+            outs.push(out);
+        }
+        let (lb, la) = (outs.pop().expect("two"), outs.pop().expect("two"));
+        let shift = la.logits.as_ref().map_or(0, |l| l.dim(0));
+        let logits = match (la.logits, lb.logits) {
+            (Some(x), Some(y)) => Some(ops::concatenate(&[&x, &y], 0)?),
+            (x, y) => x.or(y),
+        };
+        let spans = la
+            .spans
+            .into_iter()
+            .chain(lb.spans.into_iter().map(|s| s.map(|(f, n)| (f + shift, n))))
+            .collect();
+        Ok(BatchLogits {
+            logits,
+            spans,
+            hidden: ops::concatenate(&[&la.hidden, &lb.hidden], 1)?,
+        })
+    }
+
+    /// The head of [`Llama::forward_batch`] over the rows asked for, from
+    /// the last layer's rows `x`.
+    fn batch_head(
+        &self,
+        x: Array,
+        seqs: &[BatchRows<'_>],
+        spans: &[(i32, i32)],
+    ) -> Result<BatchLogits> {
+        let t = x.dim(1);
         let d = self.config.hidden_size as i32;
-        let ids = Array::from_u32(&tokens, &[t])?;
-        let x = self.layers_batch(self.embedded(&ids)?, seqs, &spans)?;
         // The head over the rows asked for only, in one matmul. Runs of
         // them that follow on are one slice: in a decode step every
         // sequence's last row is every row, so the head reads x as it is.
         let mut runs: Vec<(i32, i32)> = Vec::new();
         let mut spans_out = Vec::with_capacity(seqs.len());
         let mut rows = 0;
-        for (s, &(a, n)) in seqs.iter().zip(&spans) {
+        for (s, &(a, n)) in seqs.iter().zip(spans) {
             let (from, len) = match s.logits {
                 None => {
                     spans_out.push(None);
@@ -840,6 +918,25 @@ impl Llama {
     /// then, on rank 0 of a pipeline, the other ranks'.
     pub fn layers_batch(
         &self,
+        x: Array,
+        seqs: &mut [BatchRows<'_>],
+        spans: &[(i32, i32)],
+    ) -> Result<Array> {
+        let mut x = self.local_layers_batch(x, seqs, spans)?;
+        if self.downstream.is_some() {
+            let n = self.layer_count();
+            let rows = seqs
+                .iter_mut()
+                .zip(spans)
+                .map(|(s, &(_, r))| (&mut *s.caches, r));
+            x = self.downstream(n, &x, rows)?;
+        }
+        Ok(x)
+    }
+
+    /// The layers this process holds, of [`Llama::layers_batch`].
+    fn local_layers_batch(
+        &self,
         mut x: Array,
         seqs: &mut [BatchRows<'_>],
         spans: &[(i32, i32)],
@@ -857,14 +954,6 @@ impl Llama {
                 }
                 LayerKind::Llama => self.layer_batch(layer, &x, i, seqs, spans)?,
             };
-        }
-        if self.downstream.is_some() {
-            let n = self.layer_count();
-            let rows = seqs
-                .iter_mut()
-                .zip(spans)
-                .map(|(s, &(_, r))| (&mut *s.caches, r));
-            x = self.downstream(n, &x, rows)?;
         }
         Ok(x)
     }

@@ -24,6 +24,12 @@ pub struct Timings {
     pub recv_seconds: f64,
 }
 
+/// A step on its way around the ring: what comes back.
+pub struct Sent {
+    shape: Vec<i32>,
+    dtype: Dtype,
+}
+
 pub struct Downstream {
     pub group: Group,
     pub split: Split,
@@ -86,6 +92,17 @@ impl Downstream {
         x: &Array,
         seqs: impl Iterator<Item = (&'a mut [Box<dyn LayerCache>], i32)>,
     ) -> Result<Array> {
+        let sent = self.send(x, seqs)?;
+        self.recv(sent)
+    }
+
+    /// Sends a step's rows `x` on (as [`Downstream::forward`]); the rows
+    /// come back through [`Downstream::recv`], in the order sent.
+    pub fn send<'a>(
+        &self,
+        x: &Array,
+        seqs: impl Iterator<Item = (&'a mut [Box<dyn LayerCache>], i32)>,
+    ) -> Result<Sent> {
         let first = self.first_remote();
         let seqs = seqs
             .map(|(caches, rows)| {
@@ -119,18 +136,26 @@ impl Downstream {
             seqs,
             dtype: x.dtype() as u8,
         };
-        let back = self
-            .exchange(&frame, Some(x))
-            .inspect_err(|_| mark_broken())?;
-        let t2 = Instant::now();
-        let y = back.expect("a step's rows come back");
-        y.eval()
-            .map_err(|e| lost(&e.0))
+        self.exchange(&frame, Some(x))
             .inspect_err(|_| mark_broken())?;
         t.steps += 1;
         t.local_seconds += (t1 - t0).as_secs_f64();
-        t.send_seconds += (t2 - t1).as_secs_f64();
-        t.recv_seconds += t2.elapsed().as_secs_f64();
+        t.send_seconds += t1.elapsed().as_secs_f64();
+        Ok(Sent {
+            shape: x.shape(),
+            dtype: x.dtype(),
+        })
+    }
+
+    /// The rows of the oldest step sent and not yet received.
+    pub fn recv(&self, sent: Sent) -> Result<Array> {
+        let mut t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        let t0 = Instant::now();
+        let y = dist::recv(&sent.shape, sent.dtype, self.group.prev())?;
+        y.eval()
+            .map_err(|e| lost(&e.0))
+            .inspect_err(|_| mark_broken())?;
+        t.recv_seconds += t0.elapsed().as_secs_f64();
         Ok(y)
     }
 
@@ -143,7 +168,7 @@ impl Downstream {
         }
         let frame = self.control(Kind::Ping);
         self.exchange(&frame, None)
-            .and_then(|_| {
+            .and_then(|()| {
                 let pong = dist::recv(&[1], Dtype::Uint32, self.group.prev())?;
                 pong.eval().map_err(|e| lost(&e.0))
             })
@@ -157,7 +182,7 @@ impl Downstream {
             return Ok(());
         }
         let frame = self.control(Kind::Stop);
-        self.exchange(&frame, None).map(|_| ())
+        self.exchange(&frame, None)
     }
 
     fn control(&self, kind: Kind) -> Frame {
@@ -170,20 +195,18 @@ impl Downstream {
         }
     }
 
-    /// Sends `frame` (and `x`) to the next rank; for a step, the rows
-    /// that come back from the last rank (lazy).
-    fn exchange(&self, frame: &Frame, x: Option<&Array>) -> Result<Option<Array>> {
+    /// Sends `frame` (and a step's rows `x`) to the next rank.
+    fn exchange(&self, frame: &Frame, x: Option<&Array>) -> Result<()> {
         let (header, words) = frame.encode()?;
         let next = self.group.next();
         let send =
             |a: &Array| -> Result<()> { dist::send(a, next)?.eval().map_err(|e| lost(&e.0)) };
         send(&Array::from_u32(&header, &[HEADER])?)?;
         send(&Array::from_u32(&words, &[words.len() as i32])?)?;
-        let Some(x) = x else {
-            return Ok(None);
-        };
-        send(x)?;
-        Ok(Some(dist::recv(&x.shape(), x.dtype(), self.group.prev())?))
+        if let Some(x) = x {
+            send(x)?;
+        }
+        Ok(())
     }
 }
 
