@@ -65,7 +65,7 @@ def wait_ready(url: str, procs: list[subprocess.Popen], logs: list[Path]) -> Non
     sys.exit("no server came up")
 
 
-def start(model: str, ranks: int, tmp: Path) -> tuple[str, list[subprocess.Popen], list[Path]]:
+def start(model: str, ranks: int, tmp: Path, halves: bool = True) -> tuple[str, list[subprocess.Popen], list[Path]]:
     port = free_port()
     args = [str(BIN), "serve", "--model", model, "--port", str(port), "--policy-dir", str(tmp / "pol")]
     env = dict(os.environ)
@@ -78,7 +78,8 @@ def start(model: str, ranks: int, tmp: Path) -> tuple[str, list[subprocess.Popen
         hosts = tmp / "hosts.json"
         hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(ranks)]))
         for r in reversed(range(ranks)):
-            e = dict(env, SPECD_THREADS="1", MLX_RANK=str(r), MLX_HOSTFILE=str(hosts))
+            e = dict(env, SPECD_THREADS="1", MLX_RANK=str(r), MLX_HOSTFILE=str(hosts),
+                     SPECD_RANK_MICRO_BATCHES="1" if halves else "0")
             log = tmp / f"rank{r}.log"
             logs.insert(0, log)
             procs.insert(0, subprocess.Popen(args, env=e, stdout=subprocess.DEVNULL, stderr=open(log, "w")))
@@ -133,6 +134,10 @@ def ring_times(logs: list[Path]) -> dict:
             "transfer_ms": ms(send + r1_recv + r1_send)}
 
 
+CONFIGS = [("1 rank x 2 threads", 1, True), ("2 ranks x 1 thread", 2, True),
+           ("2 ranks, no micro-batches", 2, False)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2:135m,gemma3:270m")
@@ -142,34 +147,36 @@ def main() -> None:
     a = ap.parse_args()
     rows = []
     for model in a.models.split(","):
-        res: dict[int, dict] = {1: {"one": [], "many": [], "rss": []}, 2: {"one": [], "many": [], "rss": []}}
+        res = {c[0]: {"one": [], "many": [], "rss": []} for c in CONFIGS}
         ring = {}
         for rep in range(a.repeats):
-            for ranks in (1, 2):
+            for name, ranks, halves in CONFIGS:
                 with tempfile.TemporaryDirectory() as d:
                     tmp = Path(d)
-                    url, procs, logs = start(model, ranks, tmp)
+                    url, procs, logs = start(model, ranks, tmp, halves)
                     load(url, model, 1, 16)  # warm-up
-                    res[ranks]["one"].append(load(url, model, 1, a.max_tokens))
-                    res[ranks]["many"].append(load(url, model, a.streams, a.max_tokens))
-                    res[ranks]["rss"].append([rss_mib(p.pid) for p in procs])
+                    r = res[name]
+                    r["one"].append(load(url, model, 1, a.max_tokens))
+                    r["many"].append(load(url, model, a.streams, a.max_tokens))
+                    r["rss"].append([rss_mib(p.pid) for p in procs])
                     stop(procs)
-                    if ranks == 2:
+                    if ranks == 2 and halves:
                         ring = ring_times(logs)
-                print(f"{model} rep {rep} ranks {ranks}: 1 stream {res[ranks]['one'][-1]:.1f} tok/s, "
-                      f"{a.streams} streams {res[ranks]['many'][-1]:.1f} tok/s, RSS MiB {res[ranks]['rss'][-1]}",
-                      flush=True)
-        best = lambda ranks, k: max(res[ranks][k])  # noqa: E731
-        rows.append((model, best(1, "one"), best(2, "one"), best(1, "many"), best(2, "many"),
-                     res[1]["rss"][-1], res[2]["rss"][-1], ring))
+                print(f"{model} rep {rep} {name}: 1 stream {r['one'][-1]:.1f} tok/s, "
+                      f"{a.streams} streams {r['many'][-1]:.1f} tok/s, RSS MiB {r['rss'][-1]}", flush=True)
+        rows.append((model, res, ring))
     print()
-    print(f"| model | 1 stream: 1 rank x 2 threads | 2 ranks x 1 thread | ratio | {a.streams} streams: 1 rank | 2 ranks | ratio | RSS MiB 1 rank | RSS MiB rank 0, rank 1 |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for model, o1, o2, m1, m2, rss1, rss2, _ in rows:
-        print(f"| {model} | {o1:.1f} | {o2:.1f} | {o2 / o1:.2f}x | {m1:.1f} | {m2:.1f} | {m2 / m1:.2f}x | "
-              f"{rss1[0]:.0f} | {rss2[0]:.0f}, {rss2[1]:.0f} |")
+    print(f"| model | run | 1 stream tok/s | vs 1 rank | {a.streams} streams tok/s | vs 1 rank | RSS MiB |")
+    print("|---|---|---|---|---|---|---|")
+    for model, res, _ in rows:
+        base = res[CONFIGS[0][0]]
+        for name, *_ in CONFIGS:
+            r = res[name]
+            one, many = max(r["one"]), max(r["many"])
+            print(f"| {model} | {name} | {one:.1f} | {one / max(base['one']):.2f}x | {many:.1f} | "
+                  f"{many / max(base['many']):.2f}x | {', '.join(f'{x:.0f}' for x in r['rss'][-1])} |")
     print()
-    for model, *_, ring in rows:
+    for model, _, ring in rows:
         print(f"{model}: ring per frame (last 2-rank run, both loads): " + ", ".join(
             f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in ring.items()))
 

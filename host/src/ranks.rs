@@ -168,6 +168,9 @@ pub fn attach(model: &mut Llama, j: &Joined) {
             per_layer,
         ))
     });
+    // Off only to measure what micro-batches give (bench_ranks.py).
+    let halves = std::env::var("SPECD_RANK_MICRO_BATCHES").as_deref() != Ok("0");
+    d.micro_batches.store(halves, Ordering::Relaxed);
     model.downstream = Some(d.clone());
     report(model, j);
 }

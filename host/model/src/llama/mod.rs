@@ -772,8 +772,10 @@ impl Llama {
     /// alone. Returns the logits of the rows asked for, in sequence order,
     /// and which of them are each sequence's.
     pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<BatchLogits> {
-        if let Some(d) = self.downstream.as_ref().filter(|_| seqs.len() > 1) {
-            return self.forward_batch_halves(d, seqs);
+        if let Some(d) = &self.downstream {
+            if seqs.len() > 1 && d.micro_batches.load(std::sync::atomic::Ordering::Relaxed) {
+                return self.forward_batch_halves(d, seqs);
+            }
         }
         let (ids, spans) = self.batch_ids(seqs)?;
         let x = self.layers_batch(self.embedded(&ids)?, seqs, &spans)?;

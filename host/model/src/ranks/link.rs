@@ -40,6 +40,8 @@ pub struct Downstream {
     token_bytes: AtomicUsize,
     /// Set once the other ranks were told to exit: nothing more is sent.
     stopped: AtomicBool,
+    /// Whether a batched step goes as two micro-batches (the default).
+    pub micro_batches: AtomicBool,
     /// Held while a frame is in flight: one frame at a time on the ring.
     timings: Mutex<Timings>,
 }
@@ -56,6 +58,7 @@ impl Downstream {
             windows,
             token_bytes: AtomicUsize::new(token_bytes),
             stopped: AtomicBool::new(false),
+            micro_batches: AtomicBool::new(true),
             timings: Mutex::new(Timings::default()),
         }
     }
