@@ -32,8 +32,8 @@ pub struct Globals {
     /// How quantized weights run: `quantized` (kept as they are, specd's
     /// batch-invariant CPU kernels; the default), `int8` (the same, with
     /// activations quantized to 8 bits per 32 values: faster, logits move by
-    /// about 1%) or `f32` (dequantized at load, MLX's matmul). Same as
-    /// SPECD_WEIGHTS.
+    /// 10-20% on small models, see docs/benchmarks.md) or `f32` (dequantized
+    /// at load, MLX's matmul). Same as SPECD_WEIGHTS.
     #[arg(long, global = true, value_parser = parse_weights)]
     weights: Option<crate::model::WeightMode>,
     /// Whose kernels run the forward: `specd` (its batch-invariant CPU
