@@ -117,9 +117,9 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 def ring_times(logs: list[Path]) -> dict:
     text0, text1 = logs[0].read_text(), logs[1].read_text()
-    m0 = re.search(r"rank 0: (\d+) steps through the ring: its layers ([\d.]+) s, sending ([\d.]+) s, "
+    m0 = re.search(r"rank 0: (\d+) frames through the ring: its layers ([\d.]+) s, sending ([\d.]+) s, "
                    r"waiting for the rows back ([\d.]+) s", text0)
-    m1 = re.search(r"rank 1: stopped after (\d+) steps: waiting ([\d.]+) s, receiving rows ([\d.]+) s, "
+    m1 = re.search(r"rank 1: stopped after (\d+) frames: waiting ([\d.]+) s, receiving rows ([\d.]+) s, "
                    r"its layers ([\d.]+) s, sending ([\d.]+) s", text1)
     if not (m0 and m1):
         return {}
@@ -127,7 +127,7 @@ def ring_times(logs: list[Path]) -> dict:
     local, send, back = map(float, m0.groups()[1:])
     r1_recv, r1_layers, r1_send = float(m1.group(3)), float(m1.group(4)), float(m1.group(5))
     ms = lambda s: 1000 * s / max(steps, 1)  # noqa: E731
-    return {"steps": steps, "rank0_layers_ms": ms(local), "rank0_send_ms": ms(send),
+    return {"frames": steps, "rank0_layers_ms": ms(local), "rank0_send_ms": ms(send),
             "rank0_wait_ms": ms(back), "rank1_layers_ms": ms(r1_layers),
             "rank1_recv_ms": ms(r1_recv), "rank1_send_ms": ms(r1_send),
             # The sends and receives proper (rows ready on both sides).

@@ -205,11 +205,20 @@ pub fn run_stage(path: &Path, load: &Load, j: &Joined) -> Result<()> {
     model.kv_half = load.switches.kv_f16;
     specd_mlx::memory::clear_cache();
     report(&model, j);
+    // A launcher passes Ctrl-C / SIGTERM to every rank: this one ends when
+    // rank 0 tells it to (after rank 0's drain), or when rank 0 is gone,
+    // so a draining rank 0 can still finish what runs.
+    // SAFETY: setting a signal's disposition to ignore, before any thread
+    // of ours waits on signals.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
     let t = stage::serve(&model, j.group).with_context(|| format!("rank {}", j.group.rank))?;
     eprintln!(
-        "rank {}: stopped after {} steps: waiting {:.3} s, receiving rows {:.3} s, its layers {:.3} s, sending {:.3} s; {} rotating-cache restores",
+        "rank {}: stopped after {} frames: waiting {:.3} s, receiving rows {:.3} s, its layers {:.3} s, sending {:.3} s; {} rotating-cache restores",
         j.group.rank,
-        t.steps,
+        t.frames,
         t.wait_seconds,
         t.recv_seconds,
         t.compute_seconds,
@@ -229,8 +238,8 @@ pub fn finish() {
     }
     let t = d.timings();
     eprintln!(
-        "rank 0: {} steps through the ring: its layers {:.3} s, sending {:.3} s, waiting for the rows back {:.3} s",
-        t.steps, t.local_seconds, t.send_seconds, t.recv_seconds
+        "rank 0: {} frames through the ring: its layers {:.3} s, sending {:.3} s, waiting for the rows back {:.3} s",
+        t.frames, t.local_seconds, t.send_seconds, t.recv_seconds
     );
     if let Err(e) = d.stop() {
         eprintln!("warning: telling the other ranks to stop: {e:#}");

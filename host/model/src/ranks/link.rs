@@ -14,7 +14,8 @@ use std::time::Instant;
 /// Where rank 0's time in the ring went, summed over its frames.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Timings {
-    pub steps: u64,
+    /// Frames sent with rows (a batched step is two: its micro-batches).
+    pub frames: u64,
     /// Evaluating rank 0's own layers (before the rows can go).
     pub local_seconds: f64,
     /// Sending the header, the description and the rows.
@@ -42,7 +43,8 @@ pub struct Downstream {
     stopped: AtomicBool,
     /// Whether a batched step goes as two micro-batches (the default).
     pub micro_batches: AtomicBool,
-    /// Held while a frame is in flight: one frame at a time on the ring.
+    /// Held while a frame is sent or received: one thread on the ring at a
+    /// time (frames come back in the order sent).
     timings: Mutex<Timings>,
 }
 
@@ -141,7 +143,7 @@ impl Downstream {
         };
         self.exchange(&frame, Some(x))
             .inspect_err(|_| mark_broken())?;
-        t.steps += 1;
+        t.frames += 1;
         t.local_seconds += (t1 - t0).as_secs_f64();
         t.send_seconds += t1.elapsed().as_secs_f64();
         Ok(Sent {

@@ -13,7 +13,8 @@ use std::time::Instant;
 /// Where a stage's time went.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StageTimings {
-    pub steps: u64,
+    /// Frames with rows this rank ran its layers over.
+    pub frames: u64,
     /// Waiting for a frame (idle, or the ranks before this one working).
     pub wait_seconds: f64,
     /// Receiving a step's rows once its header is here.
@@ -196,7 +197,7 @@ pub fn serve(model: &Llama, group: Group) -> Result<StageTimings> {
                 y.eval()?;
                 let t3 = Instant::now();
                 dist::send(&y, next)?.eval().map_err(io)?;
-                t.steps += 1;
+                t.frames += 1;
                 t.recv_seconds += (t2 - t1).as_secs_f64();
                 t.compute_seconds += (t3 - t2).as_secs_f64();
                 t.send_seconds += t3.elapsed().as_secs_f64();
