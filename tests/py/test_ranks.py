@@ -37,9 +37,9 @@ PROMPT = "Write a short story about a robot who learns to paint. Repeat the titl
 HELD = re.compile(r"rank (\d)/2: layers (\d+)\.\.(\d+) of (\d+), (\d+) weight bytes held")
 
 
-def hostfile(tmp: Path) -> Path:
+def hostfile(tmp: Path, ranks: int = 2) -> Path:
     f = tmp / "hosts.json"
-    f.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
+    f.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(ranks)]))
     return f
 
 
@@ -51,16 +51,18 @@ def start_rank(rank: int, hosts: Path, args: list[str], log: Path, **env: str) -
                             stdout=subprocess.PIPE if piped else subprocess.DEVNULL)
 
 
-def generate_ranks(tmp: Path, args: list[str]) -> tuple[str, str, str]:
-    """`specd generate ARGS` on 2 ranks: rank 0's stdout, both ranks' stderr."""
-    hosts = hostfile(tmp)
+def generate_ranks(tmp: Path, args: list[str], ranks: int = 2) -> tuple[str, ...]:
+    """`specd generate ARGS` on `ranks` ranks: rank 0's stdout, then each
+    rank's stderr."""
+    hosts = hostfile(tmp, ranks)
     cmd = ["generate", *args]
-    r1 = start_rank(1, hosts, cmd, tmp / "r1.log")
+    later = [start_rank(r, hosts, cmd, tmp / f"r{r}.log") for r in range(1, ranks)]
     r0 = start_rank(0, hosts, cmd, tmp / "r0.log")
     out, _ = r0.communicate(timeout=300)
-    assert r1.wait(timeout=30) == 0, (tmp / "r1.log").read_text()
+    for r, p in enumerate(later, 1):
+        assert p.wait(timeout=30) == 0, (tmp / f"r{r}.log").read_text()
     assert r0.returncode == 0, (tmp / "r0.log").read_text()
-    return out.decode(), (tmp / "r0.log").read_text(), (tmp / "r1.log").read_text()
+    return out.decode(), *((tmp / f"r{r}.log").read_text() for r in range(ranks))
 
 
 def generate_solo(args: list[str]) -> str:
@@ -102,6 +104,17 @@ def test_gemma_past_its_window_on_two_ranks(tmp_path, gemma_path):
     assert two == solo and len(solo) > 90
     restores = re.search(r"(\d+) rotating-cache restores", log1)
     assert restores and int(restores.group(1)) > 0, log1
+
+
+def test_three_ranks_equal_one(tmp_path):
+    # A middle rank forwards each frame's description and runs its layers.
+    args = ["--chat", "--max-tokens", "48", "--drafter", "suffix", PROMPT]
+    solo = generate_solo(args)
+    two, *logs = generate_ranks(tmp_path, args, ranks=3)
+    assert two == solo
+    for r, log in enumerate(logs):
+        assert f"rank {r}/3: layers" in log, log
+    assert re.search(r"rank 2: stopped after [1-9]\d* frames", logs[2]), logs[2]
 
 
 def test_each_rank_holds_its_share_of_the_weights(tmp_path):
