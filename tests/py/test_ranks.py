@@ -306,3 +306,10 @@ def test_killing_rank_one_mid_request_fails_it_and_ends_rank_zero(tmp_path):
     assert len(events) < 4000
     assert ranks.r0.returncode == 1 and exited < 10, (exited, ranks.logs[0].read_text())
     assert 503 in health and 200 not in health[health.index(503):], health
+
+
+def test_layers_outside_ranks_is_an_error():
+    for args in (["generate", "--layers", "14,16", "Hello"], ["bench", "decode", "--layers", "14,16"]):
+        p = subprocess.run([str(server_bin()), *args], capture_output=True, text=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("MLX_")})
+        assert p.returncode == 1 and "pipeline ranks" in p.stderr, (args, p.stderr)

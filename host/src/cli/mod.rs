@@ -108,6 +108,17 @@ impl Globals {
 
 pub use crate::engine::Load;
 
+impl Globals {
+    /// For commands that run in one process only (the tools): `--layers`
+    /// there is an error, not a flag quietly ignored.
+    pub fn one_process(&self) -> Result<()> {
+        if self.layers.is_some() {
+            anyhow::bail!("--layers splits a model across pipeline ranks: only `specd generate` and `specd serve` run as ranks");
+        }
+        Ok(())
+    }
+}
+
 fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
     match s {
         "on" => Ok(true),

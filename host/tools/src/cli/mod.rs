@@ -66,6 +66,7 @@ enum DrafterCmd {
 pub fn main() -> Result<()> {
     specd::cli::init_logging();
     let cli: Cli = specd::cli::parse_args()?;
+    cli.globals.one_process()?;
     let load = cli.globals.load()?;
     match cli.command {
         Command::Bench(b) => bench::run(b, load),
