@@ -7,7 +7,7 @@
 //! forward (the binary's version, the model's sha256, the weights and
 //! kernels, the split) and refuse to run apart.
 use crate::engine::Load;
-use crate::model::ranks::{stage, Downstream, Group, Split};
+use crate::model::ranks::{stage, wire, Downstream, Group, Split};
 use crate::model::{load_model_part, Llama};
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::Path;
@@ -114,24 +114,16 @@ fn agree(group: Group, mine: &str) -> Result<()> {
     if bytes.len() > WORDS * 4 {
         bail!("a fingerprint of {} bytes", bytes.len());
     }
-    let mut words = vec![0u32; WORDS];
-    for (w, c) in words.iter_mut().zip(bytes.chunks(4)) {
-        let mut b = [0u8; 4];
-        b[..c.len()].copy_from_slice(c);
-        *w = u32::from_le_bytes(b);
-    }
+    // Fixed-size: an all-gather takes the same shape from every rank.
+    let mut words = wire::to_words(bytes);
+    words.resize(WORDS, 0);
     let all =
         specd_mlx::distributed::all_gather(&specd_mlx::Array::from_u32(&words, &[WORDS as i32])?)?;
     let all = all
         .to_vec_u32()
         .map_err(|e| anyhow!("comparing the ranks' settings: a rank was lost ({e})"))?;
-    let text = |r: usize| -> String {
-        let b: Vec<u8> = all[r * WORDS..(r + 1) * WORDS]
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .take_while(|&b| b != 0)
-            .collect();
-        String::from_utf8_lossy(&b).into_owned()
+    let text = |r: usize| {
+        String::from_utf8_lossy(&wire::from_words(&all[r * WORDS..(r + 1) * WORDS])).into_owned()
     };
     for r in 0..group.size {
         let theirs = text(r);

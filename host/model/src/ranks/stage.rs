@@ -172,9 +172,9 @@ pub fn serve(model: &Llama, group: Group) -> Result<StageTimings> {
             dist::send(&h, next)?.eval().map_err(io)?;
             dist::send(&w, next)?.eval().map_err(io)?;
         }
-        let frame = Frame::decode(&w.to_vec_u32()?)?;
+        let mut frame = Frame::decode(&w.to_vec_u32()?)?;
         debug_assert_eq!(frame.kind as u32, kind);
-        for op in frame.ops.clone() {
+        for op in std::mem::take(&mut frame.ops) {
             caches.apply(model, op)?;
         }
         let t1 = Instant::now();

@@ -83,13 +83,7 @@ impl Frame {
 
     /// The header and the description's words.
     pub fn encode(&self) -> Result<([u32; HEADER as usize], Vec<u32>)> {
-        let bytes = serde_json::to_vec(self)?;
-        let mut words = vec![0u32; bytes.len().div_ceil(4)];
-        for (w, c) in words.iter_mut().zip(bytes.chunks(4)) {
-            let mut b = [0u8; 4];
-            b[..c.len()].copy_from_slice(c);
-            *w = u32::from_le_bytes(b);
-        }
+        let words = to_words(&serde_json::to_vec(self)?);
         Ok((
             [self.kind as u32, words.len() as u32, self.rows() as u32],
             words,
@@ -97,13 +91,32 @@ impl Frame {
     }
 
     pub fn decode(words: &[u32]) -> Result<Frame> {
-        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        while bytes.last() == Some(&0) {
-            bytes.pop();
-        }
+        let bytes = from_words(words);
         let f: Frame = serde_json::from_slice(&bytes).context("a frame from the previous rank")?;
         Ok(f)
     }
+}
+
+/// Bytes as little-endian u32 words (what an MLX array carries), the
+/// last one padded with zeros.
+pub fn to_words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks(4)
+        .map(|c| {
+            let mut b = [0u8; 4];
+            b[..c.len()].copy_from_slice(c);
+            u32::from_le_bytes(b)
+        })
+        .collect()
+}
+
+/// The bytes of [`to_words`] back, without the padding (text: no NULs).
+pub fn from_words(words: &[u32]) -> Vec<u8> {
+    let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    while bytes.last() == Some(&0) {
+        bytes.pop();
+    }
+    bytes
 }
 
 /// The header's `(kind, words, rows)`, checked.
