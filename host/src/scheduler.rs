@@ -391,7 +391,7 @@ impl<'e> Scheduler<'e> {
             // Dropping the target frees its KV.
             a.target = LlamaTarget::new(self.engine.model.clone());
             if a.seq.wants_hidden() {
-                a.target.keep_hidden();
+                a.target.keep_hidden(&a.seq.hidden_taps());
             }
             self.waiting.push_front(Waiting::Preempted(a));
             n += 1;

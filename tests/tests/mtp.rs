@@ -110,7 +110,7 @@ fn kept_hidden_rows_are_the_forwards_rows_rolled_back_with_the_caches() {
     };
     // Prefill, a 4-row verify that keeps 2, then a batched step of 3 rows.
     let mut t = LlamaTarget::new(e.model.clone());
-    t.keep_hidden();
+    t.keep_hidden(&[]);
     t.prefill(&ids[..n - 8]).unwrap();
     t.forward(&ids[n - 8..n - 4], true).unwrap();
     t.rewind(n - 6).unwrap();

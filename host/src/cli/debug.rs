@@ -285,9 +285,14 @@ fn mtp_rows(a: MtpArgs, load: Load) -> Result<()> {
     }
     let m = &engine.model;
     let mut caches = m.new_caches();
-    let h = m.hidden(&ids[..ids.len() - 1], &mut caches, m.layer_count())?;
+    let (_, features) = m.hidden_and_features(
+        &ids[..ids.len() - 1],
+        &mut caches,
+        m.layer_count(),
+        head.taps(),
+    )?;
     let mut head_caches = head.new_caches();
-    let rows = head.forward(&ids[1..], &h, &mut head_caches, Logits::All)?;
+    let rows = head.forward(&ids[1..], &features, &mut head_caches, Logits::All)?;
     let best = specd_mlx::ops::argmax(&rows.logits, -1, false)?.as_type(specd_mlx::Dtype::Int32)?;
     let logits = rows.logits.as_type(specd_mlx::Dtype::Float32)?;
     specd_mlx::eval(&[&best, &logits])?;

@@ -95,8 +95,8 @@ impl<'a> Sequence<'a> {
             (Some(hook), Some((req, _))) => Some(PromptLogprobs::new(prompt, *req, hook.clone())),
         };
         target.rewind(cached)?;
-        if spec.as_ref().is_some_and(|s| s.drafter.wants_hidden()) {
-            target.keep_hidden();
+        if let Some(s) = spec.as_ref().filter(|s| s.drafter.wants_hidden()) {
+            target.keep_hidden(&s.drafter.hidden_taps());
         }
         let mut state = SpecState::new(spec);
         state.constraint = settings.constraint.clone();
@@ -274,6 +274,11 @@ impl<'a> Sequence<'a> {
     /// must keep them, a fresh one after a preemption too).
     pub fn wants_hidden(&self) -> bool {
         self.state.wants_hidden()
+    }
+
+    /// The layer boundaries its drafter reads ([`Self::wants_hidden`]).
+    pub fn hidden_taps(&self) -> Vec<usize> {
+        self.state.hidden_taps()
     }
 
     pub fn can_overlap(&self) -> bool {

@@ -59,6 +59,12 @@ pub trait Drafter: Send {
     fn wants_hidden(&self) -> bool {
         false
     }
+    /// The target's layer boundaries whose rows it reads, where it wants
+    /// hidden rows ([`crate::model::llama::Taps`]; empty: the last layer's
+    /// output).
+    fn hidden_taps(&self) -> Vec<usize> {
+        Vec::new()
+    }
     /// The target's last-layer rows of positions it forwarded since the
     /// last call (`log`: the committed tokens, the last not yet forwarded).
     fn observe_hidden(&mut self, _log: &[u32], _hidden: HiddenRows) -> Result<()> {

@@ -167,6 +167,12 @@ impl SpecState {
         self.spec.as_ref().is_some_and(|s| s.drafter.wants_hidden())
     }
 
+    pub fn hidden_taps(&self) -> Vec<usize> {
+        self.spec
+            .as_ref()
+            .map_or(Vec::new(), |s| s.drafter.hidden_taps())
+    }
+
     pub fn is_plain(&self) -> bool {
         self.spec.is_none()
     }

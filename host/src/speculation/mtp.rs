@@ -204,6 +204,10 @@ impl Drafter for MtpDrafter {
         true
     }
 
+    fn hidden_taps(&self) -> Vec<usize> {
+        self.head.taps().to_vec()
+    }
+
     fn observe_hidden(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {
         // Row i reads f_i and x_{i+1}: the rows must end where the log's
         // last token is (the target holds all but it).
@@ -286,6 +290,10 @@ impl Drafter for SuffixThenMtp {
 
     fn wants_hidden(&self) -> bool {
         true
+    }
+
+    fn hidden_taps(&self) -> Vec<usize> {
+        self.mtp.hidden_taps()
     }
 
     fn observe_hidden(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {

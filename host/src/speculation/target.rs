@@ -4,7 +4,7 @@
 use super::rows::{RowArgmax, VerifyRows};
 use super::stats::ForwardTimes;
 use crate::cache::{LayerCache, Snapshot};
-use crate::model::llama::BatchRows;
+use crate::model::llama::{BatchRows, Taps};
 use crate::model::{no_probe, Llama, Logits};
 use crate::sampling::argmax_margin;
 use anyhow::{Context, Result};
@@ -54,10 +54,11 @@ pub trait Target: Send {
     /// Asks the next forward to snapshot these offsets (the points a
     /// speculative round may roll back to).
     fn prepare_snapshots(&mut self, _offsets: &[usize]) {}
-    /// From now on, keep the last layer's output rows of every forward
-    /// (what an MTP drafter drafts from), until [`Target::take_hidden`]
-    /// takes them; rolled back with the caches.
-    fn keep_hidden(&mut self) {}
+    /// From now on, keep the feature rows of every forward (what an MTP
+    /// drafter drafts from: the last layer's output, or where `taps` names
+    /// layer boundaries, their rows side by side), until
+    /// [`Target::take_hidden`] takes them; rolled back with the caches.
+    fn keep_hidden(&mut self, _taps: &[usize]) {}
     /// The rows kept since the last take, if any.
     fn take_hidden(&mut self) -> Option<HiddenRows> {
         None
@@ -82,9 +83,9 @@ pub trait Target: Send {
     }
 }
 
-/// The last layer's output (before the final norm) at consecutive
-/// positions of a sequence: `rows` `[1, n, hidden]` for positions
-/// `start..start + n`.
+/// The feature rows a draft head reads (the last layer's output before the
+/// final norm, or tapped boundaries side by side) at consecutive positions
+/// of a sequence: `rows` `[1, n, width]` for positions `start..start + n`.
 pub struct HiddenRows {
     pub start: usize,
     pub rows: Array,
@@ -118,6 +119,8 @@ pub struct LlamaTarget {
     times: ForwardTimes,
     /// Whether forwards keep their hidden rows ([`Target::keep_hidden`]).
     keeps_hidden: bool,
+    /// The boundaries whose rows are kept (empty: the last layer's output).
+    taps: Vec<usize>,
     hidden: Option<HiddenRows>,
 }
 
@@ -137,6 +140,7 @@ impl LlamaTarget {
             snapshots: Vec::new(),
             times: ForwardTimes::default(),
             keeps_hidden: false,
+            taps: Vec::new(),
             hidden: None,
         }
     }
@@ -150,6 +154,7 @@ impl LlamaTarget {
             snapshots: Vec::new(),
             times: ForwardTimes::default(),
             keeps_hidden: false,
+            taps: Vec::new(),
             hidden: None,
         }
     }
@@ -173,6 +178,19 @@ impl LlamaTarget {
             },
         });
         Ok(())
+    }
+
+    /// The layers' output over `tokens` (at `start`), its feature rows kept
+    /// where asked.
+    fn hidden_kept(&mut self, start: usize, tokens: &[u32]) -> Result<Array> {
+        if !self.keeps_hidden {
+            return Ok(self.model.hidden(tokens, &mut self.caches, self.n_layers)?);
+        }
+        let (h, features) =
+            self.model
+                .hidden_and_features(tokens, &mut self.caches, self.n_layers, &self.taps)?;
+        self.record_hidden(start, &features)?;
+        Ok(h)
     }
 
     /// Drops the kept rows at positions `offset` and after.
@@ -269,8 +287,7 @@ impl LlamaTarget {
     fn build(&mut self, tokens: &[u32], which: Logits) -> Result<(Array, Instant)> {
         let t = Instant::now();
         let start = self.offset();
-        let h = self.model.hidden(tokens, &mut self.caches, self.n_layers)?;
-        self.record_hidden(start, &h)?;
+        let h = self.hidden_kept(start, tokens)?;
         let logits = self.model.head(&h, which)?;
         self.collect_snapshots();
         Ok((logits, t))
@@ -364,8 +381,7 @@ impl Target for LlamaTarget {
         }
         // Caches are all we need: skip the head.
         let start = self.offset();
-        let h = self.model.hidden(tokens, &mut self.caches, self.n_layers)?;
-        self.record_hidden(start, &h)?;
+        self.hidden_kept(start, tokens)?;
         self.collect_snapshots();
         self.eval_caches()
     }
@@ -408,8 +424,9 @@ impl Target for LlamaTarget {
         Some(self.run_greedy_overlapped(pending, max, each))
     }
 
-    fn keep_hidden(&mut self) {
+    fn keep_hidden(&mut self, taps: &[usize]) {
         self.keeps_hidden = true;
+        self.taps = taps.to_vec();
     }
 
     fn take_hidden(&mut self) -> Option<HiddenRows> {
@@ -529,6 +546,16 @@ pub fn forward_batch_verify(
             Some((p.target.offset(), here))
         })
         .collect();
+    // Every boundary a part's head reads, each tapped once for the step.
+    let mut taps: Vec<usize> = Vec::new();
+    for p in parts.iter().filter(|p| p.target.keeps_hidden) {
+        for b in &p.target.taps {
+            if !taps.contains(b) {
+                taps.push(*b);
+            }
+        }
+    }
+    let mut kept = Taps::at(&taps);
     let batch = {
         let mut rows: Vec<BatchRows<'_>> = parts
             .iter_mut()
@@ -538,12 +565,24 @@ pub fn forward_batch_verify(
                 logits: p.logits,
             })
             .collect();
-        model.forward_batch(&mut rows)?
+        model.forward_batch_tapped(&mut rows, &mut kept)?
     };
+    let tapped = kept.take()?;
     for (p, &(start, at)) in parts.iter_mut().zip(&starts) {
         if p.target.keeps_hidden {
-            let (n, d) = (p.tokens.len() as i32, batch.hidden.dim(2));
-            let h = batch.hidden.slice(&[0, at, 0], &[1, at + n, d])?;
+            // Its features: the last layer's rows, or its taps side by side.
+            let n = p.tokens.len() as i32;
+            let of = |a: &Array| a.slice(&[0, at, 0], &[1, at + n, a.dim(2)]);
+            let h = match p.target.taps.as_slice() {
+                [] => of(&batch.hidden)?,
+                want => {
+                    let cols = want
+                        .iter()
+                        .map(|b| of(&tapped[taps.iter().position(|x| x == b).expect("a union")]))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    ops::concatenate(&cols.iter().collect::<Vec<_>>(), 2)?
+                }
+            };
             p.target.record_hidden(start, &h)?;
         }
     }

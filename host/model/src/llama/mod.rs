@@ -64,6 +64,62 @@ pub fn no_probe(_: &'static str, _: &[&Array]) -> Result<()> {
     Ok(())
 }
 
+/// Rows of the residual stream a forward keeps besides its output, at
+/// layer boundaries: boundary k holds the rows after the first k layers
+/// (0: the embedding; the layer count: the last layer's output, before the
+/// final norm). EAGLE-3 heads read three of them, as vLLM numbers them
+/// (`eagle_aux_hidden_state_layer_ids`, `_maybe_add_hidden_state` in its
+/// llama.py).
+#[derive(Default)]
+pub struct Taps {
+    at: Vec<usize>,
+    rows: Vec<Option<Array>>,
+}
+
+impl Taps {
+    pub fn at(boundaries: &[usize]) -> Taps {
+        Taps {
+            at: boundaries.to_vec(),
+            rows: vec![None; boundaries.len()],
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
+    /// `x`, the rows at boundary `k`, kept where asked for.
+    fn offer(&mut self, k: usize, x: &Array) {
+        for (b, r) in self.at.iter().zip(&mut self.rows) {
+            if *b == k {
+                *r = Some(x.clone());
+            }
+        }
+    }
+
+    /// The rows kept, concatenated in the order asked for.
+    pub fn features(&mut self) -> Result<Array> {
+        let rows = self.take()?;
+        ops::concatenate(&rows.iter().collect::<Vec<_>>(), 2)
+    }
+
+    /// The rows kept, in the order the boundaries were asked for.
+    pub fn take(&mut self) -> Result<Vec<Array>> {
+        let rows = std::mem::take(&mut self.rows);
+        self.at
+            .iter()
+            .zip(rows)
+            .map(|(b, r)| {
+                r.ok_or_else(|| {
+                    specd_mlx::Exception(format!(
+                        "no rows at layer boundary {b} (past this process's layers)"
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
 /// Which positions' logits a forward returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -238,6 +294,32 @@ impl Llama {
         self.hidden_ids(&ids, caches, n_layers, probe)
     }
 
+    /// [`Llama::hidden`], and the rows at the boundaries `taps` names
+    /// concatenated in that order (`[1, T, taps * hidden]`; the hidden
+    /// rows themselves where `taps` is empty): what a draft head reads.
+    pub fn hidden_and_features(
+        &self,
+        tokens: &[u32],
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        taps: &[usize],
+    ) -> Result<(Array, Array)> {
+        if taps.is_empty() {
+            let h = self.hidden(tokens, caches, n_layers)?;
+            return Ok((h.clone(), h));
+        }
+        let ids = Array::from_u32(tokens, &[tokens.len() as i32])?;
+        let mut kept = Taps::at(taps);
+        let h = self.layers_tapped(
+            self.embedded(&ids)?,
+            caches,
+            n_layers,
+            &mut no_probe,
+            &mut kept,
+        )?;
+        Ok((h, kept.features()?))
+    }
+
     /// [`Llama::hidden_probed`] from token ids `[T]` (uint32) on the device,
     /// e.g. an argmax not yet computed.
     pub fn hidden_ids(
@@ -256,16 +338,30 @@ impl Llama {
     /// (an embedding, or what a draft head feeds its layer).
     pub fn layers_from(
         &self,
+        x: Array,
+        caches: &mut [Box<dyn LayerCache>],
+        n_layers: usize,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        self.layers_tapped(x, caches, n_layers, probe, &mut Taps::default())
+    }
+
+    /// [`Llama::layers_from`], keeping the rows at the boundaries `taps`
+    /// asks for.
+    pub fn layers_tapped(
+        &self,
         mut x: Array,
         caches: &mut [Box<dyn LayerCache>],
         n_layers: usize,
         probe: &mut Probe<'_>,
+        taps: &mut Taps,
     ) -> Result<Array> {
         assert!(caches.len() >= n_layers, "one cache per layer");
         let t = x.dim(1);
         let here = n_layers.min(self.local_end()) - self.first_layer;
         for (j, layer) in self.layers[..here].iter().enumerate() {
             let i = self.first_layer + j;
+            taps.offer(i, &x);
             let cache = &mut caches[i];
             x = match &layer.kind {
                 LayerKind::Gemma3(p) => {
@@ -274,6 +370,7 @@ impl Llama {
                 LayerKind::Llama => self.layer(i, layer, &x, cache, probe)?,
             };
         }
+        taps.offer(self.first_layer + here, &x);
         if n_layers > self.local_end() {
             x = self.downstream(n_layers, &x, std::iter::once((caches, t)))?;
         }
@@ -487,7 +584,7 @@ impl Llama {
     }
 
     /// Query heads, key/value heads and the head size.
-    pub(super) fn head_counts(&self) -> (i32, i32, i32) {
+    pub(crate) fn head_counts(&self) -> (i32, i32, i32) {
         let c = &self.config;
         (
             c.num_attention_heads as i32,
@@ -719,7 +816,13 @@ impl Llama {
     }
 
     /// A layer after attention: `o` matmul + residual, then the MLP.
-    fn layer_rest(&self, l: &Layer, o: &Array, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
+    pub(crate) fn layer_rest(
+        &self,
+        l: &Layer,
+        o: &Array,
+        x: &Array,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
         if let Some(t) = self.tail(l) {
             let y = kernels::layer_tail(o, x, &t)?;
             probe("o matmul + MLP, one op", &[&y])?;
@@ -772,13 +875,28 @@ impl Llama {
     /// alone. Returns the logits of the rows asked for, in sequence order,
     /// and which of them are each sequence's.
     pub fn forward_batch(&self, seqs: &mut [BatchRows<'_>]) -> Result<BatchLogits> {
+        self.forward_batch_tapped(seqs, &mut Taps::default())
+    }
+
+    /// [`Llama::forward_batch`], keeping the rows at the boundaries `taps`
+    /// asks for (every row of the step).
+    pub fn forward_batch_tapped(
+        &self,
+        seqs: &mut [BatchRows<'_>],
+        taps: &mut Taps,
+    ) -> Result<BatchLogits> {
         if let Some(d) = &self.downstream {
             if seqs.len() > 1 && d.micro_batches.load(std::sync::atomic::Ordering::Relaxed) {
+                if !taps.is_empty() {
+                    return Err(specd_mlx::Exception(
+                        "layer taps across pipeline ranks".into(),
+                    ));
+                }
                 return self.forward_batch_halves(d, seqs);
             }
         }
         let (ids, spans) = self.batch_ids(seqs)?;
-        let x = self.layers_batch(self.embedded(&ids)?, seqs, &spans)?;
+        let x = self.layers_batch_tapped(self.embedded(&ids)?, seqs, &spans, taps)?;
         self.batch_head(x, seqs, &spans)
     }
 
@@ -820,7 +938,8 @@ impl Llama {
         let mut sent = Vec::with_capacity(2);
         for half in [&mut *a, &mut *b] {
             let (ids, spans) = self.batch_ids(half)?;
-            let x = self.local_layers_batch(self.embedded(&ids)?, half, &spans)?;
+            let x =
+                self.local_layers_batch(self.embedded(&ids)?, half, &spans, &mut Taps::default())?;
             let rows = half
                 .iter_mut()
                 .zip(&spans)
@@ -924,7 +1043,17 @@ impl Llama {
         seqs: &mut [BatchRows<'_>],
         spans: &[(i32, i32)],
     ) -> Result<Array> {
-        let mut x = self.local_layers_batch(x, seqs, spans)?;
+        self.layers_batch_tapped(x, seqs, spans, &mut Taps::default())
+    }
+
+    fn layers_batch_tapped(
+        &self,
+        x: Array,
+        seqs: &mut [BatchRows<'_>],
+        spans: &[(i32, i32)],
+        taps: &mut Taps,
+    ) -> Result<Array> {
+        let mut x = self.local_layers_batch(x, seqs, spans, taps)?;
         if self.downstream.is_some() {
             let n = self.layer_count();
             let rows = seqs
@@ -942,9 +1071,11 @@ impl Llama {
         mut x: Array,
         seqs: &mut [BatchRows<'_>],
         spans: &[(i32, i32)],
+        taps: &mut Taps,
     ) -> Result<Array> {
         for (j, layer) in self.layers.iter().enumerate() {
             let i = self.first_layer + j;
+            taps.offer(i, &x);
             x = match &layer.kind {
                 LayerKind::Gemma3(g) => {
                     let mut parts: Vec<_> = seqs
@@ -957,6 +1088,7 @@ impl Llama {
                 LayerKind::Llama => self.layer_batch(layer, &x, i, seqs, spans)?,
             };
         }
+        taps.offer(self.local_end(), &x);
         Ok(x)
     }
 

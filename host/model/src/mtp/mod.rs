@@ -22,6 +22,8 @@ use specd_mlx::{io, kernels, ops, Array, Dtype};
 use std::collections::HashMap;
 use std::path::Path;
 
+pub mod eagle3;
+
 /// `config.json` of a head: the shape it was trained for.
 #[derive(Debug, Clone, Deserialize)]
 pub struct MtpConfig {
@@ -42,14 +44,28 @@ pub struct MtpConfig {
 pub struct MtpHead {
     pub config: MtpConfig,
     /// The decoder layer, final norm and draft vocabulary head as a
-    /// one-layer model (its `embed` is the target's).
+    /// one-layer model (its `embed` is the target's, unless the head
+    /// brings its own).
     pub body: Llama,
+    /// Target token id of each draft id (`None`: the whole vocabulary).
+    pub draft_ids: Option<Vec<u32>>,
+    /// How a row's token and feature become the layer's input.
+    pub input: HeadInput,
+}
+
+pub enum HeadInput {
+    /// specd's heads and MiMo's layer: one projection over the normed
+    /// embedding and feature, then the layer as the target's.
+    Projected(Projected),
+    /// An EAGLE-3 head ([`eagle3`]).
+    Eagle3(eagle3::Eagle3),
+}
+
+pub struct Projected {
     pub enorm: Array,
     pub hnorm: Array,
     /// `[hidden, 2 * hidden]` over `[enorm(e); hnorm(f)]`.
     pub proj: Linear,
-    /// Target token id of each draft id (`None`: the whole vocabulary).
-    pub draft_ids: Option<Vec<u32>>,
     /// The projection reads `[hnorm(f); enorm(e)]` (MiMo's order).
     pub hidden_first: bool,
     /// The target's final norm, applied to its features first (a head
@@ -100,10 +116,17 @@ impl MtpHead {
         let raw: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("in {}", cfg_path.display()))?;
         if raw.get("format").is_none() {
-            let arch = raw["architectures"][0].as_str().unwrap_or("");
-            if arch.to_lowercase().contains("eagle") || raw.get("eagle_config").is_some() {
+            let arch = raw["architectures"][0]
+                .as_str()
+                .unwrap_or("")
+                .to_lowercase();
+            if arch.contains("eagle3") || raw.get("eagle_config").is_some() {
+                return eagle3::load(dir, &text, &raw, target)
+                    .with_context(|| format!("the EAGLE-3 head in {}", dir.display()));
+            }
+            if arch.contains("eagle") {
                 bail!(
-                    "{} is an EAGLE head ({arch}): specd loads its own heads (\"specd-mtp\") and the MTP layers inside MiMo checkpoints, not EAGLE-3 heads yet",
+                    "{} is an EAGLE-1/2 head ({arch}): specd loads its own heads (\"specd-mtp\"), EAGLE-3 heads and the MTP layers inside MiMo checkpoints",
                     dir.display()
                 );
             }
@@ -249,127 +272,53 @@ impl MtpHead {
             "MTP heads are built for llama-family targets (this model is {:?})",
             t.arch
         );
-        let file = &parts.file;
-        let get = |name: &str| -> Result<Array> {
-            let a = (parts.tensors.get(name))
-                .with_context(|| format!("{file} has no tensor {name}"))?;
-            Ok(a.as_type(Dtype::Float32)?)
+        let tensors = Tensors::new(parts.tensors, parts.file, target);
+        let h = t.hidden_size;
+        let shape = LayerShape {
+            prefix: parts.layer,
+            hidden: h,
+            qkv_in: h,
+            ffn: config.intermediate_size,
+            qkv_bias: parts.qkv_bias,
         };
-        let quantize = target.own_kernels && !kernels::mlx_ops();
-        let linear = |name: &str, out: usize, inp: usize| -> Result<Linear> {
-            let w = get(name)?;
-            ensure!(
-                w.shape() == [out as i32, inp as i32],
-                "{name} in {file} is {:?}, not [{out}, {inp}]",
-                w.shape()
-            );
-            dense_or_q8(w, quantize)
-        };
-        let vector = |name: &str, n: usize| -> Result<Array> {
-            let v = get(name)?;
-            ensure!(
-                v.shape() == [n as i32],
-                "{name} in {file} is {:?}, not [{n}]",
-                v.shape()
-            );
-            Ok(v)
-        };
-        let (h, nh, nkv, hd, ff) = (
-            t.hidden_size,
-            t.num_attention_heads,
-            t.num_key_value_heads,
-            t.head_dim,
-            config.intermediate_size,
-        );
-        let l = &parts.layer;
-        let qkv_bias = match parts.qkv_bias {
-            false => None,
-            true => {
-                let b = |p: &str, n: usize| vector(&format!("{l}self_attn.{p}_proj.bias"), n);
-                Some(ops::concatenate(
-                    &[&b("q", nh * hd)?, &b("k", nkv * hd)?, &b("v", nkv * hd)?],
-                    0,
-                )?)
-            }
-        };
-        let layer = Layer {
-            attn_norm: vector(&format!("{l}input_layernorm.weight"), h)?,
-            q: linear(&format!("{l}self_attn.q_proj.weight"), nh * hd, h)?,
-            k: linear(&format!("{l}self_attn.k_proj.weight"), nkv * hd, h)?,
-            v: linear(&format!("{l}self_attn.v_proj.weight"), nkv * hd, h)?,
-            o: linear(&format!("{l}self_attn.o_proj.weight"), h, nh * hd)?,
-            ffn_norm: vector(&format!("{l}post_attention_layernorm.weight"), h)?,
-            gate: linear(&format!("{l}mlp.gate_proj.weight"), ff, h)?,
-            up: linear(&format!("{l}mlp.up_proj.weight"), ff, h)?,
-            down: linear(&format!("{l}mlp.down_proj.weight"), h, ff)?,
-            qkv: None,
-            gate_up: None,
-            qkv_bias,
-            o_bias: None,
-            q_norm: None,
-            k_norm: None,
-            kind: LayerKind::Llama,
-        };
-        if let Some(ids) = &draft_ids {
-            ensure!(
-                ids.len() == config.draft_vocab_size,
-                "draft_ids holds {} ids, config.json says {}",
-                ids.len(),
-                config.draft_vocab_size
-            );
-            if let Some(bad) = ids.iter().find(|&&i| i as usize >= t.vocab_size) {
-                bail!(
-                    "draft id {bad} is outside the model's vocabulary ({})",
-                    t.vocab_size
-                );
-            }
-        }
+        let layer = tensors.layer(&shape, t)?;
         // The draft vocabulary's head: the target's own rows for those ids.
         let target_head = target.lm_head.as_ref().unwrap_or(&target.embed);
         let lm_head = match &draft_ids {
             Some(ids) => {
+                check_draft_ids(ids, config.draft_vocab_size, t.vocab_size)?;
                 let idx = Array::from_u32(ids, &[ids.len() as i32])?;
-                Some(dense_or_q8(target_head.rows(&idx)?, quantize)?)
+                tensors.dense_or_q8(target_head.rows(&idx)?)?
             }
-            None => Some(target_head.clone()),
+            None => target_head.clone(),
         };
-        let mut body = Llama {
-            config: LlamaConfig {
-                num_hidden_layers: 1,
-                intermediate_size: ff,
-                vocab_size: config.draft_vocab_size,
-                tie_word_embeddings: false,
-                sliding_window: None,
-                qkv_bias: parts.qkv_bias,
-                o_bias: false,
-                qk_norm: false,
-                ..t.clone()
-            },
-            embed: target.embed.clone(),
-            own_kernels: target.own_kernels,
-            layers: vec![layer],
-            norm: vector(parts.norm, h)?,
-            lm_head,
-            kv_rows: true,
-            fused_tail: true,
-            kv_half: false,
-            first_layer: 0,
-            downstream: None,
+        let body_config = LlamaConfig {
+            num_hidden_layers: 1,
+            intermediate_size: config.intermediate_size,
+            vocab_size: config.draft_vocab_size,
+            tie_word_embeddings: false,
+            sliding_window: None,
+            qkv_bias: parts.qkv_bias,
+            o_bias: false,
+            qk_norm: false,
+            ..t.clone()
         };
-        let mut proj = linear(parts.proj, h, 2 * h)?;
-        if quantize {
-            // Packing keeps the target's (already packed) embedding as it is.
-            body.pack_for_cpu()?;
+        let norm = tensors.vector(parts.norm, h)?;
+        let body = tensors.body(body_config, target.embed.clone(), layer, norm, lm_head)?;
+        let mut proj = tensors.linear(parts.proj, h, 2 * h)?;
+        if tensors.quantize {
             proj = proj.pack(false)?;
         }
         Ok(MtpHead {
-            enorm: vector(parts.enorm, h)?,
-            hnorm: vector(parts.hnorm, h)?,
-            proj,
+            input: HeadInput::Projected(Projected {
+                enorm: tensors.vector(parts.enorm, h)?,
+                hnorm: tensors.vector(parts.hnorm, h)?,
+                proj,
+                hidden_first: parts.hidden_first,
+                feature_norm,
+            }),
             body,
             draft_ids,
-            hidden_first: parts.hidden_first,
-            feature_norm,
             config,
         })
     }
@@ -384,7 +333,17 @@ impl MtpHead {
         self.body.kv_bytes_per_token()
     }
 
-    /// Rows for `tokens` (x_{i+1}) and `features` (`[1, T, hidden]`, f_i)
+    /// The target's layer boundaries whose rows the head reads as its
+    /// features ([`crate::llama::Taps`]); empty: the last layer's output.
+    pub fn taps(&self) -> &[usize] {
+        match &self.input {
+            HeadInput::Projected(_) => &[],
+            HeadInput::Eagle3(e) => &e.taps,
+        }
+    }
+
+    /// Rows for `tokens` (x_{i+1}) and `features` (`[1, T, width]`, f_i:
+    /// the target's rows, or the head's own output for a chained step)
     /// after what `caches` hold, each row's rope position its cache offset;
     /// the logits of `which` rows (a catch-up over many rows drafts from
     /// its last only).
@@ -396,26 +355,36 @@ impl MtpHead {
         which: Logits,
     ) -> Result<HeadRows> {
         let n = tokens.len() as i32;
-        let d = self.config.hidden_size as i32;
+        let d = self.body.config.hidden_size as i32;
         ensure!(
-            features.shape() == [1, n, d],
+            features.ndim() == 3 && features.dim(0) == 1 && features.dim(1) == n,
             "head features {:?} for {n} tokens",
             features.shape()
         );
         let ids = Array::from_u32(tokens, &[n])?;
         let e = self.body.embed.rows(&ids)?.reshape(&[1, n, d])?;
-        let e = self.body.rms_norm(&e, &self.enorm)?;
-        let f = match &self.feature_norm {
-            Some(w) => self.body.rms_norm(features, w)?,
-            None => features.clone(),
+        let hidden = match &self.input {
+            HeadInput::Projected(p) => {
+                ensure!(
+                    features.dim(2) == d,
+                    "head features {:?}, not {d} wide",
+                    features.shape()
+                );
+                let e = self.body.rms_norm(&e, &p.enorm)?;
+                let f = match &p.feature_norm {
+                    Some(w) => self.body.rms_norm(features, w)?,
+                    None => features.clone(),
+                };
+                let f = self.body.rms_norm(&f, &p.hnorm)?;
+                let both = match p.hidden_first {
+                    true => [&f, &e],
+                    false => [&e, &f],
+                };
+                let x = p.proj.forward(&ops::concatenate(&both, 2)?)?;
+                self.body.layers_from(x, caches, 1, &mut crate::no_probe)?
+            }
+            HeadInput::Eagle3(g) => g.rows(&self.body, &e, features, caches)?,
         };
-        let f = self.body.rms_norm(&f, &self.hnorm)?;
-        let both = match self.hidden_first {
-            true => [&f, &e],
-            false => [&e, &f],
-        };
-        let x = self.proj.forward(&ops::concatenate(&both, 2)?)?;
-        let hidden = self.body.layers_from(x, caches, 1, &mut crate::no_probe)?;
         let logits = self.body.head(&hidden, which)?;
         Ok(HeadRows { logits, hidden })
     }
@@ -426,6 +395,162 @@ impl MtpHead {
             Some(ids) => ids[i],
             None => i as u32,
         }
+    }
+}
+
+/// Draft ids within the target's vocabulary, one per draft vocabulary
+/// entry.
+fn check_draft_ids(ids: &[u32], draft_vocab: usize, vocab: usize) -> Result<()> {
+    ensure!(
+        ids.len() == draft_vocab,
+        "the draft vocabulary map holds {} ids, the config says {draft_vocab}",
+        ids.len()
+    );
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        bail!("draft id {bad} is outside the model's vocabulary ({vocab})");
+    }
+    Ok(())
+}
+
+/// A decoder layer's place among a head's tensors and its shape.
+struct LayerShape {
+    /// Its tensors are `{prefix}input_layernorm.weight`, ...
+    prefix: String,
+    hidden: usize,
+    /// What q/k/v read: the hidden size, or twice it (EAGLE-3).
+    qkv_in: usize,
+    ffn: usize,
+    qkv_bias: bool,
+}
+
+/// A head's tensors by name, read as float32 with their shapes checked,
+/// and how its matrices are kept: 8-bit, groups of 32 (MLX's affine
+/// layout, which the packed kernels take) where the target runs specd's
+/// packed kernels, so a draft step costs a small fraction of a target
+/// step; else dense.
+struct Tensors {
+    map: HashMap<String, Array>,
+    /// What the tensors came from, for errors.
+    file: String,
+    quantize: bool,
+    /// The target's: the head computes as it does.
+    own_kernels: bool,
+}
+
+impl Tensors {
+    fn new(map: HashMap<String, Array>, file: String, target: &Llama) -> Tensors {
+        Tensors {
+            map,
+            file,
+            quantize: target.own_kernels && !kernels::mlx_ops(),
+            own_kernels: target.own_kernels,
+        }
+    }
+
+    fn get(&self, name: &str) -> Result<Array> {
+        let a =
+            (self.map.get(name)).with_context(|| format!("{} has no tensor {name}", self.file))?;
+        Ok(a.as_type(Dtype::Float32)?)
+    }
+
+    fn matrix(&self, name: &str, out: usize, inp: usize) -> Result<Array> {
+        let w = self.get(name)?;
+        ensure!(
+            w.shape() == [out as i32, inp as i32],
+            "{name} in {} is {:?}, not [{out}, {inp}]",
+            self.file,
+            w.shape()
+        );
+        Ok(w)
+    }
+
+    fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        self.dense_or_q8(self.matrix(name, out, inp)?)
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Array> {
+        let v = self.get(name)?;
+        ensure!(
+            v.shape() == [n as i32],
+            "{name} in {} is {:?}, not [{n}]",
+            self.file,
+            v.shape()
+        );
+        Ok(v)
+    }
+
+    fn dense_or_q8(&self, w: Array) -> Result<Linear> {
+        dense_or_q8(w, self.quantize)
+    }
+
+    /// The llama decoder layer at `s`, its heads as `c` says.
+    fn layer(&self, s: &LayerShape, c: &LlamaConfig) -> Result<Layer> {
+        let (h, nh, nkv, hd, ff) = (
+            s.hidden,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            s.ffn,
+        );
+        let l = &s.prefix;
+        let qkv_bias = match s.qkv_bias {
+            false => None,
+            true => {
+                let b = |p: &str, n: usize| self.vector(&format!("{l}self_attn.{p}_proj.bias"), n);
+                Some(ops::concatenate(
+                    &[&b("q", nh * hd)?, &b("k", nkv * hd)?, &b("v", nkv * hd)?],
+                    0,
+                )?)
+            }
+        };
+        let lin = |name: &str, out: usize, inp: usize| self.linear(&format!("{l}{name}"), out, inp);
+        Ok(Layer {
+            attn_norm: self.vector(&format!("{l}input_layernorm.weight"), h)?,
+            q: lin("self_attn.q_proj.weight", nh * hd, s.qkv_in)?,
+            k: lin("self_attn.k_proj.weight", nkv * hd, s.qkv_in)?,
+            v: lin("self_attn.v_proj.weight", nkv * hd, s.qkv_in)?,
+            o: lin("self_attn.o_proj.weight", h, nh * hd)?,
+            ffn_norm: self.vector(&format!("{l}post_attention_layernorm.weight"), h)?,
+            gate: lin("mlp.gate_proj.weight", ff, h)?,
+            up: lin("mlp.up_proj.weight", ff, h)?,
+            down: lin("mlp.down_proj.weight", h, ff)?,
+            qkv: None,
+            gate_up: None,
+            qkv_bias,
+            o_bias: None,
+            q_norm: None,
+            k_norm: None,
+            kind: LayerKind::Llama,
+        })
+    }
+
+    /// The head's one-layer model, packed for the CPU kernels where its
+    /// matrices are quantized (a packed embedding stays as it is).
+    fn body(
+        &self,
+        config: LlamaConfig,
+        embed: Linear,
+        layer: Layer,
+        norm: Array,
+        lm_head: Linear,
+    ) -> Result<Llama> {
+        let mut body = Llama {
+            config,
+            embed,
+            own_kernels: self.own_kernels,
+            layers: vec![layer],
+            norm,
+            lm_head: Some(lm_head),
+            kv_rows: true,
+            fused_tail: true,
+            kv_half: false,
+            first_layer: 0,
+            downstream: None,
+        };
+        if self.quantize {
+            body.pack_for_cpu()?;
+        }
+        Ok(body)
     }
 }
 
