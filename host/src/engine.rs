@@ -334,13 +334,13 @@ impl Engine {
             DrafterSpec::SuffixMtp(name) => {
                 let name = name.as_deref();
                 let mtp_name = name.map_or("mtp".to_string(), |n| format!("mtp:{n}"));
-                Box::new(SuffixThenMtp {
-                    suffix: SuffixDrafter::keyed(self.suffix.clone(), tenant, || {
+                Box::new(SuffixThenMtp::new(
+                    SuffixDrafter::keyed(self.suffix.clone(), tenant, || {
                         space_keys(&self.tokenizer)
                     })
                     .with_text(self.tokenizer.clone()),
-                    mtp: MtpDrafter::new(mtp_name, self.head(name)?),
-                })
+                    MtpDrafter::new(mtp_name, self.head(name)?),
+                ))
             }
         };
         let schedule = opts.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);

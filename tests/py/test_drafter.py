@@ -83,6 +83,46 @@ def test_a_schedule_stops_on_the_heads_probability_and_replay_agrees(head, tmp_p
     assert "reproduces every recorded decision" in specd("replay", trace).stdout
 
 
+def test_suffix_and_head_are_two_sources_each_with_its_own_acceptance(head, tmp_path):
+    """`suffix+mtp` knows before the schedule is asked which source drafts
+    the round (suffix where it matches, else the head); the schedule is told
+    that source's acceptance, counted from that source's rounds only, and
+    replay tells the recorded policies the same."""
+    trace = tmp_path / "t.jsonl"
+    prompt = ("Copy this list, then write it again backwards: apples, pears, plums, cherries, "
+              "lemons, limes, figs, dates, grapes, melons.")
+    plain, _ = run_generate(tmp_path, "--drafter", "none", prompt)
+    text, st = run_generate(tmp_path, "--drafter", f"suffix+mtp:{head}", "--schedule", "throughput",
+                            "--record", trace, prompt)
+    assert text == plain
+    rounds = [json.loads(line) for line in trace.read_text().splitlines()[1:]]
+    drafted = {0: 0, 1: 0}
+    reached: dict[int, list[int]] = {0: [], 1: []}
+    kept: dict[int, list[int]] = {0: [], 1: []}
+    checked = 0
+    for r in rounds:
+        src = r.get("source", 0)
+        inp = r.get("schedule_input")
+        if inp is not None:
+            # The host's estimate: Laplace-smoothed, over this source's rounds.
+            want = [(k + 1) / (n + 2) for n, k in zip(reached[src], kept[src]) if n > 0]
+            assert inp["position_acceptance"] == pytest.approx(want), (r["round"], src, inp, want)
+            checked += 1
+        drafted[src] += r["drafted"]
+        for i in range(r["drafted"]):
+            if len(reached[src]) <= i:
+                reached[src].append(0)
+                kept[src].append(0)
+            reached[src][i] += 1
+            if i >= r["accepted"]:
+                break
+            kept[src][i] += 1
+    assert drafted[0] > 0 and drafted[1] > 0, drafted
+    assert checked > 5
+    assert reached[0] and reached[1] and kept[0][0] / reached[0][0] != kept[1][0] / reached[1][0]
+    assert "reproduces every recorded decision" in specd("replay", trace).stdout
+
+
 def test_served_heads_batched_beside_other_requests(head, start_server):
     srv = start_server("--draft-head", f"tiny={head}")
     prompts = HELD_OUT[4:8]

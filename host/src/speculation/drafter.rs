@@ -53,6 +53,20 @@ pub trait Drafter: Send {
     /// A round ended: `log_len` committed tokens existed before it, and the
     /// first `accepted` of the drafted tokens were kept.
     fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()>;
+    /// Which of its sources drafts this round (a drafter that combines
+    /// several, as `suffix+mtp`; 0 for every other), decided before the
+    /// schedule is asked: the schedule is then told that source's
+    /// acceptance and cost ([`super::ScheduleHistory`]), not a blend.
+    /// `max_draft` bounds the round's k.
+    fn source(
+        &mut self,
+        _log: &[u32],
+        _max_draft: usize,
+        _params: &SamplingParams,
+        _rng: &mut Rng,
+    ) -> Result<usize> {
+        Ok(0)
+    }
     /// Whether it drafts from the target's hidden states (MTP): the target
     /// then keeps them, and each round hands the drafter those of the
     /// positions forwarded since the last ([`Drafter::observe_hidden`]).

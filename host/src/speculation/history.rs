@@ -14,10 +14,9 @@ fn ema(old: f64, new: f64) -> f64 {
 #[derive(Debug, Clone)]
 pub struct ScheduleHistory {
     recent: Vec<RoundRecord>,
-    /// Per draft position: rounds that reached it, and kept it.
-    reached: Vec<u64>,
-    kept: Vec<u64>,
-    draft_seconds_per_token: f64,
+    /// Per drafter source ([`crate::speculation::Drafter::source`]) what
+    /// its rounds showed: a combining drafter's sources are told apart.
+    sources: Vec<SourceStats>,
     /// `[0]`: the plain step's smoothed seconds. `[j]`, j >= 1: a verify
     /// with j drafts as a smoothed ratio to the plain step's time when it
     /// ran (0 = not measured); seconds as measured while no plain step has
@@ -31,15 +30,29 @@ pub struct ScheduleHistory {
     verify_by_len: Vec<f64>,
 }
 
+/// One drafter source's rounds.
+#[derive(Debug, Clone, Default)]
+struct SourceStats {
+    /// Per draft position: rounds that reached it, and kept it.
+    reached: Vec<u64>,
+    kept: Vec<u64>,
+    draft_seconds_per_token: f64,
+}
+
 impl ScheduleHistory {
     pub fn new(draft_max: usize) -> Self {
         ScheduleHistory {
             recent: Vec::new(),
-            reached: Vec::new(),
-            kept: Vec::new(),
-            draft_seconds_per_token: 0.0,
+            sources: Vec::new(),
             verify_by_len: vec![0.0; draft_max + 1],
         }
+    }
+
+    fn source(&mut self, i: usize) -> &mut SourceStats {
+        if self.sources.len() <= i {
+            self.sources.resize(i + 1, SourceStats::default());
+        }
+        &mut self.sources[i]
     }
 
     /// `verify_seconds_by_len` as the schedule sees it: seconds of a
@@ -55,18 +68,22 @@ impl ScheduleHistory {
             .collect()
     }
 
-    /// The schedule's input for the next round.
+    /// The schedule's input for the next round, drafted by `source`: its
+    /// acceptance and drafting cost are that source's.
     pub fn input(
         &self,
         round: u32,
         generated: usize,
         budget_left: usize,
         max_draft: usize,
+        source: usize,
     ) -> ScheduleInput {
-        let position_acceptance = self
+        let none = SourceStats::default();
+        let src = self.sources.get(source).unwrap_or(&none);
+        let position_acceptance = src
             .reached
             .iter()
-            .zip(&self.kept)
+            .zip(&src.kept)
             .take_while(|(r, _)| **r > 0)
             // Laplace-smoothed: one early rejection must not read as "never".
             .map(|(r, k)| (*k as f64 + 1.0) / (*r as f64 + 2.0))
@@ -79,7 +96,7 @@ impl ScheduleHistory {
             max_draft: max_draft as u32,
             recent: self.recent[start..].to_vec(),
             position_acceptance,
-            draft_seconds_per_token: self.draft_seconds_per_token,
+            draft_seconds_per_token: src.draft_seconds_per_token,
             verify_seconds_by_len: self.verify_seconds(max_draft),
             // The batch context is the caller's (`SpecState::plan`).
             batch_sequences: 0,
@@ -87,26 +104,28 @@ impl ScheduleHistory {
         }
     }
 
-    /// A finished round: `drafted` proposed, `accepted` kept, `draft_seconds`
-    /// drafting, `verify_seconds` the verify forward.
+    /// A finished round: `drafted` proposed by `source`, `accepted` kept,
+    /// `draft_seconds` drafting, `verify_seconds` the verify forward.
     pub fn push(
         &mut self,
         drafted: usize,
         accepted: usize,
         draft_seconds: f64,
         verify_seconds: f64,
+        source: usize,
     ) {
         if drafted > 0 {
-            self.draft_seconds_per_token =
-                ema(self.draft_seconds_per_token, draft_seconds / drafted as f64);
+            let src = self.source(source);
+            src.draft_seconds_per_token =
+                ema(src.draft_seconds_per_token, draft_seconds / drafted as f64);
             for i in 0..drafted {
-                if self.reached.len() <= i {
-                    self.reached.push(0);
-                    self.kept.push(0);
+                if src.reached.len() <= i {
+                    src.reached.push(0);
+                    src.kept.push(0);
                 }
-                self.reached[i] += 1;
+                src.reached[i] += 1;
                 if i < accepted {
-                    self.kept[i] += 1;
+                    src.kept[i] += 1;
                 } else {
                     break;
                 }
@@ -147,18 +166,41 @@ mod tests {
     use super::*;
 
     fn verify(h: &ScheduleHistory) -> Vec<f64> {
-        h.input(0, 0, 100, 4).verify_seconds_by_len
+        h.input(0, 0, 100, 4, 0).verify_seconds_by_len
+    }
+
+    #[test]
+    fn each_source_is_told_its_own_acceptance_and_cost() {
+        let mut h = ScheduleHistory::new(4);
+        // Source 0 (suffix) keeps all 3 of its drafts; source 1 (a head)
+        // loses its first one, at 10x the drafting cost per token.
+        for _ in 0..4 {
+            h.push(3, 3, 0.0003, 0.010, 0);
+            h.push(2, 0, 0.002, 0.009, 1);
+        }
+        let (a, b) = (h.input(0, 0, 100, 4, 0), h.input(0, 0, 100, 4, 1));
+        assert_eq!(a.position_acceptance, vec![5.0 / 6.0; 3]);
+        assert_eq!(b.position_acceptance, vec![1.0 / 6.0]);
+        assert!((a.draft_seconds_per_token - 0.0001).abs() < 1e-12);
+        assert!((b.draft_seconds_per_token - 0.001).abs() < 1e-12);
+        // The rounds and the verify curve are the request's, shared.
+        assert_eq!(a.recent, b.recent);
+        assert_eq!(a.recent.len(), 8);
+        assert_eq!(a.verify_seconds_by_len, b.verify_seconds_by_len);
+        // A source never seen yet is unknown, not another's.
+        let c = h.input(0, 0, 100, 4, 2);
+        assert!(c.position_acceptance.is_empty() && c.draft_seconds_per_token == 0.0);
     }
 
     #[test]
     fn a_draft_length_is_reported_at_the_speed_of_the_latest_plain_steps() {
         let mut h = ScheduleHistory::new(4);
-        h.push(0, 0, 0.0, 0.010);
-        h.push(2, 1, 0.0, 0.012);
+        h.push(0, 0, 0.0, 0.010, 0);
+        h.push(2, 1, 0.0, 0.012, 0);
         assert!((verify(&h)[2] - 0.012).abs() < 1e-12);
         // The machine speeds up: plain steps go from 10 to 5 ms.
         for _ in 0..60 {
-            h.push(0, 0, 0.0, 0.005);
+            h.push(0, 0, 0.0, 0.005, 0);
         }
         let v = verify(&h);
         assert!((v[0] - 0.005).abs() < 1e-6, "{v:?}");
@@ -171,12 +213,12 @@ mod tests {
     #[test]
     fn a_length_measured_before_any_plain_step_is_taken_at_the_first_ones_speed() {
         let mut h = ScheduleHistory::new(4);
-        h.push(4, 0, 0.0, 0.020);
+        h.push(4, 0, 0.0, 0.020, 0);
         assert_eq!(verify(&h)[4], 0.020);
-        h.push(0, 0, 0.0, 0.008);
+        h.push(0, 0, 0.0, 0.008, 0);
         assert!((verify(&h)[4] - 0.020).abs() < 1e-12);
         for _ in 0..60 {
-            h.push(0, 0, 0.0, 0.004);
+            h.push(0, 0, 0.0, 0.004, 0);
         }
         // 2.5 plain steps, at today's plain step.
         assert!((verify(&h)[4] - 0.010).abs() < 1e-6, "{:?}", verify(&h));

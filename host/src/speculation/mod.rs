@@ -84,6 +84,14 @@ pub struct RoundTrace {
     pub draft_seconds: f64,
     pub verify_seconds: f64,
     pub policy_seconds: f64,
+    /// Which of a combining drafter's sources drafted (`suffix+mtp`: 0
+    /// suffix, 1 the head; 0 for every other drafter).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub source: u32,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 /// One `continue-drafting` call: the step the schedule saw and its answer.
@@ -251,14 +259,21 @@ impl SpecState {
         let mut traced_input = None;
         self.batch = batch;
 
-        // 1. k from the schedule (never more than the budget can use).
+        // 1. k from the schedule (never more than the budget can use), told
+        //    the acceptance of the source that drafts this round.
         let mut k = 0usize;
-        if let Some(spec) = self.spec.as_ref() {
+        let mut source = 0usize;
+        if let Some(spec) = self.spec.as_mut() {
             let max_draft = spec.draft_max.min(budget_left.saturating_sub(1));
             if max_draft > 0 {
-                let mut input = self
-                    .history
-                    .input(round_no, generated, budget_left, max_draft);
+                let t = Instant::now();
+                source = spec.drafter.source(log, max_draft, params, rng)?;
+                let st = t.elapsed().as_secs_f64();
+                self.counters.draft_seconds += st;
+                self.counters.phases.draft += st;
+                let mut input =
+                    self.history
+                        .input(round_no, generated, budget_left, max_draft, source);
                 input.batch_sequences = batch.batch_sequences;
                 input.batch_rows_planned = batch.batch_rows_planned;
                 if self.trace.is_some() {
@@ -364,6 +379,7 @@ impl SpecState {
             draft,
             draft_seconds: dt,
             draft_steps,
+            source,
         })
     }
 
@@ -565,6 +581,7 @@ impl SpecState {
             k,
             draft_seconds: dt,
             draft_steps,
+            source,
             ..
         } = plan;
         let kd = out.drafted;
@@ -596,7 +613,7 @@ impl SpecState {
             }
             h[out.accepted] += 1;
         }
-        self.history.push(kd, out.accepted, dt, vt);
+        self.history.push(kd, out.accepted, dt, vt, source);
         if let Some(trace) = self.trace.as_mut() {
             trace.push(RoundTrace {
                 round: round_no,
@@ -611,6 +628,7 @@ impl SpecState {
                 draft_seconds: dt,
                 verify_seconds: vt,
                 policy_seconds: self.counters.policy_seconds - policy_before,
+                source: source as u32,
             });
         }
         Ok(out)
@@ -675,6 +693,8 @@ pub struct RoundPlan {
     draft: Draft,
     draft_seconds: f64,
     draft_steps: Vec<HookCall>,
+    /// Which of the drafter's sources drafted ([`Drafter::source`]).
+    source: usize,
 }
 
 impl RoundPlan {

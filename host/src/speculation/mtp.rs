@@ -36,7 +36,9 @@ pub struct MtpDrafter {
     /// token at `fed + 1`, and its output feeds the first chained step.
     last: Option<LastRow>,
     /// The target's rows not fed yet (fed when a round drafts).
-    pending: Option<HiddenRows>,
+    /// A run of consecutive chunks, joined when fed: joining them as they
+    /// come copied the whole run again every round.
+    pending: Vec<HiddenRows>,
 }
 
 struct LastRow {
@@ -54,7 +56,7 @@ impl MtpDrafter {
             base: 0,
             fed: 0,
             last: None,
-            pending: None,
+            pending: Vec::new(),
         }
     }
 
@@ -167,7 +169,13 @@ impl Drafter for MtpDrafter {
         if k == 0 {
             return Ok(draft);
         }
-        if let Some(hidden) = self.pending.take() {
+        if !self.pending.is_empty() {
+            let run = std::mem::take(&mut self.pending);
+            let rows = run.iter().map(|h| &h.rows).collect::<Vec<_>>();
+            let hidden = HiddenRows {
+                start: run[0].start,
+                rows: specd_mlx::ops::concatenate(&rows, 1)?,
+            };
             self.catch_up(log, hidden)?;
         }
         // The head must have read every position the target has: else it
@@ -222,15 +230,12 @@ impl Drafter for MtpDrafter {
         }
         // Kept until a round drafts: a round that drafts nothing (k = 0)
         // costs no head forward.
-        self.pending = Some(match self.pending.take() {
-            Some(p) if p.end() == hidden.start && p.len() + hidden.len() <= MAX_PENDING => {
-                HiddenRows {
-                    start: p.start,
-                    rows: specd_mlx::ops::concatenate(&[&p.rows, &hidden.rows], 1)?,
-                }
-            }
-            _ => hidden,
-        });
+        let run: usize = self.pending.iter().map(|h| h.len()).sum();
+        let follows = self.pending.last().is_some_and(|p| p.end() == hidden.start);
+        if !follows || run + hidden.len() > MAX_PENDING {
+            self.pending.clear();
+        }
+        self.pending.push(hidden);
         Ok(())
     }
 }
@@ -240,22 +245,35 @@ impl Drafter for MtpDrafter {
 const MAX_PENDING: usize = 2048;
 
 /// `suffix+mtp`: the suffix drafter's proposal wherever it matched, the
-/// head's where it has nothing ([`SuffixThenMtp::HEAD_MAX`] tokens at most).
-/// Text that repeats (a grounded answer, a code edit) drafts long runs for
-/// nothing, accepted far more often than a small head's guesses (0.6-0.8
-/// of suffix drafts against 0.3-0.4 of the shipped head's on the bench
-/// suites); the head covers the rounds suffix would skip, in short drafts,
-/// so a schedule that sizes k for the long runs does not spend it on the
-/// head. The head reads the target's rows every round either way, so it is
-/// in step whenever it is asked.
+/// head's where it has nothing. Text that repeats (a grounded answer, a
+/// code edit) drafts long runs for nothing, accepted far more often than a
+/// small head's guesses (0.6-0.8 of suffix drafts against 0.3-0.4 of the
+/// shipped head's on the bench suites). So the two are two sources
+/// ([`Drafter::source`]): which one drafts is known before the schedule
+/// is asked, and the schedule sizes k from that source's own acceptance
+/// and cost; a round it gives the head k = 0 costs no head forward. The
+/// head reads the target's rows every round either way, so it is in step
+/// whenever it is asked.
 pub struct SuffixThenMtp {
     pub suffix: super::SuffixDrafter,
     pub mtp: MtpDrafter,
+    /// This round's suffix proposal (at the round's largest k), found when
+    /// the source was decided: the log length it is for, and the draft.
+    ahead: Option<(usize, Draft)>,
 }
 
 impl SuffixThenMtp {
-    /// Longest draft taken from the head.
-    pub const HEAD_MAX: usize = 2;
+    /// Source numbers ([`Drafter::source`]).
+    pub const SUFFIX: usize = 0;
+    pub const HEAD: usize = 1;
+
+    pub fn new(suffix: super::SuffixDrafter, mtp: MtpDrafter) -> Self {
+        SuffixThenMtp {
+            suffix,
+            mtp,
+            ahead: None,
+        }
+    }
 }
 
 impl Drafter for SuffixThenMtp {
@@ -267,6 +285,24 @@ impl Drafter for SuffixThenMtp {
         true
     }
 
+    fn source(
+        &mut self,
+        log: &[u32],
+        max_draft: usize,
+        params: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<usize> {
+        // A suffix draft is a walk that k only cuts short: the longest one
+        // now, cut to the round's k when proposed.
+        let s = self.suffix.propose(log, max_draft, params, rng)?;
+        let source = match s.tokens.is_empty() {
+            true => Self::HEAD,
+            false => Self::SUFFIX,
+        };
+        self.ahead = Some((log.len(), s));
+        Ok(source)
+    }
+
     fn propose_stepwise(
         &mut self,
         log: &[u32],
@@ -275,11 +311,14 @@ impl Drafter for SuffixThenMtp {
         rng: &mut Rng,
         hook: DraftHook<'_>,
     ) -> Result<Draft> {
-        let s = self.suffix.propose(log, k, params, rng)?;
+        let mut s = match self.ahead.take() {
+            Some((n, s)) if n == log.len() => s,
+            _ => self.suffix.propose(log, k, params, rng)?,
+        };
         if !s.tokens.is_empty() {
+            s.truncate(k);
             return Ok(s);
         }
-        let k = k.min(Self::HEAD_MAX);
         self.mtp.propose_stepwise(log, k, params, rng, hook)
     }
 

@@ -299,6 +299,7 @@ pub fn replay(
                         generated as usize,
                         budget_left as usize,
                         max_draft,
+                        r.source as usize,
                     );
                     if let Some(rec_input) = &r.schedule_input {
                         input.batch_sequences = rec_input.batch_sequences;
@@ -428,7 +429,7 @@ pub fn replay(
                 };
                 (kd as f64 * per_tok, timing.verify(kd))
             };
-            hist.push(kd, n, dt, vt);
+            hist.push(kd, n, dt, vt, r.source as usize);
             // 6. Totals.
             rep.rounds += 1;
             if kd > 0 {
