@@ -163,6 +163,7 @@ fn synthetic(rounds: usize, k: u32, draft_per_token: f64, verify: f64) -> Vec<Re
             draft_seconds: k as f64 * draft_per_token,
             verify_seconds: verify,
             policy_seconds: 0.0,
+            source: 0,
         })
         .collect();
     vec![Recorded { header, rounds }]
