@@ -362,10 +362,20 @@ impl Engine {
         } else {
             format!("{}#drafter={spec}#tenant={tenant}", self.name)
         };
-        let schedule = self
-            .policies
-            .schedule(schedule, config(&opts.schedule_config), &model_key)
-            .map_err(|e| anyhow::anyhow!("schedule {schedule:?}: {e}"))?;
+        // A drafter of several sources: a schedule instance per source,
+        // each carrying what it learns under its own key.
+        let mut schedules = (0..drafter.sources())
+            .map(|s| {
+                let key = match s {
+                    0 => model_key.clone(),
+                    s => format!("{model_key}#source={s}"),
+                };
+                self.policies
+                    .schedule(schedule, config(&opts.schedule_config), &key)
+                    .map_err(|e| anyhow::anyhow!("schedule {schedule:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let schedule = schedules.remove(0);
         let acceptance = self
             .policies
             .acceptance(
@@ -378,6 +388,7 @@ impl Engine {
             drafter,
             drafter_spec: spec,
             schedule,
+            source_schedules: schedules,
             acceptance,
             draft_max,
         }))

@@ -83,11 +83,11 @@ def test_a_schedule_stops_on_the_heads_probability_and_replay_agrees(head, tmp_p
     assert "reproduces every recorded decision" in specd("replay", trace).stdout
 
 
-def test_suffix_and_head_are_two_sources_each_with_its_own_acceptance(head, tmp_path):
+def test_suffix_and_head_are_two_sources_each_with_its_own_schedule(head, tmp_path):
     """`suffix+mtp` knows before the schedule is asked which source drafts
-    the round (suffix where it matches, else the head); the schedule is told
-    that source's acceptance, counted from that source's rounds only, and
-    replay tells the recorded policies the same."""
+    the round (suffix where it matches, else the head); each source has its
+    own schedule instance, told that source's rounds and acceptance only,
+    and replay rebuilds the same."""
     trace = tmp_path / "t.jsonl"
     prompt = ("Copy this list, then write it again backwards: apples, pears, plums, cherries, "
               "lemons, limes, figs, dates, grapes, melons.")
@@ -97,6 +97,7 @@ def test_suffix_and_head_are_two_sources_each_with_its_own_acceptance(head, tmp_
     assert text == plain
     rounds = [json.loads(line) for line in trace.read_text().splitlines()[1:]]
     drafted = {0: 0, 1: 0}
+    seen: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
     reached: dict[int, list[int]] = {0: [], 1: []}
     kept: dict[int, list[int]] = {0: [], 1: []}
     checked = 0
@@ -107,7 +108,10 @@ def test_suffix_and_head_are_two_sources_each_with_its_own_acceptance(head, tmp_
             # The host's estimate: Laplace-smoothed, over this source's rounds.
             want = [(k + 1) / (n + 2) for n, k in zip(reached[src], kept[src]) if n > 0]
             assert inp["position_acceptance"] == pytest.approx(want), (r["round"], src, inp, want)
+            # Its own schedule instance, told its own rounds only.
+            assert [(x["drafted"], x["accepted"]) for x in inp["recent"]] == seen[src][-32:]
             checked += 1
+        seen[src].append((r["drafted"], r["accepted"]))
         drafted[src] += r["drafted"]
         for i in range(r["drafted"]):
             if len(reached[src]) <= i:

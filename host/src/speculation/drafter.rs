@@ -53,10 +53,15 @@ pub trait Drafter: Send {
     /// A round ended: `log_len` committed tokens existed before it, and the
     /// first `accepted` of the drafted tokens were kept.
     fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()>;
+    /// How many sources it drafts from (a drafter that combines several:
+    /// each gets its own schedule instance, [`Drafter::source`]).
+    fn sources(&self) -> usize {
+        1
+    }
     /// Which of its sources drafts this round (a drafter that combines
     /// several, as `suffix+mtp`; 0 for every other), decided before the
-    /// schedule is asked: the schedule is then told that source's
-    /// acceptance and cost ([`super::ScheduleHistory`]), not a blend.
+    /// schedule is asked: that source's schedule instance is asked, and
+    /// told that source's rounds ([`super::ScheduleHistory`]), not a blend.
     /// `max_draft` bounds the round's k.
     fn source(
         &mut self,

@@ -13,7 +13,6 @@ fn ema(old: f64, new: f64) -> f64 {
 
 #[derive(Debug, Clone)]
 pub struct ScheduleHistory {
-    recent: Vec<RoundRecord>,
     /// Per drafter source ([`crate::speculation::Drafter::source`]) what
     /// its rounds showed: a combining drafter's sources are told apart.
     sources: Vec<SourceStats>,
@@ -33,6 +32,7 @@ pub struct ScheduleHistory {
 /// One drafter source's rounds.
 #[derive(Debug, Clone, Default)]
 struct SourceStats {
+    recent: Vec<RoundRecord>,
     /// Per draft position: rounds that reached it, and kept it.
     reached: Vec<u64>,
     kept: Vec<u64>,
@@ -42,7 +42,6 @@ struct SourceStats {
 impl ScheduleHistory {
     pub fn new(draft_max: usize) -> Self {
         ScheduleHistory {
-            recent: Vec::new(),
             sources: Vec::new(),
             verify_by_len: vec![0.0; draft_max + 1],
         }
@@ -68,8 +67,9 @@ impl ScheduleHistory {
             .collect()
     }
 
-    /// The schedule's input for the next round, drafted by `source`: its
-    /// acceptance and drafting cost are that source's.
+    /// The schedule's input for the next round, drafted by `source`: the
+    /// rounds, acceptance and drafting cost are that source's (each source
+    /// has its own schedule instance); the verify timing is the request's.
     pub fn input(
         &self,
         round: u32,
@@ -88,13 +88,13 @@ impl ScheduleHistory {
             // Laplace-smoothed: one early rejection must not read as "never".
             .map(|(r, k)| (*k as f64 + 1.0) / (*r as f64 + 2.0))
             .collect();
-        let start = self.recent.len().saturating_sub(RECENT_WINDOW);
+        let start = src.recent.len().saturating_sub(RECENT_WINDOW);
         ScheduleInput {
             round,
             generated: generated as u32,
             budget_left: budget_left as u32,
             max_draft: max_draft as u32,
-            recent: self.recent[start..].to_vec(),
+            recent: src.recent[start..].to_vec(),
             position_acceptance,
             draft_seconds_per_token: src.draft_seconds_per_token,
             verify_seconds_by_len: self.verify_seconds(max_draft),
@@ -149,14 +149,15 @@ impl ScheduleHistory {
                 }
             }
         }
-        self.recent.push(RoundRecord {
+        let recent = &mut self.source(source).recent;
+        recent.push(RoundRecord {
             drafted: drafted as u32,
             accepted: accepted as u32,
             draft_seconds,
             verify_seconds,
         });
-        if self.recent.len() > 4 * RECENT_WINDOW {
-            self.recent.drain(..self.recent.len() - RECENT_WINDOW);
+        if recent.len() > 4 * RECENT_WINDOW {
+            recent.drain(..recent.len() - RECENT_WINDOW);
         }
     }
 }
@@ -170,7 +171,7 @@ mod tests {
     }
 
     #[test]
-    fn each_source_is_told_its_own_acceptance_and_cost() {
+    fn each_source_is_told_its_own_rounds_acceptance_and_cost() {
         let mut h = ScheduleHistory::new(4);
         // Source 0 (suffix) keeps all 3 of its drafts; source 1 (a head)
         // loses its first one, at 10x the drafting cost per token.
@@ -183,9 +184,10 @@ mod tests {
         assert_eq!(b.position_acceptance, vec![1.0 / 6.0]);
         assert!((a.draft_seconds_per_token - 0.0001).abs() < 1e-12);
         assert!((b.draft_seconds_per_token - 0.001).abs() < 1e-12);
-        // The rounds and the verify curve are the request's, shared.
-        assert_eq!(a.recent, b.recent);
-        assert_eq!(a.recent.len(), 8);
+        // Each is told its own rounds; the verify curve is the request's.
+        assert_eq!(a.recent.len(), 4);
+        assert!(a.recent.iter().all(|r| r.drafted == 3 && r.accepted == 3));
+        assert!(b.recent.iter().all(|r| r.drafted == 2 && r.accepted == 0));
         assert_eq!(a.verify_seconds_by_len, b.verify_seconds_by_len);
         // A source never seen yet is unknown, not another's.
         let c = h.input(0, 0, 100, 4, 2);

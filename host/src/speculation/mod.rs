@@ -37,8 +37,23 @@ pub struct Speculation {
     /// drafter's cache ([`crate::scheduler::KvRates::per_token`]).
     pub drafter_spec: DrafterSpec,
     pub schedule: Box<dyn Schedule>,
+    /// For a drafter of several sources ([`Drafter::sources`]), one more
+    /// instance of the schedule per further source: each sizes the rounds
+    /// of its own source, from that source's rounds alone (a suffix match
+    /// and a head's guess are accepted at very different rates).
+    pub source_schedules: Vec<Box<dyn Schedule>>,
     pub acceptance: Box<dyn Acceptance>,
     pub draft_max: usize,
+}
+
+impl Speculation {
+    /// The schedule instance of `source`.
+    fn schedule_of(&mut self, source: usize) -> &mut Box<dyn Schedule> {
+        match source {
+            0 => &mut self.schedule,
+            s => &mut self.source_schedules[s - 1],
+        }
+    }
 }
 
 /// What one round committed.
@@ -160,8 +175,12 @@ impl SpecState {
     /// count it) when they are let go: at a failure, or at the end.
     fn count_policy_output(&mut self) {
         if let Some(s) = &self.spec {
-            self.counters.policy_output_dropped =
-                s.schedule.output_dropped() + s.acceptance.output_dropped();
+            self.counters.policy_output_dropped = s.schedule.output_dropped()
+                + s.source_schedules
+                    .iter()
+                    .map(|x| x.output_dropped())
+                    .sum::<u64>()
+                + s.acceptance.output_dropped();
         }
     }
 
@@ -197,6 +216,9 @@ impl SpecState {
         self.count_policy_output();
         if let Some(s) = self.spec.take() {
             s.schedule.finish();
+            for x in s.source_schedules {
+                x.finish();
+            }
         }
         self.counters
     }
@@ -268,6 +290,11 @@ impl SpecState {
             if max_draft > 0 {
                 let t = Instant::now();
                 source = spec.drafter.source(log, max_draft, params, rng)?;
+                anyhow::ensure!(
+                    source <= spec.source_schedules.len(),
+                    "the drafter named source {source} of {}",
+                    spec.source_schedules.len() + 1
+                );
                 let st = t.elapsed().as_secs_f64();
                 self.counters.draft_seconds += st;
                 self.counters.phases.draft += st;
@@ -284,7 +311,7 @@ impl SpecState {
                     .spec
                     .as_mut()
                     .expect("checked")
-                    .schedule
+                    .schedule_of(source)
                     .next_draft_length(&input);
                 let st = t.elapsed().as_secs_f64();
                 self.counters.policy_seconds += st;
@@ -312,9 +339,12 @@ impl SpecState {
             }
         }
         if k > 0 {
-            let Speculation {
-                drafter, schedule, ..
-            } = self.spec.as_mut().expect("k > 0 only with a speculation");
+            let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
+            let drafter = &mut spec.drafter;
+            let schedule = match source {
+                0 => &mut spec.schedule,
+                s => &mut spec.source_schedules[s - 1],
+            };
             let t = Instant::now();
             let mut hook_seconds = 0.0;
             let mut hook_error = None;

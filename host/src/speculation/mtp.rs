@@ -250,8 +250,9 @@ const MAX_PENDING: usize = 2048;
 /// small head's guesses (0.6-0.8 of suffix drafts against 0.3-0.4 of the
 /// shipped head's on the bench suites). So the two are two sources
 /// ([`Drafter::source`]): which one drafts is known before the schedule
-/// is asked, and the schedule sizes k from that source's own acceptance
-/// and cost; a round it gives the head k = 0 costs no head forward. The
+/// is asked, and each source has its own schedule instance, which sizes k
+/// from that source's rounds alone; a round it gives the head k = 0 costs
+/// no head forward. The
 /// head reads the target's rows every round either way, so it is in step
 /// whenever it is asked.
 pub struct SuffixThenMtp {
@@ -283,6 +284,10 @@ impl Drafter for SuffixThenMtp {
 
     fn drafts_stepwise(&self) -> bool {
         true
+    }
+
+    fn sources(&self) -> usize {
+        2
     }
 
     fn source(

@@ -149,6 +149,7 @@ fn spec(
         // Scripted drafters hold no KV, as model-free ones.
         drafter_spec: DrafterSpec::Suffix,
         schedule: native::schedule(schedule, sched_cfg, None).unwrap(),
+        source_schedules: Vec::new(),
         acceptance: native::acceptance(acceptance, "{}", 49152).unwrap(),
         draft_max: 8,
     }
@@ -462,6 +463,7 @@ fn rejection_sampling_preserves_the_target_distribution() {
         drafter: Box::new(SampledDrafter { q }),
         drafter_spec: DrafterSpec::Suffix,
         schedule: native::schedule("constant", r#"{"k":3}"#, None).unwrap(),
+        source_schedules: Vec::new(),
         acceptance: native::acceptance("rejection", "{}", vocab as u32).unwrap(),
         draft_max: 3,
     };

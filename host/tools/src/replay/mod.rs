@@ -261,10 +261,11 @@ pub fn replay(
     let t0 = Instant::now();
     for (ri, rec) in recs.iter().enumerate() {
         let draft_max = policies.draft_max.unwrap_or_else(|| infer_draft_max(rec));
-        let mut schedule: Option<Box<dyn Schedule>> = Some(
-            host.schedule(&schedule_name, &policies.schedule_config, &rec.header.model)
-                .map_err(|e| anyhow::anyhow!("schedule {schedule_name:?}: {e}"))?,
-        );
+        // One schedule instance per drafter source (as the live round
+        // keeps them: `suffix+mtp`'s suffix and head rounds apart), made
+        // when its source first drafts; all dropped once a policy fails.
+        let mut instances: Vec<Option<Box<dyn Schedule>>> = Vec::new();
+        let mut policies_failed = false;
         let mut acceptance: Option<Box<dyn Acceptance>> = Some(
             host.acceptance(&acceptance_name, &policies.acceptance_config, u32::MAX)
                 .map_err(|e| anyhow::anyhow!("acceptance {acceptance_name:?}: {e}"))?,
@@ -289,6 +290,21 @@ pub fn replay(
             }
             let round_no = i as u32;
             let failures_before = rep.policy_failures.len();
+            let source = r.source as usize;
+            if instances.len() <= source {
+                instances.resize_with(source + 1, || None);
+            }
+            if instances[source].is_none() && !policies_failed {
+                let key = match source {
+                    0 => rec.header.model.clone(),
+                    s => format!("{}#source={s}", rec.header.model),
+                };
+                instances[source] = Some(
+                    host.schedule(&schedule_name, &policies.schedule_config, &key)
+                        .map_err(|e| anyhow::anyhow!("schedule {schedule_name:?}: {e}"))?,
+                );
+            }
+            let mut schedule = instances[source].take();
             // 1. The schedule.
             let mut k = 0usize;
             if speculating && schedule.is_some() {
@@ -406,6 +422,15 @@ pub fn replay(
                 }
             }
             let n = decision.map(|d| d.accepted as usize).unwrap_or(0);
+            // The instance goes back for its source's next round; a failed
+            // policy ends speculation for the rest of the request.
+            match schedule {
+                Some(s) if !policies_failed => instances[source] = Some(s),
+                _ => {
+                    policies_failed = true;
+                    instances.clear();
+                }
+            }
             // 4. Compare with the recording (k, every hook answer, the decision).
             let recorded_answers: Vec<bool> = r.draft_steps.iter().map(|h| h.go_on).collect();
             if (k as u32) != r.k || hook_answers != recorded_answers || decision != r.decision {
