@@ -541,12 +541,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
     let config =
         LlamaConfig::from_hf_json(&text).with_context(|| format!("in {}", cfg_path.display()))?;
     let raw: serde_json::Value = serde_json::from_str(&text)?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
+    let files = safetensors_files(dir)?;
     if files.is_empty() {
         bail!("{} holds no *.safetensors files", dir.display());
     }
@@ -691,4 +686,16 @@ mod tests {
         let e = quantization(&serde_json::json!({"quantization": {"bits": 4, "mode": "mxfp4"}}));
         assert!(format!("{:#}", e.err().unwrap()).contains("mxfp4"));
     }
+}
+
+/// The `*.safetensors` files of a checkpoint directory, in name order
+/// (shards in sequence).
+pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
 }

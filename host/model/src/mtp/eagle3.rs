@@ -242,12 +242,7 @@ fn taps(raw: &serde_json::Value, n: usize) -> Result<Vec<usize>> {
 /// after its renames (`midlayer.` is `layers.0.`; a leading `model.` is
 /// dropped).
 fn read_tensors(dir: &Path) -> Result<HashMap<String, Array>> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
+    let files = crate::load::safetensors_files(dir)?;
     if files.is_empty() {
         bail!(
             "{} has no .safetensors file (a head saved as pytorch_model.bin must be converted to safetensors first)",

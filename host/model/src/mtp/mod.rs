@@ -187,12 +187,7 @@ impl MtpHead {
             return Ok(None);
         }
         let mut tensors = HashMap::new();
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .with_context(|| format!("reading {}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
+        let files = crate::load::safetensors_files(dir)?;
         const PREFIX: &str = "model.mtp_layers.0.";
         for f in &files {
             let tf = io::load_safetensors(f).with_context(|| format!("loading {}", f.display()))?;
