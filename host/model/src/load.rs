@@ -662,6 +662,18 @@ pub fn load_model_part(
     Ok((m, format))
 }
 
+/// The `*.safetensors` files of a checkpoint directory, in name order
+/// (shards in sequence).
+pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 #[cfg(test)]
 mod tests {
     use super::quantization;
@@ -686,16 +698,4 @@ mod tests {
         let e = quantization(&serde_json::json!({"quantization": {"bits": 4, "mode": "mxfp4"}}));
         assert!(format!("{:#}", e.err().unwrap()).contains("mxfp4"));
     }
-}
-
-/// The `*.safetensors` files of a checkpoint directory, in name order
-/// (shards in sequence).
-pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    Ok(files)
 }
