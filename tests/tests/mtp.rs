@@ -151,6 +151,89 @@ fn kept_hidden_rows_are_the_forwards_rows_rolled_back_with_the_caches() {
 }
 
 #[test]
+fn tapped_rows_are_the_forwards_residual_stream_alone_and_batched() {
+    // EAGLE-3's features: the rows at layer boundaries, side by side; in a
+    // batched step beside a request tapping other boundaries (the step taps
+    // their union), and rolled back with the caches, as the last layer's.
+    let e = engine();
+    let m = &e.model;
+    let layers = m.layers.len();
+    let taps = [0, 5, layers];
+    let ids = e
+        .encode(&chat("Name three colors of the rainbow."))
+        .unwrap();
+    let n = ids.len();
+    let mut caches = m.new_caches();
+    let (h, full) = m
+        .hidden_and_features(&ids, &mut caches, layers, &taps)
+        .unwrap();
+    let d = h.dim(2);
+    assert_eq!(full.dim(2), 3 * d);
+    let cols = |a: &Array, i: i32, c: i32| {
+        let v = a
+            .slice(&[0, i, c * d], &[1, i + 1, (c + 1) * d])
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        bits(&[v])
+    };
+    // Both ends are what they say: the embedding, the last layer's output.
+    let emb = m
+        .embed
+        .rows(&Array::from_u32(&ids[..1], &[1]).unwrap())
+        .unwrap()
+        .reshape(&[1, 1, d])
+        .unwrap();
+    assert_eq!(cols(&full, 0, 0), cols(&emb, 0, 0));
+    for i in [0, (n - 1) as i32] {
+        assert_eq!(cols(&full, i, 2), cols(&h, i, 0), "position {i}");
+    }
+    let mut t = LlamaTarget::new(m.clone());
+    t.keep_hidden(&taps);
+    t.prefill(&ids[..n - 8]).unwrap();
+    t.forward(&ids[n - 8..n - 4], true).unwrap();
+    t.rewind(n - 6).unwrap();
+    let mut other = LlamaTarget::new(m.clone());
+    other.keep_hidden(&[5, 12]);
+    other.prefill(&ids[..3]).unwrap();
+    let _ = other.take_hidden();
+    forward_batch(
+        m,
+        &mut [
+            StepRows {
+                target: &mut other,
+                tokens: &ids[3..5],
+                logits: Some(specd::model::Logits::All),
+            },
+            StepRows {
+                target: &mut t,
+                tokens: &ids[n - 6..n - 3],
+                logits: Some(specd::model::Logits::All),
+            },
+        ],
+    )
+    .unwrap();
+    let kept = t.take_hidden().expect("rows kept");
+    assert_eq!(
+        (kept.start, kept.len(), kept.rows.dim(2)),
+        (0, n - 3, 3 * d)
+    );
+    for i in 0..(n - 3) as i32 {
+        for c in 0..3 {
+            assert_eq!(
+                cols(&kept.rows, i, c),
+                cols(&full, i, c),
+                "position {i}, tap {c}"
+            );
+        }
+    }
+    // The other request got its own boundaries, 5 then 12.
+    let o = other.take_hidden().expect("rows kept");
+    assert_eq!((o.start, o.len(), o.rows.dim(2)), (3, 2, 2 * d));
+    assert_eq!(cols(&o.rows, 0, 0), cols(&full, 3, 1));
+}
+
+#[test]
 fn a_head_for_another_shape_is_refused() {
     let e = engine();
     let dir = random_head(&temp_dir("shape"), e.model.config.vocab_size, 512);
