@@ -266,10 +266,6 @@ impl<'a> Sequence<'a> {
         self.batch.max_sequences = self.batch.max_sequences.max(n as u64);
     }
 
-    /// Whether plain greedy decoding may run overlapped: no speculation, no
-    /// recording, temperature 0 without penalties, and nothing that needs
-    /// the rows (logprobs) or masks them (structured output): the overlapped
-    /// path copies back only the argmax.
     /// Whether its drafter reads the target's hidden states (the target
     /// must keep them, a fresh one after a preemption too).
     pub fn wants_hidden(&self) -> bool {
@@ -281,6 +277,10 @@ impl<'a> Sequence<'a> {
         self.state.hidden_taps()
     }
 
+    /// Whether plain greedy decoding may run overlapped: no speculation, no
+    /// recording, temperature 0 without penalties, and nothing that needs
+    /// the rows (logprobs) or masks them (structured output): the overlapped
+    /// path copies back only the argmax.
     pub fn can_overlap(&self) -> bool {
         self.decoding()
             && self.state.is_plain()
