@@ -16,11 +16,11 @@ use super::draft::{Draft, DraftProb};
 use super::drafter::{draft_on, softmax_stats, DraftHook, Drafter};
 use super::target::HiddenRows;
 use crate::cache::LayerCache;
-use crate::model::mtp::{HeadRows, MtpHead};
-use crate::model::Logits;
+use crate::model::mtp::{HeadIn, MtpHead};
 use crate::sampling::{distribution, Rng, SamplingParams};
 use anyhow::{ensure, Result};
 use specd_mlx::Array;
+use specd_policy::DraftStep;
 use std::sync::Arc;
 
 pub struct MtpDrafter {
@@ -68,23 +68,18 @@ impl MtpDrafter {
         }
     }
 
-    /// The last row of `rows` (whose logits are the last row's): its
-    /// logits on the host, its output kept.
-    fn last_row(&self, rows: HeadRows) -> Result<LastRow> {
-        let t = rows.hidden.dim(1);
-        let d = rows.hidden.dim(2);
-        let logits = rows.logits;
-        let hidden = rows.hidden.slice(&[0, t - 1, 0], &[1, t, d])?;
-        specd_mlx::eval(&[&logits, &hidden])?;
-        Ok(LastRow {
-            logits: logits.to_vec_f32()?,
-            hidden,
-        })
-    }
-
-    /// Feeds the head the target's rows it has not read (one forward over
-    /// all of them); its last row predicts the token after the log.
-    fn catch_up(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {
+    /// The target's rows it has not read, as one run, with its cache made
+    /// ready to read them (`None`: nothing new).
+    fn catch_up_input(&mut self) -> Result<Option<HiddenRows>> {
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let run = std::mem::take(&mut self.pending);
+        let rows = run.iter().map(|h| &h.rows).collect::<Vec<_>>();
+        let hidden = HiddenRows {
+            start: run[0].start,
+            rows: specd_mlx::ops::concatenate(&rows, 1)?,
+        };
         if hidden.start < self.base || hidden.start > self.fed {
             // A gap (a prefix from the cache, a preemption, a long stretch
             // without drafts): start over from these rows. Rope is
@@ -94,13 +89,7 @@ impl MtpDrafter {
             self.fed = hidden.start;
         }
         self.rewind_to(hidden.start);
-        let tokens = &log[hidden.start + 1..hidden.end() + 1];
-        let rows = self
-            .head
-            .forward(tokens, &hidden.rows, &mut self.caches, Logits::Last)?;
-        self.fed = hidden.end();
-        self.last = Some(self.last_row(rows)?);
-        Ok(())
+        Ok(Some(hidden))
     }
 
     /// The draft token from the head's logits row, and its statistics.
@@ -165,42 +154,18 @@ impl Drafter for MtpDrafter {
         rng: &mut Rng,
         hook: DraftHook<'_>,
     ) -> Result<Draft> {
-        let mut draft = Draft::default();
-        if k == 0 {
-            return Ok(draft);
-        }
-        if !self.pending.is_empty() {
-            let run = std::mem::take(&mut self.pending);
-            let rows = run.iter().map(|h| &h.rows).collect::<Vec<_>>();
-            let hidden = HiddenRows {
-                start: run[0].start,
-                rows: specd_mlx::ops::concatenate(&rows, 1)?,
-            };
-            self.catch_up(log, hidden)?;
-        }
-        // The head must have read every position the target has: else it
-        // predicts for another place (no features came: nothing to draft).
-        let Some(last) = self.last.as_ref().filter(|_| self.fed + 1 == log.len()) else {
-            return Ok(draft);
-        };
-        let mut row = last.logits.clone();
-        let mut feature = last.hidden.clone();
-        self.rewind_to(self.fed);
-        let mut history = log.to_vec();
-        for _ in 0..k {
-            let (tok, q, entropy, top1) = self.pick(&row, params, &history, rng);
-            history.push(tok);
-            if !draft_on(&mut draft, tok, q, (entropy, top1), k, hook) {
-                break;
-            }
-            let rows = self
-                .head
-                .forward(&[tok], &feature, &mut self.caches, Logits::Last)?;
-            let next = self.last_row(rows)?;
-            row = next.logits;
-            feature = next.hidden;
-        }
-        Ok(draft)
+        let mut round = [HeadRound {
+            drafter: self,
+            log,
+            k,
+            params,
+            rng,
+            hook: Some(hook),
+            draft: Draft::default(),
+        }];
+        draft_heads(&mut round)?;
+        let [round] = round;
+        Ok(round.draft)
     }
 
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
@@ -238,6 +203,154 @@ impl Drafter for MtpDrafter {
         self.pending.push(hidden);
         Ok(())
     }
+}
+
+/// One request's head round, drafted in lockstep with the other head
+/// rounds of a batched step ([`draft_heads`]).
+pub struct HeadRound<'a> {
+    pub drafter: &'a mut MtpDrafter,
+    /// The committed tokens, the last not yet forwarded.
+    pub log: &'a [u32],
+    pub k: usize,
+    pub params: &'a SamplingParams,
+    pub rng: &'a mut Rng,
+    /// Contract 0.2's per-token hook (`None`: the schedule has none).
+    pub hook: Option<DraftHook<'a>>,
+    /// What it drafted.
+    pub draft: Draft,
+}
+
+/// Where a round's chain of draft tokens stands.
+struct Chain {
+    row: Vec<f32>,
+    feature: Array,
+    history: Vec<u32>,
+}
+
+/// Drafts every round of `rounds`, each as it would be drafted alone, with
+/// one head forward per step for all the rounds that share a head: first
+/// the catch-ups over the target's rows each head has not read, then each
+/// chained draft token. Its drafts are left in each round's `draft`.
+pub fn draft_heads(rounds: &mut [HeadRound<'_>]) -> Result<()> {
+    // 1. The catch-ups: the last row predicts the token after the log.
+    let feeds = (rounds.iter_mut())
+        .map(|r| match r.k {
+            0 => Ok(None),
+            _ => r.drafter.catch_up_input(),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let inputs: Vec<_> = (rounds.iter().zip(&feeds))
+        .map(|(r, f)| {
+            f.as_ref()
+                .map(|h| (r.log[h.start + 1..h.end() + 1].to_vec(), h.rows.clone()))
+        })
+        .collect();
+    let rows = forward_grouped(rounds, &inputs)?;
+    for ((r, f), row) in rounds.iter_mut().zip(&feeds).zip(rows) {
+        if let (Some(h), Some(row)) = (f, row) {
+            r.drafter.fed = h.end();
+            r.drafter.last = Some(row);
+        }
+    }
+    // 2. The head must have read every position the target has: else it
+    //    predicts for another place (no features came: nothing to draft).
+    let mut chains: Vec<Option<Chain>> = (rounds.iter_mut())
+        .map(|r| {
+            let d = &mut *r.drafter;
+            let last = d
+                .last
+                .as_ref()
+                .filter(|_| r.k > 0 && d.fed + 1 == r.log.len())?;
+            let chain = Chain {
+                row: last.logits.clone(),
+                feature: last.hidden.clone(),
+                history: r.log.to_vec(),
+            };
+            d.rewind_to(d.fed);
+            Some(chain)
+        })
+        .collect();
+    // 3. The chained tokens, one head forward for every round going on.
+    let mut always = |_: &DraftStep| true;
+    loop {
+        let mut inputs: Vec<Option<(Vec<u32>, Array)>> = vec![None; rounds.len()];
+        for ((r, chain), input) in rounds.iter_mut().zip(&mut chains).zip(&mut inputs) {
+            let Some(c) = chain.as_mut() else { continue };
+            let (tok, q, entropy, top1) = r.drafter.pick(&c.row, r.params, &c.history, r.rng);
+            c.history.push(tok);
+            let hook: DraftHook<'_> = match r.hook.as_mut() {
+                Some(h) => &mut **h,
+                None => &mut always,
+            };
+            if draft_on(&mut r.draft, tok, q, (entropy, top1), r.k, hook) {
+                *input = Some((vec![tok], c.feature.clone()));
+            } else {
+                *chain = None;
+            }
+        }
+        if inputs.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let rows = forward_grouped(rounds, &inputs)?;
+        for (chain, row) in chains.iter_mut().zip(rows) {
+            if let (Some(c), Some(row)) = (chain.as_mut(), row) {
+                c.row = row.logits;
+                c.feature = row.hidden;
+            }
+        }
+    }
+}
+
+/// The head rows of every round given an input (tokens x_{i+1} and their
+/// features), one forward per distinct head; per round, its last row (the
+/// logits on the host, the output kept), evaluated in one sync.
+fn forward_grouped(
+    rounds: &mut [HeadRound<'_>],
+    inputs: &[Option<(Vec<u32>, Array)>],
+) -> Result<Vec<Option<LastRow>>> {
+    let mut lasts: Vec<Option<(Array, Array)>> = vec![None; rounds.len()];
+    let mut done = vec![false; rounds.len()];
+    for i in 0..rounds.len() {
+        if done[i] || inputs[i].is_none() {
+            continue;
+        }
+        let head = rounds[i].drafter.head.clone();
+        let mut members = Vec::new();
+        let mut items = Vec::new();
+        for (j, r) in rounds.iter_mut().enumerate().skip(i) {
+            if let (Some((tokens, features)), false) = (&inputs[j], done[j]) {
+                if Arc::ptr_eq(&r.drafter.head, &head) {
+                    members.push(j);
+                    items.push(HeadIn {
+                        tokens,
+                        features,
+                        caches: &mut r.drafter.caches,
+                    });
+                }
+            }
+        }
+        let rows = head.forward_many(&mut items)?;
+        for (j, rows) in members.into_iter().zip(rows) {
+            let (t, d) = (rows.hidden.dim(1), rows.hidden.dim(2));
+            let hidden = rows.hidden.slice(&[0, t - 1, 0], &[1, t, d])?;
+            lasts[j] = Some((rows.logits, hidden));
+            done[j] = true;
+        }
+    }
+    let all: Vec<&Array> = lasts.iter().flatten().flat_map(|(l, h)| [l, h]).collect();
+    specd_mlx::eval(&all)?;
+    lasts
+        .into_iter()
+        .map(|l| {
+            l.map(|(logits, hidden)| {
+                Ok(LastRow {
+                    logits: logits.to_vec_f32()?,
+                    hidden,
+                })
+            })
+            .transpose()
+        })
+        .collect()
 }
 
 /// Rows kept for the head without a draft beyond this many start its cache

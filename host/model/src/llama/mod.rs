@@ -976,7 +976,7 @@ impl Llama {
 
     /// The head of [`Llama::forward_batch`] over the rows asked for, from
     /// the last layer's rows `x`.
-    fn batch_head(
+    pub(crate) fn batch_head(
         &self,
         x: Array,
         seqs: &[BatchRows<'_>],

@@ -14,7 +14,7 @@
 //! train_head.py` trains them): `DIR/head.safetensors` and
 //! `DIR/config.json` (`"format": "specd-mtp"`).
 use crate::cache::LayerCache;
-use crate::llama::{Layer, LayerKind};
+use crate::llama::{BatchRows, Layer, LayerKind};
 use crate::{Linear, Llama, LlamaConfig, Logits, QuantSource, QuantizedWeight};
 use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
@@ -73,7 +73,34 @@ pub struct Projected {
     pub feature_norm: Option<Array>,
 }
 
+impl Projected {
+    /// The layer's input rows from the embedded tokens `e` and the
+    /// features `f` (both `[1, T, hidden]`).
+    fn input(&self, m: &Llama, e: &Array, f: &Array) -> Result<Array> {
+        let e = m.rms_norm(e, &self.enorm)?;
+        let f = match &self.feature_norm {
+            Some(w) => m.rms_norm(f, w)?,
+            None => f.clone(),
+        };
+        let f = m.rms_norm(&f, &self.hnorm)?;
+        let both = match self.hidden_first {
+            true => [&f, &e],
+            false => [&e, &f],
+        };
+        Ok(self.proj.forward(&ops::concatenate(&both, 2)?)?)
+    }
+}
+
+/// One sequence's rows for [`MtpHead::forward_many`]: tokens x_{i+1},
+/// features `[1, T, hidden]`, the head caches of the sequence.
+pub struct HeadIn<'a> {
+    pub tokens: &'a [u32],
+    pub features: &'a Array,
+    pub caches: &'a mut [Box<dyn LayerCache>],
+}
+
 /// What one head forward gives back.
+
 pub struct HeadRows {
     /// `[T, draft vocab]` float32 (`[1, draft vocab]` for `Logits::Last`).
     pub logits: Array,
@@ -365,17 +392,7 @@ impl MtpHead {
                     "head features {:?}, not {d} wide",
                     features.shape()
                 );
-                let e = self.body.rms_norm(&e, &p.enorm)?;
-                let f = match &p.feature_norm {
-                    Some(w) => self.body.rms_norm(features, w)?,
-                    None => features.clone(),
-                };
-                let f = self.body.rms_norm(&f, &p.hnorm)?;
-                let both = match p.hidden_first {
-                    true => [&f, &e],
-                    false => [&e, &f],
-                };
-                let x = p.proj.forward(&ops::concatenate(&both, 2)?)?;
+                let x = p.input(&self.body, &e, features)?;
                 self.body.layers_from(x, caches, 1, &mut crate::no_probe)?
             }
             HeadInput::Eagle3(g) => g.rows(&self.body, &e, features, caches)?,
@@ -384,7 +401,72 @@ impl MtpHead {
         Ok(HeadRows { logits, hidden })
     }
 
+    /// The last row's logits and every row's output of several sequences
+    /// at once (the head rounds of a batched step): the matmuls over all
+    /// rows together, attention per sequence over its own cache, so each
+    /// row is computed as [`MtpHead::forward`] computes it alone (specd's
+    /// kernels are batch-invariant). An EAGLE-3 head runs them one by one.
+    pub fn forward_many(&self, items: &mut [HeadIn<'_>]) -> Result<Vec<HeadRows>> {
+        let p = match &self.input {
+            HeadInput::Projected(p) if items.len() > 1 => p,
+            _ => {
+                return items
+                    .iter_mut()
+                    .map(|it| self.forward(it.tokens, it.features, it.caches, Logits::Last))
+                    .collect()
+            }
+        };
+        let d = self.body.config.hidden_size as i32;
+        let tokens: Vec<u32> = items
+            .iter()
+            .flat_map(|it| it.tokens.iter().copied())
+            .collect();
+        let t = tokens.len() as i32;
+        for it in items.iter() {
+            ensure!(
+                it.features.shape() == [1, it.tokens.len() as i32, d],
+                "head features {:?} for {} tokens",
+                it.features.shape(),
+                it.tokens.len()
+            );
+        }
+        let ids = Array::from_u32(&tokens, &[t])?;
+        let e = self.body.embed.rows(&ids)?.reshape(&[1, t, d])?;
+        let f = ops::concatenate(&items.iter().map(|it| it.features).collect::<Vec<_>>(), 1)?;
+        let x = p.input(&self.body, &e, &f)?;
+        let mut spans = Vec::with_capacity(items.len());
+        let mut at = 0;
+        for it in items.iter() {
+            spans.push((at, it.tokens.len() as i32));
+            at += it.tokens.len() as i32;
+        }
+        let mut seqs: Vec<BatchRows<'_>> = items
+            .iter_mut()
+            .map(|it| BatchRows {
+                tokens: it.tokens,
+                caches: &mut *it.caches,
+                logits: Some(Logits::Last),
+            })
+            .collect();
+        let out = self.body.layers_batch(x, &mut seqs, &spans)?;
+        let heads = self.body.batch_head(out.clone(), &seqs, &spans)?;
+        let logits = heads.logits.context("a logits row per sequence")?;
+        let v = logits.dim(1);
+        spans
+            .iter()
+            .enumerate()
+            .map(|(i, &(a, n))| {
+                let i = i as i32;
+                Ok(HeadRows {
+                    logits: logits.slice(&[i, 0], &[i + 1, v])?,
+                    hidden: out.slice(&[0, a, 0], &[1, a + n, d])?,
+                })
+            })
+            .collect()
+    }
+
     /// The target token id of draft id `i`.
+
     pub fn target_id(&self, i: usize) -> u32 {
         match &self.draft_ids {
             Some(ids) => ids[i],
