@@ -27,6 +27,7 @@ use crate::model::Logits;
 use crate::options::DrafterSpec;
 use crate::sequence::PREFILL_CHUNK;
 use crate::sequence::{Deciding, Finished, Sequence, Settings, Sink, VerifyTime};
+use crate::speculation::mtp::draft_heads;
 use crate::speculation::target::{forward_batch_verify, StepRows};
 use crate::speculation::{read_rows, row_threads, Decided, Target as _, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, LlamaTarget, RoundPlan, Speculation};
@@ -209,6 +210,9 @@ pub struct StepReport {
     pub policy_seconds: f64,
     /// Threads its rounds' acceptance decisions ran on (0: no round).
     pub decision_threads: usize,
+    /// Rounds whose MTP heads drafted together, one head forward per draft
+    /// step for all of them.
+    pub head_rounds: usize,
 }
 
 /// A request waiting to start or to resume. At most `max_sequences` wait:
@@ -360,6 +364,60 @@ impl<'e> Scheduler<'e> {
     }
 
     /// Rows a request's next step forwards at most.
+    /// Drafts the step's head rounds (those [`Sequence::plan`] left
+    /// undrafted) together: one head forward per draft step for all of
+    /// them ([`draft_heads`]), then each round's rows. Returns how many.
+    fn draft_heads(&mut self, planned: &mut [Option<Planned>]) -> usize {
+        let t = Instant::now();
+        let mut rounds = Vec::new();
+        let mut which = Vec::new();
+        for (i, (a, p)) in self.active.iter_mut().zip(planned.iter()).enumerate() {
+            if let Some(Planned {
+                work: Work::Round(plan),
+                ..
+            }) = p
+            {
+                if let Some(r) = a.seq.head_round(plan) {
+                    rounds.push(r);
+                    which.push(i);
+                }
+            }
+        }
+        if rounds.is_empty() {
+            return 0;
+        }
+        let drafted = draft_heads(&mut rounds).map_err(|e| format!("{e:#}"));
+        let drafts: Vec<_> = rounds.into_iter().map(|r| r.draft).collect();
+        // Each round's share of the drafting, by the tokens it drafted.
+        let tokens: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
+        let seconds = t.elapsed().as_secs_f64() / tokens as f64;
+        for (i, draft) in which.iter().zip(drafts) {
+            let a = &mut self.active[*i];
+            let p = &mut planned[*i];
+            let Some(Planned {
+                work: Work::Round(plan),
+                logits,
+            }) = p
+            else {
+                continue;
+            };
+            let share = seconds * (draft.tokens.len() + 1) as f64;
+            let r = match &drafted {
+                Ok(()) => a.seq.finish_head_round(plan, draft, share, &mut a.target),
+                Err(e) => Err(anyhow::anyhow!("drafting with the MTP head: {e}")),
+            };
+            match r {
+                Ok(()) if plan.drafted() > 0 => *logits = Some(Logits::All),
+                Ok(()) => {}
+                Err(e) => {
+                    a.failed = Some(e);
+                    *p = None;
+                }
+            }
+        }
+        which.len()
+    }
+
     fn step_rows(a: &Active<'_>) -> usize {
         match a.seq.prefill_left() {
             0 => a.seq.max_round_rows(),
@@ -564,9 +622,16 @@ impl<'e> Scheduler<'e> {
                 batch_sequences: in_step as u32,
                 batch_rows_planned: rows_planned as u32,
             };
+            // With others in the step, a head's round is drafted below,
+            // with the other requests' head rounds.
+            a.seq.defer_heads(decoding > 1);
             match a.seq.plan(&mut a.target, ctx) {
                 Ok(round) => {
-                    rows_planned += round.rows.len();
+                    // A head round not drafted yet counts every row it asked.
+                    rows_planned += match round.deferred_head() {
+                        true => round.asked() + 1,
+                        false => round.rows.len(),
+                    };
                     let which = if round.drafted() > 0 {
                         Logits::All
                     } else {
@@ -583,6 +648,7 @@ impl<'e> Scheduler<'e> {
                 }
             }
         }
+        report.head_rounds = self.draft_heads(&mut planned);
         let n = planned.iter().flatten().count();
         if n == 0 {
             self.retire();

@@ -325,11 +325,17 @@ fn drafting_with_a_head_keeps_solo_tokens_alone_and_batched() {
             done: Box::new(move |r| f.borrow_mut()[i] = Some(r)),
         });
     }
-    let mut widest = 0;
+    let (mut widest, mut heads_together) = (0, 0);
     while !sched.is_idle() {
-        widest = widest.max(sched.step(&mut || true).sequences);
+        let r = sched.step(&mut || true);
+        widest = widest.max(r.sequences);
+        heads_together = heads_together.max(r.head_rounds);
     }
     assert!(widest >= 2, "the requests should have shared steps");
+    // The head rounds of a step drafted together (one head forward per
+    // draft step), and still each request's solo tokens below: the seeded
+    // sampled one draws its drafts from rows computed in a batch.
+    assert!(heads_together >= 2, "head rounds never drafted together");
     for (i, r) in finished.borrow_mut().drain(..).enumerate() {
         let fin = r.expect("finished").expect("no failure");
         assert_eq!(

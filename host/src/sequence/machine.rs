@@ -9,9 +9,10 @@
 use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng, SamplingParams};
+use crate::speculation::mtp::HeadRound;
 use crate::speculation::{
-    read_one, row_threads, BatchContext, Decided, MaskedRows, ReadRows, RoundPlan, RoundRequest,
-    SpecState, Speculation, Target, VerifyMode, VerifyRows,
+    read_one, row_threads, BatchContext, Decided, Draft, MaskedRows, ReadRows, RoundPlan,
+    RoundRequest, SpecState, Speculation, Target, VerifyMode, VerifyRows,
 };
 use anyhow::{bail, Result};
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
@@ -341,6 +342,29 @@ impl<'a> Sequence<'a> {
             budget_left: self.max_tokens - generated,
         };
         self.state.plan(target, req, batch)
+    }
+
+    /// Whether a round it plans leaves a head's draft to the step
+    /// ([`SpecState::defer_heads`]).
+    pub fn defer_heads(&mut self, on: bool) {
+        self.state.defer_heads = on;
+    }
+
+    /// The head drafting a planned round left to the step, if it did.
+    pub fn head_round(&mut self, plan: &RoundPlan) -> Option<HeadRound<'_>> {
+        self.state
+            .head_round(plan, &self.log, &self.settings.params, &mut self.rng)
+    }
+
+    /// Ends a round the step's head drafting drafted ([`Self::head_round`]).
+    pub fn finish_head_round(
+        &mut self,
+        plan: &mut RoundPlan,
+        draft: Draft,
+        seconds: f64,
+        target: &mut dyn Target,
+    ) -> Result<()> {
+        self.state.finish_head_round(plan, draft, seconds, target)
     }
 
     /// Ends the planned round with its verify's `rows` (every row's logits,

@@ -72,6 +72,12 @@ pub trait Drafter: Send {
     ) -> Result<usize> {
         Ok(0)
     }
+    /// The MTP head drafter of `source`'s rounds, if its rounds draft from
+    /// one: a batched step drafts those rounds of its requests together
+    /// ([`super::mtp::draft_heads`]).
+    fn head_drafter(&mut self, _source: usize) -> Option<&mut super::MtpDrafter> {
+        None
+    }
     /// Whether it drafts from the target's hidden states (MTP): the target
     /// then keeps them, and each round hands the drafter those of the
     /// positions forwarded since the last ([`Drafter::observe_hidden`]).

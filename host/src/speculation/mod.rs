@@ -137,6 +137,12 @@ pub struct SpecState {
     /// How [`SpecState::round`] runs its verify (the sequence sets it from
     /// the request: argmax-only rows for plain greedy requests).
     pub mode: VerifyMode,
+    /// A round drafted by an MTP head is left undrafted by
+    /// [`SpecState::plan`], for the batched step to draft it with the other
+    /// requests' head rounds ([`mtp::draft_heads`], then
+    /// [`SpecState::finish_head_round`]). Not where the schedule has the
+    /// per-token hook: those rounds draft at once.
+    pub defer_heads: bool,
 }
 
 impl SpecState {
@@ -159,6 +165,7 @@ impl SpecState {
             batch: BatchContext::default(),
             constraint: None,
             mode: VerifyMode::default(),
+            defer_heads: false,
         }
     }
 
@@ -338,7 +345,19 @@ impl SpecState {
                 dt += t.elapsed().as_secs_f64();
             }
         }
+        let mut deferred = false;
         if k > 0 {
+            let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
+            let drafter = &mut spec.drafter;
+            let schedule = match source {
+                0 => &mut spec.schedule,
+                s => &mut spec.source_schedules[s - 1],
+            };
+            deferred = self.defer_heads
+                && !schedule.has_draft_hook()
+                && drafter.head_drafter(source).is_some();
+        }
+        if k > 0 && !deferred {
             let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
             let drafter = &mut spec.drafter;
             let schedule = match source {
@@ -384,33 +403,94 @@ impl SpecState {
                 k = 0;
             }
         }
-        self.counters.draft_seconds += dt;
-        self.counters.phases.draft += dt;
-        if let Some(c) = &self.constraint {
-            let n = c.lock().valid_prefix(&draft.tokens)?;
-            draft.truncate(n);
-        }
-        let kd = draft.tokens.len();
-
-        // 3. What the verify forwards: the pending token and every draft.
-        let mut rows = Vec::with_capacity(kd + 1);
-        rows.push(log[before]);
-        rows.extend_from_slice(&draft.tokens);
-        if kd > 0 {
-            let keep: Vec<usize> = (1..=kd + 1).map(|i| before + i).collect();
-            target.prepare_snapshots(&keep);
-        }
-        Ok(RoundPlan {
-            rows,
+        let mut plan = RoundPlan {
+            rows: vec![log[before]],
             round_no,
             policy_before,
             traced_input,
             k,
-            draft,
-            draft_seconds: dt,
+            draft: Draft::default(),
+            draft_seconds: 0.0,
             draft_steps,
             source,
+            deferred_head: deferred,
+        };
+        if !deferred {
+            self.set_draft(&mut plan, draft, dt, target)?;
+        } else {
+            self.counters.draft_seconds += dt;
+            self.counters.phases.draft += dt;
+            plan.draft_seconds = dt;
+        }
+        Ok(plan)
+    }
+
+    /// 3. What the verify forwards: the pending token, then `draft` as the
+    ///    request's grammar allows it; `seconds` more drafting.
+    fn set_draft(
+        &mut self,
+        plan: &mut RoundPlan,
+        mut draft: Draft,
+        seconds: f64,
+        target: &mut dyn Target,
+    ) -> Result<()> {
+        self.counters.draft_seconds += seconds;
+        self.counters.phases.draft += seconds;
+        plan.draft_seconds += seconds;
+        if let Some(c) = &self.constraint {
+            let n = c.lock().valid_prefix(&draft.tokens)?;
+            draft.truncate(n);
+        }
+        draft.truncate(plan.k);
+        let kd = draft.tokens.len();
+        plan.rows.truncate(1);
+        plan.rows.extend_from_slice(&draft.tokens);
+        if kd > 0 {
+            let before = target.offset();
+            let keep: Vec<usize> = (1..=kd + 1).map(|i| before + i).collect();
+            target.prepare_snapshots(&keep);
+        }
+        plan.draft = draft;
+        plan.deferred_head = false;
+        Ok(())
+    }
+
+    /// A round [`SpecState::plan`] left to the step's head drafting: its
+    /// head drafter and what it drafts from (`None`: not such a round).
+    pub fn head_round<'a>(
+        &'a mut self,
+        plan: &RoundPlan,
+        log: &'a [u32],
+        params: &'a SamplingParams,
+        rng: &'a mut Rng,
+    ) -> Option<mtp::HeadRound<'a>> {
+        if !plan.deferred_head {
+            return None;
+        }
+        let drafter = self.spec.as_mut()?.drafter.head_drafter(plan.source)?;
+        Some(mtp::HeadRound {
+            drafter,
+            log,
+            k: plan.k,
+            params,
+            rng,
+            hook: None,
+            draft: Draft::default(),
         })
+    }
+
+    /// Ends a round left to the step's head drafting with what the head
+    /// drafted (`seconds`: its share of that drafting): cut by the grammar,
+    /// its rows and snapshots, as [`SpecState::plan`] ends a round.
+    pub fn finish_head_round(
+        &mut self,
+        plan: &mut RoundPlan,
+        draft: Draft,
+        seconds: f64,
+        target: &mut dyn Target,
+    ) -> Result<()> {
+        anyhow::ensure!(plan.deferred_head, "a round the head drafting was not left");
+        self.set_draft(plan, draft, seconds, target)
     }
 
     /// The second half of a round: `rows` are the verify forward's logits
@@ -725,9 +805,21 @@ pub struct RoundPlan {
     draft_steps: Vec<HookCall>,
     /// Which of the drafter's sources drafted ([`Drafter::source`]).
     source: usize,
+    /// Left for the step's head drafting ([`SpecState::defer_heads`]).
+    deferred_head: bool,
 }
 
 impl RoundPlan {
+    /// Whether its draft waits for the step's head drafting.
+    pub fn deferred_head(&self) -> bool {
+        self.deferred_head
+    }
+
+    /// The k its schedule asked for.
+    pub fn asked(&self) -> usize {
+        self.k
+    }
+
     /// Drafts the verify checks (then every row's logits are needed).
     pub fn drafted(&self) -> usize {
         self.draft.tokens.len()

@@ -181,6 +181,10 @@ impl Drafter for MtpDrafter {
         self.head.taps().to_vec()
     }
 
+    fn head_drafter(&mut self, _source: usize) -> Option<&mut MtpDrafter> {
+        Some(self)
+    }
+
     fn observe_hidden(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {
         // Row i reads f_i and x_{i+1}: the rows must end where the log's
         // last token is (the target holds all but it).
@@ -451,6 +455,10 @@ impl Drafter for SuffixThenMtp {
 
     fn hidden_taps(&self) -> Vec<usize> {
         self.mtp.hidden_taps()
+    }
+
+    fn head_drafter(&mut self, source: usize) -> Option<&mut MtpDrafter> {
+        (source == Self::HEAD).then_some(&mut self.mtp)
     }
 
     fn observe_hidden(&mut self, log: &[u32], hidden: HiddenRows) -> Result<()> {

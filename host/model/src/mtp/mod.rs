@@ -100,7 +100,6 @@ pub struct HeadIn<'a> {
 }
 
 /// What one head forward gives back.
-
 pub struct HeadRows {
     /// `[T, draft vocab]` float32 (`[1, draft vocab]` for `Logits::Last`).
     pub logits: Array,
@@ -466,7 +465,6 @@ impl MtpHead {
     }
 
     /// The target token id of draft id `i`.
-
     pub fn target_id(&self, i: usize) -> u32 {
         match &self.draft_ids {
             Some(ids) => ids[i],
