@@ -288,8 +288,8 @@ impl SpecState {
         let mut traced_input = None;
         self.batch = batch;
 
-        // 1. k from the schedule (never more than the budget can use), told
-        //    the acceptance of the source that drafts this round.
+        // 1. k from the schedule (never more than the budget can use): the
+        //    instance of the source that drafts this round, told its rounds.
         let mut k = 0usize;
         let mut source = 0usize;
         if let Some(spec) = self.spec.as_mut() {
