@@ -6,6 +6,7 @@
 //! decoding's under greedy) alone and in a batch.
 use specd::engine::Prompt;
 use specd::model::mtp::MtpHead;
+use specd::model::Llama;
 use specd::options::SpecOptions;
 use specd::sampling::SamplingParams;
 use specd::scheduler::{Admitted, BatchLimits, Scheduler};
@@ -86,6 +87,31 @@ fn temp_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("specd-mtp-{}-{name}", std::process::id()))
 }
 
+/// `t` through a prefill of all but the last 8 tokens, a 4-row verify
+/// that keeps 2, then a batched step of 3 rows beside `other` (2 rows after
+/// a 3-token prefill, whose kept rows are dropped).
+fn rounds_then_a_batched_step(
+    m: &Llama,
+    ids: &[u32],
+    t: &mut LlamaTarget,
+    other: &mut LlamaTarget,
+) {
+    let n = ids.len();
+    t.prefill(&ids[..n - 8]).unwrap();
+    t.forward(&ids[n - 8..n - 4], true).unwrap();
+    t.rewind(n - 6).unwrap();
+    other.prefill(&ids[..3]).unwrap();
+    let _ = other.take_hidden();
+    let all = Some(specd::model::Logits::All);
+    let step = [(other, &ids[3..5]), (t, &ids[n - 6..n - 3])];
+    let mut parts = step.map(|(target, tokens)| StepRows {
+        target,
+        tokens,
+        logits: all,
+    });
+    forward_batch(m, &mut parts).unwrap();
+}
+
 #[test]
 fn kept_hidden_rows_are_the_forwards_rows_rolled_back_with_the_caches() {
     let e = engine();
@@ -108,30 +134,10 @@ fn kept_hidden_rows_are_the_forwards_rows_rolled_back_with_the_caches() {
             .unwrap();
         bits(&[v])
     };
-    // Prefill, a 4-row verify that keeps 2, then a batched step of 3 rows.
     let mut t = LlamaTarget::new(e.model.clone());
     t.keep_hidden(&[]);
-    t.prefill(&ids[..n - 8]).unwrap();
-    t.forward(&ids[n - 8..n - 4], true).unwrap();
-    t.rewind(n - 6).unwrap();
     let mut other = LlamaTarget::new(e.model.clone());
-    other.prefill(&ids[..3]).unwrap();
-    forward_batch(
-        &e.model,
-        &mut [
-            StepRows {
-                target: &mut other,
-                tokens: &ids[3..5],
-                logits: Some(specd::model::Logits::All),
-            },
-            StepRows {
-                target: &mut t,
-                tokens: &ids[n - 6..n - 3],
-                logits: Some(specd::model::Logits::All),
-            },
-        ],
-    )
-    .unwrap();
+    rounds_then_a_batched_step(&e.model, &ids, &mut t, &mut other);
     assert!(
         other.take_hidden().is_none(),
         "only a target asked keeps rows"
@@ -190,29 +196,9 @@ fn tapped_rows_are_the_forwards_residual_stream_alone_and_batched() {
     }
     let mut t = LlamaTarget::new(m.clone());
     t.keep_hidden(&taps);
-    t.prefill(&ids[..n - 8]).unwrap();
-    t.forward(&ids[n - 8..n - 4], true).unwrap();
-    t.rewind(n - 6).unwrap();
     let mut other = LlamaTarget::new(m.clone());
     other.keep_hidden(&[5, 12]);
-    other.prefill(&ids[..3]).unwrap();
-    let _ = other.take_hidden();
-    forward_batch(
-        m,
-        &mut [
-            StepRows {
-                target: &mut other,
-                tokens: &ids[3..5],
-                logits: Some(specd::model::Logits::All),
-            },
-            StepRows {
-                target: &mut t,
-                tokens: &ids[n - 6..n - 3],
-                logits: Some(specd::model::Logits::All),
-            },
-        ],
-    )
-    .unwrap();
+    rounds_then_a_batched_step(m, &ids, &mut t, &mut other);
     let kept = t.take_hidden().expect("rows kept");
     assert_eq!(
         (kept.start, kept.len(), kept.rows.dim(2)),
