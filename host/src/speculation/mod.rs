@@ -47,12 +47,13 @@ pub struct Speculation {
 }
 
 impl Speculation {
-    /// The schedule instance of `source`.
-    fn schedule_of(&mut self, source: usize) -> &mut Box<dyn Schedule> {
-        match source {
+    /// The drafter, and the schedule instance of `source`.
+    fn parts(&mut self, source: usize) -> (&mut Box<dyn Drafter>, &mut Box<dyn Schedule>) {
+        let schedule = match source {
             0 => &mut self.schedule,
             s => &mut self.source_schedules[s - 1],
-        }
+        };
+        (&mut self.drafter, schedule)
     }
 }
 
@@ -318,7 +319,8 @@ impl SpecState {
                     .spec
                     .as_mut()
                     .expect("checked")
-                    .schedule_of(source)
+                    .parts(source)
+                    .1
                     .next_draft_length(&input);
                 let st = t.elapsed().as_secs_f64();
                 self.counters.policy_seconds += st;
@@ -348,22 +350,14 @@ impl SpecState {
         let mut deferred = false;
         if k > 0 {
             let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
-            let drafter = &mut spec.drafter;
-            let schedule = match source {
-                0 => &mut spec.schedule,
-                s => &mut spec.source_schedules[s - 1],
-            };
+            let (drafter, schedule) = spec.parts(source);
             deferred = self.defer_heads
                 && !schedule.has_draft_hook()
                 && drafter.head_drafter(source).is_some();
         }
         if k > 0 && !deferred {
             let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
-            let drafter = &mut spec.drafter;
-            let schedule = match source {
-                0 => &mut spec.schedule,
-                s => &mut spec.source_schedules[s - 1],
-            };
+            let (drafter, schedule) = spec.parts(source);
             let t = Instant::now();
             let mut hook_seconds = 0.0;
             let mut hook_error = None;
