@@ -509,6 +509,7 @@ impl Engine {
 /// validation before the queue).
 pub fn encode(template: &ChatTemplate, tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>> {
     let text = match prompt {
+        Prompt::Tokens(ids) => return Ok(ids.clone()),
         Prompt::Raw(t) => t.clone(),
         Prompt::Chat(m) => template.render(m, true)?,
         Prompt::ChatWithTools(m, tools) => template.render_with_tools(m, tools, true)?,

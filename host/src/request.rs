@@ -11,10 +11,13 @@ use crate::sequence::EndRules;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// A request's input: raw text or chat messages.
+/// A request's input: raw text, token ids or chat messages.
 #[derive(Debug, Clone)]
 pub enum Prompt {
     Raw(String),
+    /// Token ids as given (completions' token-id prompts): no BOS added,
+    /// each below the vocabulary size (checked by the front end).
+    Tokens(Vec<u32>),
     Chat(Vec<specd_text::ChatMessage>),
     /// Chat messages and the tools the template renders (OpenAI function
     /// objects, the template's `tools`).

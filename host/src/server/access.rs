@@ -112,6 +112,8 @@ fn class(method: &Method, route: Option<&str>, path: &str) -> Class {
         (Some("/api/policies"), &Method::POST)
         | (Some("/api/policies/{name}"), &Method::DELETE) => Class::Admin,
         (Some("/metrics"), _) => Class::Metrics,
+        // The served model's tokenizer: what inference keys may use.
+        (Some("/tokenize" | "/detokenize"), _) => Class::Inference,
         // Unknown paths under the APIs need a key too: no probing.
         _ if path == "/api"
             || path == "/v1"

@@ -180,65 +180,119 @@ pub fn cap_max_tokens(
     Ok(request::max_tokens(state.limits.max_tokens, asked, field)?)
 }
 
+/// A request the worker started.
+pub struct Started {
+    /// The worker's messages; dropping it cancels the request.
+    pub rx: UnboundedReceiver<Msg>,
+    /// The prompt's token ids (chat messages through the template).
+    pub prompt: Vec<u32>,
+    /// From submission to the worker picking it up.
+    pub queued: Duration,
+}
+
 /// Queues a request and waits until the worker starts it (or refuses it).
 pub async fn start(
     state: &State,
     req: ValidatedRequest,
 ) -> Result<(UnboundedReceiver<Msg>, usize, Duration), ApiError> {
-    for p in [&req.spec.schedule, &req.spec.acceptance]
-        .into_iter()
-        .flatten()
-    {
-        super::shared::pin(state, p).await?;
-    }
-    if state.limits.require_lossless {
-        require_lossless(state, &req).await?;
+    let s = start_many(state, vec![req]).await?.pop().ok_or_else(|| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no request was started")
+    })?;
+    Ok((s.rx, s.prompt.len(), s.queued))
+}
+
+/// Queues the requests of one HTTP request (a completions request's
+/// prompts) and waits until the worker starts each: every one is checked
+/// before any is queued, then all go into the queue back to back, so the
+/// scheduler admits them at the same step boundary and they decode in the
+/// same batched steps. A refusal names its prompt (`prompt[i]`) when there
+/// are several; the ones already queued are then cancelled (their receivers
+/// dropped).
+pub async fn start_many(
+    state: &State,
+    reqs: Vec<ValidatedRequest>,
+) -> Result<Vec<Started>, ApiError> {
+    let many = reqs.len() > 1;
+    let which = move |i: usize, m: String| if many { format!("prompt[{i}]: {m}") } else { m };
+    for req in &reqs {
+        for p in [&req.spec.schedule, &req.spec.acceptance]
+            .into_iter()
+            .flatten()
+        {
+            super::shared::pin(state, p).await?;
+        }
+        if state.limits.require_lossless {
+            require_lossless(state, req).await?;
+        }
     }
     // Encoded and checked off the async threads, before the queue: the
     // model thread only admits.
     let validator = state.worker.validator();
-    let checked = tokio::task::spawn_blocking(move || validator.check(req))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("checking the request: {e}"),
-            )
-        })?
-        .map_err(|message| {
-            state.worker.refused();
-            ApiError::new(StatusCode::BAD_REQUEST, message)
-        })?;
-    let mut rx = state.worker.submit(checked).map_err(|e| match e {
-        SubmitError::Busy => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is busy (the request queue is full); retry later",
-        ),
-        SubmitError::Draining => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down (draining); retry on another replica",
-        ),
-        SubmitError::Stopped => ApiError::new(
+    let checked = tokio::task::spawn_blocking(move || {
+        reqs.into_iter()
+            .enumerate()
+            .map(|(i, r)| validator.check(r).map_err(|m| which(i, m)))
+            .collect::<Result<Vec<_>, String>>()
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "the generation worker has stopped",
-        ),
+            format!("checking the request: {e}"),
+        )
+    })?
+    .map_err(|message| {
+        state.worker.refused();
+        ApiError::new(StatusCode::BAD_REQUEST, message)
     })?;
-    match rx.recv().await {
-        Some(Msg::Started {
-            prompt_tokens,
-            queued,
-        }) => Ok((rx, prompt_tokens, queued)),
-        Some(Msg::Error { status, message }) => Err(ApiError::new(status, message)),
-        Some(Msg::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
-        Some(other) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected worker message {other:?}"),
-        )),
-        None => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the generation worker dropped the request",
-        )),
+    let mut queued = Vec::with_capacity(checked.len());
+    for c in checked {
+        let prompt = c.prompt.clone();
+        let rx = state.worker.submit(c).map_err(|e| match e {
+            SubmitError::Busy => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is busy (the request queue is full); retry later",
+            ),
+            SubmitError::Draining => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down (draining); retry on another replica",
+            ),
+            SubmitError::Stopped => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the generation worker has stopped",
+            ),
+        })?;
+        queued.push((rx, prompt));
     }
+    let mut started = Vec::with_capacity(queued.len());
+    for (i, (mut rx, prompt)) in queued.into_iter().enumerate() {
+        let queued = match rx.recv().await {
+            Some(Msg::Started { queued, .. }) => queued,
+            Some(Msg::Error { status, message }) => {
+                return Err(ApiError::new(status, which(i, message)))
+            }
+            Some(Msg::Failed(m)) => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    which(i, m),
+                ))
+            }
+            Some(other) => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("unexpected worker message {other:?}"),
+                ))
+            }
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the generation worker dropped the request",
+                ))
+            }
+        };
+        started.push(Started { rx, prompt, queued });
+    }
+    Ok(started)
 }
 
 /// `--require-lossless`: the request's acceptance policy (named, or the

@@ -144,10 +144,18 @@ pub struct ServeArgs {
     /// (the final sampling distribution).
     #[arg(long, value_enum, value_name = "MODE")]
     pub logprobs_mode: Option<crate::sampling::LogprobMode>,
+    /// Responses (`/v1/responses` with `store`) kept in memory per API key
+    /// for `previous_response_id`; past it the oldest is evicted; 0 keeps
+    /// none [default: 100].
+    #[arg(long, value_name = "N")]
+    pub responses_history: Option<usize>,
     /// Defaults for what a request leaves open.
     #[command(flatten)]
     pub defaults: SpecOptions,
 }
+
+/// Stored responses per API key (`--responses-history`).
+pub const DEFAULT_RESPONSES_HISTORY: usize = 100;
 
 /// The config file's shape.
 #[derive(Deserialize, Default, Debug)]
@@ -183,6 +191,7 @@ struct FileConfig {
     require_lossless: Option<bool>,
     greedy_default: Option<bool>,
     logprobs_mode: Option<crate::sampling::LogprobMode>,
+    responses_history: Option<usize>,
 }
 
 /// A key: shown as `***` by `Debug`, so configs can be logged.
@@ -316,6 +325,8 @@ pub struct ServerConfig {
     pub greedy_default: bool,
     /// `--logprobs-mode`.
     pub logprobs_mode: crate::sampling::LogprobMode,
+    /// `--responses-history`: stored responses per API key.
+    pub responses_history: usize,
 }
 
 impl ServerConfig {
@@ -458,6 +469,10 @@ impl ServerConfig {
             batch,
             greedy_default: a.greedy_default || file.greedy_default.unwrap_or(false),
             logprobs_mode: a.logprobs_mode.or(file.logprobs_mode).unwrap_or_default(),
+            responses_history: a
+                .responses_history
+                .or(file.responses_history)
+                .unwrap_or(DEFAULT_RESPONSES_HISTORY),
         })
     }
 }

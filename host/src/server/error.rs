@@ -28,6 +28,8 @@ pub struct ApiError {
     pub flavor: Flavor,
     /// The request field at fault (OpenAI's `error.param`).
     pub param: Option<String>,
+    /// OpenAI's `error.code`, where the status alone does not say it.
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -37,6 +39,7 @@ impl ApiError {
             message: message.into(),
             flavor: Flavor::Ollama,
             param: None,
+            code: None,
         }
     }
     pub fn bad(message: impl Into<String>) -> Self {
@@ -80,6 +83,7 @@ impl IntoResponse for ApiError {
                     _ => "invalid_request_error",
                 },
                 "code": match self.status.as_u16() {
+                    _ if self.code.is_some() => json!(self.code),
                     401 => json!("invalid_api_key"),
                     404 => json!("model_not_found"),
                     503 => json!("server_busy"),

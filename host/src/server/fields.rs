@@ -241,14 +241,9 @@ pub static VLLM_SHARED: &[(&str, Rule)] = &[
         "logits_processors",
         Rule::NeutralOnly(is_empty, "specd runs no request-supplied logits processors"),
     ),
-    (
-        "return_tokens_as_token_ids",
-        Rule::NeutralOnly(is_false, "specd returns tokens as text"),
-    ),
-    (
-        "return_token_ids",
-        Rule::NeutralOnly(is_false, "specd returns tokens as text"),
-    ),
+    // Token ids in the answer (`openai::TokenIdFields`).
+    ("return_tokens_as_token_ids", Rule::Used),
+    ("return_token_ids", Rule::Used),
     (
         "return_hidden_states",
         Rule::NeutralOnly(is_false, "specd does not return hidden states"),
@@ -514,6 +509,71 @@ pub static OPENAI_COMPLETIONS: Table = Table {
     extensions: &[VLLM_SHARED, VLLM_COMPLETIONS],
 };
 
+/// OpenAI's Responses API (`/v1/responses`); the speculation and sampling
+/// fields are the other routes' ([`COMMON`]).
+pub static OPENAI_RESPONSES: Table = Table {
+    api: "OpenAI responses API",
+    fields: &[
+        ("model", Rule::Used),
+        ("input", Rule::Used),
+        ("instructions", Rule::Used),
+        ("stream", Rule::Used),
+        ("max_output_tokens", Rule::Used),
+        // Checked item by item (`responses::read_tools`): functions only.
+        ("tools", Rule::Used),
+        ("tool_choice", Rule::Used),
+        ("text", Rule::Used),
+        ("store", Rule::Used),
+        ("previous_response_id", Rule::Used),
+        ("metadata", Rule::Inert),
+        ("user", Rule::Inert),
+        ("parallel_tool_calls", Rule::Inert),
+        ("service_tier", Rule::Inert),
+        ("safety_identifier", Rule::Inert),
+        ("prompt_cache_key", Rule::Inert),
+        ("prompt_cache_retention", Rule::Inert),
+        ("stream_options", Rule::Inert),
+        // The calls of one answer come in one turn: nothing to cap.
+        ("max_tool_calls", Rule::Inert),
+        (
+            "truncation",
+            Rule::NeutralOnly(
+                |v| v.as_str() == Some("disabled"),
+                "specd does not truncate the conversation (disabled only)",
+            ),
+        ),
+        (
+            "reasoning",
+            Rule::NeutralOnly(
+                |v| v.as_object().is_some_and(|o| o.values().all(Value::is_null)),
+                "the served model is not a reasoning model",
+            ),
+        ),
+        (
+            "include",
+            Rule::NeutralOnly(is_empty, "specd has no built-in tool results, reasoning or logprobs to include"),
+        ),
+        (
+            "top_logprobs",
+            Rule::NeutralOnly(is_zero, "specd's responses carry no logprobs"),
+        ),
+        (
+            "background",
+            Rule::NeutralOnly(is_false, "specd answers in the foreground"),
+        ),
+        (
+            "conversation",
+            Rule::NeutralOnly(|_| false, "specd keeps no conversations; use previous_response_id"),
+        ),
+        (
+            "prompt",
+            Rule::NeutralOnly(|_| false, "stored prompt templates are not supported"),
+        ),
+    ],
+    common: true,
+    extensions: &[],
+};
+
 pub static OLLAMA_GENERATE: Table = Table {
     api: "Ollama generate API",
     fields: &[
@@ -752,6 +812,7 @@ mod tests {
             &OPENAI_CHAT,
             &OPENAI_MESSAGE,
             &OPENAI_COMPLETIONS,
+            &OPENAI_RESPONSES,
             &STREAM_OPTIONS,
             &OLLAMA_GENERATE,
             &OLLAMA_CHAT,
@@ -773,6 +834,7 @@ mod tests {
         for t in [
             &OPENAI_CHAT,
             &OPENAI_COMPLETIONS,
+            &OPENAI_RESPONSES,
             &OLLAMA_GENERATE,
             &OLLAMA_OPTIONS,
         ] {

@@ -18,8 +18,11 @@ mod metrics;
 mod ollama;
 mod openai;
 mod policies;
+mod responses;
+mod prompts;
 mod shared;
 mod stream;
+mod tokenize;
 mod tools;
 mod ui;
 mod validation;
@@ -66,6 +69,8 @@ pub struct AppState {
     pub life: Arc<lifecycle::Lifecycle>,
     /// The registry replicas share (`--policy-store`), if any.
     pub store: Option<Arc<specd_policy::PolicyStore>>,
+    /// Stored `/v1/responses` answers (`--responses-history`).
+    pub responses: responses::History,
 }
 
 pub type State = Arc<AppState>;
@@ -112,6 +117,10 @@ pub fn router(state: State) -> Router {
         .route("/v1/models/{model}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         // The upload reads its body itself, under its own limit.
         .route("/api/policies", get(policies::list).post(policies::upload))
         .route("/api/policies/{name}", delete(policies::remove))
@@ -217,6 +226,7 @@ pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
             uploads: Mutex::new(uploads),
             life: life.clone(),
             store,
+            responses: responses::History::new(cfg.responses_history),
         });
         eprintln!(
             "specd {} serving {} on http://{local} (queue {}, policies in {})",

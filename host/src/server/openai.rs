@@ -5,7 +5,7 @@ use super::api::{self, ApiError, CommonOptions, Flavor};
 use super::fields;
 use super::stream::{self, Assembler, Piece};
 use super::tools::{self, Tools};
-use super::worker::LogprobEntry;
+use super::worker::{LogprobEntry, TokenAlt};
 use super::State;
 use crate::engine::Prompt;
 use crate::request::{self, ValidatedRequest};
@@ -16,6 +16,7 @@ use axum::extract::Path;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use specd_text::{ChatMessage, ToolFormat};
@@ -25,7 +26,6 @@ use std::time::Duration;
 #[derive(Deserialize, Debug)]
 pub struct ChatBody {
     model: Option<String>,
-    messages: Option<Vec<OaMessage>>,
     #[serde(default)]
     stream: bool,
     max_tokens: Option<i64>,
@@ -37,6 +37,17 @@ pub struct ChatBody {
     tools: Option<Value>,
     tool_choice: Option<Value>,
     stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    ids: TokenIdFields,
+}
+
+/// vLLM's token-id fields of both routes.
+#[derive(Deserialize, Debug, Default)]
+pub struct TokenIdFields {
+    #[serde(default)]
+    return_token_ids: Option<bool>,
+    #[serde(default)]
+    return_tokens_as_token_ids: Option<bool>,
 }
 
 /// `stream_options` (its keys checked by [`fields::STREAM_OPTIONS`]).
@@ -69,6 +80,8 @@ pub struct CompletionBody {
     /// How many alternatives per token (0..=20); present: logprobs wanted.
     logprobs: Option<i64>,
     stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    ids: TokenIdFields,
 }
 
 fn oa(e: ApiError) -> ApiError {
@@ -153,6 +166,7 @@ enum Kind {
     Completion,
 }
 
+#[derive(Clone)]
 struct Ctx {
     kind: Kind,
     id: String,
@@ -164,30 +178,68 @@ struct Ctx {
     tools: Option<ToolFormat>,
     /// `stream_options.include_usage`: the usage goes in a chunk of its own.
     include_usage: bool,
-}
-
-/// Logprobs in the legacy completions shape; `offset` is the text offset of
-/// the first token (advanced past the entries).
-fn completion_logprobs(entries: &[LogprobEntry], offset: &mut usize) -> Value {
-    let mut tokens = Vec::new();
-    let mut lps = Vec::new();
-    let mut tops = Vec::new();
-    let mut offsets = Vec::new();
-    for e in entries {
-        tokens.push(json!(e.chosen.text));
-        lps.push(json!(e.chosen.logprob));
-        let mut top = serde_json::Map::new();
-        for a in &e.top {
-            top.insert(a.text.clone(), json!(a.logprob));
-        }
-        tops.push(Value::Object(top));
-        offsets.push(json!(*offset));
-        *offset += e.chosen.text.chars().count();
-    }
-    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    /// The choice's `index` (a completions request's prompt, in order).
+    index: usize,
+    /// vLLM's `return_token_ids`: the prompt's and the output's token ids.
+    token_ids: bool,
+    /// vLLM's `return_tokens_as_token_ids`: logprobs name tokens
+    /// `token_id:N`.
+    ids_as_tokens: bool,
 }
 
 impl Ctx {
+    /// How a token is named in logprobs.
+    fn token_name(&self, a: &TokenAlt) -> String {
+        if self.ids_as_tokens {
+            format!("token_id:{}", a.id)
+        } else {
+            a.text.clone()
+        }
+    }
+
+    /// Logprobs in the legacy completions shape; `offset` is the text
+    /// offset of the first token (advanced past the entries). The first
+    /// entry of an echoed prompt has no logprob (NaN, written as null) and
+    /// no alternatives (null, as vLLM's).
+    fn completion_logprobs(&self, entries: &[LogprobEntry], offset: &mut usize) -> Value {
+        let mut tokens = Vec::new();
+        let mut lps = Vec::new();
+        let mut tops = Vec::new();
+        let mut offsets = Vec::new();
+        for e in entries {
+            tokens.push(json!(self.token_name(&e.chosen)));
+            lps.push(json!(e.chosen.logprob));
+            if e.chosen.logprob.is_nan() {
+                tops.push(Value::Null);
+            } else {
+                let mut top = serde_json::Map::new();
+                for a in &e.top {
+                    top.insert(self.token_name(a), json!(a.logprob));
+                }
+                tops.push(Value::Object(top));
+            }
+            offsets.push(json!(*offset));
+            *offset += e.chosen.text.chars().count();
+        }
+        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    }
+
+    fn chat_logprob(&self, e: &LogprobEntry) -> Value {
+        let mut v = api::logprob_json(e);
+        if self.ids_as_tokens {
+            v["token"] = json!(self.token_name(&e.chosen));
+            for (t, a) in v["top_logprobs"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .zip(&e.top)
+            {
+                t["token"] = json!(self.token_name(a));
+            }
+        }
+        v
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.kind, chunk) {
             (Kind::Chat, false) => "chat.completion",
@@ -203,10 +255,28 @@ impl Ctx {
         }
         match self.kind {
             Kind::Chat => json!({
-                "content": entries.iter().map(api::logprob_json).collect::<Vec<_>>(),
+                "content": entries.iter().map(|e| self.chat_logprob(e)).collect::<Vec<_>>(),
                 "refusal": null,
             }),
-            Kind::Completion => completion_logprobs(entries, offset),
+            Kind::Completion => self.completion_logprobs(entries, offset),
+        }
+    }
+
+    /// vLLM's `return_token_ids` on a response or chunk `v`: the prompt's
+    /// ids (on a completions choice, at the top of a chat response), and
+    /// the output's (on the choice).
+    fn add_ids(&self, v: &mut Value, prompt: Option<&[u32]>, output: Option<&[u32]>) {
+        if !self.token_ids {
+            return;
+        }
+        if let Some(p) = prompt {
+            match self.kind {
+                Kind::Completion => v["choices"][0]["prompt_token_ids"] = json!(p),
+                Kind::Chat => v["prompt_token_ids"] = json!(p),
+            }
+        }
+        if let Some(o) = output {
+            v["choices"][0]["token_ids"] = json!(o);
         }
     }
 
@@ -217,6 +287,7 @@ impl Ctx {
         first: bool,
         logprobs: Value,
     ) -> Value {
+        let index = self.index;
         let choice = match self.kind {
             Kind::Chat => {
                 let delta = match (text, first) {
@@ -224,10 +295,10 @@ impl Ctx {
                     (Some(t), false) => json!({"content": t}),
                     (None, _) => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Completion => json!({
-                "index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish
+                "index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish
             }),
         };
         json!({
@@ -241,6 +312,7 @@ impl Ctx {
     }
 
     fn whole(&self, text: &str, stats: &Stats, logprobs: Value) -> Value {
+        let index = self.index;
         let choice = match (self.kind, self.tools) {
             (Kind::Chat, Some(format)) => {
                 let p = specd_text::tool_calls::parse(format, text);
@@ -253,16 +325,16 @@ impl Ctx {
                         message["content"] = Value::Null;
                     }
                 }
-                json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
             }
             (Kind::Chat, None) => json!({
-                "index": 0,
+                "index": index,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs,
                 "finish_reason": finish_reason(stats),
             }),
             (Kind::Completion, _) => json!({
-                "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(stats),
+                "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(stats),
             }),
         };
         json!({
@@ -283,38 +355,80 @@ fn sse_json(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
 
-async fn run(
-    state: State,
+/// One prompt's part of a response: its context and what `echo` puts
+/// before its text.
+struct Part {
     ctx: Ctx,
-    req: ValidatedRequest,
-    stream: bool,
     prefix: String,
-) -> Result<Response, ApiError> {
+}
+
+/// The prompts' responses merged into one: the choices in order, the usage
+/// summed, the `speculation` objects and vLLM `metrics` as lists (one per
+/// choice; a single choice keeps its objects).
+fn merge(mut wholes: Vec<Value>) -> Value {
+    if wholes.len() == 1 {
+        return wholes.pop().unwrap_or(Value::Null);
+    }
+    let mut out = wholes[0].clone();
+    let mut choices = Vec::new();
+    let (mut spec, mut metrics) = (Vec::new(), Vec::new());
+    let mut totals = [0u64; 3];
+    for w in &mut wholes {
+        choices.push(w["choices"][0].take());
+        spec.push(w["speculation"].take());
+        metrics.push(w["metrics"].take());
+        for (t, k) in totals
+            .iter_mut()
+            .zip(["prompt_tokens", "completion_tokens", "total_tokens"])
+        {
+            *t += w["usage"][k].as_u64().unwrap_or(0);
+        }
+    }
+    out["choices"] = json!(choices);
+    out["usage"] = json!({
+        "prompt_tokens": totals[0], "completion_tokens": totals[1], "total_tokens": totals[2],
+    });
+    out["speculation"] = json!(spec);
+    out["metrics"] = json!(metrics);
+    out
+}
+
+/// What one prompt's stream hands the response's stream.
+enum Out {
+    Events(Vec<Event>),
+    /// Its last chunk (the finish reason), held until the usage is known.
+    Finish(Value, Box<Stats>),
+    Failed(String),
+}
+
+/// One prompt's chunks.
+fn part_stream(
+    part: Part,
+    started: api::Started,
+) -> impl futures_util::Stream<Item = Result<Out, std::convert::Infallible>> {
+    let Part { ctx, prefix } = part;
+    let prompt = started.prompt;
+    let mut first = true;
     // Text offsets count from the start of the text (with `echo`, the
     // prompt's logprobs come first).
     let mut offset = 0;
-    let (rx, _, _) = api::start(&state, req).await?;
-    if !stream {
-        let c = api::collect(rx).await?;
-        let text = prefix + &c.text;
-        let lp = ctx.logprobs(&c.logprobs, &mut offset);
-        return Ok(Json(ctx.whole(&text, &c.stats, lp)).into_response());
-    }
-    let mut first = true;
     let asm = Assembler::new(prefix, ctx.tools);
-    let s = stream::pieces(rx, asm, move |piece| match piece {
+    stream::pieces(started.rx, asm, move |piece| match piece {
         Piece::Text { text, logprobs } => {
             let lp = ctx.logprobs(&logprobs, &mut offset);
-            let e = sse_json(&ctx.chunk(Some(&text), None, first, lp));
+            let mut c = ctx.chunk(Some(&text), None, first, lp);
+            if first {
+                ctx.add_ids(&mut c, Some(&prompt), None);
+            }
             first = false;
-            (vec![e], false)
+            (vec![Out::Events(vec![sse_json(&c)])], false)
         }
         Piece::Done {
             text,
             calls,
             logprobs,
             stats,
-            ..
+            log,
         } => {
             let mut out = Vec::new();
             if first || !logprobs.is_empty() || !text.is_empty() {
@@ -322,7 +436,11 @@ async fn run(
                 // whose text never came (held back by a stop string), or
                 // held-back text that was not a call after all.
                 let lp = ctx.logprobs(&logprobs, &mut offset);
-                out.push(sse_json(&ctx.chunk(Some(&text), None, first, lp)));
+                let mut c = ctx.chunk(Some(&text), None, first, lp);
+                if first {
+                    ctx.add_ids(&mut c, Some(&prompt), None);
+                }
+                out.push(sse_json(&c));
                 first = false;
             }
             let mut finish = finish_reason(&stats);
@@ -333,69 +451,156 @@ async fn run(
                 finish = "tool_calls";
             }
             let mut last = ctx.chunk(None, Some(finish), false, Value::Null);
-            if ctx.include_usage {
-                // OpenAI's shape: the usage in a chunk of its own, with no
-                // choices; specd's and vLLM's figures ride along.
-                out.push(sse_json(&last));
-                last = ctx.chunk(None, None, false, Value::Null);
-                last["choices"] = json!([]);
-            }
-            last["usage"] = usage(&stats);
-            last["speculation"] = serde_json::to_value(&*stats).unwrap_or(Value::Null);
-            last["metrics"] = api::vllm_metrics(&stats);
-            out.push(sse_json(&last));
-            out.push(Event::default().data("[DONE]"));
-            (out, true)
+            // The output's ids, all at once in the last chunk.
+            ctx.add_ids(&mut last, None, Some(log.get(prompt.len()..).unwrap_or(&[])));
+            (vec![Out::Events(out), Out::Finish(last, stats)], true)
         }
-        Piece::Failed(e) => (
-            vec![
-                sse_json(&json!({"error": {"message": e, "type": "server_error"}})),
-                Event::default().data("[DONE]"),
-            ],
-            true,
-        ),
+        Piece::Failed(e) => (vec![Out::Failed(e)], true),
         Piece::Rounds(_) => (vec![], false),
-    });
+    })
+}
+
+async fn run(
+    state: State,
+    parts: Vec<Part>,
+    reqs: Vec<ValidatedRequest>,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    let started = api::start_many(&state, reqs).await?;
+    if !stream {
+        let all = futures_util::future::try_join_all(started.into_iter().map(|s| async move {
+            let prompt = s.prompt;
+            api::collect(s.rx).await.map(|c| (prompt, c))
+        }))
+        .await?;
+        let wholes = parts
+            .iter()
+            .zip(all)
+            .map(|(part, (prompt, c))| {
+                let text = part.prefix.clone() + &c.text;
+                let lp = part.ctx.logprobs(&c.logprobs, &mut 0);
+                let mut w = part.ctx.whole(&text, &c.stats, lp);
+                let output = c.log.get(prompt.len()..).unwrap_or(&[]);
+                part.ctx.add_ids(&mut w, Some(&prompt), Some(output));
+                w
+            })
+            .collect();
+        return Ok(Json(merge(wholes)).into_response());
+    }
+    let n = parts.len();
+    let head = parts[0].ctx.clone();
+    let streams: Vec<_> = parts
+        .into_iter()
+        .zip(started)
+        .map(|(p, s)| Box::pin(part_stream(p, s)))
+        .collect();
+    let merged = futures_util::stream::select_all(streams);
+    // The finish chunks and their stats, until every prompt has ended.
+    let ended: Vec<(Value, Box<Stats>)> = Vec::new();
+    let s = futures_util::stream::unfold(
+        (merged, ended, false),
+        move |(mut merged, mut ended, over)| {
+            let head = head.clone();
+            async move {
+                if over {
+                    return None;
+                }
+                let Ok(out) = merged.next().await?;
+                let (events, over) = match out {
+                    Out::Events(e) => (e, false),
+                    Out::Failed(e) => (
+                        vec![
+                            sse_json(&json!({"error": {"message": e, "type": "server_error"}})),
+                            Event::default().data("[DONE]"),
+                        ],
+                        true,
+                    ),
+                    Out::Finish(last, stats) => {
+                        ended.push((last, stats));
+                        if ended.len() < n {
+                            (vec![sse_json(&ended[ended.len() - 1].0)], false)
+                        } else {
+                            (finish(&head, &ended), true)
+                        }
+                    }
+                };
+                Some((
+                    futures_util::stream::iter(
+                        events.into_iter().map(Ok::<_, std::convert::Infallible>),
+                    ),
+                    (merged, ended, over),
+                ))
+            }
+        },
+    )
+    .flatten();
     Ok(Sse::new(s)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
 }
 
-/// Errors of the OpenAI routes take OpenAI's shape (`error.type`,
-/// `error.param`), once per route.
-pub async fn chat_completions(
-    axum::extract::State(state): axum::extract::State<State>,
-    caller: Option<axum::Extension<Caller>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    chat(state, caller, body).await.map_err(oa)
+/// The last events of a stream whose prompts have all ended (`ended`: their
+/// finish chunks, in the order they ended; each but the last already sent).
+/// One prompt: its usage, `speculation` and vLLM `metrics` ride on its
+/// finish chunk, or, with `include_usage`, on a chunk of their own with no
+/// choices (OpenAI's shape). Several: that chunk always comes, with the
+/// usage summed and the objects as lists in the prompts' order.
+fn finish(head: &Ctx, ended: &[(Value, Box<Stats>)]) -> Vec<Event> {
+    let mut out = Vec::new();
+    let (last, stats) = &ended[ended.len() - 1];
+    if ended.len() == 1 {
+        let mut last = last.clone();
+        if head.include_usage {
+            out.push(sse_json(&last));
+            last = head.chunk(None, None, false, Value::Null);
+            last["choices"] = json!([]);
+        }
+        last["usage"] = usage(stats);
+        last["speculation"] = serde_json::to_value(&**stats).unwrap_or(Value::Null);
+        last["metrics"] = api::vllm_metrics(stats);
+        out.push(sse_json(&last));
+    } else {
+        out.push(sse_json(last));
+        let mut by_index: Vec<(u64, &Stats)> = ended
+            .iter()
+            .map(|(c, s)| (c["choices"][0]["index"].as_u64().unwrap_or(0), &**s))
+            .collect();
+        by_index.sort_by_key(|(i, _)| *i);
+        let mut u = head.chunk(None, None, false, Value::Null);
+        u["choices"] = json!([]);
+        let p: usize = by_index.iter().map(|(_, s)| s.prompt_tokens).sum();
+        let c: usize = by_index.iter().map(|(_, s)| s.generated_tokens).sum();
+        u["usage"] = json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c});
+        u["speculation"] = json!(by_index
+            .iter()
+            .map(|(_, s)| serde_json::to_value(s).unwrap_or(Value::Null))
+            .collect::<Vec<_>>());
+        u["metrics"] = json!(by_index
+            .iter()
+            .map(|(_, s)| api::vllm_metrics(s))
+            .collect::<Vec<_>>());
+        out.push(sse_json(&u));
+    }
+    out.push(Event::default().data("[DONE]"));
+    out
 }
 
-async fn chat(
-    state: State,
-    caller: Option<axum::Extension<Caller>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let v = api::read_body(body, &fields::OPENAI_CHAT)?;
-    stream_options_checked(&v)?;
-    if let Some(Value::Array(ms)) = v.get("messages") {
-        for (i, m) in ms.iter().enumerate() {
-            fields::check(m, &fields::OPENAI_MESSAGE, &format!("messages[{i}]."))
-                .map_err(ApiError::field)?;
+/// A body's `messages` (each message's keys checked) as the chat
+/// template takes them; required and not empty.
+pub(super) fn read_messages(body: &Value) -> Result<Vec<ChatMessage>, ApiError> {
+    let messages = match body.get("messages") {
+        None | Some(Value::Null) => return Err(ApiError::bad("messages is required")),
+        Some(Value::Array(ms)) if ms.is_empty() => {
+            return Err(ApiError::bad("messages must not be empty"))
         }
-    }
-    let b: ChatBody = api::from_value(v.clone(), "")?;
-    let common: CommonOptions = api::from_value(v, "")?;
-    let model = state.served_model(&b.model)?;
-    check_n(b.n)?;
-    let messages = b
-        .messages
-        .ok_or_else(|| ApiError::bad("messages is required"))?;
-    if messages.is_empty() {
-        return Err(ApiError::bad("messages must not be empty"));
-    }
+        Some(Value::Array(ms)) => ms,
+        Some(_) => return Err(ApiError::bad("messages must be a list of messages")),
+    };
     let mut msgs: Vec<ChatMessage> = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}].");
+        fields::check(m, &fields::OPENAI_MESSAGE, &at).map_err(ApiError::field)?;
+        let m: OaMessage = api::from_value(m.clone(), &at)?;
         let role = match m.role.as_str() {
             "developer" => "system",
             r @ ("system" | "user" | "assistant" | "tool") => r,
@@ -417,6 +622,31 @@ async fn chat(
         }
         msgs.push(msg);
     }
+    Ok(msgs)
+}
+
+/// Errors of the OpenAI routes take OpenAI's shape (`error.type`,
+/// `error.param`), once per route.
+pub async fn chat_completions(
+    axum::extract::State(state): axum::extract::State<State>,
+    caller: Option<axum::Extension<Caller>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    chat(state, caller, body).await.map_err(oa)
+}
+
+async fn chat(
+    state: State,
+    caller: Option<axum::Extension<Caller>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let v = api::read_body(body, &fields::OPENAI_CHAT)?;
+    stream_options_checked(&v)?;
+    let b: ChatBody = api::from_value(v.clone(), "")?;
+    let model = state.served_model(&b.model)?;
+    check_n(b.n)?;
+    let msgs = read_messages(&v)?;
+    let common: CommonOptions = api::from_value(v, "")?;
     let tools = tools::read(
         b.tools.as_ref(),
         b.tool_choice.as_ref(),
@@ -465,8 +695,15 @@ async fn chat(
         logprobs: req.logprobs.is_some(),
         tools: tools.filter(Tools::parses).map(|t| t.format),
         include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+        index: 0,
+        token_ids: b.ids.return_token_ids.unwrap_or(false),
+        ids_as_tokens: b.ids.return_tokens_as_token_ids.unwrap_or(false),
     };
-    run(state, ctx, req, b.stream, String::new()).await
+    let part = Part {
+        ctx,
+        prefix: String::new(),
+    };
+    run(state, vec![part], vec![req], b.stream).await
 }
 
 pub async fn completions(
@@ -488,52 +725,55 @@ async fn completion(
     let common: CommonOptions = api::from_value(v, "")?;
     let model = state.served_model(&b.model)?;
     check_n(b.n)?;
-    let prompt = match b.prompt {
-        Some(Value::String(s)) => s,
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            a[0].as_str().unwrap_or_default().to_string()
-        }
-        Some(Value::Array(_)) => {
-            return Err(ApiError::bad(
-                "prompt must be a string (one prompt per request)",
-            ))
-        }
-        None | Some(Value::Null) => return Err(ApiError::bad("prompt is required")),
-        Some(_) => return Err(ApiError::bad("prompt must be a string")),
-    };
-    let prefix = if b.echo {
-        prompt.clone()
-    } else {
-        String::new()
-    };
-    let req = ValidatedRequest {
-        prompt: Prompt::Raw(prompt),
-        params: common.params(&state.sampling_defaults(Flavor::OpenAi))?,
-        // The OpenAI default for completions is 16 tokens (or the
-        // server's limit, if lower).
-        max_tokens: match max_tokens(b.max_tokens)? {
-            None => Some(state.limits.max_tokens.map_or(16, |m| m.min(16))),
-            asked => api::cap_max_tokens(&state, asked, "max_tokens")?,
-        },
-        stop: common.stop(),
-        spec: common.spec(&state.defaults)?,
-        trace_rounds: false,
-        tenant: api::tenant(&caller),
-        logprobs: api::logprob_request(&state, b.logprobs.is_some(), b.logprobs, "logprobs")?,
-        format: None,
-        prompt_logprobs: b.echo,
-        ends: common.ends(state.model.vocab_size)?,
-    };
-    let ctx = Ctx {
+    let prompts = super::prompts::read(b.prompt.as_ref(), state.model.vocab_size)?;
+    let tokenizer = state.worker.validator().tokenizer().clone();
+    let base = Ctx {
         kind: Kind::Completion,
         id: new_id("cmpl"),
         created: api::unix_now(),
         model,
-        logprobs: req.logprobs.is_some(),
+        logprobs: b.logprobs.is_some(),
         tools: None,
         include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+        index: 0,
+        token_ids: b.ids.return_token_ids.unwrap_or(false),
+        ids_as_tokens: b.ids.return_tokens_as_token_ids.unwrap_or(false),
     };
-    run(state, ctx, req, b.stream, prefix).await
+    let (mut parts, mut reqs) = (Vec::new(), Vec::new());
+    for (index, p) in prompts.iter().enumerate() {
+        // Each prompt is a request of its own, with the same fields: the
+        // same seed when one is given (vLLM's), a fresh one each when not.
+        reqs.push(ValidatedRequest {
+            prompt: p.prompt(),
+            params: common.params(&state.sampling_defaults(Flavor::OpenAi))?,
+            // The OpenAI default for completions is 16 tokens (or the
+            // server's limit, if lower).
+            max_tokens: match max_tokens(b.max_tokens)? {
+                None => Some(state.limits.max_tokens.map_or(16, |m| m.min(16))),
+                asked => api::cap_max_tokens(&state, asked, "max_tokens")?,
+            },
+            stop: common.stop(),
+            spec: common.spec(&state.defaults)?,
+            trace_rounds: false,
+            tenant: api::tenant(&caller),
+            logprobs: api::logprob_request(&state, b.logprobs.is_some(), b.logprobs, "logprobs")?,
+            format: None,
+            prompt_logprobs: b.echo,
+            ends: common.ends(state.model.vocab_size)?,
+        });
+        parts.push(Part {
+            ctx: Ctx {
+                index,
+                ..base.clone()
+            },
+            prefix: if b.echo {
+                p.text(&tokenizer)
+            } else {
+                String::new()
+            },
+        });
+    }
+    run(state, parts, reqs, b.stream).await
 }
 
 fn model_object(state: &State) -> Value {

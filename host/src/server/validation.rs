@@ -54,7 +54,22 @@ impl Validator {
         }
     }
 
-    fn encode(&self, prompt: &Prompt) -> anyhow::Result<Vec<u32>> {
+    /// The served model's tokenizer (`/tokenize`, echoed token ids).
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The served model's chat template (`/tokenize` of messages).
+    pub fn template(&self) -> &Arc<ChatTemplate> {
+        &self.template
+    }
+
+    /// The model's context length.
+    pub fn context_length(&self) -> usize {
+        self.context_length
+    }
+
+    pub fn encode(&self, prompt: &Prompt) -> anyhow::Result<Vec<u32>> {
         crate::engine::encode(&self.template, &self.tokenizer, prompt)
     }
 

@@ -24,6 +24,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 /// part of a character), its bytes, its logprob.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenAlt {
+    pub id: u32,
     pub text: String,
     pub bytes: Vec<u8>,
     pub logprob: f32,
@@ -41,6 +42,7 @@ impl LogprobEntry {
         let alt = |id: u32, logprob: f32| {
             let bytes = tok.token_bytes(id);
             TokenAlt {
+                id,
                 text: String::from_utf8_lossy(&bytes).into_owned(),
                 bytes,
                 logprob,
