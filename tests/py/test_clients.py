@@ -84,7 +84,8 @@ def pairs(server):
         ctx = tokenize(server, text)
         if i < 2:
             g = ok(post(server, "/v1/completions", {"model": MODEL, "prompt": ctx, "max_tokens": 4,
-                                                    "temperature": 0, "return_token_ids": True}))
+                                                    "temperature": 0, "return_token_ids": True,
+                                                    "ignore_eos": True}))
             cont = g["choices"][0]["token_ids"]
         else:
             cont = tokenize(server, " purple elephants dance quietly")[:4]

@@ -245,25 +245,22 @@ pub async fn start_many(
         state.worker.refused();
         ApiError::new(StatusCode::BAD_REQUEST, message)
     })?;
-    let mut queued = Vec::with_capacity(checked.len());
-    for c in checked {
-        let prompt = c.prompt.clone();
-        let rx = state.worker.submit(c).map_err(|e| match e {
-            SubmitError::Busy => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is busy (the request queue is full); retry later",
-            ),
-            SubmitError::Draining => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is shutting down (draining); retry on another replica",
-            ),
-            SubmitError::Stopped => ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the generation worker has stopped",
-            ),
-        })?;
-        queued.push((rx, prompt));
-    }
+    let prompts: Vec<Vec<u32>> = checked.iter().map(|c| c.prompt.clone()).collect();
+    let rxs = state.worker.submit_group(checked).map_err(|e| match e {
+        SubmitError::Busy => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is busy (the request queue is full); retry later",
+        ),
+        SubmitError::Draining => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down (draining); retry on another replica",
+        ),
+        SubmitError::Stopped => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the generation worker has stopped",
+        ),
+    })?;
+    let queued: Vec<_> = rxs.into_iter().zip(prompts).collect();
     let mut started = Vec::with_capacity(queued.len());
     for (i, (mut rx, prompt)) in queued.into_iter().enumerate() {
         let queued = match rx.recv().await {

@@ -90,7 +90,14 @@ struct Job {
     req: Checked,
     reply: UnboundedSender<Msg>,
     submitted: Instant,
+    /// Jobs of the same HTTP request queued right behind this one (a
+    /// completions request's prompts): admitted with it, in one step.
+    following: usize,
 }
+
+/// How long the worker waits for the rest of a group it has begun to
+/// admit (they are queued back to back; longer only if one was refused).
+const GROUP_WAIT: Duration = Duration::from_millis(50);
 
 /// The served model as the HTTP side describes it.
 #[derive(Debug, Clone, Serialize)]
@@ -133,7 +140,6 @@ pub enum SubmitError {
 }
 
 impl WorkerHandle {
-    /// Queues a request. The receiver yields [`Msg`]s; dropping it cancels.
     /// What requests are checked against before they are queued.
     pub fn validator(&self) -> Arc<Validator> {
         self.validator.clone()
@@ -144,7 +150,27 @@ impl WorkerHandle {
         self.metrics.refused.fetch_add(1, Relaxed);
     }
 
-    pub fn submit(&self, req: Checked) -> Result<UnboundedReceiver<Msg>, SubmitError> {
+    /// Queues requests (each receiver yields [`Msg`]s; dropping it
+    /// cancels) that must start together (one HTTP request's
+    /// prompts): the worker admits them at the same step boundary, room
+    /// allowing. A refusal of one leaves the ones queued before it queued
+    /// (dropping their receivers cancels them).
+    pub fn submit_group(
+        &self,
+        reqs: Vec<Checked>,
+    ) -> Result<Vec<UnboundedReceiver<Msg>>, SubmitError> {
+        let n = reqs.len();
+        reqs.into_iter()
+            .enumerate()
+            .map(|(i, r)| self.submit_one(r, n - 1 - i))
+            .collect()
+    }
+
+    fn submit_one(
+        &self,
+        req: Checked,
+        following: usize,
+    ) -> Result<UnboundedReceiver<Msg>, SubmitError> {
         if self.life.draining() {
             return Err(SubmitError::Draining);
         }
@@ -153,6 +179,7 @@ impl WorkerHandle {
             req,
             reply,
             submitted: Instant::now(),
+            following,
         };
         self.metrics.queued.fetch_add(1, Relaxed);
         match self.tx.try_send(job) {
@@ -317,8 +344,22 @@ fn schedule(
                 sched.fail_all(DRAINED);
             }
         }
+        // Jobs still to come of the group being admitted.
+        let mut following = 0;
         while open && sched.has_room() {
-            let job = if sched.is_idle() {
+            let job = if following > 0 {
+                match rx.recv_timeout(GROUP_WAIT) {
+                    Ok(j) => j,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        following = 0;
+                        continue;
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            } else if sched.is_idle() {
                 match idle_recv(engine, rx) {
                     Ok(j) => j,
                     Err(_) => return,
@@ -334,6 +375,7 @@ fn schedule(
                 }
             };
             m.queued.fetch_sub(1, Relaxed);
+            following = job.following;
             if let Some(a) = prepare(engine, job, m, cfg) {
                 sched.admit(a);
             }
@@ -408,6 +450,7 @@ fn prepare<'e>(
         req,
         reply,
         submitted,
+        ..
     } = job;
     if reply.is_closed() {
         // The client left while queued.
