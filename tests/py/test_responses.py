@@ -116,16 +116,26 @@ def test_json_schema_format(srv):
                                                 "strict": True}})
     jsonschema.validate(json.loads(r.output_text), SCHEMA)
     assert r.output[0].type == "message" and r.output[0].content[0].type == "output_text"
-    r = client(srv).responses.create(model="default", input="JSON please", temperature=0, max_output_tokens=200,
+    # json_object: an object (random weights fill it with a long string:
+    # its start is what the grammar fixes)
+    r = client(srv).responses.create(model="default", input="JSON please", temperature=0, max_output_tokens=8,
                                      text={"format": {"type": "json_object"}})
-    assert isinstance(json.loads(r.output_text), dict)
+    assert r.output_text.startswith("{") and r.status == "incomplete", r.output_text
 
 
 def comparable(r) -> dict:
-    """A response without what differs between two runs (ids, times)."""
-    d = r.model_dump()
-    out = [{k: v for k, v in o.items() if k not in ("id", "call_id")} for o in d["output"]]
-    return {"output": out, "usage": d["usage"], "status": d["status"], "text": r.output_text}
+    """What a response says, without what differs between two runs (ids,
+    times, prompt tokens found in the prefix cache) or what the client's
+    stream helper adds (`parsed`)."""
+    out = []
+    for o in r.output:
+        if o.type == "message":
+            out.append(("message", o.role, o.status, [(c.type, c.text) for c in o.content]))
+        else:
+            out.append((o.type, o.name, o.arguments, o.status))
+    u = r.usage
+    return {"output": out, "usage": (u.input_tokens, u.output_tokens, u.total_tokens), "status": r.status,
+            "text": r.output_text, "incomplete": r.incomplete_details}
 
 
 @pytest.mark.parametrize("kind", ["text", "call"])
