@@ -545,13 +545,19 @@ pub static OPENAI_RESPONSES: Table = Table {
         (
             "reasoning",
             Rule::NeutralOnly(
-                |v| v.as_object().is_some_and(|o| o.values().all(Value::is_null)),
+                |v| {
+                    v.as_object()
+                        .is_some_and(|o| o.values().all(Value::is_null))
+                },
                 "the served model is not a reasoning model",
             ),
         ),
         (
             "include",
-            Rule::NeutralOnly(is_empty, "specd has no built-in tool results, reasoning or logprobs to include"),
+            Rule::NeutralOnly(
+                is_empty,
+                "specd has no built-in tool results, reasoning or logprobs to include",
+            ),
         ),
         (
             "top_logprobs",
@@ -563,7 +569,10 @@ pub static OPENAI_RESPONSES: Table = Table {
         ),
         (
             "conversation",
-            Rule::NeutralOnly(|_| false, "specd keeps no conversations; use previous_response_id"),
+            Rule::NeutralOnly(
+                |_| false,
+                "specd keeps no conversations; use previous_response_id",
+            ),
         ),
         (
             "prompt",

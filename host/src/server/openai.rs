@@ -452,7 +452,11 @@ fn part_stream(
             }
             let mut last = ctx.chunk(None, Some(finish), false, Value::Null);
             // The output's ids, all at once in the last chunk.
-            ctx.add_ids(&mut last, None, Some(log.get(prompt.len()..).unwrap_or(&[])));
+            ctx.add_ids(
+                &mut last,
+                None,
+                Some(log.get(prompt.len()..).unwrap_or(&[])),
+            );
             (vec![Out::Events(out), Out::Finish(last, stats)], true)
         }
         Piece::Failed(e) => (vec![Out::Failed(e)], true),

@@ -87,7 +87,9 @@ pub fn read(v: Option<&Value>, vocab: usize) -> Result<Vec<PromptIn>, ApiError> 
             .iter()
             .enumerate()
             .map(|(i, p)| match p {
-                Value::Array(items) => Ok(PromptIn::Ids(ids(items, &format!("prompt[{i}]"), vocab)?)),
+                Value::Array(items) => {
+                    Ok(PromptIn::Ids(ids(items, &format!("prompt[{i}]"), vocab)?))
+                }
                 _ => Err(bad(format!(
                     "prompt[{i}] must be a list of token ids like the prompts before it ({SHAPES})"
                 ))),
@@ -110,7 +112,10 @@ mod tests {
     fn every_shape_reads_in_order() {
         let t = |s: &str| PromptIn::Text(s.into());
         assert_eq!(read(Some(&json!("a")), 100).unwrap(), [t("a")]);
-        assert_eq!(read(Some(&json!(["a", "b"])), 100).unwrap(), [t("a"), t("b")]);
+        assert_eq!(
+            read(Some(&json!(["a", "b"])), 100).unwrap(),
+            [t("a"), t("b")]
+        );
         assert_eq!(
             read(Some(&json!([1, 2, 3])), 100).unwrap(),
             [PromptIn::Ids(vec![1, 2, 3])]

@@ -114,10 +114,7 @@ fn bad(field: &str, message: impl std::fmt::Display) -> ApiError {
 }
 
 fn fresh_id(prefix: &str) -> String {
-    let (a, b) = (
-        crate::sampling::fresh_seed(),
-        crate::sampling::fresh_seed(),
-    );
+    let (a, b) = (crate::sampling::fresh_seed(), crate::sampling::fresh_seed());
     format!("{prefix}_{a:016x}{:08x}", b as u32)
 }
 
@@ -155,7 +152,10 @@ fn item_text(v: &Value, at: &str) -> Result<String, ApiError> {
 fn item_keys(item: &Value, allowed: &[&str], at: &str) -> Result<(), ApiError> {
     if let Some(o) = item.as_object() {
         if let Some(k) = o.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(bad(&format!("{at}.{k}"), "unknown field of this input item"));
+            return Err(bad(
+                &format!("{at}.{k}"),
+                "unknown field of this input item",
+            ));
         }
     }
     Ok(())
@@ -300,7 +300,9 @@ fn chat_tools(
                 "tool_choice",
                 format!(
                     "{} is not supported: auto, none, required or a function",
-                    o.get("type").and_then(Value::as_str).unwrap_or("this choice")
+                    o.get("type")
+                        .and_then(Value::as_str)
+                        .unwrap_or("this choice")
                 ),
             ))
         }
@@ -337,10 +339,7 @@ fn text_format(text: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
         Some("json_object") => Ok(Some(JsonFormat::Object)),
         Some("json_schema") => match f.get("schema") {
             Some(s @ Value::Object(_)) => Ok(Some(JsonFormat::Schema(s.clone()))),
-            _ => Err(bad(
-                "text.format.schema",
-                "must be a JSON schema object",
-            )),
+            _ => Err(bad("text.format.schema", "must be a JSON schema object")),
         },
         t => Err(bad(
             "text.format.type",
@@ -470,7 +469,13 @@ fn output(ids: &mut Ids, text: &str, calls: &[ToolCall]) -> Vec<Value> {
     }
     for (i, c) in calls.iter().enumerate() {
         let (id, call_id) = ids.call(i);
-        out.push(call_item(&id, &call_id, c, &c.arguments.to_string(), "completed"));
+        out.push(call_item(
+            &id,
+            &call_id,
+            c,
+            &c.arguments.to_string(),
+            "completed",
+        ));
     }
     out
 }
@@ -655,7 +660,10 @@ impl Events {
         if !self.open {
             self.open = true;
             let item = message_item(&id, "", "in_progress");
-            out.push(self.event("response.output_item.added", json!({"output_index": 0, "item": item})));
+            out.push(self.event(
+                "response.output_item.added",
+                json!({"output_index": 0, "item": item}),
+            ));
             out.push(self.event(
                 "response.content_part.added",
                 json!({"item_id": id, "output_index": 0, "content_index": 0, "part": output_text("")}),
@@ -675,7 +683,10 @@ impl Events {
         if !self.open && calls.is_empty() {
             self.open = true;
             let item = message_item(&id, "", "in_progress");
-            out.push(self.event("response.output_item.added", json!({"output_index": 0, "item": item})));
+            out.push(self.event(
+                "response.output_item.added",
+                json!({"output_index": 0, "item": item}),
+            ));
             out.push(self.event(
                 "response.content_part.added",
                 json!({"item_id": id, "output_index": 0, "content_index": 0, "part": output_text("")}),
@@ -693,7 +704,10 @@ impl Events {
                 json!({"item_id": id, "output_index": 0, "content_index": 0, "part": output_text(&text)}),
             ));
             let item = message_item(&id, &text, "completed");
-            out.push(self.event("response.output_item.done", json!({"output_index": 0, "item": item})));
+            out.push(self.event(
+                "response.output_item.done",
+                json!({"output_index": 0, "item": item}),
+            ));
             index = 1;
         }
         for (i, c) in calls.iter().enumerate() {
@@ -790,7 +804,12 @@ pub async fn get(
         .responses
         .with(&tenant, &id, |s| s.response.clone())
         .map(Json)
-        .ok_or_else(|| state.responses.not_found(&id, "response_id").flavor(Flavor::OpenAi))
+        .ok_or_else(|| {
+            state
+                .responses
+                .not_found(&id, "response_id")
+                .flavor(Flavor::OpenAi)
+        })
 }
 
 #[cfg(test)]
@@ -818,7 +837,8 @@ mod tests {
     #[test]
     fn what_is_not_implemented_is_named() {
         let mut msgs = Vec::new();
-        let e = read_input(&json!([{"type": "web_search_call", "id": "x"}]), &mut msgs).unwrap_err();
+        let e =
+            read_input(&json!([{"type": "web_search_call", "id": "x"}]), &mut msgs).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].type"));
         let e = read_input(
             &json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),

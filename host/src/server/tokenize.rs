@@ -43,22 +43,34 @@ pub static TOKENIZE: Table = Table {
         ("return_token_strs", Rule::Used),
         (
             "continue_final_message",
-            Rule::NeutralOnly(|v| v.as_bool() == Some(false), "specd does not continue a final message"),
+            Rule::NeutralOnly(
+                |v| v.as_bool() == Some(false),
+                "specd does not continue a final message",
+            ),
         ),
         (
             "chat_template",
-            Rule::NeutralOnly(is_empty, "specd renders the served model's own chat template"),
+            Rule::NeutralOnly(
+                is_empty,
+                "specd renders the served model's own chat template",
+            ),
         ),
         (
             "chat_template_kwargs",
-            Rule::NeutralOnly(is_empty, "specd renders the chat template without extra arguments"),
+            Rule::NeutralOnly(
+                is_empty,
+                "specd renders the chat template without extra arguments",
+            ),
         ),
         // llama-server's.
         ("content", Rule::Used),
         ("add_special", Rule::Used),
         (
             "parse_special",
-            Rule::NeutralOnly(is_true, "special tokens written in the text always encode as their ids"),
+            Rule::NeutralOnly(
+                is_true,
+                "special tokens written in the text always encode as their ids",
+            ),
         ),
         ("with_pieces", Rule::Used),
     ],
@@ -77,7 +89,9 @@ fn flag(v: &Value, key: &str, default: bool) -> Result<bool, ApiError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(ApiError::bad(format!("{key} must be true or false, got {other}"))),
+        Some(other) => Err(ApiError::bad(format!(
+            "{key} must be true or false, got {other}"
+        ))),
     }
 }
 
@@ -104,7 +118,11 @@ pub async fn tokenize(
 ) -> Result<Json<Value>, ApiError> {
     let v = api::read_body(body, &TOKENIZE).map_err(|e| e.flavor(Flavor::OpenAi))?;
     let llama = v.get("content").is_some();
-    let flavor = if llama { Flavor::Ollama } else { Flavor::OpenAi };
+    let flavor = if llama {
+        Flavor::Ollama
+    } else {
+        Flavor::OpenAi
+    };
     tokenize_body(&state, &v, llama).map_err(|e| e.flavor(flavor))
 }
 
@@ -174,7 +192,8 @@ fn tokenize_body(state: &State, v: &Value, llama: bool) -> Result<Json<Value>, A
                 Prompt::Chat(m) => validator.template().render(m, false),
                 _ => unreachable!("built above as chat"),
             };
-            let text = text.map_err(|e| ApiError::bad(format!("rendering the chat template: {e:#}")))?;
+            let text =
+                text.map_err(|e| ApiError::bad(format!("rendering the chat template: {e:#}")))?;
             encoded(tok.encode_prompt(&text))?
         }
     };
@@ -242,7 +261,8 @@ mod tests {
             all.dedup();
             assert_eq!(all.len(), n, "{}", t.api);
         }
-        let e = super::super::fields::check(&json!({"content": "x", "bogus": 1}), &TOKENIZE, "").unwrap_err();
+        let e = super::super::fields::check(&json!({"content": "x", "bogus": 1}), &TOKENIZE, "")
+            .unwrap_err();
         assert_eq!(e.field(), "bogus");
     }
 
