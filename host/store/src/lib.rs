@@ -170,14 +170,14 @@ impl Store {
         if p.exists() {
             return Ok(p.to_path_buf());
         }
-        if spec.contains('/') || spec.ends_with(".gguf") {
-            bail!("model file {spec} does not exist");
-        }
         // An Ollama name given bare: say how to name it.
         let hint = match ollama::OllamaStore::from_env().find(spec) {
             Ok(m) => format!("; Ollama's store has it: --model {}", m.name),
             Err(_) => String::new(),
         };
+        if spec.contains('/') || spec.ends_with(".gguf") {
+            bail!("model file {spec} does not exist{hint}");
+        }
         bail!(
             "unknown model {spec:?}: known names are {} (or ollama:NAME[:TAG] from Ollama's store, hf:ORG/NAME[:FILE] from the Hugging Face cache, or a path to a GGUF file or a Hugging Face directory){hint}",
             known_names()

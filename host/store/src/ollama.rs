@@ -183,7 +183,7 @@ impl OllamaStore {
             .to_ascii_lowercase();
         let size = layer["size"].as_u64().unwrap_or(0);
         let blobs = self.root.path.join("blobs");
-        // `sha256-<hex>` today; Ollama before 0.1.30 wrote `sha256:<hex>`.
+        // `sha256-<hex>` today; older Ollama wrote `sha256:<hex>`.
         let blob = [format!("sha256-{hex}"), format!("sha256:{hex}")]
             .iter()
             .map(|n| blobs.join(n))
