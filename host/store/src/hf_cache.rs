@@ -102,8 +102,7 @@ impl HfCache {
         let n = HfName::parse(spec)?;
         let repo = find_ci(&self.root.path, &n.folder()).with_context(|| {
             format!(
-                "hf:{spec}: {} is not in the Hugging Face cache: no {} ({}; specd never downloads: `huggingface-cli download {}` fetches it)",
-                n.repo,
+                "hf:{spec} is not in the Hugging Face cache: no {} ({}; specd never downloads: `huggingface-cli download {}` fetches it)",
                 self.root.path.join(n.folder()).display(),
                 self.root.how(),
                 n.repo

@@ -49,6 +49,10 @@ impl Reference {
         {
             return bad("an empty or relative path part");
         }
+        // Only a host has a ':' (its port).
+        if parts.iter().rev().take(2).any(|p| p.contains(':')) {
+            return bad("a ':' inside the name");
+        }
         let (host, namespace, model) = match parts[..] {
             [m] => (DEFAULT_HOST, DEFAULT_NAMESPACE, m),
             [ns, m] => (DEFAULT_HOST, ns, m),
@@ -363,7 +367,7 @@ mod tests {
         );
         let r = Reference::parse("localhost:5000/ns/m").unwrap();
         assert_eq!(r.components(), ["localhost:5000", "ns", "m", "latest"]);
-        for bad in ["", "m:", "a/b/c/d", "../x", "a//b"] {
+        for bad in ["", "m:", "a/b/c/d", "../x", "a//b", "m::x", "ns:1/m"] {
             let e = Reference::parse(bad).unwrap_err().to_string();
             assert!(e.contains("not an Ollama model name"), "{bad}: {e}");
         }
