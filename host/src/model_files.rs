@@ -169,13 +169,10 @@ fn most_common_type(meta: &specd_text::GgufMeta) -> String {
     for t in meta.tensors.iter().filter(|t| t.shape.len() >= 2) {
         *counts.entry(t.ggml_type).or_default() += 1;
     }
-    counts
-        .into_iter()
-        .max_by_key(|&(t, n)| (n, t))
-        .map_or_else(
-            || "?".into(),
-            |(t, _)| specd_text::gguf::ggml_type::name(t).to_ascii_uppercase(),
-        )
+    counts.into_iter().max_by_key(|&(t, n)| (n, t)).map_or_else(
+        || "?".into(),
+        |(t, _)| specd_text::gguf::ggml_type::name(t).to_ascii_uppercase(),
+    )
 }
 
 /// llama.cpp's names for `general.file_type` (its `llama_ftype`).

@@ -19,6 +19,8 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import ollama
+import openai
 import pytest
 
 from conftest import MODEL, model_path
@@ -211,8 +213,8 @@ def test_missing_names_say_where_they_looked(stores):
 def test_serve_by_hub_cache_name(stores, start_server):
     name = "hf:specd-test/SmolLM2-135M"
     s = start_server("--model", name)
-    models = httpx.get(s.url + "/v1/models").json()
-    assert [m["id"] for m in models["data"]] == [name]
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="none")
+    assert [m.id for m in client.models.list()] == [name]
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
     r = httpx.post(s.url + "/v1/completions", json={"model": name, **body}, timeout=120)
     assert r.status_code == 200, r.text
@@ -240,6 +242,9 @@ def test_serve_by_ollama_name(stores, start_server):
     assert show.status_code == 200, show.text
     info = show.json()["model_info"]
     assert info["general.architecture"] == "llama" and info["llama.block_count"] == 30, info
+    c = ollama.Client(host=s.url, timeout=120)
+    assert [m.model for m in c.list().models] == ["ollama:someone/smol"]
+    assert c.show("ollama:someone/smol").details.quantization_level == "Q4_1"
     r = httpx.post(s.url + "/api/generate", timeout=120, json={
         "model": "ollama:someone/smol:latest", "prompt": PROMPT, "raw": True, "stream": False,
         "options": {"temperature": 0, "num_predict": 8}})
