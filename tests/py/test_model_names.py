@@ -213,6 +213,13 @@ def test_missing_names_say_where_they_looked(stores):
 def test_serve_by_hub_cache_name(stores, start_server):
     name = "hf:specd-test/SmolLM2-135M"
     s = start_server("--model", name)
+    try:
+        serve_by_hub_cache_name(s, name)
+    finally:
+        s.stop()  # its float32 weights need not outlive the test
+
+
+def serve_by_hub_cache_name(s, name):
     client = openai.OpenAI(base_url=s.url + "/v1", api_key="none")
     assert [m.id for m in client.models.list()] == [name]
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
@@ -232,6 +239,13 @@ def test_serve_by_hub_cache_name(stores, start_server):
 
 def test_serve_by_ollama_name(stores, start_server):
     s = start_server("--model", "ollama:someone/smol")
+    try:
+        serve_by_ollama_name(s, stores)
+    finally:
+        s.stop()
+
+
+def serve_by_ollama_name(s, stores):
     assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == ["ollama:someone/smol"]
     tag = httpx.get(s.url + "/api/tags").json()["models"][0]
     assert tag["name"] == "ollama:someone/smol" and tag["digest"] == stores["digest"], tag
