@@ -24,7 +24,7 @@ pub mod hf_cache;
 mod names;
 pub mod ollama;
 
-pub use names::size_of;
+pub use names::{size_of, Root};
 
 /// A model the store knows how to fetch.
 #[derive(Debug, Clone, Copy)]
