@@ -4,6 +4,7 @@
 //! server carries none of them).
 mod debug;
 pub mod generate;
+mod list;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -177,6 +178,15 @@ enum Command {
         #[arg(long)]
         path: bool,
     },
+    /// The models specd finds by name: its store's, Ollama's
+    /// (`ollama:NAME[:TAG]`) and the Hugging Face cache's
+    /// (`hf:ORG/NAME[:FILE]`), with architecture, quantization, size and
+    /// whether specd runs each.
+    List {
+        /// One JSON array instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Convert a GGUF model into a Hugging Face directory (float32 safetensors).
     Convert { gguf: String, dir: PathBuf },
     /// Inspect policy components.
@@ -263,7 +273,9 @@ fn run_tool() -> Result<()> {
 /// The model flag shared by commands that load one.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArg {
-    /// A store name (smollm2:135m), a GGUF file, or a Hugging Face directory.
+    /// A store name (smollm2:135m), `ollama:NAME[:TAG]` (Ollama's store),
+    /// `hf:ORG/NAME[@REVISION][:FILE]` (the Hugging Face cache), a GGUF
+    /// file, or a Hugging Face directory (`specd list` shows what is there).
     #[arg(long, short, default_value = crate::store::DEFAULT_MODEL)]
     pub model: String,
 }
@@ -377,6 +389,7 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::List { json } => list::run(json),
         Command::Convert { gguf, dir } => {
             let path = crate::store::Store::default().resolve(&gguf, false)?;
             crate::model::convert::convert_gguf(&path, &dir)?;

@@ -31,8 +31,10 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port) [default: 11435].
     #[arg(long)]
     pub port: Option<u16>,
-    /// The served model: a store name, a GGUF file or a Hugging Face
-    /// directory [default: smollm2:135m].
+    /// The served model: a store name, `ollama:NAME[:TAG]`,
+    /// `hf:ORG/NAME[@REVISION][:FILE]`, a GGUF file or a Hugging Face
+    /// directory [default: smollm2:135m]; clients name it as given here
+    /// (or `default`).
     #[arg(long, short)]
     pub model: Option<String>,
     /// Directory of user policies (*.wasm), loaded at start; HTTP uploads

@@ -76,11 +76,13 @@ pub struct AppState {
 pub type State = Arc<AppState>;
 
 impl AppState {
-    /// Whether `name` names the served model (its store name or `default`,
-    /// with Ollama's implicit `:latest` tag allowed).
+    /// Whether `name` names the served model (its name as `--model` gave
+    /// it, or `default`), Ollama's implicit `:latest` tag said or not on
+    /// either side.
     pub fn is_served(&self, name: &str) -> bool {
-        let n = name.strip_suffix(":latest").unwrap_or(name);
-        n == self.model.name || n == "default"
+        let bare = |n: &'_ str| n.strip_suffix(":latest").unwrap_or(n).to_string();
+        let n = bare(name);
+        n == bare(&self.model.name) || n == "default"
     }
 
     /// The model a request names, if this server serves it (both APIs

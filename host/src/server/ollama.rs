@@ -456,20 +456,13 @@ fn model_entry(state: &State) -> Value {
 
 fn details(state: &State) -> Value {
     let m = &state.model;
-    let quant = if m.format == "gguf" && m.path.contains("Q4_1") {
-        "Q4_1"
-    } else if m.format == "gguf" {
-        "unknown"
-    } else {
-        "F32"
-    };
     json!({
         "parent_model": "",
         "format": m.format,
-        "family": "llama",
-        "families": ["llama"],
+        "family": m.architecture,
+        "families": [m.architecture],
         "parameter_size": param_size(m.parameters),
-        "quantization_level": quant,
+        "quantization_level": m.quantization,
     })
 }
 
@@ -479,6 +472,22 @@ fn param_size(n: u64) -> String {
     } else {
         format!("{}M", (n as f64 / 1e6).round())
     }
+}
+
+/// Ollama's `model_info`: GGUF metadata keys, under the architecture's
+/// prefix as a GGUF names them.
+fn model_info(m: &super::worker::ModelInfo) -> Value {
+    let a = &m.architecture;
+    json!({
+        "general.architecture": a,
+        "general.parameter_count": m.parameters,
+        format!("{a}.context_length"): m.context_length,
+        format!("{a}.embedding_length"): m.hidden_size,
+        format!("{a}.block_count"): m.layers,
+        format!("{a}.attention.head_count"): m.heads,
+        format!("{a}.attention.head_count_kv"): m.kv_heads,
+        format!("{a}.vocab_size"): m.vocab_size,
+    })
 }
 
 pub async fn tags(axum::extract::State(state): axum::extract::State<State>) -> Json<Value> {
@@ -515,16 +524,7 @@ pub async fn show(
         "parameters": "",
         "template": m.template,
         "details": details(&state),
-        "model_info": {
-            "general.architecture": "llama",
-            "general.parameter_count": m.parameters,
-            "llama.context_length": m.context_length,
-            "llama.embedding_length": m.hidden_size,
-            "llama.block_count": m.layers,
-            "llama.attention.head_count": m.heads,
-            "llama.attention.head_count_kv": m.kv_heads,
-            "llama.vocab_size": m.vocab_size,
-        },
+        "model_info": model_info(m),
         "capabilities": if m.tool_format.is_some() { json!(["completion", "tools"]) } else { json!(["completion"]) },
         "specd": {
             "path": m.path,

@@ -107,6 +107,10 @@ pub struct ModelInfo {
     pub format: String,
     pub size_bytes: u64,
     pub digest: String,
+    /// GGUF `general.architecture` or config.json's `model_type`.
+    pub architecture: String,
+    /// `Q4_1`, `4-bit`, `F32`, ... ([`crate::model_files`]).
+    pub quantization: String,
     pub context_length: usize,
     pub vocab_size: usize,
     pub layers: usize,
@@ -198,21 +202,6 @@ impl WorkerHandle {
     }
 }
 
-fn file_size(p: &std::path::Path) -> u64 {
-    if p.is_dir() {
-        std::fs::read_dir(p)
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0)
-    } else {
-        std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
-    }
-}
-
 fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelInfo)> {
     let store = crate::store::Store::default();
     let path = store.resolve(&cfg.model, false)?;
@@ -239,6 +228,7 @@ fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelI
                 + 3 * c.hidden_size * c.intermediate_size)) as u64;
     let mut draft_models: Vec<String> = engine.drafts.keys().cloned().collect();
     draft_models.sort();
+    let described = crate::model_files::describe(&path);
     let info = ModelInfo {
         name: engine.name.clone(),
         path: path.display().to_string(),
@@ -246,10 +236,10 @@ fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelI
             crate::model::ModelFormat::Gguf => "gguf".into(),
             crate::model::ModelFormat::HfDir => "safetensors".into(),
         },
-        size_bytes: file_size(&path),
-        digest: crate::store::Store::known(&cfg.model)
-            .map(|k| k.sha256.to_string())
-            .unwrap_or_default(),
+        size_bytes: described.size,
+        digest: store.digest(&cfg.model, &path).unwrap_or_default(),
+        architecture: described.architecture,
+        quantization: described.quantization,
         context_length: engine.context_length(),
         vocab_size: c.vocab_size,
         layers: c.num_hidden_layers,

