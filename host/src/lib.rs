@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod load;
 pub mod options;
 pub mod ranks;
 pub mod request;

@@ -27,7 +27,7 @@ use crate::model::Logits;
 use crate::options::DrafterSpec;
 use crate::sequence::PREFILL_CHUNK;
 use crate::sequence::{Deciding, Finished, Sequence, Settings, Sink, VerifyTime};
-use crate::speculation::mtp::draft_heads;
+use crate::speculation::head::draft_heads;
 use crate::speculation::target::{forward_batch_verify, StepRows};
 use crate::speculation::{read_rows, row_threads, Decided, Target as _, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, LlamaTarget, RoundPlan, Speculation};

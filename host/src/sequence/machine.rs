@@ -9,7 +9,7 @@
 use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng, SamplingParams};
-use crate::speculation::mtp::HeadRound;
+use crate::speculation::head::HeadRound;
 use crate::speculation::{
     read_one, row_threads, BatchContext, Decided, Draft, MaskedRows, ReadRows, RoundPlan,
     RoundRequest, SpecState, Speculation, Target, VerifyMode, VerifyRows,

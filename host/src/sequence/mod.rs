@@ -233,7 +233,7 @@ pub struct Settings {
     /// penalise, ask for logprobs or follow a grammar read the rows as
     /// before). Off: every row is copied back and transformed on the host.
     /// Same tokens, stats, trace and caches either way. Default
-    /// [`crate::engine::Switches::light_rounds`].
+    /// [`crate::load::Switches::light_rounds`].
     pub light_rounds: bool,
 }
 

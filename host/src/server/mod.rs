@@ -129,9 +129,14 @@ pub fn router(state: State) -> Router {
 }
 
 /// Runs the server until SIGINT/SIGTERM, then drains.
-pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
+pub fn run(
+    args: ServeArgs,
+    load: crate::load::Load,
+    ranks: Option<Arc<crate::ranks::Joined>>,
+) -> Result<()> {
     let mut cfg = ServerConfig::from_args(&args)?;
     (cfg.weights, cfg.switches) = (load.weights, load.switches);
+    cfg.ranks = ranks.clone();
     let policies =
         Arc::new(PolicyHost::new(cfg.policy_limits.clone()).context("starting the policy host")?);
     std::fs::create_dir_all(&cfg.policy_dir)
@@ -243,7 +248,9 @@ pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
         }
         let served = server.await;
         // Drained: pipeline ranks after 0 exit with this one.
-        crate::ranks::finish();
+        if let Some(j) = &ranks {
+            j.finish();
+        }
         served.context("the HTTP server task")?.context("serving HTTP")
     })
 }

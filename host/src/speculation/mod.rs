@@ -5,6 +5,7 @@
 //! the host validates and owns all randomness.
 pub mod draft;
 pub mod drafter;
+pub mod head;
 pub mod history;
 pub mod mtp;
 pub mod rows;
@@ -15,7 +16,7 @@ pub mod target;
 pub use draft::{Draft, DraftProb};
 pub use drafter::{Drafter, ModelDrafter, NgramDrafter};
 pub use history::ScheduleHistory;
-pub use mtp::MtpDrafter;
+pub use head::MtpDrafter;
 pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
@@ -140,7 +141,7 @@ pub struct SpecState {
     pub mode: VerifyMode,
     /// A round drafted by an MTP head is left undrafted by
     /// [`SpecState::plan`], for the batched step to draft it with the other
-    /// requests' head rounds ([`mtp::draft_heads`], then
+    /// requests' head rounds ([`head::draft_heads`], then
     /// [`SpecState::finish_head_round`]). Not where the schedule has the
     /// per-token hook: those rounds draft at once.
     pub defer_heads: bool,
@@ -457,12 +458,12 @@ impl SpecState {
         log: &'a [u32],
         params: &'a SamplingParams,
         rng: &'a mut Rng,
-    ) -> Option<mtp::HeadRound<'a>> {
+    ) -> Option<head::HeadRound<'a>> {
         if !plan.deferred_head {
             return None;
         }
         let drafter = self.spec.as_mut()?.drafter.head_drafter(plan.source)?;
-        Some(mtp::HeadRound {
+        Some(head::HeadRound {
             drafter,
             log,
             k: plan.k,
