@@ -37,9 +37,7 @@ impl<'e> Scheduler<'e> {
             a.seq.preempt();
             // Dropping the target frees its KV.
             a.target = LlamaTarget::new(self.engine.model.clone());
-            if a.seq.wants_hidden() {
-                a.target.keep_hidden(&a.seq.hidden_taps());
-            }
+            a.seq.prepare_target(&mut a.target);
             self.waiting.push_front(Waiting::Preempted(a));
             n += 1;
         }

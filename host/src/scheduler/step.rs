@@ -12,7 +12,7 @@ use crate::sequence::{Deciding, VerifyTime};
 use crate::speculation::head::draft_heads;
 use crate::speculation::target::{forward_batch_verify, StepRows};
 use crate::speculation::{read_rows, row_threads, Decided, VerifyMode, VerifyRows};
-use crate::speculation::{BatchContext, MaskedRows, RoundPlan};
+use crate::speculation::{BatchContext, HeadJob, MaskedRows, Plan, RoundPlan};
 use anyhow::{anyhow, Result};
 use std::time::Instant;
 
@@ -100,7 +100,7 @@ impl<'e> Scheduler<'e> {
         let decoding = self.active.iter().filter(|a| a.seq.decoding()).count();
         let (chunks, rows) = self.prefill_chunks(self.prefill_budget(decoding));
         let in_step = decoding + chunks.iter().flatten().count();
-        self.plan_rounds(chunks, rows, in_step, decoding > 1)
+        self.plan_rounds(chunks, rows, in_step)
     }
 
     /// Each request's prefill chunk, while `budget` rows last; and the rows.
@@ -125,15 +125,14 @@ impl<'e> Scheduler<'e> {
         (chunks, rows)
     }
 
-    /// The rounds of the requests without a chunk that decode. With
-    /// `others` decoding beside it, a head's round is drafted after every
-    /// schedule answered, with the other requests' head rounds.
+    /// The rounds of the requests without a chunk that decode. A round
+    /// its MTP head drafts is a head job until every schedule answered
+    /// ([`Scheduler::draft_heads`]).
     fn plan_rounds(
         &mut self,
         chunks: Vec<Option<Planned>>,
         mut rows_planned: usize,
         in_step: usize,
-        others: bool,
     ) -> Vec<Option<Planned>> {
         let mut planned = Vec::with_capacity(self.active.len());
         for (a, chunk) in self.active.iter_mut().zip(chunks) {
@@ -145,15 +144,18 @@ impl<'e> Scheduler<'e> {
                 batch_sequences: in_step as u32,
                 batch_rows_planned: rows_planned as u32,
             };
-            a.seq.defer_heads(others);
             match a.seq.plan(&mut a.target, ctx) {
-                Ok(round) => {
-                    // A head round not drafted yet counts every row it asked.
-                    rows_planned += match round.deferred_head() {
-                        true => round.asked() + 1,
-                        false => round.rows.len(),
-                    };
+                Ok(Plan::Ready(round)) => {
+                    rows_planned += round.rows.len();
                     planned.push(Some(Planned::round(round)));
+                }
+                Ok(Plan::Head(job)) => {
+                    // A head round not drafted yet counts every row it asked.
+                    rows_planned += job.asked() + 1;
+                    planned.push(Some(Planned {
+                        logits: Some(Logits::Last),
+                        work: Work::Head(Box::new(job)),
+                    }));
                 }
                 Err(e) => {
                     a.failed = Some(e);
@@ -164,24 +166,33 @@ impl<'e> Scheduler<'e> {
         planned
     }
 
-    /// Drafts the step's head rounds (those [`crate::sequence::Sequence::plan`] left
-    /// undrafted) together: one head forward per draft step for all of
-    /// them ([`draft_heads`]), then each round's rows. Returns how many.
+    /// Drafts the step's head jobs together: one head forward per draft
+    /// step for all of them ([`draft_heads`]), then each becomes its
+    /// round's plan. Returns how many.
     fn draft_heads(&mut self, planned: &mut [Option<Planned>]) -> usize {
         let t = Instant::now();
         let mut rounds = Vec::new();
         let mut which = Vec::new();
+        let mut failed = Vec::new();
         for (i, (a, p)) in self.active.iter_mut().zip(planned.iter()).enumerate() {
-            if let Some(Planned {
-                work: Work::Round(plan),
+            let Some(Planned {
+                work: Work::Head(job),
                 ..
             }) = p
-            {
-                if let Some(r) = a.seq.head_round(plan) {
+            else {
+                continue;
+            };
+            match a.seq.head_round(job) {
+                Ok(r) => {
                     rounds.push(r);
                     which.push(i);
                 }
+                Err(e) => failed.push((i, e)),
             }
+        }
+        for (i, e) in failed {
+            self.active[i].failed = Some(e);
+            planned[i] = None;
         }
         if rounds.is_empty() {
             return 0;
@@ -191,28 +202,23 @@ impl<'e> Scheduler<'e> {
         // Each round's share of the drafting, by the tokens it drafted.
         let tokens: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
         let seconds = t.elapsed().as_secs_f64() / tokens as f64;
-        for (i, draft) in which.iter().zip(drafts) {
-            let a = &mut self.active[*i];
-            let p = &mut planned[*i];
+        for (&i, draft) in which.iter().zip(drafts) {
+            let a = &mut self.active[i];
             let Some(Planned {
-                work: Work::Round(plan),
-                logits,
-            }) = p
+                work: Work::Head(job),
+                ..
+            }) = planned[i].take()
             else {
                 continue;
             };
             let share = seconds * (draft.tokens.len() + 1) as f64;
             let r = match &drafted {
-                Ok(()) => a.seq.finish_head_round(plan, draft, share, &mut a.target),
-                Err(e) => Err(anyhow::anyhow!("drafting with the MTP head: {e}")),
+                Ok(()) => a.seq.finish_head(*job, draft, share, &mut a.target),
+                Err(e) => Err(anyhow!("drafting with the MTP head: {e}")),
             };
             match r {
-                Ok(()) if plan.drafted() > 0 => *logits = Some(Logits::All),
-                Ok(()) => {}
-                Err(e) => {
-                    a.failed = Some(e);
-                    *p = None;
-                }
+                Ok(plan) => planned[i] = Some(Planned::round(plan)),
+                Err(e) => a.failed = Some(e),
             }
         }
         which.len()
@@ -224,7 +230,7 @@ impl<'e> Scheduler<'e> {
         let modes: Vec<VerifyMode> = (self.active.iter().zip(planned))
             .filter_map(|(a, p)| {
                 p.as_ref().map(|p| match p.work {
-                    Work::Round(_) => a.seq.verify_mode(),
+                    Work::Round(_) | Work::Head(_) => a.seq.verify_mode(),
                     Work::Prefill(_) => VerifyMode::Rows,
                 })
             })
@@ -248,7 +254,7 @@ impl<'e> Scheduler<'e> {
             round_rows: (planned.iter().flatten())
                 .filter_map(|p| match &p.work {
                     Work::Round(r) => Some(r.rows.len()),
-                    Work::Prefill(_) => None,
+                    Work::Prefill(_) | Work::Head(_) => None,
                 })
                 .collect(),
         }
@@ -310,14 +316,14 @@ impl<'e> Scheduler<'e> {
                 lone: split.lone(rows),
                 share: split.of(rows),
             };
-            jobs.push((i, a.seq.deciding(*round, r, time)));
+            jobs.push((i, a.seq.decide(*round, r, time)));
         }
         let (who, jobs): (Vec<usize>, Vec<_>) = jobs.into_iter().unzip();
         let (decided, threads) = decide_all(jobs, self.decide_threads, self.decide_parallel_from);
         report.decision_threads = threads;
         for (i, d) in who.into_iter().zip(decided) {
             let a = &mut self.active[i];
-            if let Err(e) = d.and_then(|d| a.seq.apply_decided(&mut a.target, d)) {
+            if let Err(e) = d.and_then(|d| a.seq.apply(&mut a.target, d)) {
                 a.failed = Some(e);
             }
         }
@@ -356,13 +362,16 @@ impl<'e> Scheduler<'e> {
                         a.failed = Some(e.context("the prompt's logprobs"));
                     }
                 }
-                Work::Round(round) => match a.seq.mask_rows(&round, r) {
+                Work::Round(round) => match a.seq.read(&round, r) {
                     Ok(m) => {
                         rounds.push((i, round));
                         masked.push(m);
                     }
                     Err(e) => a.failed = Some(e),
                 },
+                // Every head job is drafted (or its request failed) before
+                // the forward: one here is a bug, failed, not a panic.
+                Work::Head(_) => a.failed = Some(anyhow!("a round reached its verify undrafted")),
             }
         }
         (rounds, masked)
@@ -437,8 +446,11 @@ pub(super) enum Work {
     /// preemption).
     Prefill(Vec<u32>),
     /// A round: its verify rows are [`RoundPlan::rows`]; the round passes
-    /// on to masking, deciding and applying once the forward is done.
+    /// on to reading, deciding and applying once the forward is done.
     Round(Box<RoundPlan>),
+    /// A round its MTP head drafts, with the step's other head jobs,
+    /// before the forward ([`Scheduler::draft_heads`]).
+    Head(Box<HeadJob>),
 }
 
 impl Planned {
@@ -459,6 +471,7 @@ impl Planned {
         match &self.work {
             Work::Prefill(t) => t,
             Work::Round(r) => &r.rows,
+            Work::Head(_) => &[],
         }
     }
 }
