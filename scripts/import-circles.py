@@ -14,7 +14,10 @@ are not edges.
 
 Prints each circle (its files, and the names each takes from the next) and
 exits 1 when there is any; with no argument it checks every workspace
-member. tests/py/test_import_circles.py runs it under `make test`.
+member. A crate whose root doc comment states a module order (a line
+`//! ... Module order ... : `a`, `b`, ...`, the names up to the next
+period) is held to it too: each top-level module may use only those
+before it. tests/py/test_import_circles.py runs it under `make test`.
 """
 from __future__ import annotations
 
@@ -317,6 +320,55 @@ def crate_circles(crate_dir: Path) -> tuple[list[list[Path]], dict]:
     return circles(g), g
 
 
+def top_edges(crate_dir: Path) -> dict[str, dict[str, set[str]]]:
+    """Top-level module -> top-level module -> names, from the file edges."""
+    root = load_crate(crate_dir / "src")
+    if root is None:
+        return {}
+    g = edges(root)
+    src = (crate_dir / "src").resolve()
+
+    def top(f: Path) -> str:
+        parts = f.resolve().relative_to(src).parts
+        return parts[0].removesuffix(".rs") if len(parts) > 1 or parts[0] not in ("lib.rs", "main.rs") else ""
+
+    out: dict[str, dict[str, set[str]]] = {}
+    for a, ts in g.items():
+        for b, names in ts.items():
+            ta, tb = top(a), top(b)
+            if ta and tb and ta != tb:
+                out.setdefault(ta, {}).setdefault(tb, set()).update(names)
+    return out
+
+
+def stated_order(crate_dir: Path) -> list[str] | None:
+    """The module order the crate root's doc comment states, if any."""
+    root = next((crate_dir / "src" / f for f in ("lib.rs", "main.rs") if (crate_dir / "src" / f).exists()), None)
+    if root is None:
+        return None
+    doc = " ".join(l[3:].strip() for l in root.read_text().splitlines() if l.startswith("//!"))
+    m = re.search(r"Module order[^:]*:\s*(.*?)\.(?:\s|$)", doc)
+    return re.findall(r"`(\w+)`", m.group(1)) if m else None
+
+
+def order_violations(crate_dir: Path) -> list[str]:
+    """Each import of a top-level module against the stated order, and
+    each module the order leaves out (or names that do not exist)."""
+    order = stated_order(crate_dir)
+    if order is None:
+        return []
+    root = load_crate(crate_dir / "src")
+    have = set(root.children) if root else set()
+    bad = [f"the order names {m}, which is no module" for m in order if m not in have]
+    bad += [f"the order leaves out {m}" for m in sorted(have - set(order))]
+    at = {m: i for i, m in enumerate(order)}
+    for a, ts in sorted(top_edges(crate_dir).items()):
+        for b, names in sorted(ts.items()):
+            if a in at and b in at and at[b] > at[a]:
+                bad.append(f"{a} uses {b} ({', '.join(sorted(names))}), which comes after it")
+    return bad
+
+
 def members() -> list[Path]:
     text = (ROOT / "Cargo.toml").read_text()
     m = re.search(r"members\s*=\s*\[([^\]]*)\]", text)
@@ -335,8 +387,11 @@ def main(argv: list[str]) -> int:
                 for b in group:
                     if b in g.get(a, {}):
                         print(f"  {a.relative_to(d)} -> {b.relative_to(d)}: {', '.join(sorted(g[a][b]))}")
+        for v in order_violations(d):
+            bad += 1
+            print(f"module order of {d}: {v}")
     if not bad:
-        print(f"no import circles in {len(dirs)} crates")
+        print(f"no import circles in {len(dirs)} crates; the stated module orders hold")
     return 1 if bad else 0
 
 

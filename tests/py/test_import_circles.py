@@ -1,8 +1,9 @@
 """No import circles between the modules of a crate
-(scripts/import-circles.py): every workspace crate is clean, and the
-check finds a circle planted in a small synthetic crate, through a
+(scripts/import-circles.py): every workspace crate is clean and keeps the
+module order its root doc comment states (host/src/lib.rs states one);
+the check finds a circle planted in a small synthetic crate, through a
 re-export, while comments, strings, test modules and a folder's own parts
-make no edge."""
+make no edge, and finds a use against a stated order."""
 from __future__ import annotations
 
 import importlib.util
@@ -36,6 +37,27 @@ def test_the_workspace_has_no_import_circle():
         edges += sum(len(ts) for ts in graph.values())
     # The check reads imports at all (a parser that read none would pass).
     assert edges > 100, edges
+
+
+def test_host_src_keeps_its_stated_module_order():
+    host = ROOT / "host"
+    order = ic.stated_order(host)
+    assert order and order[0] == "spread" and order[-1] == "cli", order
+    assert ic.order_violations(host) == []
+    # The order is not empty talk: the modules do use earlier ones.
+    uses = ic.top_edges(host)
+    assert "engine" in uses["scheduler"] and "speculation" in uses["sequence"], uses
+
+
+def test_a_use_against_the_stated_order_is_found(tmp_path):
+    d = crate(tmp_path, {
+        "lib.rs": "//! Module order (each uses only those before it): `a`, `b`.\npub mod a;\npub mod b;\npub mod c;\n",
+        "a.rs": "pub fn f() { crate::b::g(); }\n",
+        "b.rs": "pub fn g() {}\n",
+        "c.rs": "",
+    })
+    assert ic.stated_order(d) == ["a", "b"]
+    assert ic.order_violations(d) == ["the order leaves out c", "a uses b (g), which comes after it"]
 
 
 def test_a_planted_circle_is_found_through_a_reexport(tmp_path):

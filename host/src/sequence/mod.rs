@@ -148,7 +148,6 @@ impl std::fmt::Debug for RoundHook {
     }
 }
 
-/// What a request asks of the decode loop.
 /// Called with each emitted token's logprobs, before its text is sunk.
 #[derive(Clone)]
 pub struct LogprobHook(pub std::sync::Arc<dyn Fn(&TokenLogprob) + Send + Sync>);
@@ -205,6 +204,7 @@ impl EndRules {
     }
 }
 
+/// What a request asks of the decode loop.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub params: SamplingParams,

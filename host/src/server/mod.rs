@@ -3,8 +3,9 @@
 //! request.
 //!
 //! Threads: the tokio runtime serves HTTP; one dedicated worker thread owns
-//! the engine (all MLX work) and runs requests one at a time from a bounded
-//! queue ([`worker`]). A request's text streams from the worker's sink
+//! the engine (all MLX work) and runs the continuous-batching scheduler
+//! ([`crate::scheduler`]) over requests from a bounded queue ([`worker`]):
+//! every running request's rows go through one forward a step. A request's text streams from the worker's sink
 //! through a channel into the HTTP response; a closed channel (the client went
 //! away) makes the sink return false, which ends generation at once.
 mod access;

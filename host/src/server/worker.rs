@@ -131,7 +131,6 @@ pub enum SubmitError {
 }
 
 impl WorkerHandle {
-    /// Queues a request. The receiver yields [`Msg`]s; dropping it cancels.
     /// What requests are checked against before they are queued.
     pub fn validator(&self) -> Arc<Validator> {
         self.validator.clone()
@@ -142,6 +141,7 @@ impl WorkerHandle {
         self.metrics.refused.fetch_add(1, Relaxed);
     }
 
+    /// Queues a request. The receiver yields [`Msg`]s; dropping it cancels.
     pub fn submit(&self, req: Checked) -> Result<UnboundedReceiver<Msg>, SubmitError> {
         if self.life.draining() {
             return Err(SubmitError::Draining);

@@ -191,17 +191,20 @@ impl SpecState {
         self.spec.as_ref().map_or(0, |s| s.draft_max)
     }
 
-    /// No speculation: every round is one plain step.
+    /// Whether its drafter reads the target's hidden states (the target
+    /// must keep them).
     pub fn wants_hidden(&self) -> bool {
         self.spec.as_ref().is_some_and(|s| s.drafter.wants_hidden())
     }
 
+    /// The layer boundaries its drafter reads ([`SpecState::wants_hidden`]).
     pub fn hidden_taps(&self) -> Vec<usize> {
         self.spec
             .as_ref()
             .map_or(Vec::new(), |s| s.drafter.hidden_taps())
     }
 
+    /// No speculation: every round is one plain step.
     pub fn is_plain(&self) -> bool {
         self.spec.is_none()
     }
@@ -401,8 +404,9 @@ impl SpecState {
         Ok(Plan::Ready(plan))
     }
 
-    /// 3. What the verify forwards: the pending token, then `draft` as the
-    ///    request's grammar allows it; `seconds` more drafting.
+    /// Sets what the verify forwards (step 3 of a round): the pending
+    /// token, then `draft` as the request's grammar allows it; `seconds`
+    /// more drafting.
     fn set_draft(
         &mut self,
         plan: &mut RoundPlan,
