@@ -146,7 +146,7 @@ pub struct Scheduler<'e> {
     /// What a step costs, learnt from the steps run.
     fit: StepFit,
     /// Acceptance-call seconds per step from which decisions run on
-    /// several threads, and how many ([`decide_all`]).
+    /// several threads, and how many (`step::decide_all`).
     decide_parallel_from: f64,
     decide_threads: usize,
 }
@@ -195,8 +195,8 @@ impl<'e> Scheduler<'e> {
     /// slice. Otherwise each of those streams waits for the step (a request
     /// whose prompt is read waits for its first token), and on a CPU a
     /// 512-row chunk costs over a second, so the chunk is held to what
-    /// keeps the step within [`STALL_STEPS`] of their step alone
-    /// ([`PrefillCost`]): the new prompt goes on a little slower and no
+    /// keeps the step within `cost::STALL_STEPS` of their step alone
+    /// (`cost::PrefillCost`): the new prompt goes on a little slower and no
     /// stream stalls. (Holding back only beside requests that had streamed
     /// 8 tokens let 8 long prompts arriving together stall the first
     /// streams for whole slices: p99 gap 1.6 s, against 70 ms.)

@@ -190,15 +190,18 @@ impl<'e> Scheduler<'e> {
                 Err(e) => failed.push((i, e)),
             }
         }
+        let drafted = match rounds.is_empty() {
+            true => Ok(()),
+            false => draft_heads(&mut rounds).map_err(|e| format!("{e:#}")),
+        };
+        let drafts: Vec<_> = rounds.into_iter().map(|r| r.draft).collect();
         for (i, e) in failed {
             self.active[i].failed = Some(e);
             planned[i] = None;
         }
-        if rounds.is_empty() {
+        if drafts.is_empty() {
             return 0;
         }
-        let drafted = draft_heads(&mut rounds).map_err(|e| format!("{e:#}"));
-        let drafts: Vec<_> = rounds.into_iter().map(|r| r.draft).collect();
         // Each round's share of the drafting, by the tokens it drafted.
         let tokens: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
         let seconds = t.elapsed().as_secs_f64() / tokens as f64;
