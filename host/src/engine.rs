@@ -3,9 +3,9 @@
 //! request's names (drafter, schedule, acceptance) into a [`Speculation`]
 //! and runs the sequence.
 use crate::cache::{PrefixCache, SuffixCorpus};
+use crate::load::Switches;
 use crate::model::mtp::MtpHead;
 use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
-use crate::load::Switches;
 use crate::options::{
     DrafterSpec, SpecOptions, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
 };
@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use crate::request::Prompt;
 use crate::ranks::Joined;
+pub use crate::request::Prompt;
 use crate::request::ValidatedRequest;
 
 /// A request ready to run ([`Engine::prepare`]): a caller adds its hooks

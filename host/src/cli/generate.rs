@@ -2,8 +2,8 @@
 use super::Load;
 use super::{policy_host, ModelArg};
 use crate::engine::{Engine, Prepared, Prompt};
-use crate::ranks::Joined;
 use crate::options::SpecOptions;
+use crate::ranks::Joined;
 use crate::request::{RequestError, RequestOptions, ValidatedRequest};
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};

@@ -133,8 +133,9 @@ impl KvBudget {
     /// Tokens of KV a request reserves besides its own: a share of the
     /// budget, so admission does not fill it with prompts alone.
     fn share_tokens(&self) -> usize {
-        self.budget
-            .map_or(0, |b| b / (2 * self.max_sequences * self.rates.target.max(1)))
+        self.budget.map_or(0, |b| {
+            b / (2 * self.max_sequences * self.rates.target.max(1))
+        })
     }
 
     /// Bytes a request of `tokens` tokens (its prompt, or its log and one

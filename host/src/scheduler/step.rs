@@ -478,4 +478,3 @@ impl Planned {
         }
     }
 }
-

@@ -312,4 +312,3 @@ fn forward_grouped(
 /// Rows kept for the head without a draft beyond this many start its cache
 /// afresh from the latest (a long stretch of k = 0 rounds).
 const MAX_PENDING: usize = 2048;
-

@@ -15,8 +15,8 @@ pub mod target;
 
 pub use draft::{Draft, DraftProb};
 pub use drafter::{Drafter, ModelDrafter, NgramDrafter};
-pub use history::ScheduleHistory;
 pub use head::MtpDrafter;
+pub use history::ScheduleHistory;
 pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
@@ -790,7 +790,6 @@ impl HeadJob {
 }
 
 impl RoundPlan {
-
     /// Drafts the verify checks (then every row's logits are needed).
     pub fn drafted(&self) -> usize {
         self.draft.tokens.len()

@@ -24,7 +24,12 @@ pub struct RemoteCache {
 
 impl RemoteCache {
     /// A fresh cache for `layer` (created there with the next frame).
-    pub fn new(ops: &Arc<OpQueue>, layer: usize, window: Option<usize>, token_bytes: usize) -> Self {
+    pub fn new(
+        ops: &Arc<OpQueue>,
+        layer: usize,
+        window: Option<usize>,
+        token_bytes: usize,
+    ) -> Self {
         let id = ops.id();
         ops.push(CacheOp::New { id, layer });
         RemoteCache {
