@@ -3,6 +3,7 @@
 //! request's names (drafter, schedule, acceptance) into a [`Speculation`]
 //! and runs the sequence.
 use crate::cache::{PrefixCache, SuffixCorpus};
+use crate::load::Switches;
 use crate::model::mtp::MtpHead;
 use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
 use crate::options::{
@@ -21,6 +22,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::ranks::Joined;
 pub use crate::request::Prompt;
 use crate::request::ValidatedRequest;
 
@@ -57,45 +59,8 @@ pub struct Engine {
     pub weights: WeightMode,
     /// Which of two implementations some steps take ([`Engine::set_switches`]).
     pub switches: Switches,
-}
-
-/// How a model is loaded: what every command that loads one takes from the
-/// global flags (the CLI and the server alike).
-#[derive(Debug, Clone, Copy)]
-pub struct Load {
-    pub weights: crate::model::WeightMode,
-    /// Installed for the process before loading ([`crate::model::Kernels::install`]).
-    pub kernels: crate::model::Kernels,
-    pub switches: Switches,
-}
-
-/// Switches between two implementations of one step, to measure one against
-/// the other with one build. The defaults are the faster paths; the CLI
-/// sets them (hidden flags), the model and the sequence read no environment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Switches {
-    /// Attention as one op per layer over every sequence's cache rows
-    /// ([`Llama::kv_rows`]); off: the per-sequence ops it replaced.
-    pub kv_rows: bool,
-    /// A layer's o, gate/up and down matmuls as one op
-    /// ([`Llama::fused_tail`]); off: three.
-    pub fused_tail: bool,
-    /// Requests' default for [`Settings::light_rounds`].
-    pub light_rounds: bool,
-    /// 16-bit KV caches ([`Llama::kv_half`]): off by default, as the
-    /// float32 caches' results are the reference.
-    pub kv_f16: bool,
-}
-
-impl Default for Switches {
-    fn default() -> Switches {
-        Switches {
-            kv_rows: true,
-            fused_tail: true,
-            light_rounds: true,
-            kv_f16: false,
-        }
-    }
+    /// The pipeline group whose rank 0 this engine's model is, if any.
+    pub ranks: Option<Arc<Joined>>,
 }
 
 /// Default bound of the prefix cache.
@@ -131,18 +96,32 @@ pub fn load_tokenizer(path: &Path, format: ModelFormat) -> Result<Tokenizer> {
 }
 
 impl Engine {
-    /// Loads `path`, its weights (and any draft model's) held as `weights`.
+    /// Loads `path` in this process alone, its weights (and any draft
+    /// model's) held as `weights`.
     pub fn load(
         name: &str,
         path: &Path,
         policies: Arc<PolicyHost>,
         weights: WeightMode,
     ) -> Result<Engine> {
-        let (model, format) = match crate::ranks::joined() {
+        Engine::load_on(name, path, policies, weights, None)
+    }
+
+    /// [`Engine::load`] as rank 0 of `ranks` (when it shares the model
+    /// with other ranks): its layers, and the link to the others.
+    pub fn load_on(
+        name: &str,
+        path: &Path,
+        policies: Arc<PolicyHost>,
+        weights: WeightMode,
+        ranks: Option<Arc<Joined>>,
+    ) -> Result<Engine> {
+        let ranks = ranks.filter(|j| j.pipelined());
+        let (model, format) = match &ranks {
             Some(j) => {
                 let part = j.split.ranges[0].clone();
                 let (mut m, f) = crate::model::load_model_part(path, weights, Some(part))?;
-                crate::ranks::attach(&mut m, j);
+                j.attach(&mut m);
                 (m, f)
             }
             None => load_model_with(path, weights)?,
@@ -183,6 +162,7 @@ impl Engine {
             suffix: Arc::new(Mutex::new(SuffixCorpus::new(SUFFIX_CORPUS_BYTES))),
             weights,
             switches: Switches::default(),
+            ranks,
         })
     }
 
@@ -191,9 +171,7 @@ impl Engine {
     pub fn set_switches(&mut self, switches: Switches) -> Result<()> {
         for m in std::iter::once(&mut self.model).chain(self.drafts.values_mut()) {
             let m = Arc::get_mut(m).context("switches are set before the engine serves")?;
-            m.kv_rows = switches.kv_rows;
-            m.fused_tail = switches.fused_tail;
-            m.kv_half = switches.kv_f16;
+            switches.apply(m);
         }
         if let Some(d) = &self.model.downstream {
             // The remote caches count the KV bytes the switches make.
@@ -207,9 +185,7 @@ impl Engine {
     pub fn add_draft_model(&mut self, name: &str, path: &Path) -> Result<()> {
         let (mut m, _) = load_model_with(path, self.weights)
             .with_context(|| format!("loading draft model {name}"))?;
-        m.kv_rows = self.switches.kv_rows;
-        m.fused_tail = self.switches.fused_tail;
-        m.kv_half = self.switches.kv_f16;
+        self.switches.apply(&mut m);
         if m.config.vocab_size != self.model.config.vocab_size {
             bail!(
                 "draft model {name} has vocabulary {} but the target has {}",
@@ -244,6 +220,17 @@ impl Engine {
             .with_context(|| format!("loading MTP head {name} from {}", dir.display()))?;
         self.heads.insert(name.to_string(), Arc::new(head));
         Ok(())
+    }
+
+    /// Whether this engine's model is shared with other pipeline ranks.
+    pub fn pipelined(&self) -> bool {
+        self.ranks.is_some()
+    }
+
+    /// An idle moment (nothing to run): on rank 0 of a pipeline, a round
+    /// trip around the ring, so a lost rank is found while idle too.
+    pub fn idle_tick(&self) -> Result<()> {
+        self.ranks.as_ref().map_or(Ok(()), |j| j.idle_tick())
     }
 
     pub fn context_length(&self) -> usize {

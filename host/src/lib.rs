@@ -1,15 +1,22 @@
 //! specd: a native LLM host on MLX whose speculative-decoding policies are
 //! sandboxed WebAssembly components.
 //!
-//! Data flows one way: `specd_mlx` -> `specd_model` ([`model`] and
-//! [`cache`], a crate of their own that knows nothing of what follows) ->
-//! [`speculation`] (<- `specd_policy`) -> [`sequence`] (a request's life:
-//! prefill, rounds, emitting) -> [`engine`] -> [`scheduler`] (continuous
-//! batching) -> [`server`] and [`cli`]. A module knows only the ones to its left. The measuring tools
-//! (bench, profile, replay) are the `specd-tools` crate, on top of this one.
+//! Modules use one another one way. Module order (each uses only modules
+//! before it; `tests/py/test_import_circles.py` checks it against the
+//! imports): `spread`, `model_files`, `options`, `load`, `sampling`, `speculation`,
+//! `sequence`, `request`, `ranks`, `engine`, `scheduler`, `trace`,
+//! `server`, `cli`. Below them, `specd_mlx` -> `specd_model` ([`model`]
+//! and [`cache`], a crate of its own that knows nothing of these) and
+//! `specd_policy`. A request goes route (`server`) -> `engine` (its
+//! speculation built) -> `scheduler` (continuous batching) -> `sequence`
+//! (prefill, then rounds: plan -> read -> decide -> apply) ->
+//! `speculation` (the drafter, the policies, the target's verify). The
+//! measuring tools (bench, profile, replay) are the `specd-tools` crate,
+//! on top of this one.
 
 pub mod cli;
 pub mod engine;
+pub mod load;
 pub mod model_files;
 pub mod options;
 pub mod ranks;

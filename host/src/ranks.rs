@@ -6,7 +6,7 @@
 //! ([`specd_model::ranks`]). At start the ranks compare what shapes the
 //! forward (the binary's version, the model's sha256, the weights and
 //! kernels, the split) and refuse to run apart.
-use crate::engine::Load;
+use crate::load::Load;
 use crate::model::ranks::{stage, wire, Downstream, Group, Split};
 use crate::model::{load_model_part, Llama};
 use anyhow::{anyhow, bail, Context, Result};
@@ -15,18 +15,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// A joined group and who holds which layers.
-#[derive(Debug)]
+/// A joined group and who holds which layers; on rank 0, once its model
+/// is loaded ([`Joined::attach`]), its link to the other ranks. The
+/// process's entry point owns it and passes it to what loads the model.
 pub struct Joined {
     pub group: Group,
     pub split: Split,
+    downstream: OnceLock<Arc<Downstream>>,
 }
 
-static JOINED: OnceLock<Joined> = OnceLock::new();
-
-/// The group this process joined, if it is a rank of one.
-pub fn joined() -> Option<&'static Joined> {
-    JOINED.get().filter(|j| j.group.size > 1)
+impl std::fmt::Debug for Joined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joined")
+            .field("group", &self.group)
+            .field("split", &self.split)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether the launcher started this process as a rank.
@@ -40,7 +44,7 @@ const CONNECT_SECONDS: u64 = 60;
 /// Joins the group the environment describes, splits the model at `path`
 /// (`layers`: counts in rank order, else equal weight bytes) and checks
 /// that every rank runs the same thing.
-pub fn join(path: &Path, layers: Option<&[usize]>, load: &Load) -> Result<&'static Joined> {
+pub fn join(path: &Path, layers: Option<&[usize]>, load: &Load) -> Result<Arc<Joined>> {
     let rank = std::env::var("MLX_RANK").unwrap_or_default();
     if std::env::var("MLX_HOSTFILE").is_err() {
         bail!("MLX_RANK={rank} but MLX_HOSTFILE is not set: start the ranks with `mlx.launch --backend ring` (or set both, as it does)");
@@ -71,10 +75,11 @@ pub fn join(path: &Path, layers: Option<&[usize]>, load: &Load) -> Result<&'stat
     };
     let split = Split::of_model(path, group.size, layers)?;
     agree(group, &fingerprint(path, load, &split)?)?;
-    JOINED
-        .set(Joined { group, split })
-        .map_err(|_| anyhow!("this process joined a group already"))?;
-    Ok(JOINED.get().expect("just set"))
+    Ok(Arc::new(Joined {
+        group,
+        split,
+        downstream: OnceLock::new(),
+    }))
 }
 
 /// What must be equal on every rank for their layers to make one model.
@@ -143,113 +148,128 @@ fn agree(group: Group, mine: &str) -> Result<()> {
     Ok(())
 }
 
+impl Joined {
+    /// Whether this process shares its model with other ranks (a group
+    /// of one runs as a single process).
+    pub fn pipelined(&self) -> bool {
+        self.group.size > 1
+    }
+
+    /// Rank 0's model: its layers, the embedding and head, and the link
+    /// to the other ranks.
+    pub fn attach(&self, model: &mut Llama) {
+        let per_layer = model.kv_bytes_per_token() / model.layer_count().max(1);
+        let d = self.downstream.get_or_init(|| {
+            Arc::new(Downstream::new(
+                self.group,
+                self.split.clone(),
+                &model.config,
+                per_layer,
+            ))
+        });
+        // Off only to measure what micro-batches give (bench_ranks.py).
+        let halves = std::env::var("SPECD_RANK_MICRO_BATCHES").as_deref() != Ok("0");
+        d.micro_batches.store(halves, Ordering::Relaxed);
+        model.downstream = Some(d.clone());
+        self.report(model);
+    }
+
+    fn report(&self, model: &Llama) {
+        eprintln!(
+            "rank {}/{}: layers {}..{} of {}, {} weight bytes held",
+            self.group.rank,
+            self.group.size,
+            model.first_layer,
+            model.local_end(),
+            model.layer_count(),
+            weight_bytes(model)
+        );
+    }
+
+    /// A rank after 0: loads its layers and runs them until rank 0 is done.
+    pub fn run_stage(&self, path: &Path, load: &Load) -> Result<()> {
+        let rank = self.group.rank;
+        let part = self.split.ranges[rank].clone();
+        let (mut model, _) = load_model_part(path, load.weights, Some(part))
+            .with_context(|| format!("rank {rank}: loading its layers of {}", path.display()))?;
+        load.switches.apply(&mut model);
+        specd_mlx::memory::clear_cache();
+        self.report(&model);
+        // A launcher passes Ctrl-C / SIGTERM to every rank: this one ends when
+        // rank 0 tells it to (after rank 0's drain), or when rank 0 is gone,
+        // so a draining rank 0 can still finish what runs.
+        // SAFETY: setting a signal's disposition to ignore, before any thread
+        // of ours waits on signals.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+        }
+        let t = stage::serve(&model, self.group).with_context(|| format!("rank {rank}"))?;
+        eprintln!(
+            "rank {rank}: stopped after {} frames: waiting {:.3} s, receiving rows {:.3} s, its layers {:.3} s, sending {:.3} s; {} rotating-cache restores",
+            t.frames,
+            t.wait_seconds,
+            t.recv_seconds,
+            t.compute_seconds,
+            t.send_seconds,
+            crate::cache::rotating::restores()
+        );
+        Ok(())
+    }
+
+    /// Whether a peer of the group was lost: nothing more can run.
+    pub fn broken(&self) -> bool {
+        self.downstream.get().is_some_and(|d| d.broken())
+    }
+
+    /// An idle moment on rank 0: a round trip around the ring (the
+    /// pending cache operations go with it), so a lost rank is found
+    /// while nothing runs too. Errors once a peer is lost.
+    pub fn idle_tick(&self) -> Result<()> {
+        match self.downstream.get() {
+            Some(d) if !d.broken() => d.ping(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Rank 0 is done: the other ranks exit (nothing to do elsewhere).
+    pub fn finish(&self) {
+        let Some(d) = self.downstream.get() else {
+            return;
+        };
+        if d.broken() {
+            return;
+        }
+        let t = d.timings();
+        eprintln!(
+            "rank 0: {} frames through the ring: its layers {:.3} s, sending {:.3} s, waiting for the rows back {:.3} s",
+            t.frames, t.local_seconds, t.send_seconds, t.recv_seconds
+        );
+        if let Err(e) = d.stop() {
+            eprintln!("warning: telling the other ranks to stop: {e:#}");
+        }
+    }
+
+    /// On a server's rank 0: once a peer is lost, `lost` is called (the
+    /// server's `/health` then answers 503) and the process exits with an
+    /// error shortly after, so a router stops sending to it first.
+    pub fn exit_when_broken(self: &Arc<Self>, lost: impl Fn() + Send + 'static) {
+        let me = self.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(100));
+            if me.broken() {
+                lost();
+                eprintln!(
+                    "error: a rank of the pipeline group was lost; failing what runs and exiting"
+                );
+                std::thread::sleep(Duration::from_secs(2));
+                std::process::exit(1);
+            }
+        });
+    }
+}
+
 /// Weight bytes `model` holds.
 pub fn weight_bytes(model: &Llama) -> usize {
     model.weights().iter().map(|a| a.nbytes()).sum()
-}
-
-/// Rank 0's model: its layers, the embedding and head, and the link to
-/// the other ranks.
-pub fn attach(model: &mut Llama, j: &Joined) {
-    let per_layer = model.kv_bytes_per_token() / model.layer_count().max(1);
-    let d = DOWNSTREAM.get_or_init(|| {
-        Arc::new(Downstream::new(
-            j.group,
-            j.split.clone(),
-            &model.config,
-            per_layer,
-        ))
-    });
-    // Off only to measure what micro-batches give (bench_ranks.py).
-    let halves = std::env::var("SPECD_RANK_MICRO_BATCHES").as_deref() != Ok("0");
-    d.micro_batches.store(halves, Ordering::Relaxed);
-    model.downstream = Some(d.clone());
-    report(model, j);
-}
-
-/// Rank 0's link to the others, once its model is loaded.
-static DOWNSTREAM: OnceLock<Arc<Downstream>> = OnceLock::new();
-
-fn report(model: &Llama, j: &Joined) {
-    eprintln!(
-        "rank {}/{}: layers {}..{} of {}, {} weight bytes held",
-        j.group.rank,
-        j.group.size,
-        model.first_layer,
-        model.local_end(),
-        model.layer_count(),
-        weight_bytes(model)
-    );
-}
-
-/// A rank after 0: loads its layers and runs them until rank 0 is done.
-pub fn run_stage(path: &Path, load: &Load, j: &Joined) -> Result<()> {
-    let part = j.split.ranges[j.group.rank].clone();
-    let (mut model, _) = load_model_part(path, load.weights, Some(part)).with_context(|| {
-        format!(
-            "rank {}: loading its layers of {}",
-            j.group.rank,
-            path.display()
-        )
-    })?;
-    model.kv_rows = load.switches.kv_rows;
-    model.fused_tail = load.switches.fused_tail;
-    model.kv_half = load.switches.kv_f16;
-    specd_mlx::memory::clear_cache();
-    report(&model, j);
-    // A launcher passes Ctrl-C / SIGTERM to every rank: this one ends when
-    // rank 0 tells it to (after rank 0's drain), or when rank 0 is gone,
-    // so a draining rank 0 can still finish what runs.
-    // SAFETY: setting a signal's disposition to ignore, before any thread
-    // of ours waits on signals.
-    unsafe {
-        libc::signal(libc::SIGTERM, libc::SIG_IGN);
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-    }
-    let t = stage::serve(&model, j.group).with_context(|| format!("rank {}", j.group.rank))?;
-    eprintln!(
-        "rank {}: stopped after {} frames: waiting {:.3} s, receiving rows {:.3} s, its layers {:.3} s, sending {:.3} s; {} rotating-cache restores",
-        j.group.rank,
-        t.frames,
-        t.wait_seconds,
-        t.recv_seconds,
-        t.compute_seconds,
-        t.send_seconds,
-        crate::cache::rotating::restores()
-    );
-    Ok(())
-}
-
-/// Rank 0 is done: the other ranks exit (nothing to do elsewhere).
-pub fn finish() {
-    let Some(d) = DOWNSTREAM.get() else {
-        return;
-    };
-    if crate::model::ranks::broken() {
-        return;
-    }
-    let t = d.timings();
-    eprintln!(
-        "rank 0: {} frames through the ring: its layers {:.3} s, sending {:.3} s, waiting for the rows back {:.3} s",
-        t.frames, t.local_seconds, t.send_seconds, t.recv_seconds
-    );
-    if let Err(e) = d.stop() {
-        eprintln!("warning: telling the other ranks to stop: {e:#}");
-    }
-}
-
-/// On a server's rank 0: once a peer is lost, `/health` answers 503 (it
-/// reads [`crate::model::ranks::broken`]) and the process exits with an
-/// error shortly after, so a router stops sending to it first.
-pub fn exit_when_broken() {
-    std::thread::spawn(|| loop {
-        std::thread::sleep(Duration::from_millis(100));
-        if crate::model::ranks::broken() {
-            eprintln!(
-                "error: a rank of the pipeline group was lost; failing what runs and exiting"
-            );
-            std::thread::sleep(Duration::from_secs(2));
-            std::process::exit(1);
-        }
-    });
 }

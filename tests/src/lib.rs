@@ -27,7 +27,7 @@ pub fn f16_kv_engine() -> MutexGuard<'static, Engine> {
     static E: OnceLock<Mutex<Engine>> = OnceLock::new();
     let m = E.get_or_init(|| {
         let mut e = load_default(specd::model::WeightMode::default());
-        e.set_switches(specd::engine::Switches {
+        e.set_switches(specd::load::Switches {
             kv_f16: true,
             ..Default::default()
         })

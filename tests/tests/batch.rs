@@ -6,7 +6,7 @@ use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
 use specd::sampling::{distribution, token_logprob, LogprobMode, LogprobRequest, TokenLogprob};
-use specd::scheduler::{kv_bytes_per_token, Admitted, BatchLimits, Scheduler};
+use specd::scheduler::{Admitted, BatchLimits, KvRates, Scheduler};
 use specd::sequence::{Finished, LogprobHook, PromptLogprobHook, PREFILL_CHUNK};
 use specd::speculation::target::{forward_batch, forward_batch_verify, StepRows};
 use specd::speculation::{LlamaTarget, Target};
@@ -271,7 +271,7 @@ fn a_preempted_request_resumes_and_returns_its_solo_tokens() {
         .collect();
     // A budget the prompts fit in with little room to grow: the requests
     // must take turns.
-    let per_token = kv_bytes_per_token(&e.model.config);
+    let per_token = KvRates::of(&e).per_token(&DrafterSpec::None);
     let prompt_tokens: usize = prompts.iter().map(|p| p.len() + 1).sum();
     let limits = BatchLimits {
         max_sequences: 3,
@@ -564,7 +564,7 @@ fn a_model_drafters_cache_counts_in_the_kv_budget() {
     let layers = e.model.config.num_hidden_layers;
     // Both speculate, so both hold the same tokens; only self:8 has a cache.
     let (ngram, self8) = (reserved("ngram"), reserved("self:8"));
-    let per_token = kv_bytes_per_token(&e.model.config);
+    let per_token = KvRates::of(&e).per_token(&DrafterSpec::None);
     assert!(
         ngram % per_token == 0 && ngram / per_token >= prompt.len() - 1,
         "an n-gram drafter holds no KV: {ngram} bytes"

@@ -194,7 +194,7 @@ fn f16_kv_caches_keep_greedy_speculation_lossless() {
     assert!(e.model.kv_half);
     assert_eq!(
         e.model.kv_bytes_per_token() * 2,
-        specd::scheduler::kv_bytes_per_token(&e.model.config)
+        e.model.config.kv_bytes_per_token(4)
     );
     let mut t = LlamaTarget::new(e.model.clone());
     t.prefill(&e.encode(&chat("Hello")).unwrap()).unwrap();

@@ -5,7 +5,8 @@
 //! tokens; the fused layer tail gives the three ops' logits bit for bit,
 //! and the q/k/v matmul inside the attention op the two ops' rows.
 use specd::cache::LayerCache;
-use specd::engine::{Engine, Prompt, Switches};
+use specd::engine::{Engine, Prompt};
+use specd::load::Switches;
 use specd::model::{load_model_with, Llama, Logits, WeightMode};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;

@@ -3,12 +3,14 @@ use super::Load;
 use super::{policy_host, ModelArg};
 use crate::engine::{Engine, Prepared, Prompt};
 use crate::options::SpecOptions;
+use crate::ranks::Joined;
 use crate::request::{RequestError, RequestOptions, ValidatedRequest};
 use crate::sampling::SamplingParams;
 use anyhow::{Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The command line's sampling parameters: what the flags (the HTTP APIs'
 /// fields, [`RequestOptions`]) set, greedy defaults (seed 0) for the rest,
@@ -71,10 +73,21 @@ pub struct GenerateArgs {
     pub prompt: String,
 }
 
+/// The engine of `model` in this process alone.
 pub fn load_engine(model: &str, spec: &SpecArgs, load: Load) -> Result<Engine> {
+    load_engine_on(model, spec, load, None)
+}
+
+/// The engine of `model`, on rank 0 of `ranks` where given.
+fn load_engine_on(
+    model: &str,
+    spec: &SpecArgs,
+    load: Load,
+    ranks: Option<Arc<Joined>>,
+) -> Result<Engine> {
     let path = crate::store::Store::default().resolve(model, false)?;
     let policies = policy_host(spec.policy_dir.as_deref())?;
-    let mut engine = Engine::load(model, &path, policies, load.weights)?;
+    let mut engine = Engine::load_on(model, &path, policies, load.weights, ranks)?;
     engine.set_switches(load.switches)?;
     spec.register_draft_model(&mut engine)?;
     Ok(engine)
@@ -108,12 +121,14 @@ impl GenerateArgs {
     }
 }
 
-pub fn run(a: GenerateArgs, load: Load) -> Result<()> {
+pub fn run(a: GenerateArgs, load: Load, ranks: Option<Arc<Joined>>) -> Result<()> {
     let req = a.request()?;
-    let engine = load_engine(&a.model.model, &a.spec, load)?;
-    let r = generate(&a, &req, &engine);
+    let r = load_engine_on(&a.model.model, &a.spec, load, ranks.clone())
+        .and_then(|engine| generate(&a, &req, &engine));
     // Pipeline ranks after 0 exit with this one.
-    crate::ranks::finish();
+    if let Some(j) = &ranks {
+        j.finish();
+    }
     r
 }
 

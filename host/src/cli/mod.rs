@@ -97,7 +97,7 @@ impl Globals {
         Ok(Load {
             weights,
             kernels,
-            switches: crate::engine::Switches {
+            switches: crate::load::Switches {
                 kv_rows: switch(self.kv_rows, "SPECD_KV_ROWS", true),
                 fused_tail: switch(self.fused_tail, "SPECD_FUSED_TAIL", true),
                 light_rounds: switch(self.light_rounds, "SPECD_LIGHT_ROUNDS", true),
@@ -107,7 +107,7 @@ impl Globals {
     }
 }
 
-pub use crate::engine::Load;
+pub use crate::load::Load;
 
 impl Globals {
     /// For commands that run in one process only (the tools): `--layers`
@@ -353,6 +353,8 @@ pub fn main() -> Result<()> {
         return run_tool();
     }
     let load = cli.globals.load()?;
+    // The group this process joined, passed to what loads the model.
+    let mut ranks = None;
     if crate::ranks::launched() {
         let model = match &cli.command {
             Command::Generate(a) => a.model.model.clone(),
@@ -364,14 +366,15 @@ pub fn main() -> Result<()> {
         let path = crate::store::Store::default().resolve(&model, false)?;
         let j = crate::ranks::join(&path, cli.globals.layers.as_deref(), &load)?;
         if j.group.rank > 0 {
-            return crate::ranks::run_stage(&path, &load, j);
+            return j.run_stage(&path, &load);
         }
+        ranks = Some(j);
     } else if cli.globals.layers.is_some() {
         anyhow::bail!("--layers splits a model across pipeline ranks: start them with `mlx.launch --backend ring` (MLX_RANK and MLX_HOSTFILE)");
     }
     match cli.command {
-        Command::Generate(a) => generate::run(a, load),
-        Command::Serve(a) => crate::server::run(a, load),
+        Command::Generate(a) => generate::run(a, load, ranks),
+        Command::Serve(a) => crate::server::run(a, load, ranks),
         Command::Pull { name, path } => {
             let store = crate::store::Store::default();
             let k = crate::store::Store::known_or_err(&name)?;

@@ -1,18 +1,23 @@
 //! One request as a state machine a scheduler steps: chunked prefill, then
 //! rounds whose verify forward may run batched with other requests' rows.
-//! A round is a value passed along, never state kept between calls:
-//! [`Sequence::plan`] returns the planned round, which the caller holds
-//! while the verify runs; [`Sequence::deciding`] consumes it into the
-//! acceptance's job, whose decision [`Sequence::apply_decided`] consumes. [`super::generate`]
-//! steps one alone; the server's scheduler steps many together. Both go
-//! through the same code, so a request's tokens do not depend on which.
+//! A round is a value passed along, never state kept between calls, on
+//! one surface: [`Sequence::plan`] gives the planned round (or a head job,
+//! drafted with the step's other head jobs and made a plan by
+//! [`Sequence::finish_head`]), which the caller holds while the verify
+//! runs; [`Sequence::read`] takes its rows (the sampling transforms then
+//! read every request's together, [`crate::speculation::read_rows`]);
+//! [`Sequence::decide`] makes the acceptance's job, whose decision
+//! [`Sequence::apply`] commits. [`Sequence::step`] runs one round alone
+//! (`super::generate`); the server's scheduler steps many together. Both
+//! go through the same calls, so a request's tokens do not depend on
+//! which.
 use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng, SamplingParams};
-use crate::speculation::mtp::HeadRound;
+use crate::speculation::head::{draft_heads, HeadRound};
 use crate::speculation::{
-    read_one, row_threads, BatchContext, Decided, Draft, MaskedRows, ReadRows, RoundPlan,
-    RoundRequest, SpecState, Speculation, Target, VerifyMode, VerifyRows,
+    read_one, row_threads, BatchContext, Decided, Draft, HeadJob, MaskedRows, Plan, ReadRows,
+    RoundPlan, RoundRequest, SpecState, Speculation, Target, VerifyMode, VerifyRows,
 };
 use anyhow::{bail, Result};
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
@@ -96,9 +101,6 @@ impl<'a> Sequence<'a> {
             (Some(hook), Some((req, _))) => Some(PromptLogprobs::new(prompt, *req, hook.clone())),
         };
         target.rewind(cached)?;
-        if let Some(s) = spec.as_ref().filter(|s| s.drafter.wants_hidden()) {
-            target.keep_hidden(&s.drafter.hidden_taps());
-        }
         let mut state = SpecState::new(spec);
         state.constraint = settings.constraint.clone();
         state.mode = verify_mode(settings);
@@ -134,6 +136,7 @@ impl<'a> Sequence<'a> {
             echo,
             batch: BatchCounters::default(),
         };
+        seq.prepare_target(target);
         if seq.prefill_left() == 0 {
             // A one-token prompt: its only entry is the first's.
             seq.send_prompt_logprobs();
@@ -267,15 +270,13 @@ impl<'a> Sequence<'a> {
         self.batch.max_sequences = self.batch.max_sequences.max(n as u64);
     }
 
-    /// Whether its drafter reads the target's hidden states (the target
-    /// must keep them, a fresh one after a preemption too).
-    pub fn wants_hidden(&self) -> bool {
-        self.state.wants_hidden()
-    }
-
-    /// The layer boundaries its drafter reads ([`Self::wants_hidden`]).
-    pub fn hidden_taps(&self) -> Vec<usize> {
-        self.state.hidden_taps()
+    /// Readies a target for its rounds (at the start, and a fresh one
+    /// after a preemption): where its drafter reads the target's hidden
+    /// states, the target keeps those of its drafter's layers.
+    pub fn prepare_target(&self, target: &mut dyn Target) {
+        if self.state.wants_hidden() {
+            target.keep_hidden(&self.state.hidden_taps());
+        }
     }
 
     /// Whether plain greedy decoding may run overlapped: no speculation, no
@@ -329,10 +330,11 @@ impl<'a> Sequence<'a> {
         }
     }
 
-    /// Plans a round (the schedule asked with `batch`, drafts made). Its
-    /// verify forwards [`RoundPlan::rows`]; every row's logits are needed
-    /// where it drafted ([`RoundPlan::drafted`]), else only the last.
-    pub fn plan(&mut self, target: &mut dyn Target, batch: BatchContext) -> Result<RoundPlan> {
+    /// Plans a round (the schedule asked with `batch`, drafts made, or
+    /// left to its MTP head: [`Plan::Head`]). Its verify forwards
+    /// [`RoundPlan::rows`]; every row's logits are needed where it drafted
+    /// ([`RoundPlan::drafted`]), else only the last.
+    pub fn plan(&mut self, target: &mut dyn Target, batch: BatchContext) -> Result<Plan> {
         let generated = self.em.emitted.len();
         let req = RoundRequest {
             log: &self.log,
@@ -344,50 +346,31 @@ impl<'a> Sequence<'a> {
         self.state.plan(target, req, batch)
     }
 
-    /// Whether a round it plans leaves a head's draft to the step
-    /// ([`SpecState::defer_heads`]).
-    pub fn defer_heads(&mut self, on: bool) {
-        self.state.defer_heads = on;
+    /// The head drafting of a round [`Sequence::plan`] left to its head:
+    /// a step drafts all of its head rounds together
+    /// ([`crate::speculation::head::draft_heads`]).
+    pub fn head_round(&mut self, job: &HeadJob) -> Result<HeadRound<'_>> {
+        (self.state).head_round(job, &self.log, &self.settings.params, &mut self.rng)
     }
 
-    /// The head drafting a planned round left to the step, if it did.
-    pub fn head_round(&mut self, plan: &RoundPlan) -> Option<HeadRound<'_>> {
-        self.state
-            .head_round(plan, &self.log, &self.settings.params, &mut self.rng)
-    }
-
-    /// Ends a round the step's head drafting drafted ([`Self::head_round`]).
-    pub fn finish_head_round(
+    /// The plan of a head job with what its head drafted (`seconds`: its
+    /// share of the drafting).
+    pub fn finish_head(
         &mut self,
-        plan: &mut RoundPlan,
+        job: HeadJob,
         draft: Draft,
         seconds: f64,
         target: &mut dyn Target,
-    ) -> Result<()> {
-        self.state.finish_head_round(plan, draft, seconds, target)
+    ) -> Result<RoundPlan> {
+        self.state.finish_head(job, draft, seconds, target)
     }
 
-    /// Ends the planned round with its verify's `rows` (every row's logits,
-    /// or their argmax where [`Sequence::verify_mode`] asked for that):
-    /// decide, roll back, stream what was committed. `time` is what the
-    /// verify cost; in a batched step the schedule is told what a lone
-    /// forward of these rows would have cost, while the request's stats
-    /// count its share of the step.
-    pub fn complete(
-        &mut self,
-        target: &mut dyn Target,
-        plan: RoundPlan,
-        rows: impl Into<VerifyRows>,
-        time: VerifyTime,
-    ) -> Result<()> {
-        let masked = self.mask_rows(&plan, rows.into())?;
-        self.complete_read(target, plan, read_one(masked, row_threads()), time)
-    }
-
-    /// The planned round's verify `rows` with the request's grammar
-    /// applied: a batched step reads every request's together
-    /// ([`crate::speculation::read_rows`]), then ends each round ([`Sequence::complete_read`]).
-    pub fn mask_rows(&self, plan: &RoundPlan, rows: VerifyRows) -> Result<MaskedRows> {
+    /// The planned round's verify `rows` (every row's logits, or their
+    /// argmax where [`Sequence::verify_mode`] asked for that), with the
+    /// request's stop masks and grammar applied: a batched step then reads
+    /// every request's together ([`crate::speculation::read_rows`]), a
+    /// request alone its own ([`read_one`]).
+    pub fn read(&self, plan: &RoundPlan, rows: VerifyRows) -> Result<MaskedRows> {
         let rows = match rows {
             // Row `i` is the logits of the token after the log and `i` drafts.
             VerifyRows::Logits(mut rows) if self.settings.ends.masks() => {
@@ -403,24 +386,14 @@ impl<'a> Sequence<'a> {
             .mask_rows(plan, rows, &self.log, &self.settings.params)
     }
 
-    /// [`Sequence::complete`] with the rows already read.
-    pub fn complete_read(
-        &mut self,
-        target: &mut dyn Target,
-        plan: RoundPlan,
-        read: ReadRows,
-        time: VerifyTime,
-    ) -> Result<()> {
-        let decided = self.deciding(plan, read, time).run()?;
-        self.apply_decided(target, decided)
-    }
-
-    /// The planned round's decision (its acceptance call) as a job that
-    /// borrows only the request's host state, so it can run on another
-    /// thread beside other requests' ([`Deciding::run`]); its result goes
-    /// to [`Sequence::apply_decided`]. Together they are
-    /// [`Sequence::complete_read`].
-    pub fn deciding(&mut self, plan: RoundPlan, read: ReadRows, time: VerifyTime) -> Deciding<'_> {
+    /// The planned round's decision (its acceptance call) over its read
+    /// rows, as a job that borrows only the request's host state, so it
+    /// can run on another thread beside other requests' ([`Deciding::run`]);
+    /// its result goes to [`Sequence::apply`]. `time` is what the verify
+    /// cost: in a batched step the schedule is told what a lone forward of
+    /// these rows would have cost, while the request's stats count its
+    /// share of the step.
+    pub fn decide(&mut self, plan: RoundPlan, read: ReadRows, time: VerifyTime) -> Deciding<'_> {
         // What its acceptance calls took so far, per call (0 before the
         // first); a plain round makes none.
         let c = &self.state.counters;
@@ -436,9 +409,9 @@ impl<'a> Sequence<'a> {
         }
     }
 
-    /// Ends the round [`Sequence::deciding`] decided: roll back, stream
-    /// what was committed.
-    pub fn apply_decided(&mut self, target: &mut dyn Target, decided: Decided) -> Result<()> {
+    /// Ends the round [`Sequence::decide`] decided: roll back, stream what
+    /// was committed.
+    pub fn apply(&mut self, target: &mut dyn Target, decided: Decided) -> Result<()> {
         let round = self.state.apply(decided, target, &self.log)?;
         if let (Some(hook), Some(t)) = (
             &self.settings.on_round,
@@ -479,15 +452,28 @@ impl<'a> Sequence<'a> {
         self.state.mode
     }
 
-    /// One round alone: plan, verify on `target`, complete.
+    /// One round alone, a step of one: plan (a head job drafted on its
+    /// own), verify on `target`, read, decide, apply.
     pub fn step(&mut self, target: &mut dyn Target) -> Result<()> {
         self.joined_step(1);
-        let plan = self.plan(target, BatchContext::default())?;
+        let plan = match self.plan(target, BatchContext::default())? {
+            Plan::Ready(plan) => plan,
+            Plan::Head(job) => {
+                let t = Instant::now();
+                let mut round = [self.head_round(&job)?];
+                draft_heads(&mut round)?;
+                let [round] = round;
+                let draft = round.draft;
+                self.finish_head(job, draft, t.elapsed().as_secs_f64(), target)?
+            }
+        };
         let t = Instant::now();
         let verified = target.verify(&plan.rows, self.state.mode)?;
         let vt = t.elapsed().as_secs_f64();
         self.state.add_forward_times(target.take_forward_times());
-        self.complete(target, plan, verified, VerifyTime::alone(vt))
+        let read = read_one(self.read(&plan, verified)?, row_threads());
+        let decided = self.decide(plan, read, VerifyTime::alone(vt)).run()?;
+        self.apply(target, decided)
     }
 
     /// Prompt + committed tokens so far.
@@ -559,7 +545,7 @@ fn verify_mode(settings: &Settings) -> VerifyMode {
 }
 
 /// A round's decision cut off from the rest of its request
-/// ([`Sequence::deciding`]).
+/// ([`Sequence::decide`]).
 pub struct Deciding<'s> {
     state: &'s mut SpecState,
     rng: &'s mut Rng,
@@ -590,7 +576,7 @@ impl Deciding<'_> {
     }
 }
 
-/// A round's verify time ([`Sequence::complete`]).
+/// A round's verify time ([`Sequence::decide`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VerifyTime {
     /// What a forward of the round's rows alone costs: what its schedule

@@ -148,7 +148,6 @@ impl std::fmt::Debug for RoundHook {
     }
 }
 
-/// What a request asks of the decode loop.
 /// Called with each emitted token's logprobs, before its text is sunk.
 #[derive(Clone)]
 pub struct LogprobHook(pub std::sync::Arc<dyn Fn(&TokenLogprob) + Send + Sync>);
@@ -205,6 +204,7 @@ impl EndRules {
     }
 }
 
+/// What a request asks of the decode loop.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub params: SamplingParams,
@@ -233,7 +233,7 @@ pub struct Settings {
     /// penalise, ask for logprobs or follow a grammar read the rows as
     /// before). Off: every row is copied back and transformed on the host.
     /// Same tokens, stats, trace and caches either way. Default
-    /// [`crate::engine::Switches::light_rounds`].
+    /// [`crate::load::Switches::light_rounds`].
     pub light_rounds: bool,
 }
 

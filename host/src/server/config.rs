@@ -318,7 +318,9 @@ pub struct ServerConfig {
     /// How the model's weights are held (the global `--weights`).
     pub weights: crate::model::WeightMode,
     /// The global `--kv-rows`, `--light-rounds`.
-    pub switches: crate::engine::Switches,
+    pub switches: crate::load::Switches,
+    /// The pipeline group this process is rank 0 of (`None`: one process).
+    pub ranks: Option<std::sync::Arc<crate::ranks::Joined>>,
     pub access: AccessConfig,
     pub limits: Limits,
     /// Continuous batching: requests at once, prefill rows per step.
@@ -466,6 +468,7 @@ impl ServerConfig {
             record: a.record.clone(),
             weights: crate::model::WeightMode::default(),
             switches: Default::default(),
+            ranks: None,
             access,
             limits,
             batch,

@@ -42,6 +42,9 @@ pub struct Lifecycle {
     /// Set at the drain deadline: the worker ends every running request
     /// with an error event.
     abort: AtomicBool,
+    /// Set once a pipeline rank was lost: nothing more can run (the
+    /// process exits soon).
+    rank_lost: AtomicBool,
 }
 
 impl Lifecycle {
@@ -61,6 +64,14 @@ impl Lifecycle {
         self.phase() == Phase::Draining
     }
 
+    pub fn mark_rank_lost(&self) {
+        self.rank_lost.store(true, SeqCst);
+    }
+
+    pub fn rank_lost(&self) -> bool {
+        self.rank_lost.load(SeqCst)
+    }
+
     /// Whether the worker must end what runs now (the drain deadline passed).
     pub fn aborting(&self) -> bool {
         self.abort.load(Relaxed)
@@ -71,7 +82,7 @@ impl Lifecycle {
 /// 503 while loading or draining (a router stops sending new requests).
 pub fn health_response(life: &Lifecycle, body: serde_json::Value) -> Response {
     // A pipeline rank lost: nothing more can run (the process exits soon).
-    let lost = crate::model::ranks::broken();
+    let lost = life.rank_lost();
     let status = match life.phase() {
         Phase::Ready if !lost => StatusCode::OK,
         _ => StatusCode::SERVICE_UNAVAILABLE,

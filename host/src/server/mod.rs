@@ -3,8 +3,9 @@
 //! request.
 //!
 //! Threads: the tokio runtime serves HTTP; one dedicated worker thread owns
-//! the engine (all MLX work) and runs requests one at a time from a bounded
-//! queue ([`worker`]). A request's text streams from the worker's sink
+//! the engine (all MLX work) and runs the continuous-batching scheduler
+//! ([`crate::scheduler`]) over requests from a bounded queue ([`worker`]):
+//! every running request's rows go through one forward a step. A request's text streams from the worker's sink
 //! through a channel into the HTTP response; a closed channel (the client went
 //! away) makes the sink return false, which ends generation at once.
 mod access;
@@ -140,9 +141,14 @@ pub fn router(state: State) -> Router {
 }
 
 /// Runs the server until SIGINT/SIGTERM, then drains.
-pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
+pub fn run(
+    args: ServeArgs,
+    load: crate::load::Load,
+    ranks: Option<Arc<crate::ranks::Joined>>,
+) -> Result<()> {
     let mut cfg = ServerConfig::from_args(&args)?;
     (cfg.weights, cfg.switches) = (load.weights, load.switches);
+    cfg.ranks = ranks.clone();
     let policies =
         Arc::new(PolicyHost::new(cfg.policy_limits.clone()).context("starting the policy host")?);
     std::fs::create_dir_all(&cfg.policy_dir)
@@ -255,7 +261,9 @@ pub fn run(args: ServeArgs, load: crate::engine::Load) -> Result<()> {
         }
         let served = server.await;
         // Drained: pipeline ranks after 0 exit with this one.
-        crate::ranks::finish();
+        if let Some(j) = &ranks {
+            j.finish();
+        }
         served.context("the HTTP server task")?.context("serving HTTP")
     })
 }

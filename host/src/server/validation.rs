@@ -107,7 +107,7 @@ impl Validator {
         if let Some(budget) = self.kv_budget {
             // A model drafter's cache grows with the target's: counted too.
             let drafter = req.spec.drafter_or_default();
-            let need = (prompt.len() + 1) * self.kv.per_token(&drafter);
+            let need = crate::scheduler::kv::held_bytes(prompt.len(), self.kv.per_token(&drafter));
             if need > budget {
                 return Err(format!(
                     "the prompt is {} tokens, whose KV cache ({need} bytes{}) is over this server's kv_budget of {budget} bytes",

@@ -205,7 +205,7 @@ impl WorkerHandle {
 fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelInfo)> {
     let store = crate::store::Store::default();
     let path = store.resolve(&cfg.model, false)?;
-    let mut engine = Engine::load(&cfg.model, &path, policies, cfg.weights)
+    let mut engine = Engine::load_on(&cfg.model, &path, policies, cfg.weights, cfg.ranks.clone())
         .with_context(|| format!("loading model {}", cfg.model))?;
     engine.set_switches(cfg.switches)?;
     for (name, p) in &cfg.draft_models {
@@ -284,11 +284,14 @@ pub fn start(
                 .store(cfg2.batch.kv_budget.unwrap_or(0) as u64, Relaxed);
             m.kv_bytes_per_token
                 .store(engine.model.kv_bytes_per_token() as u64, Relaxed);
-            if engine.model.downstream.is_some() {
-                crate::ranks::exit_when_broken();
+            if let Some(j) = &engine.ranks {
+                let life = life2.clone();
+                j.exit_when_broken(move || life.mark_rank_lost());
             }
             schedule(&engine, &rx, &m, &cfg2, &life2);
-            crate::ranks::finish();
+            if let Some(j) = &engine.ranks {
+                j.finish();
+            }
         })
         .context("starting the worker thread")?;
     let (info, validator) = ready_rx
@@ -399,12 +402,12 @@ fn schedule(
 }
 
 /// The next job, waiting as long as it takes; on rank 0 of a pipeline,
-/// a round trip around the ring every second meanwhile, so a lost rank is
-/// found while idle too.
+/// the engine's idle tick every second meanwhile, so a lost rank is found
+/// while idle too.
 fn idle_recv(engine: &Engine, rx: &Receiver<Job>) -> Result<Job, std::sync::mpsc::RecvError> {
-    let Some(d) = &engine.model.downstream else {
+    if !engine.pipelined() {
         return rx.recv();
-    };
+    }
     loop {
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(j) => return Ok(j),
@@ -412,10 +415,7 @@ fn idle_recv(engine: &Engine, rx: &Receiver<Job>) -> Result<Job, std::sync::mpsc
                 return Err(std::sync::mpsc::RecvError)
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if crate::model::ranks::broken() {
-                    continue;
-                }
-                if let Err(e) = d.ping() {
+                if let Err(e) = engine.idle_tick() {
                     tracing::error!("{e:#}");
                 }
             }

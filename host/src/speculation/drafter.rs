@@ -6,15 +6,11 @@
 //! true` is handed the target's last hidden states before each round
 //! (`observe_hidden`), which is what a multi-token-prediction head drafts
 //! from.
-use super::draft::{Draft, DraftProb};
+use super::draft::{draft_on, softmax_stats, Draft, DraftHook, DraftProb};
+use super::head::MtpDrafter;
 use super::target::{HiddenRows, Target};
 use crate::sampling::{distribution, Rng, SamplingParams};
 use anyhow::Result;
-use specd_policy::DraftStep;
-
-/// Asked after each draft token of a stepwise drafter while fewer than k
-/// are drafted (the schedule's `continue-drafting`): true = draft on.
-pub type DraftHook<'a> = &'a mut dyn FnMut(&DraftStep) -> bool;
 
 pub trait Drafter: Send {
     /// The name it was selected by (`ngram`, `self:N`, `model:NAME`).
@@ -74,8 +70,8 @@ pub trait Drafter: Send {
     }
     /// The MTP head drafter of `source`'s rounds, if its rounds draft from
     /// one: a batched step drafts those rounds of its requests together
-    /// ([`super::mtp::draft_heads`]).
-    fn head_drafter(&mut self, _source: usize) -> Option<&mut super::MtpDrafter> {
+    /// ([`super::head::draft_heads`]).
+    fn head_drafter(&mut self, _source: usize) -> Option<&mut MtpDrafter> {
         None
     }
     /// Whether it drafts from the target's hidden states (MTP): the target
@@ -238,68 +234,9 @@ impl Drafter for ModelDrafter {
     }
 }
 
-/// Adds a drafted token with its draft probability and statistics
-/// (entropy, top-1) to `draft`, then, unless it is the k-th, asks `hook`
-/// (the schedule's `continue-drafting`) whether to draft on.
-pub fn draft_on(
-    draft: &mut Draft,
-    token: u32,
-    q: DraftProb,
-    (entropy, top1): (f32, f32),
-    k: usize,
-    hook: DraftHook<'_>,
-) -> bool {
-    let step = DraftStep {
-        index: draft.tokens.len() as u32,
-        token,
-        q: q.q(token),
-        entropy,
-        top1,
-        k: k as u32,
-    };
-    draft.tokens.push(token);
-    draft.q.push(q);
-    draft.entropy.push(entropy);
-    draft.top1.push(top1);
-    draft.tokens.len() < k && hook(&step)
-}
-
-/// Entropy (nats) and largest probability of softmax(logits) at
-/// temperature 1 (non-finite logits count as -inf).
-pub fn softmax_stats(logits: &[f32]) -> (f32, f32) {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|x| x.is_finite())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
-        return (0.0, 1.0);
-    }
-    // With z = sum exp(x - max): H = ln z - sum p (x - max), top1 = 1 / z.
-    let (mut z, mut weighted) = (0.0f64, 0.0f64);
-    for &x in logits.iter().filter(|x| x.is_finite()) {
-        let d = (x - max) as f64;
-        let e = d.exp();
-        z += e;
-        weighted += e * d;
-    }
-    let entropy = (z.ln() - weighted / z).max(0.0);
-    (entropy as f32, (1.0 / z) as f32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn softmax_stats_of_uniform_and_peaked_logits() {
-        let (h, top1) = softmax_stats(&[0.0; 4]);
-        assert!((h - 4f32.ln()).abs() < 1e-5, "{h}");
-        assert!((top1 - 0.25).abs() < 1e-6);
-        let (h, top1) = softmax_stats(&[100.0, 0.0, 0.0]);
-        assert!(h < 1e-6 && (top1 - 1.0).abs() < 1e-6, "{h} {top1}");
-        assert_eq!(softmax_stats(&[f32::NEG_INFINITY]), (0.0, 1.0));
-    }
 
     #[test]
     fn ngram_finds_latest_longest_match() {

@@ -5,6 +5,7 @@
 //! the host validates and owns all randomness.
 pub mod draft;
 pub mod drafter;
+pub mod head;
 pub mod history;
 pub mod mtp;
 pub mod rows;
@@ -14,8 +15,8 @@ pub mod target;
 
 pub use draft::{Draft, DraftProb};
 pub use drafter::{Drafter, ModelDrafter, NgramDrafter};
+pub use head::MtpDrafter;
 pub use history::ScheduleHistory;
-pub use mtp::MtpDrafter;
 pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
@@ -23,7 +24,7 @@ pub use target::{HiddenRows, LlamaTarget, Target, VerifyMode};
 
 use crate::options::DrafterSpec;
 use crate::sampling::{Distribution, Rng, SamplingParams, SharedConstraint};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use specd_policy::{
     Acceptance, Correction, Decision, DraftStep, PolicyError, Position, Schedule, ScheduleInput,
@@ -135,15 +136,9 @@ pub struct SpecState {
     /// Structured output: drafts are cut to what the grammar allows and
     /// every verify row is masked before the policies see it.
     pub constraint: Option<SharedConstraint>,
-    /// How [`SpecState::round`] runs its verify (the sequence sets it from
-    /// the request: argmax-only rows for plain greedy requests).
+    /// What a round's verify copies back (the sequence sets it from the
+    /// request: argmax-only rows for plain greedy requests).
     pub mode: VerifyMode,
-    /// A round drafted by an MTP head is left undrafted by
-    /// [`SpecState::plan`], for the batched step to draft it with the other
-    /// requests' head rounds ([`mtp::draft_heads`], then
-    /// [`SpecState::finish_head_round`]). Not where the schedule has the
-    /// per-token hook: those rounds draft at once.
-    pub defer_heads: bool,
 }
 
 impl SpecState {
@@ -166,7 +161,6 @@ impl SpecState {
             batch: BatchContext::default(),
             constraint: None,
             mode: VerifyMode::default(),
-            defer_heads: false,
         }
     }
 
@@ -197,23 +191,26 @@ impl SpecState {
         self.spec.as_ref().map_or(0, |s| s.draft_max)
     }
 
-    /// No speculation: every round is one plain step.
+    /// Whether its drafter reads the target's hidden states (the target
+    /// must keep them).
     pub fn wants_hidden(&self) -> bool {
         self.spec.as_ref().is_some_and(|s| s.drafter.wants_hidden())
     }
 
+    /// The layer boundaries its drafter reads ([`SpecState::wants_hidden`]).
     pub fn hidden_taps(&self) -> Vec<usize> {
         self.spec
             .as_ref()
             .map_or(Vec::new(), |s| s.drafter.hidden_taps())
     }
 
+    /// No speculation: every round is one plain step.
     pub fn is_plain(&self) -> bool {
         self.spec.is_none()
     }
 
-    /// Counts `n` plain steps taken outside [`SpecState::round`] (the
-    /// overlapped greedy loop), `seconds` in all.
+    /// Counts `n` plain steps taken outside rounds (the overlapped greedy
+    /// loop), `seconds` in all.
     pub fn record_plain(&mut self, n: usize, seconds: f64) {
         self.counters.rounds += n as u64;
         self.counters.verify_seconds += seconds;
@@ -238,20 +235,6 @@ impl SpecState {
         self.counters.clone()
     }
 
-    /// One round alone: plan, verify on `target`, complete.
-    pub fn round(
-        &mut self,
-        target: &mut dyn Target,
-        mut req: RoundRequest<'_>,
-    ) -> Result<RoundOutcome> {
-        let plan = self.plan(target, req.reborrow(), BatchContext::default())?;
-        let t = Instant::now();
-        let rows = target.verify(&plan.rows, self.mode)?;
-        let vt = t.elapsed().as_secs_f64();
-        self.add_forward_times(target.take_forward_times());
-        self.complete(plan, rows, vt, target, req)
-    }
-
     /// Counts a verify forward's parts into the round phases.
     pub fn add_forward_times(&mut self, f: ForwardTimes) {
         let p = &mut self.counters.phases;
@@ -260,17 +243,22 @@ impl SpecState {
         p.readback += f.readback;
     }
 
-    /// The first half of a round, up to its verify: the schedule picks k,
-    /// the drafter drafts, the target is told which offsets to snapshot.
-    /// The verify forward of [`RoundPlan::rows`] (all logits rows when it
-    /// drafted) may then run batched with other requests' rows; its rows go
-    /// to [`SpecState::complete`].
+    /// A round up to its verify: the schedule picks k, the drafter
+    /// drafts, the target is told which offsets to snapshot. The verify
+    /// forward of [`RoundPlan::rows`] (all logits rows when it drafted) may
+    /// then run batched with other requests' rows; its rows are read
+    /// ([`SpecState::mask_rows`], [`read_rows`]), decided
+    /// ([`SpecState::decide`]) and applied ([`SpecState::apply`]). A round
+    /// an MTP head drafts (where the schedule has no per-token hook) comes
+    /// back as a [`HeadJob`]: its caller drafts every head job of its step
+    /// together ([`head::draft_heads`]; a request alone is a step of one),
+    /// then [`SpecState::finish_head`] makes it a plan.
     pub fn plan(
         &mut self,
         target: &mut dyn Target,
         req: RoundRequest<'_>,
         batch: BatchContext,
-    ) -> Result<RoundPlan> {
+    ) -> Result<Plan> {
         let RoundRequest {
             log,
             params,
@@ -347,15 +335,13 @@ impl SpecState {
                 dt += t.elapsed().as_secs_f64();
             }
         }
-        let mut deferred = false;
+        let mut by_head = false;
         if k > 0 {
             let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
             let (drafter, schedule) = spec.parts(source);
-            deferred = self.defer_heads
-                && !schedule.has_draft_hook()
-                && drafter.head_drafter(source).is_some();
+            by_head = !schedule.has_draft_hook() && drafter.head_drafter(source).is_some();
         }
-        if k > 0 && !deferred {
+        if k > 0 && !by_head {
             let spec = self.spec.as_mut().expect("k > 0 only with a speculation");
             let (drafter, schedule) = spec.parts(source);
             let t = Instant::now();
@@ -407,20 +393,20 @@ impl SpecState {
             draft_seconds: 0.0,
             draft_steps,
             source,
-            deferred_head: deferred,
         };
-        if !deferred {
-            self.set_draft(&mut plan, draft, dt, target)?;
-        } else {
+        if by_head {
             self.counters.draft_seconds += dt;
             self.counters.phases.draft += dt;
             plan.draft_seconds = dt;
+            return Ok(Plan::Head(HeadJob { plan }));
         }
-        Ok(plan)
+        self.set_draft(&mut plan, draft, dt, target)?;
+        Ok(Plan::Ready(plan))
     }
 
-    /// 3. What the verify forwards: the pending token, then `draft` as the
-    ///    request's grammar allows it; `seconds` more drafting.
+    /// Sets what the verify forwards (step 3 of a round): the pending
+    /// token, then `draft` as the request's grammar allows it; `seconds`
+    /// more drafting.
     fn set_draft(
         &mut self,
         plan: &mut RoundPlan,
@@ -445,27 +431,25 @@ impl SpecState {
             target.prepare_snapshots(&keep);
         }
         plan.draft = draft;
-        plan.deferred_head = false;
         Ok(())
     }
 
-    /// A round [`SpecState::plan`] left to the step's head drafting: its
-    /// head drafter and what it drafts from (`None`: not such a round).
+    /// The head drafting of `job`: its head drafter and what it drafts
+    /// from (the request's `log`, `params` and `rng`).
     pub fn head_round<'a>(
         &'a mut self,
-        plan: &RoundPlan,
+        job: &HeadJob,
         log: &'a [u32],
         params: &'a SamplingParams,
         rng: &'a mut Rng,
-    ) -> Option<mtp::HeadRound<'a>> {
-        if !plan.deferred_head {
-            return None;
-        }
-        let drafter = self.spec.as_mut()?.drafter.head_drafter(plan.source)?;
-        Some(mtp::HeadRound {
+    ) -> Result<head::HeadRound<'a>> {
+        let drafter = (self.spec.as_mut())
+            .and_then(|s| s.drafter.head_drafter(job.plan.source))
+            .context("a head job of a request without an MTP head drafter")?;
+        Ok(head::HeadRound {
             drafter,
             log,
-            k: plan.k,
+            k: job.plan.k,
             params,
             rng,
             hook: None,
@@ -473,35 +457,19 @@ impl SpecState {
         })
     }
 
-    /// Ends a round left to the step's head drafting with what the head
-    /// drafted (`seconds`: its share of that drafting): cut by the grammar,
-    /// its rows and snapshots, as [`SpecState::plan`] ends a round.
-    pub fn finish_head_round(
+    /// The plan of `job` with what its head drafted (`seconds`: its share
+    /// of that drafting): cut by the grammar, its rows and snapshots, as
+    /// [`SpecState::plan`] ends a round it drafts itself.
+    pub fn finish_head(
         &mut self,
-        plan: &mut RoundPlan,
+        job: HeadJob,
         draft: Draft,
         seconds: f64,
         target: &mut dyn Target,
-    ) -> Result<()> {
-        anyhow::ensure!(plan.deferred_head, "a round the head drafting was not left");
-        self.set_draft(plan, draft, seconds, target)
-    }
-
-    /// The second half of a round: `rows` are the verify forward's logits
-    /// rows of `plan.rows` (`verify_seconds` its time); the acceptance policy
-    /// decides, the target rolls back to what was kept.
-    pub fn complete(
-        &mut self,
-        plan: RoundPlan,
-        rows: VerifyRows,
-        verify_seconds: f64,
-        target: &mut dyn Target,
-        req: RoundRequest<'_>,
-    ) -> Result<RoundOutcome> {
-        let masked = self.mask_rows(&plan, rows, req.log, req.params)?;
-        let read = read_one(masked, row_threads());
-        let decided = self.decide(plan, read, verify_seconds, req.params, req.rng)?;
-        self.apply(decided, target, req.log)
+    ) -> Result<RoundPlan> {
+        let mut plan = job.plan;
+        self.set_draft(&mut plan, draft, seconds, target)?;
+        Ok(plan)
     }
 
     /// The first half of reading a round's `rows`: checks them against the
@@ -548,8 +516,8 @@ impl SpecState {
         ))
     }
 
-    /// The first half of [`SpecState::complete`]: the acceptance
-    /// policy's decision and the token it implies. It touches only this
+    /// A round's decision: the acceptance policy's answer over the read
+    /// rows and the token it implies. It touches only this
     /// request's host state (its policies' stores, counters, RNG), never
     /// the target, so a batched step decides its requests on several
     /// threads and then applies them ([`SpecState::apply`]) one by one.
@@ -662,8 +630,8 @@ impl SpecState {
         })
     }
 
-    /// The second half of [`SpecState::complete`]: roll the target
-    /// back to what `d` kept, tell the drafter, count, trace.
+    /// Ends a decided round: roll the target back to what `d` kept, tell
+    /// the drafter, count, trace.
     pub fn apply(
         &mut self,
         d: Decided,
@@ -799,21 +767,29 @@ pub struct RoundPlan {
     draft_steps: Vec<HookCall>,
     /// Which of the drafter's sources drafted ([`Drafter::source`]).
     source: usize,
-    /// Left for the step's head drafting ([`SpecState::defer_heads`]).
-    deferred_head: bool,
+}
+
+/// What [`SpecState::plan`] gives: a round ready for its verify, or one
+/// whose draft an MTP head makes, with the other head jobs of its step.
+pub enum Plan {
+    Ready(RoundPlan),
+    Head(HeadJob),
+}
+
+/// A round waiting for its MTP head's draft ([`SpecState::head_round`],
+/// then [`SpecState::finish_head`]).
+pub struct HeadJob {
+    plan: RoundPlan,
+}
+
+impl HeadJob {
+    /// The k its schedule asked for: the head drafts at most that many.
+    pub fn asked(&self) -> usize {
+        self.plan.k
+    }
 }
 
 impl RoundPlan {
-    /// Whether its draft waits for the step's head drafting.
-    pub fn deferred_head(&self) -> bool {
-        self.deferred_head
-    }
-
-    /// The k its schedule asked for.
-    pub fn asked(&self) -> usize {
-        self.k
-    }
-
     /// Drafts the verify checks (then every row's logits are needed).
     pub fn drafted(&self) -> usize {
         self.draft.tokens.len()

@@ -171,6 +171,10 @@ impl super::LayerCache for KvCache {
     fn boxed_clone(&self) -> Box<dyn super::LayerCache> {
         Box::new(self.clone())
     }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
     fn as_kv(&mut self) -> Option<&mut KvCache> {
         Some(self)
     }

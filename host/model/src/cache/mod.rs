@@ -5,63 +5,69 @@
 //! during the forward (`take_snapshots`); `restore` puts one back. Every
 //! snapshot is dropped when the round ends, and a counter proves it.
 pub mod kv;
+pub mod ops;
 pub mod prefix;
 pub mod rotating;
 pub mod suffix;
 
 pub use kv::KvCache;
+pub use ops::{CacheOp, OpQueue, RemoteSnap};
 pub use prefix::PrefixCache;
 pub use rotating::RotatingCache;
 pub use suffix::SuffixCorpus;
 
-use crate::ranks::remote::RemoteSnap;
-use crate::ranks::RemoteCache;
 use specd_mlx::{Array, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// What a snapshot holds: the rows themselves, or the handle of a
+/// snapshot another process took of the cache it holds.
+pub enum Held {
+    Rows { keys: Array, values: Array },
+    Remote(RemoteSnap),
+}
+
 /// A cache's state at one offset. Counted while alive.
 pub struct Snapshot {
     pub offset: usize,
-    keys: Option<Array>,
-    values: Option<Array>,
-    /// Where another rank holds it (a [`crate::ranks::RemoteCache`]'s).
-    pub remote: Option<RemoteSnap>,
+    pub held: Held,
     live: Arc<AtomicUsize>,
 }
 
 impl Snapshot {
     pub fn new(offset: usize, keys: Array, values: Array, live: &Arc<AtomicUsize>) -> Snapshot {
-        live.fetch_add(1, Ordering::SeqCst);
-        Snapshot {
-            offset,
-            keys: Some(keys),
-            values: Some(values),
-            remote: None,
-            live: live.clone(),
-        }
+        Snapshot::of(offset, Held::Rows { keys, values }, live)
     }
 
-    /// A snapshot another rank holds.
+    /// A snapshot another process holds.
     pub fn remote(offset: usize, remote: RemoteSnap, live: &Arc<AtomicUsize>) -> Snapshot {
+        Snapshot::of(offset, Held::Remote(remote), live)
+    }
+
+    fn of(offset: usize, held: Held, live: &Arc<AtomicUsize>) -> Snapshot {
         live.fetch_add(1, Ordering::SeqCst);
         Snapshot {
             offset,
-            keys: None,
-            values: None,
-            remote: Some(remote),
+            held,
             live: live.clone(),
         }
     }
 
-    pub fn remote_id(&self) -> Option<u64> {
-        self.remote.as_ref().map(|r| r.id)
+    /// The handle of a snapshot another process holds.
+    pub fn remote_snap(&self) -> Option<&RemoteSnap> {
+        match &self.held {
+            Held::Remote(r) => Some(r),
+            Held::Rows { .. } => None,
+        }
     }
 
     /// What a cache holds once restored to this snapshot: its keys, values
     /// and offset.
     pub fn held(&self) -> (Option<Array>, Option<Array>, usize) {
-        (self.keys.clone(), self.values.clone(), self.offset)
+        match &self.held {
+            Held::Rows { keys, values } => (Some(keys.clone()), Some(values.clone()), self.offset),
+            Held::Remote(_) => (None, None, self.offset),
+        }
     }
 }
 
@@ -97,10 +103,9 @@ pub trait LayerCache: Send {
     fn as_kv(&mut self) -> Option<&mut KvCache> {
         None
     }
-    /// A cache another rank holds, seen from rank 0; `None` for the rest.
-    fn as_remote(&mut self) -> Option<&mut RemoteCache> {
-        None
-    }
+    /// The cache as `Any`, for a layer that knows which kind it made (a
+    /// pipeline's caches of other ranks' layers).
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
     /// Bytes of keys and values held (the prefix cache's bound counts them).
     fn held_bytes(&self) -> usize {
         self.state().iter().map(|a| a.nbytes()).sum()

@@ -121,6 +121,10 @@ impl LayerCache for RotatingCache {
         self.pending = offsets.to_vec();
     }
 
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
     fn take_snapshots(&mut self) -> Vec<Snapshot> {
         self.pending.clear();
         std::mem::take(&mut self.taken)

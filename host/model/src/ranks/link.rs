@@ -1,9 +1,9 @@
 //! Rank 0's end of the ring: it sends each step's frame and hidden rows
 //! to rank 1 and waits for the last rank's rows to come back.
-use super::remote::{Ops, RemoteCache};
+use super::remote::RemoteCache;
 use super::wire::{Frame, Kind, Seq, HEADER};
-use super::{mark_broken, Group, Split};
-use crate::cache::LayerCache;
+use super::{Group, Split};
+use crate::cache::{LayerCache, OpQueue};
 use crate::LlamaConfig;
 use anyhow::{anyhow, Context, Result};
 use specd_mlx::{distributed as dist, Array, Dtype};
@@ -34,13 +34,15 @@ pub struct Sent {
 pub struct Downstream {
     pub group: Group,
     pub split: Split,
-    ops: Arc<Ops>,
+    ops: Arc<OpQueue>,
     /// The rotating window of each layer's cache (`None`: a plain one).
     windows: Vec<Option<usize>>,
     /// KV bytes a token takes in one layer (the remote caches count them).
     token_bytes: AtomicUsize,
     /// Set once the other ranks were told to exit: nothing more is sent.
     stopped: AtomicBool,
+    /// Set once a peer was lost: nothing more can run.
+    broken: AtomicBool,
     /// Whether a batched step goes as two micro-batches (the default).
     pub micro_batches: AtomicBool,
     /// Held while a frame is sent or received: one thread on the ring at a
@@ -56,13 +58,24 @@ impl Downstream {
         Downstream {
             group,
             split,
-            ops: Arc::new(Ops::default()),
+            ops: Arc::new(OpQueue::default()),
             windows,
             token_bytes: AtomicUsize::new(token_bytes),
             stopped: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
             micro_batches: AtomicBool::new(true),
             timings: Mutex::new(Timings::default()),
         }
+    }
+
+    /// Whether a peer of the group was lost: nothing more can run (rank
+    /// 0's health reports it before the process exits).
+    pub fn broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
+    }
+
+    fn mark_broken(&self) {
+        self.broken.store(true, Ordering::SeqCst);
     }
 
     /// The first layer another rank holds.
@@ -115,7 +128,8 @@ impl Downstream {
                     .iter_mut()
                     .map(|c| {
                         let r = c
-                            .as_remote()
+                            .as_any_mut()
+                            .downcast_mut::<RemoteCache>()
                             .context("a layer another rank holds has a local cache")?;
                         r.advance(rows as usize);
                         Ok(r.id)
@@ -142,7 +156,7 @@ impl Downstream {
             dtype: x.dtype() as u8,
         };
         self.exchange(&frame, Some(x))
-            .inspect_err(|_| mark_broken())?;
+            .inspect_err(|_| self.mark_broken())?;
         t.frames += 1;
         t.local_seconds += (t1 - t0).as_secs_f64();
         t.send_seconds += t1.elapsed().as_secs_f64();
@@ -159,7 +173,7 @@ impl Downstream {
         let y = dist::recv(&sent.shape, sent.dtype, self.group.prev())?;
         y.eval()
             .map_err(|e| lost(&e.0))
-            .inspect_err(|_| mark_broken())?;
+            .inspect_err(|_| self.mark_broken())?;
         t.recv_seconds += t0.elapsed().as_secs_f64();
         Ok(y)
     }
@@ -177,7 +191,7 @@ impl Downstream {
                 let pong = dist::recv(&[1], Dtype::Uint32, self.group.prev())?;
                 pong.eval().map_err(|e| lost(&e.0))
             })
-            .inspect_err(|_| mark_broken())
+            .inspect_err(|_| self.mark_broken())
     }
 
     /// Tells every rank to exit (rank 0 is done); once.

@@ -25,8 +25,6 @@ pub use link::{Downstream, Timings};
 pub use remote::RemoteCache;
 pub use split::Split;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 /// A process's place in its group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Group {
@@ -43,16 +41,4 @@ impl Group {
     pub fn next(&self) -> i32 {
         ((self.rank + 1) % self.size) as i32
     }
-}
-
-static BROKEN: AtomicBool = AtomicBool::new(false);
-
-/// Whether a peer of this process's group was lost: nothing more can run
-/// (rank 0's health reports it before the process exits).
-pub fn broken() -> bool {
-    BROKEN.load(Ordering::SeqCst)
-}
-
-pub(crate) fn mark_broken() {
-    BROKEN.store(true, Ordering::SeqCst);
 }

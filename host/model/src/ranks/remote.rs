@@ -1,45 +1,8 @@
 //! Rank 0's view of a cache another rank holds.
-use super::wire::Op;
-use crate::cache::{LayerCache, Snapshot};
+use crate::cache::{CacheOp, LayerCache, OpQueue, RemoteSnap, Snapshot};
 use specd_mlx::{Array, Result};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// The operations made since the last frame, in order, and the ids given.
-#[derive(Default)]
-pub struct Ops {
-    queue: Mutex<Vec<Op>>,
-    next: AtomicU64,
-}
-
-impl Ops {
-    pub fn push(&self, op: Op) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(op);
-    }
-    pub fn take(&self) -> Vec<Op> {
-        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-    pub fn id(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed) + 1
-    }
-}
-
-/// A snapshot another rank holds; dropping it frees it there.
-pub struct RemoteSnap {
-    pub id: u64,
-    /// Tokens the cache keeps once restored to it.
-    kept: usize,
-    ops: Arc<Ops>,
-}
-
-impl Drop for RemoteSnap {
-    fn drop(&mut self) {
-        self.ops.push(Op::DropSnap { snap: self.id });
-    }
-}
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
 /// A cache of another rank's layer, as rank 0 sees it. It answers from
 /// the cache's shape, which it keeps as the cache itself does (a plain KV
@@ -47,7 +10,7 @@ impl Drop for RemoteSnap {
 /// rules), and queues every operation for the rank that holds the cache.
 pub struct RemoteCache {
     pub id: u64,
-    ops: Arc<Ops>,
+    ops: Arc<OpQueue>,
     window: Option<usize>,
     /// KV bytes one token takes in this layer.
     token_bytes: usize,
@@ -61,9 +24,14 @@ pub struct RemoteCache {
 
 impl RemoteCache {
     /// A fresh cache for `layer` (created there with the next frame).
-    pub fn new(ops: &Arc<Ops>, layer: usize, window: Option<usize>, token_bytes: usize) -> Self {
+    pub fn new(
+        ops: &Arc<OpQueue>,
+        layer: usize,
+        window: Option<usize>,
+        token_bytes: usize,
+    ) -> Self {
         let id = ops.id();
-        ops.push(Op::New { id, layer });
+        ops.push(CacheOp::New { id, layer });
         RemoteCache {
             id,
             ops: ops.clone(),
@@ -96,7 +64,7 @@ impl RemoteCache {
 
 impl Drop for RemoteCache {
     fn drop(&mut self) {
-        self.ops.push(Op::Free { id: self.id });
+        self.ops.push(CacheOp::Free { id: self.id });
     }
 }
 
@@ -125,7 +93,7 @@ impl LayerCache for RemoteCache {
         }
         if to < self.offset {
             self.offset = to;
-            self.ops.push(Op::Rewind { id: self.id, to });
+            self.ops.push(CacheOp::Rewind { id: self.id, to });
         }
         true
     }
@@ -134,7 +102,7 @@ impl LayerCache for RemoteCache {
         // A plain cache rewinds live and takes none.
         if self.window.is_some() {
             self.pending = offsets.to_vec();
-            self.ops.push(Op::Prepare {
+            self.ops.push(CacheOp::Prepare {
                 id: self.id,
                 offsets: offsets.to_vec(),
             });
@@ -154,31 +122,25 @@ impl LayerCache for RemoteCache {
             .into_iter()
             .map(|(offset, kept)| {
                 let id = self.ops.id();
-                Snapshot::remote(
-                    offset,
-                    RemoteSnap {
-                        id,
-                        kept,
-                        ops: self.ops.clone(),
-                    },
-                    &self.live,
-                )
+                Snapshot::remote(offset, RemoteSnap::new(id, kept, &self.ops), &self.live)
             })
             .collect();
-        self.ops.push(Op::Take {
+        self.ops.push(CacheOp::Take {
             id: self.id,
-            snaps: snaps.iter().filter_map(|s| s.remote_id()).collect(),
+            snaps: snaps
+                .iter()
+                .filter_map(|s| s.remote_snap().map(|r| r.id))
+                .collect(),
         });
         snaps
     }
 
     fn restore(&mut self, snap: &Snapshot) {
         let (id, kept) = snap
-            .remote
-            .as_ref()
+            .remote_snap()
             .map(|r| (r.id, r.kept))
             .expect("a remote cache restores the snapshots it took");
-        self.ops.push(Op::Restore {
+        self.ops.push(CacheOp::Restore {
             id: self.id,
             snap: id,
         });
@@ -199,7 +161,7 @@ impl LayerCache for RemoteCache {
 
     fn boxed_clone(&self) -> Box<dyn LayerCache> {
         let id = self.ops.id();
-        self.ops.push(Op::Clone {
+        self.ops.push(CacheOp::Clone {
             from: self.id,
             to: id,
         });
@@ -216,8 +178,8 @@ impl LayerCache for RemoteCache {
         })
     }
 
-    fn as_remote(&mut self) -> Option<&mut RemoteCache> {
-        Some(self)
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 
@@ -238,7 +200,7 @@ mod tests {
     /// and clones.
     #[test]
     fn a_remote_cache_keeps_a_rotating_cache_shape() {
-        let ops = Arc::new(Ops::default());
+        let ops = Arc::new(OpQueue::default());
         let mut real = RotatingCache::new(8);
         let mut shadow = RemoteCache::new(&ops, 3, Some(8), 16);
         let same = |r: &RotatingCache, s: &RemoteCache| {
@@ -285,7 +247,7 @@ mod tests {
         assert_eq!(shadow.snapshot_counts(), (0, 0));
         // What the rank holding the cache is told, in order.
         let told = ops.take();
-        assert!(matches!(told[0], Op::New { layer: 3, .. }));
+        assert!(matches!(told[0], CacheOp::New { layer: 3, .. }));
         for kind in ["Prepare", "Take", "Restore", "Clone", "Free", "DropSnap"] {
             assert!(
                 told.iter().any(|o| format!("{o:?}").starts_with(kind)),

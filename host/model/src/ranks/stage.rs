@@ -1,9 +1,9 @@
 //! A rank after 0: it holds a range of the layers and their caches, and
 //! runs them over each frame's rows until rank 0 says stop.
 use super::link::lost;
-use super::wire::{header, Frame, Kind, Op, HEADER};
-use super::{mark_broken, Group};
-use crate::cache::{KvCache, LayerCache, Snapshot};
+use super::wire::{header, Frame, Kind, HEADER};
+use super::Group;
+use crate::cache::{CacheOp, KvCache, LayerCache, Snapshot};
 use crate::llama::{BatchRows, Llama};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{distributed as dist, Array, Dtype};
@@ -32,35 +32,35 @@ struct Caches {
 }
 
 impl Caches {
-    fn apply(&mut self, model: &Llama, op: Op) -> Result<()> {
+    fn apply(&mut self, model: &Llama, op: CacheOp) -> Result<()> {
         let mine = model.first_layer..model.first_layer + model.layers.len();
         match op {
-            Op::New { id, layer } if mine.contains(&layer) => {
+            CacheOp::New { id, layer } if mine.contains(&layer) => {
                 self.caches.insert(id, model.new_cache(layer));
             }
-            Op::New { .. } => {}
-            Op::Clone { from, to } => {
+            CacheOp::New { .. } => {}
+            CacheOp::Clone { from, to } => {
                 if let Some(c) = self.caches.get(&from) {
                     let c = c.boxed_clone();
                     self.caches.insert(to, c);
                 }
             }
-            Op::Free { id } => {
+            CacheOp::Free { id } => {
                 self.caches.remove(&id);
             }
-            Op::Rewind { id, to } => {
+            CacheOp::Rewind { id, to } => {
                 if let Some(c) = self.caches.get_mut(&id) {
                     if !c.rewind(to) {
                         bail!("cache {id} could not rewind to {to}, as rank 0 expected it to");
                     }
                 }
             }
-            Op::Prepare { id, offsets } => {
+            CacheOp::Prepare { id, offsets } => {
                 if let Some(c) = self.caches.get_mut(&id) {
                     c.prepare_snapshots(&offsets);
                 }
             }
-            Op::Take { id, snaps } => {
+            CacheOp::Take { id, snaps } => {
                 if let Some(c) = self.caches.get_mut(&id) {
                     let taken = c.take_snapshots();
                     if taken.len() != snaps.len() {
@@ -73,7 +73,7 @@ impl Caches {
                     self.snaps.extend(snaps.into_iter().zip(taken));
                 }
             }
-            Op::Restore { id, snap } => {
+            CacheOp::Restore { id, snap } => {
                 if let Some(c) = self.caches.get_mut(&id) {
                     let s = self
                         .snaps
@@ -82,7 +82,7 @@ impl Caches {
                     c.restore(s);
                 }
             }
-            Op::DropSnap { snap } => {
+            CacheOp::DropSnap { snap } => {
                 self.snaps.remove(&snap);
             }
         }
@@ -156,10 +156,7 @@ pub fn serve(model: &Llama, group: Group) -> Result<StageTimings> {
     let d = model.config.hidden_size as i32;
     let mut caches = Caches::default();
     let mut t = StageTimings::default();
-    let io = |e: specd_mlx::Exception| {
-        mark_broken();
-        lost(&e.0)
-    };
+    let io = |e: specd_mlx::Exception| lost(&e.0);
     loop {
         let t0 = Instant::now();
         let h = dist::recv(&[HEADER], Dtype::Uint32, prev)?;

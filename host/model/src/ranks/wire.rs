@@ -1,6 +1,7 @@
 //! What travels between ranks, each frame as three arrays: a fixed header
 //! (`[kind, words, rows]`), the frame's description as JSON in u32 words,
 //! and for a step the hidden rows `[1, rows, hidden]`.
+use crate::cache::CacheOp;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
@@ -17,46 +18,6 @@ pub enum Kind {
     Stop = 3,
 }
 
-/// One cache operation, as rank 0 made it; a rank applies those of the
-/// caches it holds, in order, before the frame's layers run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Op {
-    /// A fresh cache `id` for layer `layer`.
-    New {
-        id: u64,
-        layer: usize,
-    },
-    /// `to` a copy of `from` (the prefix cache keeps it).
-    Clone {
-        from: u64,
-        to: u64,
-    },
-    Free {
-        id: u64,
-    },
-    Rewind {
-        id: u64,
-        to: usize,
-    },
-    /// The offsets the next update should snapshot.
-    Prepare {
-        id: u64,
-        offsets: Vec<usize>,
-    },
-    /// The snapshots the last update took, named in the order taken.
-    Take {
-        id: u64,
-        snaps: Vec<u64>,
-    },
-    Restore {
-        id: u64,
-        snap: u64,
-    },
-    DropSnap {
-        snap: u64,
-    },
-}
-
 /// One sequence's part of a step: its rows, and the id of its cache in
 /// each layer from `Frame::first_remote` on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +29,8 @@ pub struct Seq {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Frame {
     pub kind: Kind,
-    pub ops: Vec<Op>,
+    /// The cache operations rank 0 made since the last frame, in order.
+    pub ops: Vec<CacheOp>,
     /// The first layer past rank 0's: `Seq::ids[0]` is that layer's.
     pub first_remote: usize,
     pub seqs: Vec<Seq>,
@@ -136,12 +98,12 @@ mod tests {
         let f = Frame {
             kind: Kind::Step,
             ops: vec![
-                Op::New { id: 7, layer: 12 },
-                Op::Prepare {
+                CacheOp::New { id: 7, layer: 12 },
+                CacheOp::Prepare {
                     id: 7,
                     offsets: vec![3, 4],
                 },
-                Op::Take {
+                CacheOp::Take {
                     id: 7,
                     snaps: vec![],
                 },
