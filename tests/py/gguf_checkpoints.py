@@ -8,9 +8,11 @@ which the test venv does not hold, so its rules are followed here with the
   `attn_k_norm` (Qwen3), `.bias` on q/k/v (Qwen2), `output_norm`, `output`
   (absent when tied), `rope_freqs` (Llama 3's scaling, as
   `LlamaModel.generate_extra_tensors` computes it);
+- Phi-3: its fused `qkv_proj` as `attn_qkv` and `gate_up_proj` as `ffn_up`
+  (Phi3MiniModel), `phi3.attention.sliding_window`;
 - q/k permutation: only `llama` permutes q and k (`LlamaModel.permute`, for
   llama.cpp's interleaved rope); `qwen2`/`qwen3` keep HF's rotate-half
-  layout (llama.cpp runs them with NEOX rope);
+  layout (llama.cpp runs them, and phi3, with NEOX rope);
 - metadata: `{arch}.context_length`, `embedding_length`, `block_count`,
   `feed_forward_length`, `attention.head_count(_kv)`,
   `attention.layer_norm_rms_epsilon`, `rope.freq_base`,
@@ -101,13 +103,15 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
 
     cfg = json.loads((d / "config.json").read_text())
     mt = cfg["model_type"]
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[mt]
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}[mt]
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") if mt != "qwen2" else None
     head_dim = head_dim or cfg["hidden_size"] // heads
     base = cfg.get("rope_theta", 10000.0)
     w = gguf.GGUFWriter(str(out), arch)
-    w.add_name(f"tiny-{mt}")
+    # Not the architecture's name: llama.cpp's vocabulary loader looks up
+    # Phi-3's own tokens ("</s>") in a model whose name says phi3.
+    w.add_name("tiny random")
     w.add_context_length(cfg.get("max_position_embeddings", 4096))
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -121,6 +125,8 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
+    if arch == "phi3":
+        w.add_sliding_window(cfg["sliding_window"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     write_tokenizer(w, d, pre)
 
@@ -131,6 +137,8 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
         w.add_tensor("rope_freqs.weight", llama3_factors(scaling, head_dim, base))
     names = {
         "input_layernorm": "attn_norm",
+        "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused q/k/v
+        "mlp.gate_up_proj": "ffn_up",  # Phi-3's fused gate/up, the gate first
         "self_attn.q_proj": "attn_q",
         "self_attn.k_proj": "attn_k",
         "self_attn.v_proj": "attn_v",

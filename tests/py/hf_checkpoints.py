@@ -210,6 +210,14 @@ ARCHS = {
         rope_theta=1000000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=32,
         sliding_window=512, sliding_window_pattern=2, tie_word_embeddings=False,
     ),
+    # Phi-3 (mini 4k's layout): fused q/k/v and gate/up projections, a
+    # window on every layer (the test sequences stay inside it; mlx-lm's
+    # phi3 has none).
+    "phi3": arch(
+        "phi3", GPT2_SPLIT, CHATML,
+        model_type="phi3", num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, sliding_window=2047, original_max_position_embeddings=4096,
+    ),
     # llama with attention_bias: biases on q, k, v and o.
     "llama-bias": arch(
         "llama", GPT2_SPLIT, CHATML,
@@ -257,7 +265,7 @@ def write_checkpoint(d: Path, arch: str, quantize: dict | None = None, seed: int
         for n in ("q_norm", "k_norm"):
             if hasattr(att, n):
                 getattr(att, n).weight = 1.0 + 0.3 * mx.random.normal(getattr(att, n).weight.shape)
-        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        for n in (n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if hasattr(att, n)):
             lin = getattr(att, n)
             if "bias" in lin:
                 lin.bias = 0.5 * mx.random.normal(lin.bias.shape)

@@ -13,9 +13,9 @@ llama only, Llama 3's `rope_freqs.weight`).
   KV cache) within 1e-3 x the range, and against the HF directory. The
   same references without the scaling differ far beyond those bounds, so a
   loader that ignores it fails here.
-- Qwen2 (q/k/v biases) and Qwen3 (q/k norms, its own head size) as GGUF:
-  the same logits as their HF directories (which match mlx-lm) and as
-  llama.cpp on the file.
+- Qwen2 (q/k/v biases), Qwen3 (q/k norms, its own head size) and Phi-3
+  (fused q/k/v and gate/up, split at load) as GGUF: the same logits as
+  their HF directories (which match mlx-lm) and as llama.cpp on the file.
 - Gemma 3 from a `gemma3_text` config.json (what `specd convert` writes):
   against mlx-lm's gemma3_text.
 - Greedy with `--drafter ngram` equals plain decoding on each.
@@ -53,12 +53,14 @@ def models(tmp_path_factory) -> dict[str, Path]:
         "qwen2": w(root / "qwen2", "qwen2"),
         "qwen3": w(root / "qwen3", "qwen3"),
         "gemma3": w(root / "gemma3", "gemma3"),
+        "phi3": w(root / "phi3", "phi3"),
     }
     g = gguf_checkpoints.write_gguf
     out["llama3.gguf"] = g(out["llama3"], root / "llama3.gguf")
     out["llama3-unscaled.gguf"] = g(out["llama3"], root / "llama3-unscaled.gguf", rope_freqs=False)
     out["qwen2.gguf"] = g(out["qwen2"], root / "qwen2.gguf", pre="qwen2")
     out["qwen3.gguf"] = g(out["qwen3"], root / "qwen3.gguf", pre="qwen2")
+    out["phi3.gguf"] = g(out["phi3"], root / "phi3.gguf")
     return out
 
 
@@ -132,11 +134,11 @@ def test_llama3_gguf_rope_freqs_match_llama_cpp(models, tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Qwen2 / Qwen3 GGUFs
+# Qwen2 / Qwen3 / Phi-3 GGUFs
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
-def test_qwen_gguf_matches_hf_dir_and_llama_cpp(models, tmp_path, name):
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "phi3"])
+def test_gguf_matches_hf_dir_and_llama_cpp(models, tmp_path, name):
     path = models[f"{name}.gguf"]
     got = specd_logits(path, tmp_path)
     hf = specd_logits(models[name], tmp_path)
@@ -160,7 +162,7 @@ def test_gemma3_hf_dir_matches_mlx_lm(models, tmp_path, kernels):
 # speculation keeps the tokens
 
 
-@pytest.mark.parametrize("name", ["llama3-4bit", "qwen2.gguf", "qwen3.gguf", "gemma3"])
+@pytest.mark.parametrize("name", ["llama3-4bit", "qwen2.gguf", "qwen3.gguf", "phi3.gguf", "gemma3"])
 def test_greedy_ngram_equals_plain(models, tmp_path, name):
     runs = {}
     for dr in ["none", "ngram"]:

@@ -63,12 +63,19 @@ pub struct LlamaConfig {
 /// options above.
 /// `mimo` is Qwen2 with MTP layers (read as a draft head,
 /// [`crate::mtp::MtpHead::from_mimo_checkpoint`]).
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "mimo", "gemma3_text"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mimo",
+    "phi3",
+    "gemma3_text",
+];
 
 /// The GGUF `general.architecture`s specd runs, as llama.cpp's converter
 /// writes them.
-pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3"];
 
 /// Where a source keeps the shape every llama-family config states: the
 /// hidden size, layers, heads, key/value heads (default: as many as heads),
@@ -178,8 +185,14 @@ impl LlamaConfig {
         let head_dim = match num("attention.key_length") {
             Ok(v) => v as usize,
             Err(_) if gemma => bail!("GGUF metadata lacks gemma3.attention.key_length"),
+            Err(_) if arch == "phi3" => shape.head_dim,
             Err(_) => num("rope.dimension_count").map_or(shape.head_dim, |v| v as usize),
         };
+        if let Ok(n) = num("rope.dimension_count") {
+            if n as usize != head_dim {
+                bail!("GGUF metadata {arch}.rope.dimension_count {n} is not the head size {head_dim} (specd rotates whole heads)");
+            }
+        }
         Ok(LlamaConfig {
             arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
             head_dim,
@@ -189,10 +202,11 @@ impl LlamaConfig {
             qkv_bias: arch == "qwen2",
             max_position_embeddings: num("context_length").map_or(2048, |v| v as usize),
             tie_word_embeddings: !has_output,
-            sliding_window: if gemma {
-                Some(num("attention.sliding_window")? as usize)
-            } else {
-                None
+            // Gemma 3's local layers; every layer of a Phi-3.
+            sliding_window: match arch {
+                "gemma3" => Some(num("attention.sliding_window")? as usize),
+                "phi3" => num("attention.sliding_window").ok().map(|w| w as usize),
+                _ => None,
             },
             sliding_window_pattern: gemma.then_some(6),
             rope_local_theta: gemma.then_some(10000.0),
@@ -229,6 +243,14 @@ impl LlamaConfig {
             model_type
         };
         let qwen = model_type.starts_with("qwen");
+        // Phi-3 is llama with fused q/k/v and gate/up tensors (split at
+        // load, [`crate::llama::phi3`]) and a window on every layer; a
+        // partial rotary rope is another forward.
+        if model_type == "phi3" {
+            if let Some(f) = v["partial_rotary_factor"].as_f64().filter(|&f| f != 1.0) {
+                bail!("config.json's partial_rotary_factor {f} is not supported (specd rotates whole heads)");
+            }
+        }
         let get = |k: &str| -> Result<u64> {
             v[k].as_u64()
                 .with_context(|| format!("config.json lacks integer {k}"))

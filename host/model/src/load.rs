@@ -175,6 +175,38 @@ impl Tensors {
         }
     }
 
+    /// Splits `from` (`X.weight`, and `X.scales`/`X.biases` where
+    /// quantized; or a vector `X`) by rows into the tensors `to`, each
+    /// `(base, rows)` in order; the rows must add up to `from`'s.
+    pub fn split_rows(&mut self, from: &str, to: &[(String, i32)]) -> Result<()> {
+        let total: i32 = to.iter().map(|p| p.1).sum();
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let name = format!("{from}.{suffix}");
+            let Some(a) = self.map.remove(&name) else {
+                continue;
+            };
+            if a.dim(0) != total {
+                bail!("tensor {name} has {} rows, its parts {total}", a.dim(0));
+            }
+            let shape = a.shape();
+            let mut at = 0;
+            for (base, rows) in to {
+                let mut start = vec![0; shape.len()];
+                let mut end = shape.clone();
+                (start[0], end[0]) = (at, at + rows);
+                self.map
+                    .insert(format!("{base}.{suffix}"), a.slice(&start, &end)?);
+                at += rows;
+            }
+        }
+        if let Some(o) = self.overrides.remove(from) {
+            for (base, _) in to {
+                self.overrides.insert(base.clone(), o);
+            }
+        }
+        Ok(())
+    }
+
     /// Whether any weight is stored quantized.
     fn any_quantized(&self) -> bool {
         self.map.keys().any(|k| k.ends_with(".scales"))
@@ -558,7 +590,7 @@ const ROPE_FREQS: &str = "rope_freqs.weight";
 
 pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>) -> Result<Llama> {
     let (t, meta) = read_gguf_kept(path, mode, &|name| {
-        name == ROPE_FREQS || in_part(&part, name)
+        name == ROPE_FREQS || name.starts_with("rope_factors_") || in_part(&part, name)
     })?;
     // The head's presence comes from the header: a later rank holds none.
     let has_output = specd_text::gguf::GgufFile::open(path)?
@@ -567,6 +599,14 @@ pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>
         .any(|t| t.name == "output.weight");
     let mut config = LlamaConfig::from_gguf(&meta, has_output)?;
     config.rope_freq_factors = rope_freqs(&t, &config)?;
+    if t.map.contains_key("rope_factors_long.weight") {
+        bail!(
+            "{} carries rope_factors_long (Phi-3's longrope scaling), which specd does not run",
+            path.display()
+        );
+    }
+    let mut t = t;
+    super::llama::phi3::split_fused(&mut t, &config, GGUF_NAMES.layer_prefix)?;
     build(config, &t, &GGUF_NAMES, part)
         .with_context(|| format!("building the model from {}", path.display()))
 }
@@ -606,7 +646,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
         map.extend(tf.tensors.into_iter().filter(|(k, _)| in_part(&part, k)));
     }
     let q = quantization(&raw).with_context(|| format!("in {}", cfg_path.display()))?;
-    let t = Tensors {
+    let mut t = Tensors {
         map,
         group_size: Some(q.group_size),
         bits: q.bits,
@@ -620,6 +660,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
         Arch::Gemma3 => &GEMMA3_HF_NAMES,
         Arch::Llama => &HF_NAMES,
     };
+    super::llama::phi3::split_fused(&mut t, &config, names.layer_prefix)?;
     let model = build(config, &t, names, part).with_context(|| {
         format!(
             "the weights in {} do not match its config.json",

@@ -108,13 +108,17 @@ pub enum Family {
     Qwen3,
     /// Gemma 3: q/k norms, post-norms, GeGLU, local and global layers.
     Gemma3,
+    /// Phi-3 (mini 4k): fused q/k/v and gate/up tensors, a window of 2047
+    /// on every layer, an untied head.
+    Phi3,
 }
 
-pub const FAMILIES: [(&str, Family); 5] = [
+pub const FAMILIES: [(&str, Family); 6] = [
     ("llama", Family::Llama),
     ("llama3", Family::Llama3),
     ("qwen2", Family::Qwen2),
     ("qwen3", Family::Qwen3),
+    ("phi3", Family::Phi3),
     ("gemma3", Family::Gemma3),
 ];
 
@@ -139,13 +143,14 @@ impl Family {
             Family::Llama | Family::Llama3 => "llama",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
+            Family::Phi3 => "phi3",
             Family::Gemma3 => "gemma3",
         }
     }
 
     fn rope_theta(self) -> f32 {
         match self {
-            Family::Llama => 10000.0,
+            Family::Llama | Family::Phi3 => 10000.0,
             Family::Llama3 => 500000.0,
             _ => 1_000_000.0,
         }
@@ -202,9 +207,15 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
         Kind::Embedding,
     );
     let gemma = family == Family::Gemma3;
-    for i in 0..shape.layers {
-        let (h, g) = (format!("model.layers.{i}"), format!("blk.{i}"));
-        for (hn, gn, out, inp) in [
+    let linears = match family {
+        // Phi-3's fused tensors (GGUF: `ffn_up` holds the gate, then up).
+        Family::Phi3 => vec![
+            ("self_attn.qkv_proj", "attn_qkv", q + 2 * kv, d),
+            ("self_attn.o_proj", "attn_output", d, q),
+            ("mlp.gate_up_proj", "ffn_up", 2 * shape.ffn, d),
+            ("mlp.down_proj", "ffn_down", d, shape.ffn),
+        ],
+        _ => vec![
             ("self_attn.q_proj", "attn_q", q, d),
             ("self_attn.k_proj", "attn_k", kv, d),
             ("self_attn.v_proj", "attn_v", kv, d),
@@ -212,7 +223,11 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
             ("mlp.gate_proj", "ffn_gate", shape.ffn, d),
             ("mlp.up_proj", "ffn_up", shape.ffn, d),
             ("mlp.down_proj", "ffn_down", d, shape.ffn),
-        ] {
+        ],
+    };
+    for i in 0..shape.layers {
+        let (h, g) = (format!("model.layers.{i}"), format!("blk.{i}"));
+        for &(hn, gn, out, inp) in &linears {
             push(
                 format!("{h}.{hn}"),
                 format!("{g}.{gn}"),
@@ -270,6 +285,16 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
         0,
         Kind::Norm(12.0),
     );
+    // llama.cpp's Phi-3 graph reads an `output` tensor of its own.
+    if family == Family::Phi3 {
+        push(
+            "lm_head".into(),
+            "output".into(),
+            shape.vocab,
+            d,
+            Kind::Embedding,
+        );
+    }
     v
 }
 
@@ -325,9 +350,11 @@ pub fn write(shape: Shape, seed: u64, dir: &Path) -> Result<()> {
 /// Writes a random `family` checkpoint of `shape` at `out`: a GGUF file
 /// where `gguf`, else an HF directory.
 pub fn write_model(shape: Shape, family: Family, seed: u64, out: &Path, gguf: bool) -> Result<()> {
-    if family == Family::Qwen2 && shape.heads * shape.head_dim != shape.hidden {
+    let divides = matches!(family, Family::Qwen2 | Family::Phi3);
+    if divides && shape.heads * shape.head_dim != shape.hidden {
         bail!(
-            "qwen2's head size is hidden / heads; shape {} differs",
+            "{}'s head size is hidden / heads; shape {} differs",
+            family.name(),
             shape.name
         );
     }
@@ -410,6 +437,11 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
         Family::Qwen3 => serde_json::json!({
             "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6,
         }),
+        Family::Phi3 => serde_json::json!({
+            "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+            "tie_word_embeddings": false, "sliding_window": 2047,
+            "original_max_position_embeddings": 4096, "rope_scaling": null,
+        }),
         Family::Gemma3 => serde_json::json!({
             "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
             "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
@@ -485,11 +517,9 @@ fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufVa
         ("general.architecture".into(), s(a)),
         (
             "general.name".into(),
-            s(&format!(
-                "specd random {} {} seed {seed}",
-                family.name(),
-                shape.name
-            )),
+            // Not the architecture's name: llama.cpp's vocabulary loader
+            // looks up Phi-3's own tokens in a model whose name says phi3.
+            s(&format!("specd random {} seed {seed}", shape.name)),
         ),
         ("general.file_type".into(), GgufValue::U32(3)), // mostly Q4_1
     ];
@@ -508,8 +538,10 @@ fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufVa
         ("attention.value_length", u(shape.head_dim)),
         ("vocab_size", u(shape.vocab)),
     ];
-    if family == Family::Gemma3 {
-        arch_kv.push(("attention.sliding_window", u(512)));
+    match family {
+        Family::Gemma3 => arch_kv.push(("attention.sliding_window", u(512))),
+        Family::Phi3 => arch_kv.push(("attention.sliding_window", u(2047))),
+        _ => {}
     }
     kv.extend(arch_kv.into_iter().map(|(k, v)| (format!("{a}.{k}"), v)));
     let tokens = vocabulary(shape.vocab);

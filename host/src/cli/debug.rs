@@ -15,7 +15,7 @@
 //!   an MTP head's first-step rows over the ids (the target's features
 //!   from one forward): `{"argmax": [...]}` (target ids), with `--logits`
 //!   every row's logits over the draft vocabulary too.
-//! - `specd debug random-model [--arch llama|llama3|qwen2|qwen3|gemma3]
+//! - `specd debug random-model [--arch llama|llama3|qwen2|qwen3|phi3|gemma3]
 //!   [--shape tiny|small|1b] [--seed N] [--gguf] --out PATH` writes a
 //!   random-weight checkpoint of that architecture (`model::random`): a
 //!   4-bit HF directory, or with `--gguf` a GGUF file as llama.cpp's
@@ -73,8 +73,8 @@ pub struct MtpArgs {
 
 #[derive(Args)]
 pub struct RandomModelArgs {
-    /// `llama`, `llama3` (Llama 3.2's rope scaling), `qwen2`, `qwen3` or
-    /// `gemma3`.
+    /// `llama`, `llama3` (Llama 3.2's rope scaling), `qwen2`, `qwen3`, `phi3`
+    /// or `gemma3`.
     #[arg(long, default_value = "llama")]
     arch: String,
     /// `tiny`, `small` or `1b` (host/model/src/random.rs).

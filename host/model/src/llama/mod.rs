@@ -6,6 +6,7 @@
 //! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
 //! attention). See [`WeightMode`].
 pub mod gemma3;
+pub mod phi3;
 pub mod rope;
 
 use self::gemma3::PostNorms;
