@@ -464,7 +464,7 @@ fn write_gguf(shape: Shape, family: Family, seed: u64, path: &Path) -> Result<()
     let parts = parts(shape, family);
     let ty = |p: &Part| match p.kind {
         Kind::Embedding => ggml_type::Q8_0,
-        Kind::Weight if p.inp % 32 == 0 => ggml_type::Q4_1,
+        Kind::Weight if p.inp.is_multiple_of(32) => ggml_type::Q4_1,
         _ => ggml_type::F32,
     };
     let name = |p: &Part| match p.kind {
