@@ -592,7 +592,7 @@ mod tests {
         assert_eq!((c.qkv_bias, c.qk_norm, c.head_dim), (false, true, 64));
         let e = format!("{:#}", gguf("phi2", &[]).unwrap_err());
         assert!(
-            e.contains("\"phi2\"") && e.contains("llama, qwen2, qwen3, gemma3"),
+            e.contains("\"phi2\"") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
             "{e}"
         );
     }

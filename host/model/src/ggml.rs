@@ -378,8 +378,10 @@ mod tests {
         for h in (0u16..0x7c00).chain(0x8000..0xfc00) {
             assert_eq!(f32_to_f16(f16_to_f32(h)), h, "{h:#x}");
         }
-        assert_eq!(f32_to_f16(1.0 + 1.0 / 4096.0), 0x3c00, "ties go to even");
-        assert_eq!(f32_to_f16(1.0 + 3.0 / 4096.0), 0x3c02);
+        // One f16 step above 1 is 4 / 4096.
+        assert_eq!(f32_to_f16(1.0 + 2.0 / 4096.0), 0x3c00, "a tie goes to even");
+        assert_eq!(f32_to_f16(1.0 + 6.0 / 4096.0), 0x3c02, "a tie goes to even");
+        assert_eq!(f32_to_f16(1.0 + 3.0 / 4096.0), 0x3c01);
         assert_eq!(f32_to_f16(1e6), 0x7c00);
     }
 

@@ -26,8 +26,9 @@ pub fn factors_from_hf(
         .and_then(|t| t.as_str())
         .unwrap_or("default");
     let num = |k: &str| -> Result<f64> {
-        scaling[k]
-            .as_f64()
+        scaling
+            .get(k)
+            .and_then(|x| x.as_f64())
             .with_context(|| format!("rope scaling {kind:?} lacks the number {k}"))
     };
     match kind {
