@@ -590,11 +590,38 @@ mod tests {
         let c = gguf("qwen3", &[("attention.key_length", "64")]).unwrap();
         assert!(!c.rope_traditional);
         assert_eq!((c.qkv_bias, c.qk_norm, c.head_dim), (false, true, 64));
+        let c = gguf("phi3", &[("attention.sliding_window", "2047")]).unwrap();
+        assert!(!c.rope_traditional, "Phi-3's q/k are not permuted");
+        assert_eq!(
+            (c.sliding_window, c.is_local(0), c.head_dim),
+            (Some(2047), true, 32)
+        );
+        let e = format!(
+            "{:#}",
+            gguf("phi3", &[("rope.dimension_count", "24")]).unwrap_err()
+        );
+        assert!(e.contains("rope.dimension_count 24"), "{e}");
         let e = format!("{:#}", gguf("phi2", &[]).unwrap_err());
         assert!(
             e.contains("\"phi2\"") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn phi3_runs_whole_head_ropes_only() {
+        let c = hf(serde_json::json!({"model_type": "phi3", "sliding_window": 2047})).unwrap();
+        assert_eq!(
+            (c.sliding_window, c.qkv_bias, c.qk_norm),
+            (Some(2047), false, false)
+        );
+        let e = hf(serde_json::json!({"model_type": "phi3", "partial_rotary_factor": 0.75}));
+        assert!(format!("{:#}", e.unwrap_err()).contains("partial_rotary_factor"));
+        let e = hf(
+            serde_json::json!({"model_type": "phi3", "rope_scaling": {"type": "longrope",
+            "long_factor": [1.0], "short_factor": [1.0]}}),
+        );
+        assert!(format!("{:#}", e.unwrap_err()).contains("longrope"));
     }
 
     #[test]
