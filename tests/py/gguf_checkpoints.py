@@ -10,6 +10,11 @@ which the test venv does not hold, so its rules are followed here with the
   `LlamaModel.generate_extra_tensors` computes it);
 - Phi-3: its fused `qkv_proj` as `attn_qkv` and `gate_up_proj` as `ffn_up`
   (Phi3MiniModel), `phi3.attention.sliding_window`;
+- Gemma 3: norms stored as 1 + w (Gemma3Model adds the one),
+  `post_attention_norm`, `ffn_norm` (HF's pre_feedforward_layernorm),
+  `post_ffw_norm`, `gemma3.attention.sliding_window`, the head size as
+  `attention.key_length` (llama.cpp fixes the pattern at every 6th layer
+  global and the local rope base at 10000);
 - q/k permutation: only `llama` permutes q and k (`LlamaModel.permute`, for
   llama.cpp's interleaved rope); `qwen2`/`qwen3` keep HF's rotate-half
   layout (llama.cpp runs them, and phi3, with NEOX rope);
@@ -103,7 +108,9 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
 
     cfg = json.loads((d / "config.json").read_text())
     mt = cfg["model_type"]
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}[mt]
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+            "gemma3_text": "gemma3"}[mt]
+    gemma = arch == "gemma3"
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") if mt != "qwen2" else None
     head_dim = head_dim or cfg["hidden_size"] // heads
@@ -121,11 +128,11 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
     w.add_rope_freq_base(base)
     w.add_rope_dimension_count(head_dim)
-    if head_dim != cfg["hidden_size"] // heads or arch == "qwen3":
+    if head_dim != cfg["hidden_size"] // heads or arch in ("qwen3", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
-    if arch == "phi3":
+    if arch in ("phi3", "gemma3"):
         w.add_sliding_window(cfg["sliding_window"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     write_tokenizer(w, d, pre)
@@ -145,7 +152,10 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
         "self_attn.o_proj": "attn_output",
         "self_attn.q_norm": "attn_q_norm",
         "self_attn.k_norm": "attn_k_norm",
-        "post_attention_layernorm": "ffn_norm",
+        "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+        # Gemma 3's MLP input norm and its norm after the MLP.
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
         "mlp.gate_proj": "ffn_gate",
         "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down",
@@ -158,8 +168,11 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
                     continue
                 if arch == "llama" and gg in ("attn_q", "attn_k"):
                     x = permute(x, heads if gg == "attn_q" else kv)
+                if gemma and gg.endswith("norm"):
+                    x = x + 1  # Gemma's 1 + w, as Gemma3Model.modify_tensors adds it
                 w.add_tensor(f"blk.{i}.{gg}.{kind}", x)
-    w.add_tensor("output_norm.weight", t.pop("model.norm.weight"))
+    norm = t.pop("model.norm.weight")
+    w.add_tensor("output_norm.weight", norm + 1 if gemma else norm)
     if "lm_head.weight" in t and not cfg.get("tie_word_embeddings", False):
         w.add_tensor("output.weight", t.pop("lm_head.weight"))
     t.pop("lm_head.weight", None)

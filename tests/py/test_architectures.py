@@ -54,6 +54,12 @@ def models(tmp_path_factory) -> dict[str, Path]:
         "qwen3": w(root / "qwen3", "qwen3"),
         "gemma3": w(root / "gemma3", "gemma3"),
         "phi3": w(root / "phi3", "phi3"),
+        # Six layers, a window of 16: the prompt crosses it; llama.cpp's
+        # Gemma 3 pattern (every 6th layer global).
+        # (Hidden 64: sqrt(64) = 8 is Gemma's embedding scale in float32,
+        # as llama.cpp has it, and in bfloat16, as mlx-lm and HF do.)
+        "gemma3-swa": w(root / "gemma3-swa", "gemma3", num_hidden_layers=6, sliding_window=16,
+                        sliding_window_pattern=6, hidden_size=64),
     }
     g = gguf_checkpoints.write_gguf
     out["llama3.gguf"] = g(out["llama3"], root / "llama3.gguf")
@@ -61,6 +67,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     out["qwen2.gguf"] = g(out["qwen2"], root / "qwen2.gguf", pre="qwen2")
     out["qwen3.gguf"] = g(out["qwen3"], root / "qwen3.gguf", pre="qwen2")
     out["phi3.gguf"] = g(out["phi3"], root / "phi3.gguf")
+    out["gemma3-swa.gguf"] = g(out["gemma3-swa"], root / "gemma3-swa.gguf")
     return out
 
 
@@ -156,6 +163,26 @@ def test_gemma3_hf_dir_matches_mlx_lm(models, tmp_path, kernels):
     d = models["gemma3"]
     assert json.loads((d / "config.json").read_text())["model_type"] == "gemma3_text"
     assert_close(f"gemma3 ({kernels})", specd_logits(d, tmp_path, kernels), mlx_logits(d), MLX_TOL)
+
+
+def test_gemma3_window_crossing_matches_mlx_lm_and_llama_cpp(models, tmp_path):
+    """96 positions through a window of 16 on five local layers of six: the
+    HF directory against mlx-lm's gemma3_text (its window mask), the same
+    weights as a GGUF against the directory and against llama.cpp."""
+    d, path = models["gemma3-swa"], models["gemma3-swa.gguf"]
+    hf = specd_logits(d, tmp_path)
+    assert_close("gemma3 window HF vs mlx-lm", hf, mlx_logits(d), MLX_TOL)
+    # Without the window (all global) the logits differ: the window bites.
+    wide = mlx_logits(d, sliding_window=4096)
+    assert rel_diff(wide, hf) > 30 * MLX_TOL, rel_diff(wide, hf)
+    got = specd_logits(path, tmp_path)
+    assert_close("gemma3 window GGUF vs HF dir", got, hf, MLX_TOL)
+    # 3x the bound of the SwiGLU models (which agree with llama.cpp to
+    # ~4e-7): ggml's CPU GELU looks its result up in a float16 table, so
+    # Gemma's GeGLU rounds there to ~1e-3. The gap (1.6e-3 of the range at
+    # most) is there from position 0 on, before the window cuts.
+    assert_close("gemma3 window GGUF vs llama.cpp", got, gguf_checkpoints.llama_cpp_logits(path, IDS),
+                 3 * LLAMA_CPP_TOL)
 
 
 # ---------------------------------------------------------------------------
