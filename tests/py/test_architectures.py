@@ -18,14 +18,17 @@ llama only, Llama 3's `rope_freqs.weight`).
   their HF directories (which match mlx-lm) and as llama.cpp on the file.
 - Gemma 3 from a `gemma3_text` config.json (what `specd convert` writes):
   against mlx-lm's gemma3_text.
-- Greedy with `--drafter ngram` equals plain decoding on each.
+- Greedy with `--drafter ngram` and `self:1` equals plain decoding on each;
+  concurrent requests share batched steps and keep their solo tokens.
 """
 from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -230,3 +233,46 @@ def test_random_gguf_runs_in_specd_and_llama_cpp(tmp_path, arch):
     assert r < 3e-2, r
     assert agree > 0.8, agree
     assert specd_logits(tmp_path / arch, tmp_path).shape == got.shape
+
+
+MIX = [
+    ("the fox and the dog and the fox and the", {"num_predict": 24, "drafter": "none"}),
+    ("red green blue red green blue red green", {"num_predict": 20, "drafter": "ngram"}),
+    ("once upon a time there was", {"num_predict": 16, "drafter": "self:1"}),
+]
+
+
+@pytest.mark.parametrize("name", ["llama3-4bit", "phi3.gguf", "gemma3-swa"])
+def test_requests_share_steps_and_keep_their_solo_tokens(models, start_server, name):
+    """The batched step (Llama 3's scaled rope folded into the q/k/v matmul
+    at each row's own position; Phi-3's split tensors; Gemma 3's windows)
+    gives every request its solo tokens."""
+    server = start_server("--model", str(models[name]))
+
+    def generate(i: int) -> dict:
+        prompt, options = MIX[i]
+        r = httpx.post(server.url + "/api/generate", timeout=300,
+                       json={"model": "default", "prompt": prompt, "raw": True, "stream": False,
+                             "options": {"temperature": 0, **options}})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    solo = [generate(i) for i in range(len(MIX))]
+    together: list = [None] * len(MIX)
+    barrier = threading.Barrier(len(MIX))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        together[i] = generate(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(MIX))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    for i, (alone, batched) in enumerate(zip(solo, together)):
+        assert batched is not None, f"request {i} did not finish"
+        assert batched["context"] == alone["context"], f"request {i} ({MIX[i][1]}) changed in a batch"
+    shared = [r["speculation"]["batch_steps"] for r in together]
+    print(f"{name}: batch steps {shared}")
+    assert all(s > 0 for s in shared), shared
