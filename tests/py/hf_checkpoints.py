@@ -192,6 +192,32 @@ ARCHS = {
         # sequences stay inside it, where it equals full attention.
         sliding_window=4096,
     ),
+    # Llama 3.1's rope scaling with a short original context (64), so the
+    # factors bite at positions a tiny test reaches: wavelengths above 64
+    # are slowed 8x, those between 16 and 64 blended.
+    "llama3": arch(
+        "llama", GPT2_SPLIT, CHATML,
+        model_type="llama", num_key_value_heads=2, rms_norm_eps=1e-5,
+        rope_theta=500000.0, tie_word_embeddings=True,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=64),
+    ),
+    # Gemma 3 (mlx-lm's gemma3_text): q/k norms, GeGLU, post-norms, a
+    # global layer every 2nd here (local ones through a window of 512).
+    "gemma3": arch(
+        "gemma3_text", GPT2_SPLIT, None,
+        model_type="gemma3_text", num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=32,
+        sliding_window=512, sliding_window_pattern=2, tie_word_embeddings=False,
+    ),
+    # Phi-3 (mini 4k's layout): fused q/k/v and gate/up projections, a
+    # window on every layer (the test sequences stay inside it; mlx-lm's
+    # phi3 has none).
+    "phi3": arch(
+        "phi3", GPT2_SPLIT, CHATML,
+        model_type="phi3", num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, sliding_window=2047, original_max_position_embeddings=4096,
+    ),
     # llama with attention_bias: biases on q, k, v and o.
     "llama-bias": arch(
         "llama", GPT2_SPLIT, CHATML,
@@ -230,14 +256,16 @@ def write_checkpoint(d: Path, arch: str, quantize: dict | None = None, seed: int
     # Norm weights away from 1 and biases away from 0, so a missed norm or
     # bias shows in the logits.
     for layer in inner.layers:
-        for n in ("input_layernorm", "post_attention_layernorm"):
+        norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm")
+        for n in (n for n in norms if hasattr(layer, n)):
             ln = getattr(layer, n)
             ln.weight = 1.0 + 0.3 * mx.random.normal(ln.weight.shape)
         att = layer.self_attn
         for n in ("q_norm", "k_norm"):
             if hasattr(att, n):
                 getattr(att, n).weight = 1.0 + 0.3 * mx.random.normal(getattr(att, n).weight.shape)
-        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        for n in (n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if hasattr(att, n)):
             lin = getattr(att, n)
             if "bias" in lin:
                 lin.bias = 0.5 * mx.random.normal(lin.bias.shape)

@@ -107,6 +107,13 @@ macro_rules! shim_as_is {
 }
 shim_as_is!(i32, f32, bool, ffi::Packing);
 
+impl<'a> Shim for &'a [f32] {
+    type Ffi = &'a [f32];
+    fn shim(self) -> &'a [f32] {
+        self
+    }
+}
+
 impl<'a> Shim for &'a [i32] {
     type Ffi = &'a [i32];
     fn shim(self) -> &'a [i32] {

@@ -95,6 +95,7 @@ pub(crate) mod ffi {
             base: f32,
             scale: f32,
             offset: i32,
+            factors: &[f32],
         ) -> Result<UniquePtr<Array>>;
         fn sdpa(
             q: &Array,
@@ -193,6 +194,7 @@ pub(crate) mod ffi {
             traditional: bool,
             base: f32,
             positions: &[i32],
+            factors: &[f32],
         ) -> Result<UniquePtr<Array>>;
         fn attention(
             q: &Array,
@@ -242,6 +244,7 @@ pub(crate) mod ffi {
             base: f32,
             scale: f32,
             offset: i32,
+            factors: &[f32],
         ) -> Result<UniquePtr<Array>>;
         fn swiglu(g: &Array, u: &Array) -> Result<UniquePtr<Array>>;
         fn geglu(g: &Array, u: &Array) -> Result<UniquePtr<Array>>;

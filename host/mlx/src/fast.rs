@@ -6,8 +6,11 @@ use crate::{Array, Result};
 shim_fns! {
 pub fn rms_norm(x: &Array, weight: &Array, eps: f32);
 /// Rotary embedding of the last axis; `offset` is the position of the
-/// first row along axis -2.
-pub fn rope(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32);
+/// first row along axis -2. `factors` (one per rotated pair, or none)
+/// divide the frequencies (llama.cpp's `rope_freqs`; Llama 3's scaling).
+pub fn rope(
+    x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32, factors: &[f32],
+);
 }
 /// Attention mask for [`scaled_dot_product_attention`].
 pub enum Mask<'a> {

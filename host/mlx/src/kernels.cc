@@ -323,7 +323,8 @@ A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Arra
 A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
                                 const Array& packed, Packing packing,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
-                                rust::Slice<const int32_t> positions) {
+                                rust::Slice<const int32_t> positions,
+                                rust::Slice<const float> factors) {
   if (head_dim <= 0 || head_dim % 2 != 0 || rope_cols % head_dim != 0 || rope_cols > packing.n ||
       rope_cols <= 0)
     throw std::invalid_argument("qmatmul rope: whole heads of an even size within the output");
@@ -333,6 +334,9 @@ A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
   body.rope_cols = rope_cols, body.head_dim = head_dim;
   body.rope_positions.assign(positions.begin(), positions.end());
   body.rope_traditional = traditional, body.rope_base = base;
+  if (!factors.empty() && factors.size() != size_t(head_dim / 2))
+    throw std::invalid_argument("qmatmul rope: one frequency factor per rotated pair");
+  body.rope_factors.assign(factors.begin(), factors.end());
   return qmatmul_packed_impl(x, packed, packing, &norm_w, eps, nullptr, body);
 }
 
@@ -577,15 +581,22 @@ A rms_norm_rows(const Array& x, const Array& w, float eps) {
 }
 
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
-             int32_t offset) {
+             int32_t offset, rust::Slice<const float> factors) {
   if (x.a.ndim() != 4) throw std::invalid_argument("rope_heads: x must be [B, T, H, D]");
   if (dims % 2 != 0 || dims > x.a.shape(3))
     throw std::invalid_argument("rope_heads: dims must be even and at most D");
-  if (mlx_ops())
-    return std::make_unique<Array>(mx::fast::rope(mx::transpose(x.a, {0, 2, 1, 3}), dims,
-                                                  traditional, base, scale, offset));
+  if (!factors.empty() && factors.size() != size_t(dims / 2))
+    throw std::invalid_argument("rope_heads: one frequency factor per rotated pair");
+  std::vector<float> f(factors.begin(), factors.end());
+  if (mlx_ops()) {
+    auto xt = mx::transpose(x.a, {0, 2, 1, 3});
+    if (f.empty())
+      return std::make_unique<Array>(mx::fast::rope(xt, dims, traditional, base, scale, offset));
+    return std::make_unique<Array>(mx::fast::rope(xt, dims, traditional, std::nullopt, scale,
+                                                  offset, rope_periods(dims, base, f)));
+  }
   auto sh = x.a.shape();
-  return kernel_op("SpecdRope", RopeBody{dims, traditional, base, scale, offset},
+  return kernel_op("SpecdRope", RopeBody{dims, traditional, base, scale, offset, f},
                    {sh[0], sh[2], sh[1], sh[3]}, {f32(x.a)});
 }
 

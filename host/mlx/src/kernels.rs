@@ -60,7 +60,7 @@ pub fn qmatmul_packed_norm(
 }
 /// How [`qmatmul_packed_norm_rope`] rotates its output.
 #[derive(Debug, Clone, Copy)]
-pub struct RopeSpec {
+pub struct RopeSpec<'a> {
     /// Output columns `[0, cols)` are rotated, in heads of `head_dim`.
     pub cols: i32,
     pub head_dim: i32,
@@ -68,6 +68,9 @@ pub struct RopeSpec {
     pub base: f32,
     /// Position of the first row.
     pub offset: i32,
+    /// Divisors of the frequencies, one per rotated pair (none: plain
+    /// rope), as [`rope_heads`] takes them.
+    pub factors: &'a [f32],
 }
 /// [`qmatmul_packed_norm`] with [`rope_heads`] applied to the leading
 /// output columns (q and k of a fused q/k/v), in the same op and
@@ -78,7 +81,7 @@ pub fn qmatmul_packed_norm_rope(
     eps: f32,
     packed: &Array,
     packing: Packing,
-    rope: RopeSpec,
+    rope: RopeSpec<'_>,
 ) -> Result<Array> {
     // One sequence's rows are positions offset, offset + 1, ...: the rows
     // form with those positions (the same arithmetic per row).
@@ -96,7 +99,7 @@ pub fn qmatmul_packed_norm_rope_rows(
     eps: f32,
     packed: &Array,
     packing: Packing,
-    rope: RopeSpec,
+    rope: RopeSpec<'_>,
     positions: &[i32],
 ) -> Result<Array> {
     wrap(ffi::qmatmul_packed_norm_rope_rows(
@@ -110,6 +113,7 @@ pub fn qmatmul_packed_norm_rope_rows(
         rope.traditional,
         rope.base,
         positions,
+        rope.factors,
     ))
 }
 shim_fns! {
@@ -310,8 +314,11 @@ shim_fns! {
 pub fn rms_norm(x: &Array, weight: &Array, eps: f32) as rms_norm_rows;
 /// Rotary embedding of `x` `[B, T, heads, d]` (rows at positions
 /// `offset..offset + T`), returned as `[B, heads, T, d]`: the reshape
-/// to heads and the rope in one op.
-pub fn rope_heads(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32);
+/// to heads and the rope in one op. `factors` (one per rotated pair, or
+/// none) divide the frequencies, as [`crate::fast::rope`]'s.
+pub fn rope_heads(
+    x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32, factors: &[f32],
+);
 /// `silu(g) * u` in one op.
 pub fn swiglu(g: &Array, u: &Array);
 /// `gelu_tanh(g) * u` in one op (Gemma's GeGLU).

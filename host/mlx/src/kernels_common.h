@@ -47,18 +47,40 @@ inline float h2f(uint16_t h) {
 void to_half(const float* x, uint16_t* y, int n);
 void rms_norm_row(const float* xr, int64_t col, const float* w, int D, float eps, float* yr);
 
+// MLX's `fast::rope` periods (`freqs`: 1 / frequency) for `dims` rotated
+// values at `base`, each frequency divided by its factor (see Rope).
+inline mx::array rope_periods(int dims, float base, const std::vector<float>& factors) {
+  int half = dims / 2;
+  std::vector<float> p(half);
+  float step = std::log(base) / half;
+  for (int i = 0; i < half; i++) p[i] = std::exp(float(i) * step) * factors[i];
+  return mx::array(p.data(), {half}, mx::float32);
+}
+
 // Rotary embedding of head rows at one position, shared by the rope op and
 // the rope folded into the q/k/v matmul so both round identically. The angle
 // is computed per (position, frequency) exactly as MLX's fallback does:
 // theta = (pos * scale) * exp(-i * log(base) / half).
+//
+// `factors` (half of them, or empty) divide the frequencies, as llama.cpp
+// applies a GGUF's `rope_freqs` and as Llama 3's, Phi-3's and YaRN's
+// scalings come out: theta = (pos * scale) * (exp(-i * log(base) / half) / f_i).
 struct Rope {
   int dims, half;
   bool traditional;
   float base, scale;
   std::vector<float> cs, sn;
-  Rope(int dims, bool traditional, float base, float scale)
+  // The divided frequencies, where `factors` were given.
+  std::vector<float> scaled;
+  Rope(int dims, bool traditional, float base, float scale, const std::vector<float>& factors = {})
       : dims(dims), half(dims / 2), traditional(traditional), base(base), scale(scale),
-        cs(half), sn(half) {}
+        cs(half), sn(half) {
+    if (!factors.empty()) {
+      const auto& f = freq();
+      scaled.resize(half);
+      for (int i = 0; i < half; i++) scaled[i] = f[i] / factors[i];
+    }
+  }
   // The frequencies depend on (dims, base) only: computed once per thread.
   const std::vector<float>& freq() const {
     thread_local std::vector<float> f;
@@ -73,7 +95,7 @@ struct Rope {
     return f;
   }
   void at(int position) {
-    const auto& f = freq();
+    const auto& f = scaled.empty() ? freq() : scaled;
     float pos = float(position) * scale;
     for (int i = 0; i < half; i++) {
       float theta = pos * f[i];

@@ -329,7 +329,7 @@ void QmmBody::compute(const float* x, const Rows& rows, int M, int width, const 
   if (rope_cols > 0) {
     // Row by row (each at its own angles), rows spread over the pool.
     run_ranges(M, false, [&](int t0, int t1) {
-      Rope rope(head_dim, rope_traditional, rope_base, 1.f);
+      Rope rope(head_dim, rope_traditional, rope_base, 1.f, rope_factors);
       for (int t = t0; t < t1; t++) {
         rope.at(rope_positions[t]);
         for (int c = 0; c < rope_cols; c += head_dim) {

@@ -36,6 +36,7 @@ struct QmmBody {
   std::vector<int32_t> rope_positions;
   bool rope_traditional = false;
   float rope_base = 0.f;
+  std::vector<float> rope_factors;
   struct Rows {
     std::vector<int64_t> off;
     int64_t col;

@@ -46,7 +46,7 @@ void RopeBody::run(const std::vector<mx::array>& in, mx::array& out,
   auto st = a.strides();
   const float* x = a.data<float>();
   float* y = out.data<float>();
-  Rope rope(dims, traditional, base, scale);
+  Rope rope(dims, traditional, base, scale, factors);
   for (int t = 0; t < T; t++) {
     rope.at(offset + t);
     for (int b = 0; b < B; b++)

@@ -26,6 +26,7 @@ struct RopeBody {
   bool traditional;
   float base, scale;
   int offset;
+  std::vector<float> factors;
   std::vector<int64_t> prepare(const std::vector<mx::array>&, const mx::array&) const;
   void run(const std::vector<mx::array>& in, mx::array& out, const std::vector<int64_t>&) const;
 };

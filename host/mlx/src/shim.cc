@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "specd-mlx/src/kernels_common.h"
 #include "specd-mlx/src/waiting.h"
 
 #ifdef SPECD_OPENBLAS
@@ -157,8 +158,14 @@ A mean(const Array& a, int32_t axis, bool k) { return wrap(mx::mean(a.a, axis, k
 A rms_norm(const Array& x, const Array& w, float eps) {
   return wrap(mx::fast::rms_norm(x.a, w.a, eps));
 }
-A rope(const Array& x, int32_t dims, bool traditional, float base, float scale, int32_t offset) {
-  return wrap(mx::fast::rope(x.a, dims, traditional, base, scale, offset));
+A rope(const Array& x, int32_t dims, bool traditional, float base, float scale, int32_t offset,
+       rust::Slice<const float> factors) {
+  if (factors.empty()) return wrap(mx::fast::rope(x.a, dims, traditional, base, scale, offset));
+  if (factors.size() != size_t(dims / 2))
+    throw std::invalid_argument("rope: one frequency factor per rotated pair");
+  std::vector<float> f(factors.begin(), factors.end());
+  return wrap(mx::fast::rope(x.a, dims, traditional, std::nullopt, scale, offset,
+                             rope_periods(dims, base, f)));
 }
 A sdpa(const Array& q, const Array& k, const Array& v, float scale, rust::Str mask_mode) {
   return wrap(mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, std::string(mask_mode)));

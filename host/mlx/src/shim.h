@@ -100,7 +100,8 @@ A mean(const Array& a, int32_t axis, bool keepdims);
 
 // fast
 A rms_norm(const Array& x, const Array& w, float eps);
-A rope(const Array& x, int32_t dims, bool traditional, float base, float scale, int32_t offset);
+A rope(const Array& x, int32_t dims, bool traditional, float base, float scale, int32_t offset,
+       rust::Slice<const float> factors);
 A sdpa(const Array& q, const Array& k, const Array& v, float scale, rust::Str mask_mode);
 A sdpa_masked(const Array& q, const Array& k, const Array& v, float scale, const Array& mask);
 
@@ -132,7 +133,8 @@ A qmatmul_packed_norm(const Array& x, const Array& norm_w, float eps, const Arra
 A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
                                 const Array& packed, Packing packing,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
-                                rust::Slice<const int32_t> positions);
+                                rust::Slice<const int32_t> positions,
+                                rust::Slice<const float> factors);
 A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
 std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& caches,
                                              rust::Slice<const int32_t> spans, int32_t heads,
@@ -146,7 +148,7 @@ A kv_alloc(const Array& old, bool has_old, int32_t keep, int32_t heads, int32_t 
            int32_t dim, bool half);
 A rms_norm_rows(const Array& x, const Array& w, float eps);
 A rope_heads(const Array& x, int32_t dims, bool traditional, float base, float scale,
-             int32_t offset);
+             int32_t offset, rust::Slice<const float> factors);
 A swiglu(const Array& g, const Array& u);
 A geglu(const Array& g, const Array& u);
 // Per row (last axis), {argmax, max, runner-up, exact} as float32: the

@@ -450,6 +450,7 @@ fn qmatmul_batched_leading_axes_and_errors() {
         traditional: false,
         base: 10000.0,
         offset: 7,
+        factors: &[],
     };
     let fused =
         kernels::qmatmul_packed_norm_rope(&x13, &nw, 1e-5, &packed, Packing::new(70, 32, 4), rope)
@@ -463,7 +464,7 @@ fn qmatmul_batched_leading_axes_and_errors() {
         .unwrap()
         .reshape(&[1, 3, 2, 16])
         .unwrap();
-    let roped = kernels::rope_heads(&heads, 16, false, 10000.0, 1.0, 7)
+    let roped = kernels::rope_heads(&heads, 16, false, 10000.0, 1.0, 7, &[])
         .unwrap()
         .to_vec_f32()
         .unwrap(); // [1, 2, 3, 16]
@@ -729,6 +730,49 @@ fn rms_norm_matches_mlx_and_is_row_invariant() {
 }
 
 #[test]
+fn rope_frequency_factors_match_mlx() {
+    // Divisors as Llama 3's scaling makes them: 1 at high frequencies, 8 at
+    // low ones, others in between. Specd's op against MLX's rope with
+    // periods, and against no factors (they must bite).
+    let (h, d) = (2usize, 16usize);
+    let factors: Vec<f32> = (0..d / 2)
+        .map(|i| match i {
+            0..=2 => 1.0,
+            3..=4 => 2.5 + i as f32,
+            _ => 8.0,
+        })
+        .collect();
+    let mut g = Gen(81);
+    let xs = g.f32s(4 * h * d, -2.0, 2.0);
+    let x = Array::from_f32(&xs, &[1, 4, h as i32, d as i32]).unwrap();
+    for traditional in [true, false] {
+        let got = kernels::rope_heads(&x, d as i32, traditional, 500000.0, 1.0, 300, &factors)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let xt = x.transpose(&[0, 2, 1, 3]).unwrap();
+        let want = fast::rope(&xt, d as i32, traditional, 500000.0, 1.0, 300, &factors)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let plain = fast::rope(&xt, d as i32, traditional, 500000.0, 1.0, 300, &[])
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let max = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max)
+        };
+        assert!(max(&got, &want) < 1e-4, "{}", max(&got, &want));
+        assert!(max(&got, &plain) > 0.1, "the factors changed nothing");
+    }
+    let bad = kernels::rope_heads(&x, d as i32, false, 1e4, 1.0, 0, &factors[..3]);
+    assert!(bad.is_err());
+}
+
+#[test]
 fn rope_matches_mlx_at_every_offset_and_is_row_invariant() {
     let mut g = Gen(80);
     let (h, d) = (3usize, 64usize);
@@ -736,7 +780,8 @@ fn rope_matches_mlx_at_every_offset_and_is_row_invariant() {
         for offset in [0, 1, 37, 1000, 8000] {
             let xs = g.f32s(16 * h * d, -2.0, 2.0);
             let x = Array::from_f32(&xs, &[1, 16, h as i32, d as i32]).unwrap();
-            let got = kernels::rope_heads(&x, d as i32, traditional, 10000.0, 1.0, offset).unwrap();
+            let got =
+                kernels::rope_heads(&x, d as i32, traditional, 10000.0, 1.0, offset, &[]).unwrap();
             assert_eq!(got.shape(), vec![1, h as i32, 16, d as i32]);
             let got = got.to_vec_f32().unwrap();
             let want = fast::rope(
@@ -746,6 +791,7 @@ fn rope_matches_mlx_at_every_offset_and_is_row_invariant() {
                 10000.0,
                 1.0,
                 offset,
+                &[],
             )
             .unwrap()
             .to_vec_f32()
@@ -771,6 +817,7 @@ fn rope_matches_mlx_at_every_offset_and_is_row_invariant() {
                     10000.0,
                     1.0,
                     offset + t as i32,
+                    &[],
                 )
                 .unwrap()
                 .to_vec_f32()

@@ -52,13 +52,30 @@ pub struct LlamaConfig {
     /// global layers').
     #[serde(default)]
     pub rope_local_theta: Option<f32>,
+    /// Divisors of the rope frequencies, one per rotated pair: a scaled
+    /// rope ([`crate::llama::rope`]; Llama 3.x's `llama3` scaling, a GGUF's
+    /// `rope_freqs.weight`). `None`: the plain rope.
+    #[serde(default)]
+    pub rope_freq_factors: Option<Vec<f32>>,
 }
 
 /// The HF `model_type`s specd runs, all through the llama forward with the
 /// options above.
 /// `mimo` is Qwen2 with MTP layers (read as a draft head,
 /// [`crate::mtp::MtpHead::from_mimo_checkpoint`]).
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mimo"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mimo",
+    "phi3",
+    "gemma3_text",
+];
+
+/// The GGUF `general.architecture`s specd runs, as llama.cpp's converter
+/// writes them.
+pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3"];
 
 /// Where a source keeps the shape every llama-family config states: the
 /// hidden size, layers, heads, key/value heads (default: as many as heads),
@@ -118,6 +135,7 @@ impl LlamaConfig {
             qk_norm: false,
             sliding_window_pattern: None,
             rope_local_theta: None,
+            rope_freq_factors: None,
         })
     }
 
@@ -127,8 +145,11 @@ impl LlamaConfig {
             .get("general.architecture")
             .map(String::as_str)
             .unwrap_or("llama");
-        if !matches!(arch, "llama" | "gemma3") {
-            bail!("unsupported GGUF architecture {arch:?} (specd runs llama and gemma3)");
+        if !SUPPORTED_GGUF_ARCHS.contains(&arch) {
+            bail!(
+                "unsupported GGUF architecture {arch:?} (specd runs {})",
+                SUPPORTED_GGUF_ARCHS.join(", ")
+            );
         }
         let num = |k: &str| -> Result<f64> {
             let key = format!("{arch}.{k}");
@@ -158,27 +179,38 @@ impl LlamaConfig {
         // Gemma 3 (llama.cpp's reading of its GGUF): head dim from
         // attention.key_length, a global layer every 6th, local rope base
         // 10000, NEOX (rotate-half) rope on unpermuted q/k, q/k norms.
-        let head_dim = if gemma {
-            num("attention.key_length")? as usize
-        } else {
-            num("rope.dimension_count").map_or(shape.head_dim, |v| v as usize)
+        // Qwen2 (q/k/v biases) and Qwen3 (q/k norms, its own head size)
+        // are NEOX on unpermuted q/k too: llama.cpp's converter permutes
+        // llama's q/k only.
+        let head_dim = match num("attention.key_length") {
+            Ok(v) => v as usize,
+            Err(_) if gemma => bail!("GGUF metadata lacks gemma3.attention.key_length"),
+            Err(_) if arch == "phi3" => shape.head_dim,
+            Err(_) => num("rope.dimension_count").map_or(shape.head_dim, |v| v as usize),
         };
+        if let Ok(n) = num("rope.dimension_count") {
+            if n as usize != head_dim {
+                bail!("GGUF metadata {arch}.rope.dimension_count {n} is not the head size {head_dim} (specd rotates whole heads)");
+            }
+        }
         Ok(LlamaConfig {
             arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
             head_dim,
             vocab_size: vocab,
             rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
-            rope_traditional: !gemma,
+            rope_traditional: arch == "llama",
+            qkv_bias: arch == "qwen2",
             max_position_embeddings: num("context_length").map_or(2048, |v| v as usize),
             tie_word_embeddings: !has_output,
-            sliding_window: if gemma {
-                Some(num("attention.sliding_window")? as usize)
-            } else {
-                None
+            // Gemma 3's local layers; every layer of a Phi-3.
+            sliding_window: match arch {
+                "gemma3" => Some(num("attention.sliding_window")? as usize),
+                "phi3" => num("attention.sliding_window").ok().map(|w| w as usize),
+                _ => None,
             },
             sliding_window_pattern: gemma.then_some(6),
             rope_local_theta: gemma.then_some(10000.0),
-            qk_norm: gemma,
+            qk_norm: gemma || arch == "qwen3",
             ..shape
         })
     }
@@ -201,6 +233,9 @@ impl LlamaConfig {
                 SUPPORTED_MODEL_TYPES.join(", ")
             );
         }
+        if model_type == "gemma3_text" {
+            return Self::from_gemma3_json(&v);
+        }
         // MiMo's trunk is Qwen2's.
         let model_type = if model_type == "mimo" {
             "qwen2"
@@ -208,6 +243,14 @@ impl LlamaConfig {
             model_type
         };
         let qwen = model_type.starts_with("qwen");
+        // Phi-3 is llama with fused q/k/v and gate/up tensors (split at
+        // load, [`crate::llama::phi3`]) and a window on every layer; a
+        // partial rotary rope is another forward.
+        if model_type == "phi3" {
+            if let Some(f) = v["partial_rotary_factor"].as_f64().filter(|&f| f != 1.0) {
+                bail!("config.json's partial_rotary_factor {f} is not supported (specd rotates whole heads)");
+            }
+        }
         let get = |k: &str| -> Result<u64> {
             v[k].as_u64()
                 .with_context(|| format!("config.json lacks integer {k}"))
@@ -220,19 +263,6 @@ impl LlamaConfig {
                     .with_context(|| format!("config.json's {k} is not a boolean")),
             }
         };
-        // transformers >= 5 nests the scaling under rope_parameters.
-        for key in ["rope_scaling", "rope_parameters"] {
-            if let Some(scaling) = v[key].as_object() {
-                let kind = scaling
-                    .get("rope_type")
-                    .or_else(|| scaling.get("type"))
-                    .and_then(|t| t.as_str())
-                    .unwrap_or("default");
-                if kind != "default" {
-                    bail!("config.json's {key} of type {kind:?} is not supported");
-                }
-            }
-        }
         // One kind of attention in every layer; interleaved local and
         // global layers are another architecture.
         if let Some(kinds) = v["layer_types"].as_array() {
@@ -283,15 +313,27 @@ impl LlamaConfig {
             .as_f64()
             .or_else(|| v["rope_parameters"]["rope_theta"].as_f64());
         let rope_theta = match (rope_theta, model_type) {
-            (Some(t), _) => t,
+            (Some(t), _) => t as f32,
             (None, "qwen2") => 1_000_000.0,
             (None, "qwen3") => bail!("config.json lacks rope_theta"),
             (None, _) => 10000.0,
         };
+        // transformers >= 5 nests the scaling under rope_parameters.
+        let mut rope_freq_factors = None;
+        for key in ["rope_scaling", "rope_parameters"] {
+            if let Some(scaling) = v[key].as_object() {
+                if let Some(f) = crate::llama::rope::factors_from_hf(scaling, head_dim, rope_theta)
+                    .with_context(|| format!("config.json's {key}"))?
+                {
+                    rope_freq_factors = Some(f);
+                }
+            }
+        }
         Ok(LlamaConfig {
             head_dim,
             vocab_size: get("vocab_size")? as usize,
-            rope_theta: rope_theta as f32,
+            rope_theta,
+            rope_freq_factors,
             rope_traditional: flag("rope_traditional")?,
             max_position_embeddings: get("max_position_embeddings")
                 .map_or(if qwen { 32768 } else { 2048 }, |x| x as usize),
@@ -301,6 +343,87 @@ impl LlamaConfig {
             qkv_bias: model_type == "qwen2" || attention_bias,
             o_bias: model_type != "qwen2" && attention_bias,
             qk_norm: model_type == "qwen3",
+            ..shape
+        })
+    }
+
+    /// A Gemma 3 text config.json (`gemma3_text`, as `specd convert`
+    /// writes it and mlx-lm's gemma3_text.py reads it). What this forward
+    /// does not run (a scaled rope on the global layers, soft-capping, an
+    /// attention scale other than 1 / sqrt(head_dim), another activation)
+    /// is an error.
+    fn from_gemma3_json(v: &serde_json::Value) -> Result<Self> {
+        let get = |k: &str| -> Result<u64> {
+            v[k].as_u64()
+                .with_context(|| format!("config.json lacks integer {k}"))
+        };
+        let shape = LlamaConfig::shape(
+            &ShapeKeys {
+                hidden: "hidden_size",
+                layers: "num_hidden_layers",
+                heads: "num_attention_heads",
+                kv_heads: "num_key_value_heads",
+                ffn: "intermediate_size",
+                eps: "rms_norm_eps",
+            },
+            &|k| Ok(get(k)? as usize),
+            &|k| v[k].as_f64().or((k == "rms_norm_eps").then_some(1e-6)),
+        )?;
+        let head_dim = get("head_dim").map_or(256, |x| x as usize);
+        if let Some(s) = v["query_pre_attn_scalar"].as_f64() {
+            if s != head_dim as f64 {
+                bail!("config.json's query_pre_attn_scalar {s} is not head_dim {head_dim} (specd scales attention by 1 / sqrt(head_dim))");
+            }
+        }
+        for key in [
+            "rope_scaling",
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+        ] {
+            if !v[key].is_null() {
+                bail!(
+                    "config.json's {key} = {} is not supported for gemma3_text",
+                    v[key]
+                );
+            }
+        }
+        match v["hidden_activation"].as_str() {
+            None | Some("gelu_pytorch_tanh") => {}
+            Some(a) => {
+                bail!("config.json's hidden_activation {a:?} is not supported (gelu_pytorch_tanh)")
+            }
+        }
+        let pattern = get("sliding_window_pattern")
+            .map_or(6, |p| p as usize)
+            .max(1);
+        // Newer configs state each layer's kind: it must be the pattern's.
+        if let Some(kinds) = v["layer_types"].as_array() {
+            for (i, k) in kinds.iter().enumerate() {
+                let want = match (i + 1) % pattern {
+                    0 => "full_attention",
+                    _ => "sliding_attention",
+                };
+                if k.as_str() != Some(want) {
+                    bail!("config.json's layer_types[{i}] = {k} is not every {pattern}th layer global");
+                }
+            }
+        }
+        let rope_theta = v["rope_theta"]
+            .as_f64()
+            .or_else(|| v["rope_global_base_freq"].as_f64())
+            .unwrap_or(1_000_000.0);
+        Ok(LlamaConfig {
+            arch: Arch::Gemma3,
+            head_dim,
+            vocab_size: get("vocab_size")? as usize,
+            rope_theta: rope_theta as f32,
+            rope_local_theta: Some(v["rope_local_base_freq"].as_f64().unwrap_or(10000.0) as f32),
+            rope_traditional: false,
+            max_position_embeddings: get("max_position_embeddings").map_or(32768, |x| x as usize),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(true),
+            sliding_window: Some(get("sliding_window").map_or(512, |x| x as usize)),
+            sliding_window_pattern: Some(pattern),
+            qk_norm: true,
             ..shape
         })
     }
@@ -419,8 +542,8 @@ mod tests {
         assert!(e.contains("head_dim"), "{e}");
         let e = err(serde_json::json!({"model_type": "qwen2", "use_sliding_window": true}));
         assert!(e.contains("use_sliding_window"), "{e}");
-        let e = err(serde_json::json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}));
-        assert!(e.contains("llama3"), "{e}");
+        let e = err(serde_json::json!({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}}));
+        assert!(e.contains("longrope"), "{e}");
         let e =
             err(serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}));
         assert!(e.contains("yarn"), "{e}");
@@ -436,5 +559,80 @@ mod tests {
             serde_json::json!({"model_type": "qwen3", "head_dim": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 2e6}}),
         );
         assert_eq!(c.unwrap().rope_theta, 2e6);
+    }
+
+    fn gguf(arch: &str, extra: &[(&str, &str)]) -> Result<LlamaConfig> {
+        let mut meta: HashMap<String, String> = [
+            ("embedding_length", "128"),
+            ("block_count", "2"),
+            ("attention.head_count", "4"),
+            ("attention.head_count_kv", "2"),
+            ("feed_forward_length", "256"),
+        ]
+        .iter()
+        .map(|(k, v)| (format!("{arch}.{k}"), v.to_string()))
+        .collect();
+        meta.insert("general.architecture".into(), arch.into());
+        for (k, v) in extra {
+            meta.insert(format!("{arch}.{k}"), v.to_string());
+        }
+        LlamaConfig::from_gguf(&meta, false)
+    }
+
+    #[test]
+    fn gguf_architectures_pick_the_options() {
+        let c = gguf("llama", &[]).unwrap();
+        assert!(c.rope_traditional, "llama.cpp permutes llama's q/k");
+        assert_eq!((c.qkv_bias, c.qk_norm, c.head_dim), (false, false, 32));
+        let c = gguf("qwen2", &[("rope.freq_base", "1000000")]).unwrap();
+        assert!(!c.rope_traditional, "Qwen2's q/k are not permuted");
+        assert_eq!((c.qkv_bias, c.qk_norm, c.rope_theta), (true, false, 1e6));
+        let c = gguf("qwen3", &[("attention.key_length", "64")]).unwrap();
+        assert!(!c.rope_traditional);
+        assert_eq!((c.qkv_bias, c.qk_norm, c.head_dim), (false, true, 64));
+        let c = gguf("phi3", &[("attention.sliding_window", "2047")]).unwrap();
+        assert!(!c.rope_traditional, "Phi-3's q/k are not permuted");
+        assert_eq!(
+            (c.sliding_window, c.is_local(0), c.head_dim),
+            (Some(2047), true, 32)
+        );
+        let e = format!(
+            "{:#}",
+            gguf("phi3", &[("rope.dimension_count", "24")]).unwrap_err()
+        );
+        assert!(e.contains("rope.dimension_count 24"), "{e}");
+        let e = format!("{:#}", gguf("phi2", &[]).unwrap_err());
+        assert!(
+            e.contains("\"phi2\"") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn phi3_runs_whole_head_ropes_only() {
+        let c = hf(serde_json::json!({"model_type": "phi3", "sliding_window": 2047})).unwrap();
+        assert_eq!(
+            (c.sliding_window, c.qkv_bias, c.qk_norm),
+            (Some(2047), false, false)
+        );
+        let e = hf(serde_json::json!({"model_type": "phi3", "partial_rotary_factor": 0.75}));
+        assert!(format!("{:#}", e.unwrap_err()).contains("partial_rotary_factor"));
+        let e = hf(
+            serde_json::json!({"model_type": "phi3", "rope_scaling": {"type": "longrope",
+            "long_factor": [1.0], "short_factor": [1.0]}}),
+        );
+        assert!(format!("{:#}", e.unwrap_err()).contains("longrope"));
+    }
+
+    #[test]
+    fn llama3_scaling_becomes_frequency_factors() {
+        let c = hf(serde_json::json!({"rope_theta": 5e5, "rope_scaling": {
+            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}))
+        .unwrap();
+        let f = c.rope_freq_factors.unwrap();
+        assert_eq!(f.len(), 16, "one per rotated pair of the 32-wide heads");
+        assert_eq!((f[0], f[15]), (1.0, 32.0));
+        assert_eq!(hf(serde_json::json!({})).unwrap().rope_freq_factors, None);
     }
 }

@@ -57,7 +57,20 @@ fn gemma_norm(w: Array) -> Result<Array> {
 
 pub fn convert_gguf(gguf: &Path, out: &Path) -> Result<()> {
     let (t, meta) = read_gguf(gguf, super::WeightMode::F32)?;
+    // The names and q/k layout below are llama's and Gemma 3's.
+    match meta.get("general.architecture").map(String::as_str) {
+        None | Some("llama" | "gemma3") => {}
+        Some(a) => anyhow::bail!(
+            "specd convert writes llama and gemma3 GGUFs as HF directories, not {a:?}: run the GGUF itself"
+        ),
+    }
     let mut config = LlamaConfig::from_gguf(&meta, t.has("output"))?;
+    if super::load::rope_freqs(&t, &config)?.is_some() {
+        anyhow::bail!(
+            "{} carries rope_freqs.weight (a scaled rope, as Llama 3.1's), which specd's config.json does not state: run the GGUF itself",
+            gguf.display()
+        );
+    }
     let tokenizer = Tokenizer::from_gguf_file(gguf)?;
     let mut tensors: Vec<(String, Array)> = Vec::new();
     let embed = t.dense("token_embd")?;

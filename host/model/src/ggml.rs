@@ -119,6 +119,74 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
+/// `x` as float16 bits, rounded to nearest even (ggml's
+/// `GGML_FP32_TO_FP16`); out of range: infinity.
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    // The significand with its hidden bit, and how far right it goes.
+    let (m, shift) = if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        (man | 0x80_0000, (14 - e) as u32)
+    } else {
+        (man, 13)
+    };
+    let half = 1u32 << (shift - 1);
+    let rest = m & ((1 << shift) - 1);
+    let mut q = m >> shift;
+    if rest > half || (rest == half && q & 1 == 1) {
+        q += 1; // may carry into the exponent: still the right bits
+    }
+    let bits = if e <= 0 { q } else { ((e as u32) << 10) + q };
+    sign | bits as u16
+}
+
+/// Rows of float32 values as ggml Q8_0 blocks (32 values: an f16 scale
+/// `d = max|x| / 127`, then `round(x / d)` as int8), as ggml's
+/// `quantize_row_q8_0_ref`. `x.len()` is whole blocks.
+pub fn encode_q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 32 * 34);
+    for b in x.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f32_to_f16(d).to_le_bytes());
+        out.extend(b.iter().map(|v| (v * id).round() as i8 as u8));
+    }
+    out
+}
+
+/// Rows of float32 values as ggml Q4_1 blocks (32 values: f16 `d =
+/// (max - min) / 15` and `m = min`, then 4-bit `round((x - m) / d)`, value
+/// j in the low nibble of byte j and value j + 16 in its high nibble), as
+/// ggml's `quantize_row_q4_1_ref`.
+pub fn encode_q4_1(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 32 * 20);
+    for b in x.chunks_exact(32) {
+        let (min, max) = b
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f32_to_f16(d).to_le_bytes());
+        out.extend(f32_to_f16(min).to_le_bytes());
+        let q = |v: f32| (((v - min) * id + 0.5) as u8).min(15);
+        out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
+    }
+    out
+}
+
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
@@ -304,6 +372,37 @@ fn affine<'a>(id: u32, blocks: impl Iterator<Item = &'a [u8]>, n: usize) -> Affi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f32_to_f16_inverts_f16_to_f32_and_rounds_to_nearest() {
+        for h in (0u16..0x7c00).chain(0x8000..0xfc00) {
+            assert_eq!(f32_to_f16(f16_to_f32(h)), h, "{h:#x}");
+        }
+        // One f16 step above 1 is 4 / 4096.
+        assert_eq!(f32_to_f16(1.0 + 2.0 / 4096.0), 0x3c00, "a tie goes to even");
+        assert_eq!(f32_to_f16(1.0 + 6.0 / 4096.0), 0x3c02, "a tie goes to even");
+        assert_eq!(f32_to_f16(1.0 + 3.0 / 4096.0), 0x3c01);
+        assert_eq!(f32_to_f16(1e6), 0x7c00);
+    }
+
+    #[test]
+    fn q8_0_and_q4_1_blocks_decode_to_the_values_within_a_step() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) / 7.0)
+            .collect();
+        for (id, bytes, step) in [
+            (ty::Q8_0, encode_q8_0(&x), 2.0 / 127.0),
+            (ty::Q4_1, encode_q4_1(&x), 4.0 / 15.0),
+        ] {
+            let Decoded::Quantized(a) = decode("t", id, &bytes, 2, 32).unwrap() else {
+                panic!("quantized")
+            };
+            let y = a.dequantize();
+            for (u, v) in x.iter().zip(&y) {
+                assert!((u - v).abs() <= step / 2.0 + 1e-3, "{id}: {u} vs {v}");
+            }
+        }
+    }
 
     #[test]
     fn f16_conversion_covers_normals_subnormals_and_signs() {

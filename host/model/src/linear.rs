@@ -224,7 +224,7 @@ impl QuantizedWeight {
         x: &Array,
         norm: &Array,
         eps: f32,
-        rope: kernels::RopeSpec,
+        rope: kernels::RopeSpec<'_>,
     ) -> Result<Array> {
         let (p, k) = self.packed_for_rope()?;
         kernels::qmatmul_packed_norm_rope(x, norm, eps, p, k, rope)
@@ -236,7 +236,7 @@ impl QuantizedWeight {
         x: &Array,
         norm: &Array,
         eps: f32,
-        rope: kernels::RopeSpec,
+        rope: kernels::RopeSpec<'_>,
         positions: &[i32],
     ) -> Result<Array> {
         let (p, k) = self.packed_for_rope()?;

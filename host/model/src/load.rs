@@ -175,6 +175,38 @@ impl Tensors {
         }
     }
 
+    /// Splits `from` (`X.weight`, and `X.scales`/`X.biases` where
+    /// quantized; or a vector `X`) by rows into the tensors `to`, each
+    /// `(base, rows)` in order; the rows must add up to `from`'s.
+    pub fn split_rows(&mut self, from: &str, to: &[(String, i32)]) -> Result<()> {
+        let total: i32 = to.iter().map(|p| p.1).sum();
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let name = format!("{from}.{suffix}");
+            let Some(a) = self.map.remove(&name) else {
+                continue;
+            };
+            if a.dim(0) != total {
+                bail!("tensor {name} has {} rows, its parts {total}", a.dim(0));
+            }
+            let shape = a.shape();
+            let mut at = 0;
+            for (base, rows) in to {
+                let mut start = vec![0; shape.len()];
+                let mut end = shape.clone();
+                (start[0], end[0]) = (at, at + rows);
+                self.map
+                    .insert(format!("{base}.{suffix}"), a.slice(&start, &end)?);
+                at += rows;
+            }
+        }
+        if let Some(o) = self.overrides.remove(from) {
+            for (base, _) in to {
+                self.overrides.insert(base.clone(), o);
+            }
+        }
+        Ok(())
+    }
+
     /// Whether any weight is stored quantized.
     fn any_quantized(&self) -> bool {
         self.map.keys().any(|k| k.ends_with(".scales"))
@@ -331,6 +363,14 @@ fn build(
     if config.vocab_size == 0 && ends {
         config.vocab_size = vocab;
     }
+    // Gemma's HF norms hold w for a scale of 1 + w (GGUF's hold 1 + w).
+    let norm = |name: &str| -> Result<Array> {
+        let w = t.dense(name)?;
+        Ok(match names.norm_plus_one {
+            true => ops::add(&w, &Array::scalar(1.0)?)?,
+            false => w,
+        })
+    };
     let mut layers = Vec::with_capacity(part.len());
     for i in part.clone() {
         let n = |suffix: &str| format!("{}{i}.{suffix}", names.layer_prefix);
@@ -342,14 +382,14 @@ fn build(
             )?),
             false => None,
         };
-        let qk_norm = |part: &str| config.qk_norm.then(|| t.dense(&n(part))).transpose();
+        let qk_norm = |part: &str| config.qk_norm.then(|| norm(&n(part))).transpose();
         layers.push(Layer {
-            attn_norm: t.dense(&n(names.attn_norm))?,
+            attn_norm: norm(&n(names.attn_norm))?,
             q: t.linear(&n(names.q))?,
             k: t.linear(&n(names.k))?,
             v: t.linear(&n(names.v))?,
             o: t.linear(&n(names.o))?,
-            ffn_norm: t.dense(&n(names.ffn_norm))?,
+            ffn_norm: norm(&n(names.ffn_norm))?,
             gate: t.linear(&n(names.gate))?,
             up: t.linear(&n(names.up))?,
             down: t.linear(&n(names.down))?,
@@ -361,8 +401,8 @@ fn build(
             k_norm: qk_norm(names.k_norm)?,
             kind: match config.arch {
                 Arch::Gemma3 => LayerKind::Gemma3(PostNorms {
-                    attn: t.dense(&n("post_attention_norm"))?,
-                    ffn: t.dense(&n("post_ffw_norm"))?,
+                    attn: norm(&n(names.post_attn_norm))?,
+                    ffn: norm(&n(names.post_ffn_norm))?,
                 }),
                 Arch::Llama => LayerKind::Llama,
             },
@@ -385,7 +425,7 @@ fn build(
         own_kernels: t.mode.quantized() && t.any_quantized() && !kernels::mlx_ops(),
         layers,
         norm: match ends {
-            true => t.dense(names.norm)?,
+            true => norm(names.norm)?,
             false => placeholder()?.reshape(&[d])?,
         },
         lm_head,
@@ -472,8 +512,13 @@ struct Names {
     down: &'static str,
     q_norm: &'static str,
     k_norm: &'static str,
+    /// Gemma 3's norms after attention and after the MLP.
+    post_attn_norm: &'static str,
+    post_ffn_norm: &'static str,
     norm: &'static str,
     head: &'static str,
+    /// Norm weights stored as w for a scale of 1 + w (Gemma's HF files).
+    norm_plus_one: bool,
 }
 
 const GGUF_NAMES: Names = Names {
@@ -490,8 +535,11 @@ const GGUF_NAMES: Names = Names {
     down: "ffn_down",
     q_norm: "attn_q_norm",
     k_norm: "attn_k_norm",
+    post_attn_norm: "post_attention_norm",
+    post_ffn_norm: "post_ffw_norm",
     norm: "output_norm",
     head: "output",
+    norm_plus_one: false,
 };
 
 const HF_NAMES: Names = Names {
@@ -508,8 +556,22 @@ const HF_NAMES: Names = Names {
     down: "mlp.down_proj",
     q_norm: "self_attn.q_norm",
     k_norm: "self_attn.k_norm",
+    post_attn_norm: "",
+    post_ffn_norm: "",
     norm: "model.norm",
     head: "lm_head",
+    norm_plus_one: false,
+};
+
+/// Gemma 3's HF names (mlx-lm's gemma3_text.py): its norm after attention
+/// is `post_attention_layernorm`, the MLP's input norm
+/// `pre_feedforward_layernorm`.
+const GEMMA3_HF_NAMES: Names = Names {
+    ffn_norm: "pre_feedforward_layernorm",
+    post_attn_norm: "post_attention_layernorm",
+    post_ffn_norm: "post_feedforward_layernorm",
+    norm_plus_one: true,
+    ..HF_NAMES
 };
 
 /// Whether a tensor belongs to the layers `part` (or, outside any layer,
@@ -522,16 +584,48 @@ fn in_part(part: &Option<Range<usize>>, name: &str) -> bool {
     }
 }
 
+/// The tensor of a GGUF's rope frequency factors (llama.cpp's converter
+/// writes Llama 3's scaling there); every rank's layers rotate by it.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
 pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>) -> Result<Llama> {
-    let (t, meta) = read_gguf_kept(path, mode, &|name| in_part(&part, name))?;
+    let (t, meta) = read_gguf_kept(path, mode, &|name| {
+        name == ROPE_FREQS || name.starts_with("rope_factors_") || in_part(&part, name)
+    })?;
     // The head's presence comes from the header: a later rank holds none.
     let has_output = specd_text::gguf::GgufFile::open(path)?
         .tensors
         .iter()
         .any(|t| t.name == "output.weight");
-    let config = LlamaConfig::from_gguf(&meta, has_output)?;
+    let mut config = LlamaConfig::from_gguf(&meta, has_output)?;
+    config.rope_freq_factors = rope_freqs(&t, &config)?;
+    if t.map.contains_key("rope_factors_long.weight") {
+        bail!(
+            "{} carries rope_factors_long (Phi-3's longrope scaling), which specd does not run",
+            path.display()
+        );
+    }
+    let mut t = t;
+    super::llama::phi3::split_fused(&mut t, &config, GGUF_NAMES.layer_prefix)?;
     build(config, &t, &GGUF_NAMES, part)
         .with_context(|| format!("building the model from {}", path.display()))
+}
+
+/// The GGUF's `rope_freqs.weight` as the factors llama.cpp divides the
+/// rope frequencies by, if it has one.
+pub fn rope_freqs(t: &Tensors, config: &LlamaConfig) -> Result<Option<Vec<f32>>> {
+    if t.get(ROPE_FREQS).is_none() {
+        return Ok(None);
+    }
+    let f = t.vector(ROPE_FREQS)?.to_vec_f32()?;
+    if f.len() != config.head_dim / 2 || f.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+        bail!(
+            "{ROPE_FREQS} holds {} values, not {} positive ones (half the head size)",
+            f.len(),
+            config.head_dim / 2
+        );
+    }
+    Ok(Some(f))
 }
 
 pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -> Result<Llama> {
@@ -552,7 +646,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
         map.extend(tf.tensors.into_iter().filter(|(k, _)| in_part(&part, k)));
     }
     let q = quantization(&raw).with_context(|| format!("in {}", cfg_path.display()))?;
-    let t = Tensors {
+    let mut t = Tensors {
         map,
         group_size: Some(q.group_size),
         bits: q.bits,
@@ -562,7 +656,12 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
         mode,
         used: RefCell::default(),
     };
-    let model = build(config, &t, &HF_NAMES, part).with_context(|| {
+    let names = match config.arch {
+        Arch::Gemma3 => &GEMMA3_HF_NAMES,
+        Arch::Llama => &HF_NAMES,
+    };
+    super::llama::phi3::split_fused(&mut t, &config, names.layer_prefix)?;
+    let model = build(config, &t, names, part).with_context(|| {
         format!(
             "the weights in {} do not match its config.json",
             dir.display()

@@ -1,17 +1,22 @@
 //! Random-weight checkpoints that specd writes itself (`specd debug
-//! random-model`): a llama in the layout of an mlx-community 4-bit
-//! directory (config.json with its `quantization` block, model.safetensors,
-//! a byte-level tokenizer), so a machine with no model file and no network
-//! (the device check, `scripts/device-check.sh`) can still load a model of
-//! a stated shape, decode, serve and speculate.
+//! random-model`): a model of any architecture specd runs ([`Family`]) in
+//! the layout of an mlx-community 4-bit directory (config.json with its
+//! `quantization` block, model.safetensors, a byte-level tokenizer), or as
+//! a GGUF file the way llama.cpp's converter names it (Q4_1 weights, a
+//! Q8_0 embedding, float32 norms and biases, the tokenizer in its
+//! metadata), so a machine with no model file and no network (the device
+//! check, `scripts/device-check.sh`; benchmarks against llama.cpp) can
+//! still load a model of a stated shape, decode, serve and speculate.
 //!
 //! The weights are uniform in +-sqrt(3 / fan_in) from MLX's generator with
 //! a fixed seed; the final norm is scaled up so the logits spread over
 //! whole units (greedy decoding is well defined, not a run of near-ties)
 //! and the special tokens' rows are shrunk so they never win (a generation
 //! runs its full length).
+use crate::ggml;
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, ops, random, Array, Dtype};
+use specd_text::gguf::{ggml_type, GgufArray, GgufValue, GgufWriter};
 use std::path::Path;
 
 /// The shape of a random checkpoint.
@@ -90,91 +95,488 @@ const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 const GROUP: i32 = 64;
 const BITS: i32 = 4;
 
-/// Writes the random checkpoint of `shape` into `dir`.
-pub fn write(shape: Shape, seed: u64, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tensors: Vec<(String, Array)> = Vec::new();
-    let mut next_key = {
-        let mut i = 0u64;
-        move || {
-            i += 1;
-            random::key(seed.wrapping_mul(1_000_003).wrapping_add(i))
+/// The architecture of a random checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Llama,
+    /// Llama with Llama 3.2's rope scaling (`rope_scaling: llama3`; in a
+    /// GGUF, `rope_freqs.weight`).
+    Llama3,
+    /// Biases on q, k and v.
+    Qwen2,
+    /// RMS norms over each q and k head.
+    Qwen3,
+    /// Gemma 3: q/k norms, post-norms, GeGLU, local and global layers.
+    Gemma3,
+    /// Phi-3 (mini 4k): fused q/k/v and gate/up tensors, a window of 2047
+    /// on every layer, an untied head.
+    Phi3,
+}
+
+pub const FAMILIES: [(&str, Family); 6] = [
+    ("llama", Family::Llama),
+    ("llama3", Family::Llama3),
+    ("qwen2", Family::Qwen2),
+    ("qwen3", Family::Qwen3),
+    ("phi3", Family::Phi3),
+    ("gemma3", Family::Gemma3),
+];
+
+impl Family {
+    pub fn named(name: &str) -> Result<Family> {
+        match FAMILIES.iter().find(|f| f.0 == name) {
+            Some(f) => Ok(f.1),
+            None => bail!(
+                "unknown architecture {name:?} (use {})",
+                FAMILIES.map(|f| f.0).join(", ")
+            ),
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        FAMILIES.iter().find(|f| f.1 == self).expect("listed").0
+    }
+
+    /// The GGUF `general.architecture`.
+    fn gguf_arch(self) -> &'static str {
+        match self {
+            Family::Llama | Family::Llama3 => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Phi3 => "phi3",
+            Family::Gemma3 => "gemma3",
+        }
+    }
+
+    fn rope_theta(self) -> f32 {
+        match self {
+            Family::Llama | Family::Phi3 => 10000.0,
+            Family::Llama3 => 500000.0,
+            _ => 1_000_000.0,
+        }
+    }
+}
+
+/// Llama 3.2's rope scaling: factor, low and high frequency factors, the
+/// original context.
+const LLAMA3_SCALING: (f64, f64, f64, f64) = (32.0, 1.0, 4.0, 8192.0);
+
+/// What a tensor of a random checkpoint holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// Uniform in +-sqrt(3 / fan_in), `[out, inp]`.
+    Weight,
+    /// The embedding: a weight whose special tokens' rows are shrunk.
+    Embedding,
+    /// A norm's scale, every value the same.
+    Norm(f32),
+    /// Small uniform values, `[out]`.
+    Bias,
+}
+
+/// One tensor: its names in each layout, shape and contents.
+struct Part {
+    hf: String,
+    gguf: String,
+    out: usize,
+    inp: usize,
+    kind: Kind,
+}
+
+/// The tensors of a `family` checkpoint of `shape`, in the order their
+/// random values are drawn (llama's order is the one the first random
+/// checkpoints had, so their weights stay as they were).
+fn parts(shape: Shape, family: Family) -> Vec<Part> {
+    let (d, hd) = (shape.hidden, shape.head_dim);
+    let (q, kv) = (shape.heads * hd, shape.kv_heads * hd);
+    let mut v = Vec::new();
+    let mut push = |hf: String, gguf: String, out: usize, inp: usize, kind: Kind| {
+        v.push(Part {
+            hf,
+            gguf,
+            out,
+            inp,
+            kind,
+        })
     };
-    let mut uniform = |out: usize, inp: usize| -> Result<Array> {
-        let a = (3.0 / inp as f32).sqrt();
-        let u = random::uniform(&[out as i32, inp as i32], &next_key()?)?;
+    push(
+        "model.embed_tokens".into(),
+        "token_embd".into(),
+        shape.vocab,
+        d,
+        Kind::Embedding,
+    );
+    let gemma = family == Family::Gemma3;
+    let linears = match family {
+        // Phi-3's fused tensors (GGUF: `ffn_up` holds the gate, then up).
+        Family::Phi3 => vec![
+            ("self_attn.qkv_proj", "attn_qkv", q + 2 * kv, d),
+            ("self_attn.o_proj", "attn_output", d, q),
+            ("mlp.gate_up_proj", "ffn_up", 2 * shape.ffn, d),
+            ("mlp.down_proj", "ffn_down", d, shape.ffn),
+        ],
+        _ => vec![
+            ("self_attn.q_proj", "attn_q", q, d),
+            ("self_attn.k_proj", "attn_k", kv, d),
+            ("self_attn.v_proj", "attn_v", kv, d),
+            ("self_attn.o_proj", "attn_output", d, q),
+            ("mlp.gate_proj", "ffn_gate", shape.ffn, d),
+            ("mlp.up_proj", "ffn_up", shape.ffn, d),
+            ("mlp.down_proj", "ffn_down", d, shape.ffn),
+        ],
+    };
+    for i in 0..shape.layers {
+        let (h, g) = (format!("model.layers.{i}"), format!("blk.{i}"));
+        for &(hn, gn, out, inp) in &linears {
+            push(
+                format!("{h}.{hn}"),
+                format!("{g}.{gn}"),
+                out,
+                inp,
+                Kind::Weight,
+            );
+        }
+        if family == Family::Qwen2 {
+            for (hn, gn, out) in [
+                ("self_attn.q_proj", "attn_q", q),
+                ("self_attn.k_proj", "attn_k", kv),
+                ("self_attn.v_proj", "attn_v", kv),
+            ] {
+                push(
+                    format!("{h}.{hn}.bias"),
+                    format!("{g}.{gn}.bias"),
+                    out,
+                    0,
+                    Kind::Bias,
+                );
+            }
+        }
+        let mut norms = vec![("input_layernorm", "attn_norm", d)];
+        if gemma {
+            norms.extend([
+                ("post_attention_layernorm", "post_attention_norm", d),
+                ("pre_feedforward_layernorm", "ffn_norm", d),
+                ("post_feedforward_layernorm", "post_ffw_norm", d),
+            ]);
+        } else {
+            norms.push(("post_attention_layernorm", "ffn_norm", d));
+        }
+        if matches!(family, Family::Qwen3 | Family::Gemma3) {
+            norms.extend([
+                ("self_attn.q_norm", "attn_q_norm", hd),
+                ("self_attn.k_norm", "attn_k_norm", hd),
+            ]);
+        }
+        for (hn, gn, n) in norms {
+            push(
+                format!("{h}.{hn}"),
+                format!("{g}.{gn}"),
+                n,
+                0,
+                Kind::Norm(1.0),
+            );
+        }
+    }
+    // Logits over whole units.
+    push(
+        "model.norm".into(),
+        "output_norm".into(),
+        d,
+        0,
+        Kind::Norm(12.0),
+    );
+    // llama.cpp's Phi-3 graph reads an `output` tensor of its own.
+    if family == Family::Phi3 {
+        push(
+            "lm_head".into(),
+            "output".into(),
+            shape.vocab,
+            d,
+            Kind::Embedding,
+        );
+    }
+    v
+}
+
+/// Draws the random values of the tensors in order, from `seed`.
+struct Draw {
+    seed: u64,
+    i: u64,
+}
+
+impl Draw {
+    fn key(&mut self) -> Result<Array> {
+        self.i += 1;
+        Ok(random::key(
+            self.seed.wrapping_mul(1_000_003).wrapping_add(self.i),
+        )?)
+    }
+
+    fn uniform(&mut self, shape: &[i32], a: f32) -> Result<Array> {
+        let u = random::uniform(shape, &self.key()?)?;
         // [0, 1) -> [-a, a)
         Ok(ops::multiply(
             &ops::subtract(&u, &Array::scalar(0.5)?)?,
             &Array::scalar(2.0 * a)?,
         )?)
-    };
-    let (d, v) = (shape.hidden, shape.vocab);
-    // Special tokens' rows shrunk: they never win.
-    let mut rows = vec![1.0f32; v];
-    for r in rows.iter_mut().skip(v - SPECIALS.len()) {
-        *r = 0.05;
     }
-    let embed = ops::multiply(&uniform(v, d)?, &Array::from_f32(&rows, &[v as i32, 1])?)?;
-    quantized("model.embed_tokens", embed, &mut tensors)?;
-    let ones = |scale: f32| -> Result<Array> { Ok(Array::from_f32(&vec![scale; d], &[d as i32])?) };
-    let (q, kv) = (
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-    );
-    for i in 0..shape.layers {
-        let p = format!("model.layers.{i}");
-        for (n, out, inp) in [
-            ("self_attn.q_proj", q, d),
-            ("self_attn.k_proj", kv, d),
-            ("self_attn.v_proj", kv, d),
-            ("self_attn.o_proj", d, q),
-            ("mlp.gate_proj", shape.ffn, d),
-            ("mlp.up_proj", shape.ffn, d),
-            ("mlp.down_proj", d, shape.ffn),
-        ] {
-            let w = uniform(out, inp)?;
-            quantized(&format!("{p}.{n}"), w, &mut tensors)?;
+
+    /// The float32 values of `p` (a norm: its scale, whatever the layout
+    /// stores).
+    fn values(&mut self, p: &Part) -> Result<Array> {
+        let a = (3.0 / p.inp.max(1) as f32).sqrt();
+        Ok(match p.kind {
+            Kind::Weight => self.uniform(&[p.out as i32, p.inp as i32], a)?,
+            Kind::Embedding => {
+                // Special tokens' rows shrunk: they never win.
+                let mut rows = vec![1.0f32; p.out];
+                for r in rows.iter_mut().skip(p.out - SPECIALS.len()) {
+                    *r = 0.05;
+                }
+                let w = self.uniform(&[p.out as i32, p.inp as i32], a)?;
+                ops::multiply(&w, &Array::from_f32(&rows, &[p.out as i32, 1])?)?
+            }
+            Kind::Norm(s) => Array::from_f32(&vec![s; p.out], &[p.out as i32])?,
+            Kind::Bias => self.uniform(&[p.out as i32], 0.5)?,
+        })
+    }
+}
+
+/// Writes the random llama checkpoint of `shape` into `dir`.
+pub fn write(shape: Shape, seed: u64, dir: &Path) -> Result<()> {
+    write_hf(shape, Family::Llama, seed, dir)
+}
+
+/// Writes a random `family` checkpoint of `shape` at `out`: a GGUF file
+/// where `gguf`, else an HF directory.
+pub fn write_model(shape: Shape, family: Family, seed: u64, out: &Path, gguf: bool) -> Result<()> {
+    let divides = matches!(family, Family::Qwen2 | Family::Phi3);
+    if divides && shape.heads * shape.head_dim != shape.hidden {
+        bail!(
+            "{}'s head size is hidden / heads; shape {} differs",
+            family.name(),
+            shape.name
+        );
+    }
+    match gguf {
+        true => write_gguf(shape, family, seed, out),
+        false => write_hf(shape, family, seed, out),
+    }
+}
+
+/// The HF directory: 4-bit weights (MLX's groups of 64), float norms and
+/// biases, config.json, a byte-level tokenizer.
+fn write_hf(shape: Shape, family: Family, seed: u64, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tensors: Vec<(String, Array)> = Vec::new();
+    let mut draw = Draw { seed, i: 0 };
+    for p in parts(shape, family) {
+        let x = draw.values(&p)?;
+        match p.kind {
+            Kind::Weight | Kind::Embedding => quantized(&p.hf, x, &mut tensors)?,
+            // Gemma's HF norms hold w for a scale of 1 + w.
+            Kind::Norm(_) if family == Family::Gemma3 => {
+                let w = ops::subtract(&x, &Array::scalar(1.0)?)?;
+                tensors.push((format!("{}.weight", p.hf), w));
+            }
+            Kind::Norm(_) => tensors.push((format!("{}.weight", p.hf), x)),
+            Kind::Bias => tensors.push((p.hf, x)),
         }
-        tensors.push((format!("{p}.input_layernorm.weight"), ones(1.0)?));
-        tensors.push((format!("{p}.post_attention_layernorm.weight"), ones(1.0)?));
     }
-    // Logits over whole units.
-    tensors.push(("model.norm.weight".into(), ones(12.0)?));
     io::save_safetensors(
         &dir.join("model.safetensors"),
         &tensors,
         &[("format".into(), "mlx".into())],
     )
     .context("writing model.safetensors")?;
+    let config = hf_config(shape, family, seed);
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
+    write_tokenizer(dir, shape.vocab)
+}
 
-    let eos = (v - 1) as u32;
-    let config = serde_json::json!({
+/// config.json of a random checkpoint, as the family's HF configs (and
+/// mlx-lm's model classes) state it.
+fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
+    let eos = (shape.vocab - 1) as u32;
+    let mut config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": d,
+        "hidden_size": shape.hidden,
         "num_hidden_layers": shape.layers,
         "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads,
         "head_dim": shape.head_dim,
         "intermediate_size": shape.ffn,
-        "vocab_size": v,
+        "vocab_size": shape.vocab,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
+        "rope_theta": family.rope_theta(),
         "max_position_embeddings": 4096,
         "tie_word_embeddings": true,
         "hidden_act": "silu",
         "attention_bias": false,
         "eos_token_id": eos,
         "quantization": {"group_size": GROUP, "bits": BITS},
-        "specd_random": {"shape": shape.name, "seed": seed, "parameters": shape.parameters()},
+        "specd_random": {"shape": shape.name, "arch": family.name(), "seed": seed,
+            "parameters": shape.parameters()},
     });
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_string_pretty(&config)?,
-    )?;
-    write_tokenizer(dir, v)
+    let (factor, low, high, original) = LLAMA3_SCALING;
+    let extra = match family {
+        Family::Llama => serde_json::json!({}),
+        Family::Llama3 => serde_json::json!({
+            "max_position_embeddings": 131072,
+            "rope_scaling": {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                "high_freq_factor": high, "original_max_position_embeddings": original},
+        }),
+        Family::Qwen2 => serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rms_norm_eps": 1e-6,
+            "sliding_window": 4096, "use_sliding_window": false,
+        }),
+        Family::Qwen3 => serde_json::json!({
+            "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6,
+        }),
+        Family::Phi3 => serde_json::json!({
+            "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+            "tie_word_embeddings": false, "sliding_window": 2047,
+            "original_max_position_embeddings": 4096, "rope_scaling": null,
+        }),
+        Family::Gemma3 => serde_json::json!({
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+            "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": shape.head_dim, "rope_local_base_freq": 10000.0,
+            "sliding_window": 512, "sliding_window_pattern": 6, "rope_scaling": null,
+        }),
+    };
+    if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    config
+}
+
+/// The GGUF file: llama.cpp's tensor names and metadata, Q4_1 weights, a
+/// Q8_0 embedding (tied head), float32 norms and biases, the tokenizer.
+fn write_gguf(shape: Shape, family: Family, seed: u64, path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let parts = parts(shape, family);
+    let ty = |p: &Part| match p.kind {
+        Kind::Embedding => ggml_type::Q8_0,
+        Kind::Weight if p.inp.is_multiple_of(32) => ggml_type::Q4_1,
+        _ => ggml_type::F32,
+    };
+    let name = |p: &Part| match p.kind {
+        Kind::Bias => p.gguf.clone(),
+        _ => format!("{}.weight", p.gguf),
+    };
+    let dims = |p: &Part| match p.inp {
+        0 => vec![p.out as u64],
+        inp => vec![inp as u64, p.out as u64],
+    };
+    let rope_freqs = (family == Family::Llama3).then(|| {
+        let (factor, low, high, original) = LLAMA3_SCALING;
+        let base = family.rope_theta();
+        crate::llama::rope::llama3(factor, low, high, original, shape.head_dim, base)
+    });
+    let mut table: Vec<(String, Vec<u64>, u32)> =
+        parts.iter().map(|p| (name(p), dims(p), ty(p))).collect();
+    if let Some(f) = &rope_freqs {
+        table.push((
+            "rope_freqs.weight".into(),
+            vec![f.len() as u64],
+            ggml_type::F32,
+        ));
+    }
+    let mut w = GgufWriter::create(path, &gguf_metadata(shape, family, seed), table)?;
+    let mut draw = Draw { seed, i: 0 };
+    for p in &parts {
+        let x = draw.values(p)?.to_vec_f32()?;
+        let bytes = match ty(p) {
+            ggml_type::Q8_0 => ggml::encode_q8_0(&x),
+            ggml_type::Q4_1 => ggml::encode_q4_1(&x),
+            _ => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        w.tensor(&name(p), &bytes)?;
+    }
+    if let Some(f) = &rope_freqs {
+        let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.tensor("rope_freqs.weight", &bytes)?;
+    }
+    w.finish()
+}
+
+/// A random GGUF's metadata: the architecture's keys as llama.cpp's
+/// converter writes them, and the byte-level tokenizer.
+fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufValue)> {
+    let a = family.gguf_arch();
+    let u = |x: usize| GgufValue::U32(x as u32);
+    let s = |x: &str| GgufValue::String(x.into());
+    let mut kv: Vec<(String, GgufValue)> = vec![
+        ("general.architecture".into(), s(a)),
+        (
+            "general.name".into(),
+            // Not the architecture's name: llama.cpp's vocabulary loader
+            // looks up Phi-3's own tokens in a model whose name says phi3.
+            s(&format!("specd random {} seed {seed}", shape.name)),
+        ),
+        ("general.file_type".into(), GgufValue::U32(3)), // mostly Q4_1
+    ];
+    let eps = if family == Family::Llama { 1e-5 } else { 1e-6 };
+    let mut arch_kv = vec![
+        ("context_length", u(4096)),
+        ("embedding_length", u(shape.hidden)),
+        ("block_count", u(shape.layers)),
+        ("feed_forward_length", u(shape.ffn)),
+        ("attention.head_count", u(shape.heads)),
+        ("attention.head_count_kv", u(shape.kv_heads)),
+        ("attention.layer_norm_rms_epsilon", GgufValue::F32(eps)),
+        ("rope.freq_base", GgufValue::F32(family.rope_theta())),
+        ("rope.dimension_count", u(shape.head_dim)),
+        ("attention.key_length", u(shape.head_dim)),
+        ("attention.value_length", u(shape.head_dim)),
+        ("vocab_size", u(shape.vocab)),
+    ];
+    match family {
+        Family::Gemma3 => arch_kv.push(("attention.sliding_window", u(512))),
+        Family::Phi3 => arch_kv.push(("attention.sliding_window", u(2047))),
+        _ => {}
+    }
+    kv.extend(arch_kv.into_iter().map(|(k, v)| (format!("{a}.{k}"), v)));
+    let tokens = vocabulary(shape.vocab);
+    let plain = shape.vocab - SPECIALS.len();
+    // llama.cpp's token types: 1 normal, 3 control.
+    let types = (0..shape.vocab)
+        .map(|i| if i < plain { 1 } else { 3 })
+        .collect();
+    kv.extend([
+        ("tokenizer.ggml.model".into(), s("gpt2")),
+        ("tokenizer.ggml.pre".into(), s("default")),
+        (
+            "tokenizer.ggml.tokens".into(),
+            GgufValue::Array(GgufArray::String(tokens)),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            GgufValue::Array(GgufArray::I32(types)),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            GgufValue::Array(GgufArray::String(vec![])),
+        ),
+        ("tokenizer.ggml.eos_token_id".into(), u(shape.vocab - 1)),
+        ("tokenizer.ggml.padding_token_id".into(), u(plain)),
+        (
+            "tokenizer.ggml.add_bos_token".into(),
+            GgufValue::Bool(false),
+        ),
+        (
+            "tokenizer.chat_template".into(),
+            s(specd_text::CHATML_TEMPLATE),
+        ),
+    ]);
+    kv
 }
 
 /// `w` as MLX's 4-bit groups of 64 (`NAME.weight`, `.scales`, `.biases`,
@@ -192,27 +594,36 @@ fn quantized(name: &str, w: Array, tensors: &mut Vec<(String, Array)>) -> Result
     Ok(())
 }
 
-/// A byte-level BPE with no merges: the 256 byte tokens, then as many
-/// two-byte tokens as the vocabulary has room for (decodable, never
-/// produced by encoding), then the special tokens, ChatML's template.
-fn write_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
+/// The tokens of a byte-level BPE with no merges: the 256 byte tokens,
+/// then as many two-byte tokens as the vocabulary has room for
+/// (decodable, never produced by encoding), then the special tokens.
+fn vocabulary(vocab: usize) -> Vec<String> {
     let bytes = specd_text::tokenizer::bytes_to_unicode();
     let plain = vocab - SPECIALS.len();
     let singles = bytes.iter().map(|b| b.to_string());
     let pairs = bytes
         .iter()
         .flat_map(|a| bytes.iter().map(move |b| format!("{a}{b}")));
-    let mut entries: serde_json::Map<String, serde_json::Value> = singles
+    singles
         .chain(pairs)
         .take(plain)
+        .chain(SPECIALS.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+/// [`vocabulary`] as tokenizer.json, ChatML's template.
+fn write_tokenizer(dir: &Path, vocab: usize) -> Result<()> {
+    let plain = vocab - SPECIALS.len();
+    let tokens = vocabulary(vocab);
+    let entries: serde_json::Map<String, serde_json::Value> = tokens
+        .iter()
         .enumerate()
-        .map(|(i, t)| (t, i.into()))
+        .map(|(i, t)| (t.clone(), i.into()))
         .collect();
     let added: Vec<serde_json::Value> = SPECIALS
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            entries.insert(t.to_string(), (plain + i).into());
             serde_json::json!({"id": plain + i, "content": t, "single_word": false,
                 "lstrip": false, "rstrip": false, "normalized": false, "special": true})
         })

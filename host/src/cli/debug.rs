@@ -15,8 +15,11 @@
 //!   an MTP head's first-step rows over the ids (the target's features
 //!   from one forward): `{"argmax": [...]}` (target ids), with `--logits`
 //!   every row's logits over the draft vocabulary too.
-//! - `specd debug random-model [--shape tiny|small|1b] [--seed N] --out DIR`
-//!   writes a random-weight 4-bit llama checkpoint (`model::random`).
+//! - `specd debug random-model [--arch llama|llama3|qwen2|qwen3|phi3|gemma3]
+//!   [--shape tiny|small|1b] [--seed N] [--gguf] --out PATH` writes a
+//!   random-weight checkpoint of that architecture (`model::random`): a
+//!   4-bit HF directory, or with `--gguf` a GGUF file as llama.cpp's
+//!   converter names it (Q4_1, Q8_0 embedding).
 //! - `specd debug weights --gguf FILE --tensor NAME --out OUT [--rows N]`
 //!   loads one tensor the way the model loader does (decoded, packed for
 //!   the kernels) and writes the weights the kernels run on, read back from
@@ -42,7 +45,8 @@ pub enum DebugCmd {
     /// Token ids of texts (a JSON list of strings), as the model's prompt
     /// encoding makes them; writes a JSON list of id lists.
     Tokenize(TokenizeArgs),
-    /// Writes a random-weight 4-bit llama checkpoint of a named shape.
+    /// Writes a random-weight checkpoint of an architecture and a named
+    /// shape (4-bit HF directory, or a Q4_1 GGUF).
     RandomModel(RandomModelArgs),
     /// An MTP head's first-step rows over token ids: per position i, its
     /// logits argmax (a target token id) reading the target's feature f_i
@@ -69,12 +73,21 @@ pub struct MtpArgs {
 
 #[derive(Args)]
 pub struct RandomModelArgs {
-    /// `tiny`, `small` or `1b` (host/src/model/random.rs).
+    /// `llama`, `llama3` (Llama 3.2's rope scaling), `qwen2`, `qwen3`, `phi3`
+    /// or `gemma3`.
+    #[arg(long, default_value = "llama")]
+    arch: String,
+    /// `tiny`, `small` or `1b` (host/model/src/random.rs).
     #[arg(long, default_value = "tiny")]
     shape: String,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// The directory to write (config.json, model.safetensors, tokenizer).
+    /// Write a GGUF file (Q4_1 weights, Q8_0 embedding) instead of a
+    /// 4-bit HF directory.
+    #[arg(long)]
+    gguf: bool,
+    /// The directory (config.json, model.safetensors, tokenizer) or, with
+    /// `--gguf`, the file to write.
     #[arg(long)]
     out: PathBuf,
 }
@@ -253,12 +266,16 @@ pub fn run(cmd: DebugCmd, load: Load) -> Result<()> {
             )
         }
         DebugCmd::RandomModel(a) => {
-            let shape = crate::model::random::Shape::named(&a.shape)?;
-            crate::model::random::write(shape, a.seed, &a.out)?;
+            use crate::model::random;
+            let shape = random::Shape::named(&a.shape)?;
+            let family = random::Family::named(&a.arch)?;
+            random::write_model(shape, family, a.seed, &a.out, a.gguf)?;
             eprintln!(
-                "wrote a random {} llama ({:.2}M parameters, 4-bit) to {}",
+                "wrote a random {} {} ({:.2}M parameters, {}) to {}",
                 shape.name,
+                family.name(),
                 shape.parameters() as f64 / 1e6,
+                if a.gguf { "Q4_1 GGUF" } else { "4-bit" },
                 a.out.display()
             );
             Ok(())

@@ -23,7 +23,7 @@
 //! windowed attention) from [`Llama`].
 use super::{halves, Layer, Llama, Probe};
 use crate::cache::LayerCache;
-use specd_mlx::{fast, kernels, ops, Array, Result};
+use specd_mlx::{kernels, ops, Array, Result};
 
 /// Gemma 3's norms on the attention output and on the MLP output, before
 /// the residual (GGUF weights: Gemma's `1 + w` already folded in by the
@@ -37,18 +37,6 @@ pub struct PostNorms {
 /// One sequence's part of a Gemma 3 layer: its cache of the layer, and its
 /// rows (first, count) among the step's.
 pub(crate) type SeqSpan<'a> = (&'a mut Box<dyn LayerCache>, (i32, i32));
-
-/// Heads `[1, T, n, hd]` rotated for positions `offset..` with `base`,
-/// returned as `[1, n, T, hd]` (NEOX layout: Gemma's GGUF q/k are not
-/// permuted).
-fn rope_with(m: &Llama, y: &Array, base: f32, offset: i32) -> Result<Array> {
-    let (hd, trad) = (m.config.head_dim as i32, m.config.rope_traditional);
-    if m.own_kernels {
-        kernels::rope_heads(y, hd, trad, base, 1.0, offset)
-    } else {
-        fast::rope(&y.transpose(&[0, 2, 1, 3])?, hd, trad, base, 1.0, offset)
-    }
-}
 
 /// `gelu_tanh(g) * u`, with 0.5 x (1 + tanh z) written as x sigmoid(2z).
 fn geglu(m: &Llama, g: &Array, u: &Array) -> Result<Array> {
@@ -102,8 +90,8 @@ pub(crate) fn layer(
         };
         let offset = cache.offset() as i32;
         let heads = |y: &Array, n: i32| part(y)?.reshape(&[1, rows, n, hd]);
-        let q = rope_with(m, &heads(&q, nh)?, base, offset)?;
-        let k = rope_with(m, &heads(&k, nkv)?, base, offset)?;
+        let q = m.rotate(&heads(&q, nh)?, base, offset)?;
+        let k = m.rotate(&heads(&k, nkv)?, base, offset)?;
         let v = part(&v)?
             .reshape(&[1, rows, nkv, hd])?
             .transpose(&[0, 2, 1, 3])?;

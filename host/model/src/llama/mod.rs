@@ -6,6 +6,8 @@
 //! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
 //! attention). See [`WeightMode`].
 pub mod gemma3;
+pub mod phi3;
+pub mod rope;
 
 use self::gemma3::PostNorms;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
@@ -513,13 +515,7 @@ impl Llama {
     pub fn rope_heads(&self, y: &Array, n: i32, offset: i32) -> Result<Array> {
         let c = &self.config;
         let (t, hd) = (y.dim(1), c.head_dim as i32);
-        let y = y.reshape(&[1, t, n, hd])?;
-        let (trad, base) = (c.rope_traditional, c.rope_theta);
-        if self.own_kernels {
-            kernels::rope_heads(&y, hd, trad, base, 1.0, offset)
-        } else {
-            fast::rope(&y.transpose(&[0, 2, 1, 3])?, hd, trad, base, 1.0, offset)
-        }
+        self.rotate(&y.reshape(&[1, t, n, hd])?, c.rope_theta, offset)
     }
 
     /// `silu(g) * u`.
@@ -554,14 +550,8 @@ impl Llama {
         let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
         if let (true, Some(Linear::Quantized(f))) = (plain, &l.qkv) {
             if f.packed.is_some() {
-                let rope = kernels::RopeSpec {
-                    cols: nq + nk,
-                    head_dim: hd,
-                    traditional: c.rope_traditional,
-                    base: c.rope_theta,
-                    offset,
-                };
-                let y = f.forward_normed_rope(x, &l.attn_norm, c.rms_norm_eps, rope)?;
+                let y =
+                    f.forward_normed_rope(x, &l.attn_norm, c.rms_norm_eps, self.rope(offset))?;
                 probe("norm + q/k/v matmuls + rope", &[&y])?;
                 return Ok((
                     heads(&cols(&y, 0, nq)?, nh)?,
@@ -681,20 +671,6 @@ impl Llama {
                 Some(f)
             }
             _ => None,
-        }
-    }
-
-    /// How the fused q/k/v matmul rotates q and k (`offset`: the first
-    /// row's position, where one sequence).
-    fn rope(&self, offset: i32) -> kernels::RopeSpec {
-        let c = &self.config;
-        let (nh, nkv, hd) = self.head_counts();
-        kernels::RopeSpec {
-            cols: (nh + nkv) * hd,
-            head_dim: hd,
-            traditional: c.rope_traditional,
-            base: c.rope_theta,
-            offset,
         }
     }
 
