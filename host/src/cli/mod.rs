@@ -182,7 +182,7 @@ enum Command {
     /// Inspect policy components.
     #[command(subcommand)]
     Policy(PolicyCmd),
-    /// Benchmarks: decode, spec, serve, anchors, blas (`specd-tools`).
+    /// Benchmarks: decode, spec, serve, ppl, anchors, blas (`specd-tools`).
     #[command(disable_help_flag = true)]
     Bench(Tool),
     /// Where the time of one plain decode step (or one verify) goes
