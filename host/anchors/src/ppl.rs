@@ -197,7 +197,11 @@ pub fn table(p: &PplOptions, rows: &[PplRow]) -> String {
             }
         }
     }
-    let ppl = |n: &str| rows.iter().find(|r| r.engine == n).and_then(|r| r.perplexity);
+    let ppl = |n: &str| {
+        rows.iter()
+            .find(|r| r.engine == n)
+            .and_then(|r| r.perplexity)
+    };
     if let (Some(a), Some(b)) = (ppl("ours"), ppl("llama.cpp")) {
         s += &format!("\nours / llama.cpp: {:.4}\n", a / b);
     }

@@ -179,4 +179,3 @@ pub fn run_anchor(
         None,
     ))
 }
-

@@ -42,7 +42,12 @@ pub struct Protocol {
 
 /// The chunks of `tokens` the protocol scores: whole chunks of `ctx`
 /// tokens, the first one BOS where `bos` is given.
-pub fn chunks_of(tokens: &[u32], ctx: usize, max: Option<usize>, bos: Option<u32>) -> Vec<Vec<u32>> {
+pub fn chunks_of(
+    tokens: &[u32],
+    ctx: usize,
+    max: Option<usize>,
+    bos: Option<u32>,
+) -> Vec<Vec<u32>> {
     let n = (tokens.len() / ctx).min(max.unwrap_or(usize::MAX));
     (0..n)
         .map(|c| {
@@ -78,11 +83,7 @@ pub fn score_row(row: &[f32], next: u32, k: usize) -> Scored {
     let mut idx: Vec<u32> = (0..row.len() as u32).collect();
     let k = k.min(row.len()).max(1);
     // Ties by id, so the order is a function of the row alone.
-    let cmp = |a: &u32, b: &u32| {
-        row[*b as usize]
-            .total_cmp(&row[*a as usize])
-            .then(a.cmp(b))
-    };
+    let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     idx.select_nth_unstable_by(k - 1, cmp);
     let mut top: Vec<u32> = idx[..k].to_vec();
     top.sort_by(cmp);
@@ -133,7 +134,10 @@ pub fn kl_row(base: &Scored, row: &[f32]) -> (f64, bool) {
             }
         })
         .0;
-    (kl.max(0.0), base.top.first().map(|t| t.0 as usize) == Some(argmax))
+    (
+        kl.max(0.0),
+        base.top.first().map(|t| t.0 as usize) == Some(argmax),
+    )
 }
 
 /// Perplexity and its standard error from the tokens' nll, as
@@ -220,7 +224,8 @@ fn write_saved(path: &Path, h: &SavedHeader, chunks: &[Vec<u32>], rows: &[Scored
             out.extend_from_slice(&lp.to_le_bytes());
         }
     }
-    let mut f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     f.write_all(&out)
         .with_context(|| format!("writing {}", path.display()))
 }
@@ -292,7 +297,11 @@ pub fn mode_of(e: &Engine) -> String {
         true => "mlx kernels",
         false => "specd kernels",
     };
-    let kv = if e.switches.kv_f16 { "f16 KV" } else { "f32 KV" };
+    let kv = if e.switches.kv_f16 {
+        "f16 KV"
+    } else {
+        "f32 KV"
+    };
     format!("{}, {kernels}, {kv}", e.weights.name())
 }
 
@@ -306,7 +315,10 @@ pub fn run(
     base: Option<&PathBuf>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
-    ensure!(p.ctx >= 4, "--ctx must be at least 4 (half of it is scored)");
+    ensure!(
+        p.ctx >= 4,
+        "--ctx must be at least 4 (half of it is scored)"
+    );
     ensure!(
         p.ctx <= e.context_length(),
         "--ctx {} is over the model's context length of {} tokens",
@@ -428,7 +440,11 @@ pub fn run(
             base_perplexity: base_ppl,
             ppl_ratio: (mean_nll - base_mean).exp(),
             kl_mean,
-            kl_mean_stderr: if n > 1.0 { (kl_var / (n - 1.0)).sqrt() } else { 0.0 },
+            kl_mean_stderr: if n > 1.0 {
+                (kl_var / (n - 1.0)).sqrt()
+            } else {
+                0.0
+            },
             kl_p99: percentile(&sorted, 0.99),
             kl_max: *sorted.last().unwrap_or(&0.0),
             top1_agreement: same as f64 / n,
@@ -505,7 +521,10 @@ mod tests {
         assert_eq!(c[0], vec![1, 11, 12, 13, 14, 15, 16, 17]);
         assert_eq!(c[1][0], 1);
         assert_eq!(c[1][1], 19);
-        assert_eq!(chunks_of(&t, 8, Some(1), None), vec![(10..18).collect::<Vec<_>>()]);
+        assert_eq!(
+            chunks_of(&t, 8, Some(1), None),
+            vec![(10..18).collect::<Vec<_>>()]
+        );
     }
 
     #[test]
@@ -555,4 +574,3 @@ mod tests {
         assert!((s.rows[0].nll - rows[0].nll).abs() < 1e-6);
     }
 }
-
