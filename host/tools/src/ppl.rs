@@ -494,7 +494,7 @@ pub fn text(r: &Report) -> String {
     );
     if let Some(d) = &r.divergence {
         s += &format!(
-            "against {} (perplexity {:.4}):\n  perplexity ratio: {:.4}\n  mean KL divergence: {:.6} +/- {:.6}\n  99th percentile KL: {:.6}\n  max KL: {:.6}\n  top-1 agreement: {:.2}%\n  (KL over the base's top {} tokens and the rest)\n",
+            "against {} (perplexity {:.4}):\n  perplexity ratio: {:.4}\n  mean KL divergence: {:.4e} +/- {:.1e}\n  99th percentile KL: {:.4e}\n  max KL: {:.4e}\n  top-1 agreement: {:.2}%\n  (KL over the base's top {} tokens and the rest)\n",
             d.base,
             d.base_perplexity,
             d.ppl_ratio,
