@@ -6,9 +6,10 @@ weights modes measured with it (docs/benchmarks.md, "Accuracy").
   `specd debug logits --all` of the same chunks (with and without BOS), and
   `--base`'s KL divergence, top-1 agreement and perplexity ratio equal
   numpy's over two modes' logits: the protocol itself is checked.
-- On the default model over the start of tests/data/hamlet.txt: `quantized`
-  within 0.5% of llama.cpp's perplexity (llama-cpp-python's logits of every
-  position, `specd bench anchors --ppl`), and `--weights int8` within a
+- On the default model over the start of tests/data/hamlet.txt (4 chunks):
+  llama.cpp's perplexity (llama-cpp-python's logits of every position,
+  `specd bench anchors --ppl`) within 0.5% of `int8`'s (the same 8-bit
+  method) and 1% of `quantized`'s, and `--weights int8` within a
   perplexity ratio of 1.006 of `quantized` over those 4 chunks (1.0011 over
   20: the issue's 1.003), mean KL <= 0.005 and >= 94%
   top-1 agreement (llama.cpp's 8-bit method gives about the same).
@@ -177,8 +178,14 @@ def default_runs(tmp_path_factory):
     return json.loads((d / "q.json").read_text()), json.loads((d / "i.json").read_text())
 
 
-def test_quantized_is_llama_cpp_s_perplexity(default_runs):
-    q, _ = default_runs
+def test_llama_cpp_s_perplexity_is_ours(default_runs):
+    """llama.cpp multiplies with 8-bit activations (Q8_1, Q8_0 for the
+    head) on an f16 KV cache, as `int8` does: within 0.5% of `int8` (0.30%
+    measured over these 4 chunks). `quantized` (float activations) within
+    1%: llama.cpp's own 8-bit rounding moves its perplexity by 0.69% from
+    `quantized` over these 1,020 tokens (`scripts/int8-reference.py`
+    against the saved `quantized` run; mean KL 0.0022, like `int8`'s)."""
+    q, i = default_runs
     r = specd("bench", "anchors", "--no-install", "--json", "--only", "ours,llama.cpp", "--ppl", HAMLET,
               "--ppl-chunks", CHUNKS)
     rows = {row["engine"]: row for row in json.loads(r.stdout)}
@@ -187,7 +194,8 @@ def test_quantized_is_llama_cpp_s_perplexity(default_runs):
     assert llama["same_tokens"] is True, llama
     assert llama["tokens_scored"] == ours["tokens_scored"] == q["tokens_scored"] == CHUNKS * 255
     assert abs(ours["perplexity"] - q["perplexity"]) < 1e-9
-    assert abs(q["perplexity"] / llama["perplexity"] - 1) < 0.005, (q["perplexity"], llama)
+    assert abs(i["perplexity"] / llama["perplexity"] - 1) < 0.005, (i["perplexity"], llama)
+    assert abs(q["perplexity"] / llama["perplexity"] - 1) < 0.01, (q["perplexity"], llama)
 
 
 def test_int8_is_as_accurate_as_llama_cpp_s_8_bit_path(default_runs):
