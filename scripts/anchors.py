@@ -8,6 +8,7 @@ token ids, token count and thread count it uses for itself:
     python anchors.py check ENGINE            # exit 0 when ENGINE is importable
     python anchors.py install ENGINE          # pip install ENGINE into this python
     python anchors.py run ENGINE < CONFIG     # measure; one JSON object on stdout
+    python anchors.py ppl llama.cpp < CONFIG  # perplexity (below)
 
 ENGINE is `mlx-lm` (a Hugging Face directory, e.g. from `specd convert`) or
 `llama.cpp` (llama-cpp-python on the GGUF file). CONFIG is JSON:
@@ -26,6 +27,18 @@ The output: {"engine", "version", "threads", "load_seconds",
 "prefill": {"prompt_tokens", "seconds", "tokens_per_second", "reps"},
 "decode": {"prompt_tokens", "generated_tokens", "seconds", "tokens_per_second"},
 "tokens": [generated ids]}, or {"engine", "error", "install"} with exit 1.
+
+`ppl` runs llama-perplexity's protocol through llama-cpp-python's API (the
+pinned version ships no perplexity tool, but returns every position's
+logits with logits_all=True): CONFIG {"model": GGUF, "file": TEXT, "ctx": C,
+"chunks": N or null, "threads": T, "tokens": [specd's ids of TEXT]}. The
+text is tokenized once by llama.cpp (BOS first where the model adds it), the
+tail shorter than C dropped, each chunk of C tokens run from an empty cache
+(its first token BOS where the model adds it), the logits at C/2 .. C-2
+score the next token; ppl = exp(mean nll), stderr sd(nll)/sqrt(n-1) ppl.
+Output: {"engine", "version", "perplexity", "stderr", "tokens_scored",
+"chunks", "ctx", "bos", "seconds", "same_tokens"} (same_tokens: llama.cpp's
+ids of the text equal specd's).
 """
 from __future__ import annotations
 
@@ -225,6 +238,70 @@ def run_llama_cpp(cfg: dict) -> dict:
     return r
 
 
+def ppl_llama_cpp(cfg: dict) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    ctx = int(cfg["ctx"])
+    no_amx = llama_cpp_without_amx(llama_cpp)
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(
+        model_path=cfg["model"],
+        n_ctx=ctx,
+        n_batch=ctx,
+        n_ubatch=ctx,
+        n_threads=cfg["threads"],
+        n_threads_batch=cfg["threads"],
+        n_gpu_layers=0,
+        logits_all=True,
+        seed=0,
+        verbose=False,
+    )
+    text = open(cfg["file"], encoding="utf-8").read()
+    # add_bos=True is llama.cpp's add_special: BOS only where the model adds it.
+    tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+    bos = llm.tokenize(b"", add_bos=True, special=False)
+    bos_id = bos[0] if bos else None
+    n_chunks = len(tokens) // ctx
+    if cfg.get("chunks"):
+        n_chunks = min(n_chunks, int(cfg["chunks"]))
+    if n_chunks < 1:
+        raise ValueError(f"{cfg['file']} is {len(tokens)} tokens, less than one chunk of {ctx}")
+    first = ctx // 2
+    nll = []
+    for c in range(n_chunks):
+        ids = list(tokens[c * ctx:(c + 1) * ctx])
+        if bos_id is not None:
+            ids[0] = bos_id
+        llm.reset()
+        llm.eval(ids)
+        logits = np.asarray(llm.scores[first:ctx - 1], dtype=np.float64)
+        m = logits.max(axis=1, keepdims=True)
+        lse = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1)))
+        nxt = np.asarray(ids[first + 1:ctx])
+        nll.extend((lse - logits[np.arange(len(nxt)), nxt]).tolist())
+        print(f"llama.cpp ppl: [{c + 1}/{n_chunks}] {float(np.exp(np.mean(nll))):.4f}", file=sys.stderr)
+    v = np.asarray(nll)
+    ppl = float(np.exp(v.mean()))
+    var = float((v * v).mean() - v.mean() ** 2)
+    err = float(np.sqrt(var / (len(v) - 1)) * ppl) if var > 0 and len(v) > 1 else 0.0
+    out = {
+        "engine": "llama.cpp",
+        "version": llama_cpp.__version__,
+        "perplexity": ppl,
+        "stderr": err,
+        "tokens_scored": len(v),
+        "chunks": n_chunks,
+        "ctx": ctx,
+        "bos": bos_id is not None,
+        "seconds": time.perf_counter() - t0,
+        "same_tokens": list(tokens) == list(cfg.get("tokens") or []),
+    }
+    if no_amx:
+        out["backend_note"] = "AMX repacking off (wrong Q4 logits upstream, llama.cpp #16315)"
+    return out
+
+
 def result(engine, version, cfg, load_seconds, prefill_s, tokens, decode_s) -> dict:
     n_long = len(cfg["prefill_prompt"])
     return {
@@ -249,7 +326,7 @@ def result(engine, version, cfg, load_seconds, prefill_s, tokens, decode_s) -> d
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("check", "install", "run") or argv[2] not in PIP:
+    if len(argv) != 3 or argv[1] not in ("check", "install", "run", "ppl") or argv[2] not in PIP:
         print(__doc__, file=sys.stderr)
         return 2
     cmd, engine = argv[1], argv[2]
@@ -276,7 +353,12 @@ def main(argv: list[str]) -> int:
     try:
         cfg = json.load(sys.stdin)
         cfg.setdefault("reps", 3)
-        out = run_mlx_lm(cfg) if engine == "mlx-lm" else run_llama_cpp(cfg)
+        if cmd == "ppl":
+            if engine != "llama.cpp":
+                raise ValueError(f"no perplexity driver for {engine}: llama.cpp only")
+            out = ppl_llama_cpp(cfg)
+        else:
+            out = run_mlx_lm(cfg) if engine == "mlx-lm" else run_llama_cpp(cfg)
     except Exception as e:
         traceback.print_exc()
         print(json.dumps({"engine": engine, "error": f"{type(e).__name__}: {e}", "install": install_hint(engine)}))

@@ -7,6 +7,8 @@
 //! (llama-cpp-python compiles llama.cpp: minutes). This binary, not the
 //! server's, holds those drivers.
 mod anchors;
+mod ppl;
+mod python;
 mod serve;
 
 use anyhow::{Context, Result};
@@ -65,6 +67,18 @@ struct Args {
     /// With --serve: comma-separated concurrencies.
     #[arg(long, default_value = "1,2,4,8")]
     concurrency: String,
+    /// Instead of the speed table: our perplexity over this text next to
+    /// llama.cpp's on the same GGUF (llama-perplexity's protocol; `specd
+    /// bench ppl` for one mode with divergences). `--only` picks ours
+    /// and/or llama.cpp.
+    #[arg(long, value_name = "FILE")]
+    ppl: Option<std::path::PathBuf>,
+    /// With --ppl: tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    ppl_ctx: usize,
+    /// With --ppl: at most this many chunks (default: the whole text).
+    #[arg(long)]
+    ppl_chunks: Option<usize>,
     /// With --serve: `bench serve --json` rows of specd from the same run,
     /// printed next to mlx-lm's with the ratio per concurrency.
     #[arg(long)]
@@ -168,6 +182,23 @@ fn run(a: Args) -> Result<()> {
     }
     let policies = specd::cli::policy_host(None)?;
     let e = specd::engine::Engine::load(&a.model, &path, policies, a.weights.unwrap_or_default())?;
+    if let Some(file) = &a.ppl {
+        let p = ppl::PplOptions {
+            file: file.clone(),
+            ctx: a.ppl_ctx,
+            chunks: a.ppl_chunks,
+        };
+        let rows = ppl::run(&e, &opts, &p, &mut |m| eprintln!("bench anchors: {m}"))?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        } else {
+            print!("{}", ppl::table(&p, &rows));
+        }
+        if let Some(r) = rows.iter().find(|r| r.error.is_some()) {
+            anyhow::bail!("{} could not run (see the report)", r.engine);
+        }
+        return Ok(());
+    }
     let report = anchors::run(e, &opts, &mut |m| eprintln!("bench anchors: {m}"))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -169,6 +169,32 @@ void quantize_x(const float* x, int M, int K, int bits, int8_t* xq, float* xd) {
     }
 }
 
+// With 8-bit activations, the sums that carry the weights' affine bias
+// (y = sum_g s_g (q . x)_g + b_g sum_g x) are those of the 8-bit x, not of
+// the float x: xs[g] = sum over g's blocks of xd * (the block's integer
+// sum), as llama.cpp's Q8_1 blocks keep s = d * sum(q). Then y is exactly
+// the dequantized weights times the dequantized x. With the float sums
+// instead, the bias term is b_g sum(x) while the scale term sees x rounded,
+// so every output carries b_g times the block's summed rounding error: b is
+// about -8 s for Q4_0/Q4_1 (values 0..15) and -128 s for Q8_0 (values
+// 0..255, the tied head), far larger than the centred weights' own error
+// (the int8 perplexity gap, docs/benchmarks.md). Integer sums are exact and
+// the float steps go in block order, so every ISA gets the same bits.
+void q8_group_sums(const int8_t* xq, const float* xd, int K, int group, float* xs) {
+  const int per = group / 32;
+  for (int g = 0; g < K / group; g++) {
+    float t = 0.f;
+    for (int bk = 0; bk < per; bk++) {
+      const int blk = g * per + bk;
+      const int8_t* q = xq + (size_t)blk * 32;
+      int32_t s = 0;
+      for (int i = 0; i < 32; i++) s += q[i];
+      t = std::fma(float(s), xd[blk], t);
+    }
+    xs[g] = t;
+  }
+}
+
 // The 8-bit activation formula (qmm_vnni.cc), one lane at a time.
 void qmm_q8_scalar(const QArgs& a, int cb0, int cb1) {
   const int vb = qmm::value_bits(a.bits);
@@ -266,7 +292,7 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
   // Plain pointers: the rows may be prepared on the pool's threads, where
   // these names are that thread's own (thread_local) buffers.
   int8_t* xq0 = xq.data();
-  float *xqd0 = xqd.data(), *xn0 = xn.data();
+  float *xqd0 = xqd.data(), *xn0 = xn.data(), *xs0 = xs.data();
   std::atomic<bool> exact{true};
   const float* xd = prepare_x(
       x, row_off, col, M, K, group, norm_w, eps, glu, dense, xs.data(), [&](int m, const float* xr) {
@@ -280,6 +306,7 @@ void qmm_run(const float* x, const std::vector<int64_t>& row_off, int64_t col, c
 #endif
             default: quantize_x(xr, 1, K, bits, q, d); break;
           }
+          q8_group_sums(q, d, K, group, xs0 + (size_t)m * (K / group));
         }
 #if defined(SPECD_X86_KERNELS)
         if (nibbles && !qmm::scale_nibbles(xr, 1, K, xn0 + (size_t)m * K)) exact = false;

@@ -48,7 +48,7 @@ inline int group_words(int group, int bits) {
 // nibbles) then the odd ones (the high nibbles).
 struct Args {
   const float* x;     // activations [M, K], dense rows
-  const float* xsum;  // per-group sums of x, [M, K / group]
+  const float* xsum;  // per-group sums of x, [M, K / group] (with xq: of the 8-bit x)
   const uint32_t* w;  // packed weights [ceil(N / 16), K / group, group_words]
   const float* r;     // added to y when not null: [M, N], dense rows
   float* y;           // [M, N]

@@ -1347,7 +1347,8 @@ fn qmatmul_int8_activations() {
 /// acc = fma(t, scale, acc) and acc = fma(bias, the group's sum of x, acc).
 /// t is one fma chain over the values in order (float activations,
 /// `qmm_simd.h`), or with `int8` each 32-value block's exact integer sum
-/// times its scale (`qmm_vnni.cc`).
+/// times its scale (`qmm_vnni.cc`), and the sum of x that of the 8-bit x
+/// (`kernels_qmm.cc` `q8_group_sums`).
 fn formula_reference(x: &[f32], m: usize, q: &QWeight, int8: bool) -> Vec<f32> {
     let (bits, group) = (q.bits as usize, q.group as usize);
     let w = q.w.to_vec_u32().unwrap();
@@ -1390,9 +1391,16 @@ fn formula_reference(x: &[f32], m: usize, q: &QWeight, int8: bool) -> Vec<f32> {
                         t = xi.mul_add(value(i) as f32, t);
                     }
                 }
-                let xsum = xr[g * group..(g + 1) * group]
-                    .iter()
-                    .fold(0f32, |a, v| a + v);
+                // The sum the bias multiplies: of x itself, or with `int8`
+                // of the 8-bit x, block by block (each block's exact
+                // integer sum times its scale), as llama.cpp's Q8_1 `s`.
+                let xsum = match int8 {
+                    false => xr[g0..g1].iter().fold(0f32, |a, v| a + v),
+                    true => (g0 / 32..g1 / 32).fold(0f32, |a, blk| {
+                        let qsum: i32 = xq[blk * 32..blk * 32 + 32].iter().sum();
+                        (qsum as f32).mul_add(xd[blk], a)
+                    }),
+                };
                 acc = t.mul_add(s[col * groups + g], acc);
                 acc = b[col * groups + g].mul_add(xsum, acc);
             }

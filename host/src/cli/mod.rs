@@ -32,8 +32,9 @@ struct Cli {
 pub struct Globals {
     /// How quantized weights run: `quantized` (kept as they are, specd's
     /// batch-invariant CPU kernels; the default), `int8` (the same, with
-    /// activations quantized to 8 bits per 32 values: faster, logits move by
-    /// 10-20% on small models, see docs/benchmarks.md) or `f32` (dequantized
+    /// activations quantized to 8 bits per 32 values, llama.cpp's method:
+    /// faster, perplexity +0.1% on the default model, see
+    /// docs/benchmarks.md) or `f32` (dequantized
     /// at load, MLX's matmul). Same as SPECD_WEIGHTS.
     #[arg(long, global = true, value_parser = parse_weights)]
     weights: Option<crate::model::WeightMode>,
@@ -192,7 +193,7 @@ enum Command {
     /// Inspect policy components.
     #[command(subcommand)]
     Policy(PolicyCmd),
-    /// Benchmarks: decode, spec, serve, anchors, blas (`specd-tools`).
+    /// Benchmarks: decode, spec, serve, ppl, anchors, blas (`specd-tools`).
     #[command(disable_help_flag = true)]
     Bench(Tool),
     /// Where the time of one plain decode step (or one verify) goes

@@ -1,5 +1,5 @@
 //! specd's measuring tools, apart from the product: the benchmarks
-//! (`bench decode | spec | serve | blas`, and `bench anchors` through
+//! (`bench decode | spec | serve | ppl | blas`, and `bench anchors` through
 //! `specd-anchors`), the step profiler, trace replay with its charts, and
 //! the latency percentiles they report.
 //!
@@ -12,6 +12,7 @@ pub mod bench;
 pub mod cli;
 pub mod drafter;
 pub mod latency;
+pub mod ppl;
 pub mod profile;
 pub mod replay;
 pub mod serve_bench;

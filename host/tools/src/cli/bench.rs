@@ -132,6 +132,36 @@ pub enum BenchCmd {
         #[arg(long)]
         anchor: bool,
     },
+    /// Perplexity over a text with llama.cpp's `llama-perplexity` protocol
+    /// (chunks of --ctx tokens, the second half of each scored), and with
+    /// --base the KL divergence, top-1 agreement and perplexity ratio
+    /// against a run saved with --save-logits (docs/benchmarks.md).
+    Ppl {
+        #[command(flatten)]
+        model: ModelArg,
+        /// Tokens per chunk; positions ctx/2 .. ctx-2 score the next token.
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        /// At most this many chunks (default: every whole chunk of the text).
+        #[arg(long)]
+        chunks: Option<usize>,
+        /// Save every scored token's top log-probabilities here (for a
+        /// later run's --base): 8 + 8 k bytes a token.
+        #[arg(long)]
+        save_logits: Option<PathBuf>,
+        /// A --save-logits file of another mode, same text, --ctx and
+        /// --chunks: report the divergence from it.
+        #[arg(long)]
+        base: Option<PathBuf>,
+        /// Top log-probabilities --save-logits keeps per token (k).
+        #[arg(long, default_value_t = 64)]
+        kl_top_k: usize,
+        /// Also write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// The text (UTF-8), e.g. tests/data/hamlet.txt.
+        file: PathBuf,
+    },
     /// MLX matmul of 1 row vs 8 rows against a 2048x2048 float32 matrix.
     Blas {
         #[arg(long, default_value_t = 50)]
@@ -170,6 +200,37 @@ fn serve_anchor(
 pub fn run(cmd: BenchCmd, load: Load) -> Result<()> {
     match cmd {
         BenchCmd::Blas { iters } => blas(iters),
+        BenchCmd::Ppl {
+            model,
+            ctx,
+            chunks,
+            save_logits,
+            base,
+            kl_top_k,
+            json,
+            file,
+        } => {
+            let e = load_engine(&model.model, &SpecArgs::default(), load)?;
+            let p = crate::ppl::Protocol {
+                ctx,
+                chunks,
+                top_k: kl_top_k,
+            };
+            let r = crate::ppl::run(
+                &e,
+                &file,
+                &p,
+                save_logits.as_ref(),
+                base.as_ref(),
+                &mut |m| eprintln!("bench ppl: {m}"),
+            )?;
+            print!("{}", crate::ppl::text(&r));
+            if let Some(j) = json {
+                std::fs::write(&j, serde_json::to_string_pretty(&r)?)
+                    .with_context(|| format!("writing {}", j.display()))?;
+            }
+            Ok(())
+        }
         BenchCmd::Anchors { mut args } => {
             // The global --weights reaches it as its own flag.
             if !args.iter().any(|a| a.starts_with("--weights")) {
