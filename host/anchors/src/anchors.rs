@@ -10,7 +10,7 @@
 //! there with pip on first use (unless `--no-install`); one that still cannot
 //! run is an error in the report, never a silent skip.
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use specd::engine::{Engine, Prompt};
 use specd::model::{Logits, ModelFormat};
 use specd::options::{DrafterSpec, SpecOptions};
@@ -19,10 +19,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub use crate::options::{Decode, Options, Prefill};
 use crate::python::{ensure, run_anchor};
-
-/// The anchor script, run with `python -c`.
-pub const SCRIPT: &str = include_str!("../../../scripts/anchors.py");
 
 /// Engine names, in the order they run.
 pub const ENGINES: [&str; 3] = ["ours", "mlx-lm", "llama.cpp"];
@@ -38,40 +36,6 @@ pub const DECODE_PROMPT: &str =
     "Write a long story about a lighthouse keeper who finds a message in a bottle.";
 
 const WARMUP_TOKENS: usize = 8;
-
-pub struct Options {
-    /// A subset of [`ENGINES`].
-    pub engines: Vec<String>,
-    pub max_tokens: usize,
-    /// Length of the prefill prompt, in tokens.
-    pub prefill_tokens: usize,
-    pub threads: usize,
-    /// Timed prefill runs per engine (the median counts).
-    pub reps: usize,
-    pub verify_context: usize,
-    pub verify_reps: usize,
-    /// pip-install a missing anchor package.
-    pub install: bool,
-    /// Preload this BLAS into mlx-lm's process (the wheel's own is reference BLAS).
-    pub mlx_lm_blas: Option<PathBuf>,
-    pub python: PathBuf,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Prefill {
-    pub prompt_tokens: usize,
-    pub seconds: f64,
-    pub tokens_per_second: f64,
-    pub reps: usize,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Decode {
-    pub prompt_tokens: usize,
-    pub generated_tokens: usize,
-    pub seconds: f64,
-    pub tokens_per_second: f64,
-}
 
 /// One engine's results, or why it could not run.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -731,7 +695,7 @@ mod tests {
     fn script_knows_every_anchor() {
         for e in ENGINES.iter().filter(|e| **e != "ours") {
             assert!(
-                SCRIPT.contains(&format!("\"{e}\"")),
+                crate::python::SCRIPT.contains(&format!("\"{e}\"")),
                 "{e} missing from anchors.py"
             );
         }

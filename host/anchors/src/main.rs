@@ -7,6 +7,7 @@
 //! (llama-cpp-python compiles llama.cpp: minutes). This binary, not the
 //! server's, holds those drivers.
 mod anchors;
+mod options;
 mod ppl;
 mod python;
 mod serve;

@@ -1,11 +1,14 @@
 //! The anchor script (`scripts/anchors.py`): one Python process per engine
 //! and command, its package checked (and installed once, when allowed),
 //! its one JSON object read back.
-use crate::anchors::{Decode, Options, Prefill, SCRIPT};
+use crate::options::{Decode, Options, Prefill};
 use serde::Deserialize;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
+
+/// The anchor script, run with `python -c`.
+pub const SCRIPT: &str = include_str!("../../../scripts/anchors.py");
 
 /// The anchor script with `args`, threads pinned through the environment.
 pub fn script(o: &Options, engine: &str, cmd: &str) -> Command {

@@ -39,6 +39,15 @@ impl ModelFormat {
     }
 }
 
+/// Splits Phi-3's fused tensors into the llama names (a no-op elsewhere).
+fn split_fused(t: &mut Tensors, config: &LlamaConfig, layer_prefix: &str) -> Result<()> {
+    let has = |base: &str| t.has(base);
+    for (from, to) in super::llama::phi3::fused_splits(config, layer_prefix, has) {
+        t.split_rows(&from, &to)?;
+    }
+    Ok(())
+}
+
 /// Weights by name, plus how quantized ones are packed.
 pub struct Tensors {
     map: HashMap<String, Array>,
@@ -606,7 +615,7 @@ pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>
         );
     }
     let mut t = t;
-    super::llama::phi3::split_fused(&mut t, &config, GGUF_NAMES.layer_prefix)?;
+    split_fused(&mut t, &config, GGUF_NAMES.layer_prefix)?;
     build(config, &t, &GGUF_NAMES, part)
         .with_context(|| format!("building the model from {}", path.display()))
 }
@@ -660,7 +669,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
         Arch::Gemma3 => &GEMMA3_HF_NAMES,
         Arch::Llama => &HF_NAMES,
     };
-    super::llama::phi3::split_fused(&mut t, &config, names.layer_prefix)?;
+    split_fused(&mut t, &config, names.layer_prefix)?;
     let model = build(config, &t, names, part).with_context(|| {
         format!(
             "the weights in {} do not match its config.json",
