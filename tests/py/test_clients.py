@@ -132,6 +132,28 @@ def test_max_tokens_0_with_echo_scores_the_prompt_only(server, pairs):
     assert lp["token_logprobs"] == lp1["token_logprobs"][:-1]
 
 
+def test_an_ending_eos_keeps_its_entry_so_lm_eval_scores_the_whole_continuation(server):
+    """A continuation after which the model ends its turn (the next token is
+    `<|im_end|>`): the EOS that ends the request still has its logprob entry,
+    so lm-eval's `[ctxlen:-1]` drops it and not the continuation's last
+    token (found running lm-eval by hand: such continuations scored 0 and
+    "greedy")."""
+    ctx = tokenize(server, "Question: Which season comes after winter?\nAnswer:")
+    cont = tokenize(server, " summer")
+    p = ctx + cont
+    r = ok(post(server, "/v1/completions", loglikelihood_body([p])))
+    choice = r["choices"][0]
+    top = choice["logprobs"]["top_logprobs"][-1]
+    assert choice["finish_reason"] == "stop" and list(top) == ["<|im_end|>"], \
+        "the model must end its turn here for this test to mean anything"
+    assert len(choice["logprobs"]["tokens"]) == len(p) + 1
+    score = parse_logprobs(r, [len(ctx)])[0][0]
+    scored = ok(post(server, "/v1/completions", {"model": MODEL, "prompt": [p], "max_tokens": 0, "echo": True,
+                                                 "logprobs": 1, "temperature": 0}))
+    want = sum(scored["choices"][0]["logprobs"]["token_logprobs"][len(ctx):])
+    assert score == pytest.approx(want, abs=0) and score < 0
+
+
 def test_lm_eval_generation_batch_is_each_prompt_alone(server, pairs):
     prompts = [c for c, _ in pairs]
     batch = ok(post(server, "/v1/completions", generation_body(prompts)))

@@ -427,8 +427,13 @@ impl<'a> Sequence<'a> {
         for (i, &tok) in round.tokens.iter().enumerate() {
             if let Some((req, hook)) = &self.settings.logprobs {
                 // An EOS that ends the request has no entry; under
-                // `ignore_eos` it is an emitted token like any other.
-                if !self.em.tokenizer.is_eos(tok) || self.settings.ends.ignore_eos {
+                // `ignore_eos` it is an emitted token like any other. A
+                // request that echoes its prompt's logprobs scores a whole
+                // text (lm-eval's loglikelihood: prompt + `max_tokens: 1`,
+                // then `[ctxlen:-1]`), so there the ending EOS has its entry
+                // too, as vLLM gives it: else the slice drops a prompt token.
+                let scored = self.settings.prompt_logprobs.is_some();
+                if !self.em.tokenizer.is_eos(tok) || self.settings.ends.ignore_eos || scored {
                     let (Some(row), Some(dist)) = (round.rows.get(i), round.dists.get(i)) else {
                         bail!("logprobs asked of a round that kept no rows");
                     };
