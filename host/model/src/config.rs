@@ -89,6 +89,16 @@ struct ShapeKeys {
     eps: &'static str,
 }
 
+/// A Hugging Face config.json's names for the shape (every `model_type`).
+const HF_SHAPE: ShapeKeys = ShapeKeys {
+    hidden: "hidden_size",
+    layers: "num_hidden_layers",
+    heads: "num_attention_heads",
+    kv_heads: "num_key_value_heads",
+    ffn: "intermediate_size",
+    eps: "rms_norm_eps",
+};
+
 impl LlamaConfig {
     /// Gemma 3's embedding scale: sqrt(hidden) rounded to bfloat16 (mlx-lm:
     /// `mx.array(hidden ** 0.5, mx.bfloat16)`): for 640, 25.25 rather than
@@ -279,18 +289,7 @@ impl LlamaConfig {
         if flag("mlp_bias")? {
             bail!("config.json's mlp_bias = true is not supported");
         }
-        let shape = LlamaConfig::shape(
-            &ShapeKeys {
-                hidden: "hidden_size",
-                layers: "num_hidden_layers",
-                heads: "num_attention_heads",
-                kv_heads: "num_key_value_heads",
-                ffn: "intermediate_size",
-                eps: "rms_norm_eps",
-            },
-            &|k| Ok(get(k)? as usize),
-            &|k| v[k].as_f64(),
-        )?;
+        let shape = LlamaConfig::shape(&HF_SHAPE, &|k| Ok(get(k)? as usize), &|k| v[k].as_f64())?;
         let head_dim = match model_type {
             // Qwen2 has no head_dim of its own (HF and mlx-lm both divide).
             "qwen2" => shape.head_dim,
@@ -357,18 +356,9 @@ impl LlamaConfig {
             v[k].as_u64()
                 .with_context(|| format!("config.json lacks integer {k}"))
         };
-        let shape = LlamaConfig::shape(
-            &ShapeKeys {
-                hidden: "hidden_size",
-                layers: "num_hidden_layers",
-                heads: "num_attention_heads",
-                kv_heads: "num_key_value_heads",
-                ffn: "intermediate_size",
-                eps: "rms_norm_eps",
-            },
-            &|k| Ok(get(k)? as usize),
-            &|k| v[k].as_f64().or((k == "rms_norm_eps").then_some(1e-6)),
-        )?;
+        let shape = LlamaConfig::shape(&HF_SHAPE, &|k| Ok(get(k)? as usize), &|k| {
+            v[k].as_f64().or((k == "rms_norm_eps").then_some(1e-6))
+        })?;
         let head_dim = get("head_dim").map_or(256, |x| x as usize);
         if let Some(s) = v["query_pre_attn_scalar"].as_f64() {
             if s != head_dim as f64 {

@@ -652,22 +652,28 @@ impl Events {
         Event::default().event(kind).data(data.to_string())
     }
 
+    /// The message item's opening events (once: the first text, or an
+    /// empty answer closing).
+    fn open_message(&mut self, id: &str, out: &mut Vec<Event>) {
+        self.open = true;
+        let item = message_item(id, "", "in_progress");
+        out.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": 0, "item": item}),
+        ));
+        out.push(self.event(
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": output_text("")}),
+        ));
+    }
+
     fn text(&mut self, delta: &str, out: &mut Vec<Event>) {
         if delta.is_empty() {
             return;
         }
         let id = self.ids.message.clone();
         if !self.open {
-            self.open = true;
-            let item = message_item(&id, "", "in_progress");
-            out.push(self.event(
-                "response.output_item.added",
-                json!({"output_index": 0, "item": item}),
-            ));
-            out.push(self.event(
-                "response.content_part.added",
-                json!({"item_id": id, "output_index": 0, "content_index": 0, "part": output_text("")}),
-            ));
+            self.open_message(&id, out);
         }
         self.text.push_str(delta);
         out.push(self.event(
@@ -681,16 +687,7 @@ impl Events {
     fn close(&mut self, calls: &[ToolCall], out: &mut Vec<Event>) {
         let id = self.ids.message.clone();
         if !self.open && calls.is_empty() {
-            self.open = true;
-            let item = message_item(&id, "", "in_progress");
-            out.push(self.event(
-                "response.output_item.added",
-                json!({"output_index": 0, "item": item}),
-            ));
-            out.push(self.event(
-                "response.content_part.added",
-                json!({"item_id": id, "output_index": 0, "content_index": 0, "part": output_text("")}),
-            ));
+            self.open_message(&id, out);
         }
         let mut index = 0;
         if self.open {
