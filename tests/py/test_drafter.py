@@ -39,9 +39,12 @@ def specd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     out = tmp_path_factory.mktemp("head")
+    # 80 steps: the head already beats the bigram baseline there (held-back
+    # acceptance 0.536 against 0.437, measured), and the fixture is the
+    # suite's slowest part: each 80 more steps cost about 2.5 cold minutes.
     specd("drafter", "train", "--out", out, "--max-prompts", "32", "--max-tokens", "48",
-           "--steps", "160", "--batch-tokens", "1024", "--draft-vocab", "2048",
-           "--eval-every", "80", "--python", sys.executable, timeout=900)
+           "--steps", "80", "--batch-tokens", "1024", "--draft-vocab", "2048",
+           "--eval-every", "40", "--python", sys.executable, timeout=900)
     return out
 
 
