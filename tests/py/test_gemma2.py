@@ -8,7 +8,7 @@ Copies of it differ in config.json only: a window of 16 (on layers 0 and
 the head size, what a GGUF of a non-27B Gemma 2 means).
 
 - HF directory (float32: MLX's ops, the capped attention built from them;
-  MLX 4-bit: specd's kernels, and `--kernels mlx`) against mlx-lm's gemma2
+  MLX 4-bit and 8-bit: specd's kernels; 4-bit on `--kernels mlx`) against mlx-lm's gemma2
   over 96 positions with the window out of reach (mlx-lm's gemma2 has
   none): < 1e-4 x the logit range, the same argmax. mlx-lm without either
   cap is far off, so a forward that ignores one fails.
@@ -60,6 +60,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     out = {
         "gemma2": w(root / "gemma2", "gemma2"),
         "gemma2-4bit": w(root / "gemma2-4bit", "gemma2", quantize=dict(group_size=64, bits=4)),
+        "gemma2-8bit": w(root / "gemma2-8bit", "gemma2", quantize=dict(group_size=32, bits=8)),
     }
     head_dim = hf_checkpoints.ARCHS["gemma2"]["config"]["head_dim"]
     swa = dict(sliding_window=16, query_pre_attn_scalar=head_dim)
@@ -72,7 +73,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("name,kernels", [("gemma2", "specd"), ("gemma2-4bit", "specd"),
-                                          ("gemma2-4bit", "mlx")])
+                                          ("gemma2-4bit", "mlx"), ("gemma2-8bit", "specd")])
 def test_gemma2_hf_dir_matches_mlx_lm(models, tmp_path, name, kernels):
     d = models[name]
     assert json.loads((d / "config.json").read_text())["model_type"] == "gemma2"

@@ -34,8 +34,13 @@ fn model() -> Arc<Llama> {
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(m.config.arch, Arch::Gemma2);
     assert_eq!(m.config.sliding_window, Some(WINDOW));
-    assert!(m.config.attn_logit_softcapping.is_some() && m.config.final_logit_softcapping.is_some());
-    assert!(m.batch_invariant(), "4-bit Gemma 2 runs on the batch-invariant kernels");
+    assert!(
+        m.config.attn_logit_softcapping.is_some() && m.config.final_logit_softcapping.is_some()
+    );
+    assert!(
+        m.batch_invariant(),
+        "4-bit Gemma 2 runs on the batch-invariant kernels"
+    );
     Arc::new(m)
 }
 
@@ -57,10 +62,16 @@ fn gemma2_verify_rows_are_the_one_row_steps_and_a_batch_its_solo_rows() {
     // (tokens cached, rows verified): inside the window, across its edge,
     // past it (the rotating caches wrapped).
     for (cached, k) in [(0, 5), (3, 8), (20, 6)] {
-        let verify = fresh(cached).forward(&ids[cached..cached + k], true).unwrap();
+        let verify = fresh(cached)
+            .forward(&ids[cached..cached + k], true)
+            .unwrap();
         let mut t = fresh(cached);
         let steps: Vec<Vec<f32>> = (0..k)
-            .map(|j| t.forward(&ids[cached + j..cached + j + 1], false).unwrap().remove(0))
+            .map(|j| {
+                t.forward(&ids[cached + j..cached + j + 1], false)
+                    .unwrap()
+                    .remove(0)
+            })
             .collect();
         assert!(
             bits(&verify) == bits(&steps),

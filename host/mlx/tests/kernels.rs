@@ -705,7 +705,11 @@ fn softcapped_attention_matches_its_formula() {
             g.f32s(hkv * len * d, -1.0, 1.0),
             g.f32s(h * t * d, -1.5, 1.5),
         );
-        let (k, v, q) = (heads(&kf, hkv, len, d), heads(&vf, hkv, len, d), heads(&qf, h, t, d));
+        let (k, v, q) = (
+            heads(&kf, hkv, len, d),
+            heads(&vf, hkv, len, d),
+            heads(&qf, h, t, d),
+        );
         let (scale, cap) = (1.0 / (d as f32).sqrt(), 1.0f32);
         let what = format!("h {h} / {hkv}, d {d}, {t} rows over {len} keys");
         let capped = |q: &Array, cap: f32| {
@@ -734,8 +738,7 @@ fn softcapped_attention_matches_its_formula() {
                 let sum: f64 = e.iter().sum();
                 for (j, p) in e.iter().enumerate() {
                     for c in 0..d {
-                        want[(r * h + hh) * d + c] +=
-                            p / sum * vf[(kvh * len + j) * d + c] as f64;
+                        want[(r * h + hh) * d + c] += p / sum * vf[(kvh * len + j) * d + c] as f64;
                     }
                 }
             }
@@ -755,16 +758,25 @@ fn softcapped_attention_matches_its_formula() {
             .zip(&want)
             .map(|(a, b)| (*a as f64 - b).abs())
             .fold(0.0, f64::max);
-        assert!(moved > 1e-3, "{what}: the cap moved the output by {moved} only");
+        assert!(
+            moved > 1e-3,
+            "{what}: the cap moved the output by {moved} only"
+        );
         assert_eq!(
-            capped(&q, 0.0).iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            capped(&q, 0.0)
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
             plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             "{what}: cap 0 is the plain attention"
         );
         // Row r of the t-row call is the row alone, over its own keys.
         for r in 0..t {
             let n = (len - t + r + 1) as i32;
-            let keys = |a: &Array| a.slice(&[0, 0, 0, 0], &[1, hkv as i32, n, d as i32]).unwrap();
+            let keys = |a: &Array| {
+                a.slice(&[0, 0, 0, 0], &[1, hkv as i32, n, d as i32])
+                    .unwrap()
+            };
             let qr = q
                 .slice(&[0, 0, r as i32, 0], &[1, h as i32, r as i32 + 1, d as i32])
                 .unwrap();

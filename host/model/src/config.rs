@@ -480,7 +480,8 @@ impl LlamaConfig {
             _ => head_dim,
         };
         // A cap of 0 would divide by zero: no cap.
-        let cap = |k: &str, default: f64| Some(num(k).unwrap_or(default) as f32).filter(|&c| c != 0.0);
+        let cap =
+            |k: &str, default: f64| Some(num(k).unwrap_or(default) as f32).filter(|&c| c != 0.0);
         Ok(LlamaConfig {
             arch: Arch::Gemma2,
             head_dim,
@@ -561,9 +562,7 @@ impl LlamaConfig {
             sliding_window_pattern: Some(2),
             attn_logit_softcapping: cap("attn_logit_softcapping", 50.0)?,
             final_logit_softcapping: cap("final_logit_softcapping", 30.0)?,
-            query_pre_attn_scalar: Some(
-                v["query_pre_attn_scalar"].as_f64().unwrap_or(256.0) as f32
-            ),
+            query_pre_attn_scalar: Some(v["query_pre_attn_scalar"].as_f64().unwrap_or(256.0) as f32),
             ..shape
         })
     }
@@ -746,6 +745,90 @@ mod tests {
             e.contains("\"phi2\"") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn gemma2_reads_its_caps_window_and_scale() {
+        // GGUF: llama.cpp's keys and defaults.
+        let c = gguf(
+            "gemma2",
+            &[
+                ("attention.key_length", "64"),
+                ("attention.sliding_window", "4096"),
+                ("attn_logit_softcapping", "50"),
+                ("final_logit_softcapping", "30"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.arch, Arch::Gemma2);
+        assert!(!c.rope_traditional && !c.qk_norm && c.tie_word_embeddings);
+        assert_eq!(
+            (c.head_dim, c.rope_theta, c.sliding_window),
+            (64, 10000.0, Some(4096))
+        );
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), Some(30.0))
+        );
+        assert_eq!(c.attn_scale(), 0.125, "1 / sqrt(head size)");
+        let local: Vec<bool> = (0..4).map(|i| c.is_local(i)).collect();
+        assert_eq!(local, [true, false, true, false], "even layers windowed");
+        assert_eq!(c.embed_scale(), 128f32.sqrt(), "sqrt(hidden) in float32");
+        // Unstated caps: llama.cpp's defaults; the 27B's scale.
+        let c = gguf(
+            "gemma2",
+            &[
+                ("attention.key_length", "32"),
+                ("attention.sliding_window", "16"),
+                ("block_count", "46"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), Some(30.0))
+        );
+        assert_eq!(
+            c.query_pre_attn_scalar,
+            Some(32.0),
+            "hidden / heads for 46 layers"
+        );
+        let e = gguf("gemma2", &[("attention.sliding_window", "16")]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("gemma2.attention.key_length"),
+            "{e:#}"
+        );
+
+        // HF: transformers' defaults where unstated, null for none.
+        let c = hf(serde_json::json!({"model_type": "gemma2", "head_dim": 64,
+            "query_pre_attn_scalar": 48, "sliding_window": 16,
+            "final_logit_softcapping": null}))
+        .unwrap();
+        assert_eq!(c.arch, Arch::Gemma2);
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), None)
+        );
+        assert_eq!(c.attn_scale(), (1.0 / 48f64.sqrt()) as f32);
+        assert_eq!(
+            (c.sliding_window, c.sliding_window_pattern),
+            (Some(16), Some(2))
+        );
+        assert!(c.tie_word_embeddings && !c.qk_norm);
+        let err = |extra| format!("{:#}", hf(extra).unwrap_err());
+        let e = err(serde_json::json!({"model_type": "gemma2", "hidden_activation": "gelu"}));
+        assert!(e.contains("hidden_activation"), "{e}");
+        let e = err(
+            serde_json::json!({"model_type": "gemma2", "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+        );
+        assert!(e.contains("rope_scaling"), "{e}");
+        let e = err(
+            serde_json::json!({"model_type": "gemma2", "layer_types": ["full_attention", "sliding_attention"]}),
+        );
+        assert!(e.contains("layer_types[0]"), "{e}");
+        assert!(hf(serde_json::json!({"model_type": "gemma2",
+            "layer_types": ["sliding_attention", "full_attention"]}))
+        .is_ok());
     }
 
     #[test]

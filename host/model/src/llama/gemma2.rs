@@ -150,7 +150,15 @@ fn mlx_capped(q: &Array, k: &Array, v: &Array, scale: f32, cap: f32) -> Result<A
     if t > 1 {
         // Query row i sees keys 0..=l - t + i.
         let mask: Vec<f32> = (0..t)
-            .flat_map(|i| (0..l).map(move |j| if j <= l - t + i { 0.0 } else { f32::NEG_INFINITY }))
+            .flat_map(|i| {
+                (0..l).map(move |j| {
+                    if j <= l - t + i {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
             .collect();
         s = ops::add(&s, &Array::from_f32(&mask, &[t, l])?)?;
     }
