@@ -20,8 +20,8 @@ the head size, what a GGUF of a non-27B Gemma 2 means).
   `--kernels mlx`. A GGUF whose caps are 1e9 (none, in effect) moves llama.cpp
   far off, and specd follows the file's caps the same way.
 - Greedy with `--drafter ngram` and `self:1` equals plain decoding across
-  the window (4-bit, specd's kernels; F32 GGUF); concurrent requests keep
-  their solo tokens; `specd debug random-model --arch gemma2 --gguf` runs
+  the window (4-bit, specd's kernels; F32 GGUF); two pipeline ranks print
+  what one process prints; concurrent requests keep their solo tokens; `specd debug random-model --arch gemma2 --gguf` runs
   in llama.cpp.
 """
 from __future__ import annotations
@@ -130,6 +130,20 @@ def test_gemma2_greedy_speculation_equals_plain(models, tmp_path, name):
         assert st["generated_tokens"] == 48, st
         assert st["drafted"] > 0, st
         assert spec == plain, dr
+
+
+def test_gemma2_on_two_ranks_equals_one(models, tmp_path):
+    """Pipeline ranks (test_ranks.py's two on loopback): rank 1 runs layer
+    2 (windowed) past the window, rounds rejecting drafts roll its caches
+    back; the text is one process's, byte for byte."""
+    from test_ranks import generate_ranks, generate_solo
+
+    args = ["--model", str(models["gemma2-swa-4bit"]), "--max-tokens", "48", "--drafter", "ngram",
+            "the fox and the dog and the fox and the"]
+    solo = generate_solo(args)
+    two, _, log1 = generate_ranks(tmp_path, args)
+    assert two == solo and len(solo) > 40
+    assert "rank 1: stopped after" in log1, log1
 
 
 def test_gemma2_requests_share_steps_and_keep_their_solo_tokens(models, start_server):
