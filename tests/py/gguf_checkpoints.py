@@ -15,6 +15,11 @@ which the test venv does not hold, so its rules are followed here with the
   `post_ffw_norm`, `gemma3.attention.sliding_window`, the head size as
   `attention.key_length` (llama.cpp fixes the pattern at every 6th layer
   global and the local rope base at 10000);
+- Gemma 2 (Gemma2Model): Gemma 3's names and 1 + w norms without q/k
+  norms, `gemma2.attn_logit_softcapping`, `gemma2.final_logit_softcapping`,
+  `gemma2.attention.sliding_window`, the head size as `attention.key_length`
+  and no rope keys (llama.cpp's base 10000; its window on the even layers,
+  its attention scale 1 / sqrt(head size) but for the 46-layer 27B);
 - q/k permutation: only `llama` permutes q and k (`LlamaModel.permute`, for
   llama.cpp's interleaved rope); `qwen2`/`qwen3` keep HF's rotate-half
   layout (llama.cpp runs them, and phi3, with NEOX rope);
@@ -99,18 +104,20 @@ def write_tokenizer(w, d: Path, pre: str) -> None:
         w.add_chat_template(cfg["chat_template"])
 
 
-def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") -> Path:
+def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
+               softcaps: tuple[float, float] | None = None) -> Path:
     """The HF checkpoint `d` (float weights) as an F32 GGUF at `out`, its
     architecture from config.json's model_type (llama, mistral: `llama`;
     qwen2; qwen3). `rope_freqs=False` leaves a llama3 scaling out (a file
-    as a converter that ignores it would write)."""
+    as a converter that ignores it would write); `softcaps` replaces a
+    Gemma 2's (attention, final) soft-caps."""
     import gguf
 
     cfg = json.loads((d / "config.json").read_text())
     mt = cfg["model_type"]
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-            "gemma3_text": "gemma3"}[mt]
-    gemma = arch == "gemma3"
+            "gemma3_text": "gemma3", "gemma2": "gemma2"}[mt]
+    gemma = arch in ("gemma3", "gemma2")
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") if mt != "qwen2" else None
     head_dim = head_dim or cfg["hidden_size"] // heads
@@ -126,14 +133,19 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
-    w.add_rope_freq_base(base)
-    w.add_rope_dimension_count(head_dim)
-    if head_dim != cfg["hidden_size"] // heads or arch in ("qwen3", "gemma3"):
+    if arch != "gemma2":  # Gemma2Model writes no rope keys
+        w.add_rope_freq_base(base)
+        w.add_rope_dimension_count(head_dim)
+    if head_dim != cfg["hidden_size"] // heads or arch in ("qwen3", "gemma3", "gemma2"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
-    if arch in ("phi3", "gemma3"):
+    if arch in ("phi3", "gemma3", "gemma2"):
         w.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
+        attn_cap, final_cap = softcaps or (cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"])
+        w.add_attn_logit_softcapping(attn_cap)
+        w.add_final_logit_softcapping(final_cap)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     write_tokenizer(w, d, pre)
 

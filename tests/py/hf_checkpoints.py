@@ -94,6 +94,9 @@ QWEN25_TOOLS = (
     "{%- endif %}\n"
 )
 VOCAB = 512
+# Gemma 2's soft-caps in the tiny checkpoints: small enough to bite on
+# random weights (Gemma 2's own are 50 and 30).
+ATTN_CAP, FINAL_CAP = 3.0, 60.0
 
 CORPUS_SEED = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -209,6 +212,17 @@ ARCHS = {
         model_type="gemma3_text", num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6,
         rope_theta=1000000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=32,
         sliding_window=512, sliding_window_pattern=2, tie_word_embeddings=False,
+    ),
+    # Gemma 2 (mlx-lm's gemma2, which has no window): GeGLU, post-norms,
+    # soft-capped scores and logits (caps that bite on these weights), a
+    # query_pre_attn_scalar other than head_dim (64), heads of 64 (specd's
+    # grouped attention kernel).
+    "gemma2": arch(
+        "gemma2", GPT2_SPLIT, None,
+        model_type="gemma2", num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
+        rope_theta=10000.0, query_pre_attn_scalar=48, attn_logit_softcapping=ATTN_CAP,
+        final_logit_softcapping=FINAL_CAP, sliding_window=4096, hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
     ),
     # Phi-3 (mini 4k's layout): fused q/k/v and gate/up projections, a
     # window on every layer (the test sequences stay inside it; mlx-lm's

@@ -59,6 +59,7 @@ pub(crate) mod ffi {
         fn rsqrt(a: &Array) -> Result<UniquePtr<Array>>;
         fn negative(a: &Array) -> Result<UniquePtr<Array>>;
         fn sigmoid(a: &Array) -> Result<UniquePtr<Array>>;
+        fn tanh(a: &Array) -> Result<UniquePtr<Array>>;
         fn silu(a: &Array) -> Result<UniquePtr<Array>>;
         fn square(a: &Array) -> Result<UniquePtr<Array>>;
         fn astype(a: &Array, dtype: u8) -> Result<UniquePtr<Array>>;
@@ -202,6 +203,7 @@ pub(crate) mod ffi {
             v: &Array,
             scale: f32,
             causal: bool,
+            softcap: f32,
         ) -> Result<UniquePtr<Array>>;
         #[allow(clippy::too_many_arguments)]
         fn layer_kv_rows(

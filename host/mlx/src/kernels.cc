@@ -363,7 +363,12 @@ A qmatmul(const Array& x, const Array& w, const Array& scales, const Array& bias
                         Packing{w.a.shape(0), group_size, bits | flag | act});
 }
 
-A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal) {
+A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal,
+            float softcap) {
+  // MLX's fused attention has no soft-capping: a capped model builds its
+  // own from MLX's ops where it runs them (llama/gemma2.rs).
+  if (mlx_ops() && softcap != 0.f)
+    throw std::invalid_argument("attention: soft-capped scores need specd's CPU kernels");
   if (mlx_ops())
     return wrap_array(mx::transpose(
         mx::fast::scaled_dot_product_attention(q.a, k.a, v.a, scale, causal ? "causal" : ""),
@@ -378,7 +383,7 @@ A attention(const Array& q, const Array& k, const Array& v, float scale, bool ca
   if (k.a.shape(2) == 0) throw std::invalid_argument("attention: no keys");
   // Keys and values keep their (cache-slice) strides: the kernel reads them
   // in place.
-  return kernel_op("SpecdAttention", AttnBody{scale, causal},
+  return kernel_op("SpecdAttention", AttnBody{scale, causal, softcap},
                    {1, q.a.shape(2), q.a.shape(1), v.a.shape(3)}, {f32(q.a), f32(k.a), f32(v.a)});
 }
 

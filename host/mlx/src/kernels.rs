@@ -116,12 +116,29 @@ pub fn qmatmul_packed_norm_rope_rows(
         rope.factors,
     ))
 }
-shim_fns! {
 /// `softmax(scale * q k^T) v` for `q` `[1, heads, T, d]` and `k`, `v`
 /// `[1, kv_heads, L, d]` (grouped-query when heads > kv_heads), returned
 /// heads last, `[1, T, heads, d]` (so `[1, T, heads * d]` is a free
 /// reshape). With `causal`, query row t sees keys `0..=L - T + t`.
-pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool);
+pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Result<Array> {
+    attention_capped(q, k, v, scale, causal, 0.0)
+}
+/// [`attention`] with soft-capped scores (Gemma 2's
+/// `attn_logit_softcapping`): each score `s = scale q.k` becomes
+/// `softcap * tanh(s / softcap)` before the mask and softmax; `softcap` 0
+/// is [`attention`] itself, bit for bit. The cap is one scalar function on
+/// every ISA, so rows stay bitwise those of the row alone. specd's CPU
+/// kernels only (an error where MLX's ops run: MLX's fused attention has no
+/// cap).
+pub fn attention_capped(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    causal: bool,
+    softcap: f32,
+) -> Result<Array> {
+    wrap(ffi::attention(&q.0, &k.0, &v.0, scale, causal, softcap))
 }
 /// One sequence's part of [`attention_kv_rows`].
 pub struct KvRows<'a> {

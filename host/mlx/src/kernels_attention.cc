@@ -76,6 +76,12 @@ void attn_rows(const AttnArgs& a, int r0, int r1, Scratch<float>& p) {
       p[j] = dot(q, row_of(kb, a.k_row, a.k_col, j, a.D, ktmp), a.D) * a.scale;
       mx = std::max(mx, p[j]);
     }
+    if (a.softcap != 0.f) {
+      // The max again over the capped scores, in the same order.
+      qmm::softcap_scores(p.data(), n, a.softcap);
+      mx = -INFINITY;
+      for (int j = 0; j < n; j++) mx = std::max(mx, p[j]);
+    }
     float sum = exp_sum(p.data(), n, mx);
     float* o = a.o + ((size_t)t * a.H + h) * a.Dv;
     std::fill(o, o + a.Dv, 0.f);
@@ -157,7 +163,7 @@ AttnArgs AttnBody::prepare(const std::vector<mx::array>& in, mx::array& out) con
           q.shape(3),      v.shape(3),      q.strides()[1],  q.strides()[2],
           q.strides()[3],  k.strides()[1],  k.strides()[2],  k.strides()[3],
           v.strides()[1],  v.strides()[2],  v.strides()[3],  scale,
-          causal};
+          causal,          softcap};
 }
 
 void AttnBody::run(const std::vector<mx::array>&, mx::array&, const AttnArgs& a) const {
@@ -194,6 +200,7 @@ void AttnBody::grouped(const AttnArgs& a) const {
       shared.v_row = a.v_row;
       shared.D = a.D;
       shared.scale = a.scale;
+      shared.softcap = a.softcap;
       attn_block(
           shared, kvh, t0, t1, [&](int t, int h) { return a.q + h * a.q_head + t * a.q_row; },
           [&](int t, int h) { return a.o + ((size_t)t * a.H + h) * a.Dv; },

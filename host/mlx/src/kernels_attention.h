@@ -20,12 +20,14 @@ struct AttnArgs {
   int64_t q_head, q_row, q_col, k_head, k_row, k_col, v_head, v_row, v_col;
   float scale;
   bool causal;
+  float softcap = 0.f;  // qmm::softcap_scores; 0: none
 };
 
 // q, k, v [1, heads, len, dim], any strides; output [1, T, H, Dv].
 struct AttnBody {
   float scale;
   bool causal;
+  float softcap = 0.f;  // soft-capped scores (Gemma 2); 0: none
   AttnArgs prepare(const std::vector<mx::array>& in, mx::array& out) const;
   void run(const std::vector<mx::array>&, mx::array&, const AttnArgs& a) const;
   void grouped(const AttnArgs& a) const;

@@ -24,7 +24,7 @@ binary!(add => add, subtract => subtract, multiply => multiply, divide => divide
         maximum => maximum, minimum => minimum, greater => greater, less => less,
         equal => equal, matmul => matmul);
 unary!(exp => exp, log => log, sqrt => sqrt, rsqrt => rsqrt, negative => negative,
-       sigmoid => sigmoid, silu => silu, square => square);
+       sigmoid => sigmoid, tanh => tanh, silu => silu, square => square);
 reduce!(logsumexp => logsumexp, argmax => argmax, max => max, sum => sum, mean => mean);
 
 shim_fns! {

@@ -3,6 +3,7 @@
 // (qmm_avx2.cc, qmm_avx512.cc), each compiled with its instruction set
 // enabled, and are only called after a run-time CPU check.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "top2.h"
@@ -120,7 +121,17 @@ struct AttnGroup {
   // the results are those of a float cache holding the same values.
   const uint16_t* k16 = nullptr;
   const uint16_t* v16 = nullptr;
+  // Gemma 2's attention logit soft-capping (`softcap_scores`); 0: none.
+  float softcap = 0.f;
 };
+// Soft-capped scores, s = cap tanh(s / cap), over n scores, before the
+// softmax (Gemma 2's `attn_logit_softcapping`); cap 0 leaves them as they
+// are. One scalar function for every ISA and path, so a score caps to the
+// same bits wherever its dot product gave the same bits.
+inline void softcap_scores(float* p, int n, float cap) {
+  if (cap == 0.f) return;
+  for (int j = 0; j < n; j++) p[j] = std::tanh(p[j] / cap) * cap;
+}
 // y = x rounded to f16 (to nearest, ties to even: F16C's), n floats.
 void to_half_avx2(const float* x, uint16_t* y, int n);
 bool attn_group_avx512(const AttnGroup& g, float* scores);

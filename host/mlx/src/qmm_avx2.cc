@@ -466,6 +466,7 @@ void group_rows(const AttnGroup* g, int rows, float* scores) {
   auto softmax = [](const AttnGroup& r, float* sc, float* inv) {
     for (int h = 0; h < r.heads; h++) {
       float* p = sc + h * r.n;
+      softcap_scores(p, r.n, r.softcap);
       inv[h] = 1.f / exp_sum_avx2(p, r.n, max_of(p, r.n));
     }
   };

@@ -107,9 +107,10 @@ inline float max_of(const float* p, int n) {
 
 // Per head: its scores turned into exp(score - max) in place, and 1 / their
 // sum in inv[h].
-inline void softmax_heads(float* scores, int n, int hg, float* inv) {
+inline void softmax_heads(float* scores, int n, int hg, float* inv, float softcap) {
   for (int h = 0; h < hg; h++) {
     float* p = scores + h * n;
+    softcap_scores(p, n, softcap);
     inv[h] = 1.f / exp_sum_avx2(p, n, max_of(p, n));
   }
 }
@@ -197,7 +198,7 @@ void attn_heads(const AttnGroup& g, int h0, int hg, float* scores) {
     }
   }
   float inv[HG];
-  softmax_heads(scores, n, hg, inv);
+  softmax_heads(scores, n, hg, inv, g.softcap);
   weigh_keys<HALF, HG, DC, true>(g, h0, hg, scores, inv, 0, 0, n);
 }
 
@@ -224,7 +225,7 @@ void attn_heads_wide(const AttnGroup& g, int h0, int hg, float* scores) {
     for (int h = 0; h < hg; h++) scores[h * n + j] = Avx512::hsum(acc[h]) * g.scale;
   }
   float inv[HG];
-  softmax_heads(scores, n, hg, inv);
+  softmax_heads(scores, n, hg, inv, g.softcap);
   for (int c0 = 0; c0 < DC; c0 += CB)
     weigh_keys<HALF, HG, CB, true>(g, h0, hg, scores, inv, c0, 0, n);
 }
@@ -322,7 +323,7 @@ void scores_tail(const AttnGroup& g, int j0, float* scores) {
 // row alone.
 template <bool HALF, int HG, int CB, int DC>
 void group_rows(const AttnGroup* g, int rows, float* scores) {
-  auto softmax = [](const AttnGroup& r, float* sc, float* inv) { softmax_heads(sc, r.n, r.heads, inv); };
+  auto softmax = [](const AttnGroup& r, float* sc, float* inv) { softmax_heads(sc, r.n, r.heads, inv, r.softcap); };
   auto weigh = [](const AttnGroup& r, const float* sc, const float* inv, int j0, int j1) {
     for (int h0 = 0; h0 < r.heads; h0 += HG)
       for (int c0 = 0; c0 < r.D / 16; c0 += CB)

@@ -123,6 +123,7 @@ A sqrt(const Array& a) { return wrap(mx::sqrt(a.a)); }
 A rsqrt(const Array& a) { return wrap(mx::rsqrt(a.a)); }
 A negative(const Array& a) { return wrap(mx::negative(a.a)); }
 A sigmoid(const Array& a) { return wrap(mx::sigmoid(a.a)); }
+A tanh(const Array& a) { return wrap(mx::tanh(a.a)); }
 A silu(const Array& a) { return wrap(mx::multiply(a.a, mx::sigmoid(a.a))); }
 A square(const Array& a) { return wrap(mx::square(a.a)); }
 A astype(const Array& a, uint8_t dt) { return wrap(mx::astype(a.a, to_dtype(dt))); }

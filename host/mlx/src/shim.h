@@ -72,6 +72,7 @@ A sqrt(const Array& a);
 A rsqrt(const Array& a);
 A negative(const Array& a);
 A sigmoid(const Array& a);
+A tanh(const Array& a);
 A silu(const Array& a);
 A square(const Array& a);
 A astype(const Array& a, uint8_t dtype);
@@ -135,7 +136,8 @@ A qmatmul_packed_norm_rope_rows(const Array& x, const Array& norm_w, float eps,
                                 int32_t rope_cols, int32_t head_dim, bool traditional, float base,
                                 rust::Slice<const int32_t> positions,
                                 rust::Slice<const float> factors);
-A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal);
+A attention(const Array& q, const Array& k, const Array& v, float scale, bool causal,
+            float softcap);
 std::unique_ptr<ArrayList> attention_kv_rows(const Array& y, const ArrayList& caches,
                                              rust::Slice<const int32_t> spans, int32_t heads,
                                              int32_t kv_heads, int32_t head_dim, float scale);

@@ -685,6 +685,142 @@ fn attention_reads_cache_slices_in_place() {
     .is_err());
 }
 
+/// Soft-capped attention (Gemma 2's `attn_logit_softcapping`) against a
+/// float64 reference of `softmax(cap tanh(scale q.k / cap)) v`, causal;
+/// each row of a many-row call bitwise the row alone; at the AVX2 level the
+/// grouped kernel bitwise the per-head path, as uncapped; cap 0 bitwise the
+/// plain attention. A cap of 1 moves the output far beyond the bound, so
+/// an ignored cap fails.
+#[test]
+fn softcapped_attention_matches_its_formula() {
+    let mut g = Gen(80);
+    for (h, hkv, d, t, len) in [
+        (8usize, 4usize, 256usize, 5usize, 40usize),
+        (9, 3, 64, 7, 33),
+        (4, 1, 128, 3, 9),
+        (2, 2, 16, 4, 12),
+    ] {
+        let (kf, vf, qf) = (
+            g.f32s(hkv * len * d, -1.0, 1.0),
+            g.f32s(hkv * len * d, -1.0, 1.0),
+            g.f32s(h * t * d, -1.5, 1.5),
+        );
+        let (k, v, q) = (
+            heads(&kf, hkv, len, d),
+            heads(&vf, hkv, len, d),
+            heads(&qf, h, t, d),
+        );
+        let (scale, cap) = (1.0 / (d as f32).sqrt(), 1.0f32);
+        let what = format!("h {h} / {hkv}, d {d}, {t} rows over {len} keys");
+        let capped = |q: &Array, cap: f32| {
+            kernels::attention_capped(q, &k, &v, scale, true, cap)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap()
+        };
+        let got = capped(&q, cap);
+        // Reference: output [t, h, d], heads last.
+        let mut want = vec![0f64; t * h * d];
+        for hh in 0..h {
+            let kvh = hh / (h / hkv);
+            for r in 0..t {
+                let n = len - t + r + 1;
+                let qr = &qf[(hh * t + r) * d..(hh * t + r + 1) * d];
+                let s: Vec<f64> = (0..n)
+                    .map(|j| {
+                        let kr = &kf[(kvh * len + j) * d..(kvh * len + j + 1) * d];
+                        let dot: f64 = qr.iter().zip(kr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        cap as f64 * (dot * scale as f64 / cap as f64).tanh()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (j, p) in e.iter().enumerate() {
+                    for c in 0..d {
+                        want[(r * h + hh) * d + c] += p / sum * vf[(kvh * len + j) * d + c] as f64;
+                    }
+                }
+            }
+        }
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0, f64::max);
+        assert!(err < 2e-5, "{what}: max |diff| {err}");
+        let plain = kernels::attention(&q, &k, &v, scale, true)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let moved = plain
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (*a as f64 - b).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            moved > 1e-3,
+            "{what}: the cap moved the output by {moved} only"
+        );
+        assert_eq!(
+            capped(&q, 0.0)
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
+            plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{what}: cap 0 is the plain attention"
+        );
+        // Row r of the t-row call is the row alone, over its own keys.
+        for r in 0..t {
+            let n = (len - t + r + 1) as i32;
+            let keys = |a: &Array| {
+                a.slice(&[0, 0, 0, 0], &[1, hkv as i32, n, d as i32])
+                    .unwrap()
+            };
+            let qr = q
+                .slice(&[0, 0, r as i32, 0], &[1, h as i32, r as i32 + 1, d as i32])
+                .unwrap();
+            let alone = kernels::attention_capped(&qr, &keys(&k), &keys(&v), scale, true, cap)
+                .unwrap()
+                .to_vec_f32()
+                .unwrap();
+            assert!(
+                alone
+                    .iter()
+                    .zip(&got[r * h * d..(r + 1) * h * d])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: row {r} differs from the row alone"
+            );
+        }
+        // q viewed with a column stride: the per-head path.
+        let mut qt = vec![0f32; qf.len()];
+        for hh in 0..h {
+            for i in 0..t {
+                for j in 0..d {
+                    qt[(hh * d + j) * t + i] = qf[(hh * t + i) * d + j];
+                }
+            }
+        }
+        let q_strided = Array::from_f32(&qt, &[1, h as i32, d as i32, t as i32])
+            .unwrap()
+            .transpose(&[0, 1, 3, 2])
+            .unwrap();
+        let per_head = capped(&q_strided, cap);
+        if kernels::isa() == "avx512" {
+            for (a, b) in got.iter().zip(&per_head) {
+                assert!((a - b).abs() < 1e-5, "{what}: {a} vs {b}");
+            }
+        } else {
+            assert!(
+                got.iter()
+                    .zip(&per_head)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: the grouped attention differs from the per-head path"
+            );
+        }
+    }
+}
+
 /// Rows of a `[rows, d]` result computed alone are bitwise the same rows of
 /// a batched call.
 fn assert_row_invariant(name: &str, rows: usize, d: usize, f: impl Fn(usize, usize) -> Vec<f32>) {

@@ -12,6 +12,10 @@ pub enum Arch {
     /// Gemma 3 ([`super::gemma3`]): q/k norms, GeGLU, post-norms, scaled
     /// embedding, local (sliding-window) and global layers.
     Gemma3,
+    /// Gemma 2 ([`super::gemma2`]): Gemma 3's layer without q/k norms, with
+    /// soft-capped attention scores and logits, `query_pre_attn_scalar`,
+    /// local (even) and global (odd) layers.
+    Gemma2,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +61,18 @@ pub struct LlamaConfig {
     /// `rope_freqs.weight`). `None`: the plain rope.
     #[serde(default)]
     pub rope_freq_factors: Option<Vec<f32>>,
+    /// Gemma 2: attention scores capped as `cap tanh(s / cap)` before the
+    /// softmax (`attn_logit_softcapping`).
+    #[serde(default)]
+    pub attn_logit_softcapping: Option<f32>,
+    /// Gemma 2: logits capped as `cap tanh(l / cap)`
+    /// (`final_logit_softcapping`).
+    #[serde(default)]
+    pub final_logit_softcapping: Option<f32>,
+    /// Gemma 2: attention scores scaled by 1 / sqrt(this) instead of
+    /// 1 / sqrt(head_dim).
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f32>,
 }
 
 /// The HF `model_type`s specd runs, all through the llama forward with the
@@ -71,11 +87,12 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mimo",
     "phi3",
     "gemma3_text",
+    "gemma2",
 ];
 
 /// The GGUF `general.architecture`s specd runs, as llama.cpp's converter
 /// writes them.
-pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3"];
+pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2"];
 
 /// Where a source keeps the shape every llama-family config states: the
 /// hidden size, layers, heads, key/value heads (default: as many as heads),
@@ -103,11 +120,23 @@ impl LlamaConfig {
     /// Gemma 3's embedding scale: sqrt(hidden) rounded to bfloat16 (mlx-lm:
     /// `mx.array(hidden ** 0.5, mx.bfloat16)`): for 640, 25.25 rather than
     /// 25.298.
+    /// Gemma 2's is sqrt(hidden) in float32 (mlx-lm's gemma2.py and
+    /// llama.cpp).
     pub fn embed_scale(&self) -> f32 {
+        if self.arch == Arch::Gemma2 {
+            return (self.hidden_size as f32).sqrt();
+        }
         let s = (self.hidden_size as f32).sqrt().to_bits();
         // Round to nearest even at bit 16.
         let r = s + 0x7fff + ((s >> 16) & 1);
         f32::from_bits(r & 0xffff_0000)
+    }
+
+    /// The attention scores' scale: 1 / sqrt(`query_pre_attn_scalar`)
+    /// where a Gemma 2 states one, else 1 / sqrt(head_dim).
+    pub fn attn_scale(&self) -> f32 {
+        let s = self.query_pre_attn_scalar.unwrap_or(self.head_dim as f32);
+        (1.0 / (s as f64).sqrt()) as f32
     }
 
     /// Bytes of KV cache one token takes at `value_bytes` per value (4:
@@ -146,6 +175,9 @@ impl LlamaConfig {
             sliding_window_pattern: None,
             rope_local_theta: None,
             rope_freq_factors: None,
+            attn_logit_softcapping: None,
+            final_logit_softcapping: None,
+            query_pre_attn_scalar: None,
         })
     }
 
@@ -185,6 +217,9 @@ impl LlamaConfig {
             Ok(v) => v as usize,
             Err(_) => 0, // filled from the embedding's shape by the loader
         };
+        if arch == "gemma2" {
+            return Self::from_gemma2_gguf(shape, &num, has_output, vocab);
+        }
         let gemma = arch == "gemma3";
         // Gemma 3 (llama.cpp's reading of its GGUF): head dim from
         // attention.key_length, a global layer every 6th, local rope base
@@ -245,6 +280,9 @@ impl LlamaConfig {
         }
         if model_type == "gemma3_text" {
             return Self::from_gemma3_json(&v);
+        }
+        if model_type == "gemma2" {
+            return Self::from_gemma2_json(&v);
         }
         // MiMo's trunk is Qwen2's.
         let model_type = if model_type == "mimo" {
@@ -418,6 +456,117 @@ impl LlamaConfig {
         })
     }
 
+    /// A Gemma 2 GGUF as llama.cpp reads it (`LLM_ARCH_GEMMA2`): the head
+    /// size from `attention.key_length`, NEOX rope on unpermuted q/k (base
+    /// 10000 unless stated), a window on the even layers (`set_swa_pattern(2)`),
+    /// the soft-caps (50 and 30 where unstated, as llama.cpp's defaults),
+    /// and llama.cpp's attention scale: 1 / sqrt(head size), but
+    /// 1 / sqrt(hidden / heads) for the 46-layer 27B (its
+    /// `query_pre_attn_scalar`, which the file does not carry).
+    fn from_gemma2_gguf(
+        shape: LlamaConfig,
+        num: &dyn Fn(&str) -> Result<f64>,
+        has_output: bool,
+        vocab: usize,
+    ) -> Result<Self> {
+        let head_dim = num("attention.key_length")? as usize;
+        if let Ok(n) = num("rope.dimension_count") {
+            if n as usize != head_dim {
+                bail!("GGUF metadata gemma2.rope.dimension_count {n} is not the head size {head_dim} (specd rotates whole heads)");
+            }
+        }
+        let scalar = match shape.num_hidden_layers {
+            46 => shape.hidden_size / shape.num_attention_heads.max(1),
+            _ => head_dim,
+        };
+        // A cap of 0 would divide by zero: no cap.
+        let cap =
+            |k: &str, default: f64| Some(num(k).unwrap_or(default) as f32).filter(|&c| c != 0.0);
+        Ok(LlamaConfig {
+            arch: Arch::Gemma2,
+            head_dim,
+            vocab_size: vocab,
+            rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
+            max_position_embeddings: num("context_length").map_or(8192, |v| v as usize),
+            tie_word_embeddings: !has_output,
+            sliding_window: Some(num("attention.sliding_window")? as usize),
+            sliding_window_pattern: Some(2),
+            attn_logit_softcapping: cap("attn_logit_softcapping", 50.0),
+            final_logit_softcapping: cap("final_logit_softcapping", 30.0),
+            query_pre_attn_scalar: Some(scalar as f32),
+            ..shape
+        })
+    }
+
+    /// A Gemma 2 config.json (`gemma2`, as transformers' Gemma2Config and
+    /// mlx-lm's gemma2.py read it): soft-caps of 50 and 30 where unstated
+    /// (transformers' defaults; `null`: none), `query_pre_attn_scalar`
+    /// (default 256), a window of `sliding_window` on the even layers.
+    /// A scaled rope or another activation is an error.
+    fn from_gemma2_json(v: &serde_json::Value) -> Result<Self> {
+        let get = |k: &str| -> Result<u64> {
+            v[k].as_u64()
+                .with_context(|| format!("config.json lacks integer {k}"))
+        };
+        let shape = LlamaConfig::shape(&HF_SHAPE, &|k| Ok(get(k)? as usize), &|k| {
+            v[k].as_f64().or((k == "rms_norm_eps").then_some(1e-6))
+        })?;
+        let head_dim = get("head_dim").map_or(256, |x| x as usize);
+        if !v["rope_scaling"].is_null() {
+            bail!(
+                "config.json's rope_scaling = {} is not supported for gemma2",
+                v["rope_scaling"]
+            );
+        }
+        for key in ["hidden_activation", "hidden_act"] {
+            match v[key].as_str() {
+                None | Some("gelu_pytorch_tanh") => {}
+                Some(a) => {
+                    bail!("config.json's {key} {a:?} is not supported (gelu_pytorch_tanh)")
+                }
+            }
+        }
+        // Unstated: transformers' default; null: no cap.
+        let cap = |key: &str, default: f64| -> Result<Option<f32>> {
+            match v.get(key) {
+                None => Ok(Some(default as f32)),
+                Some(serde_json::Value::Null) => Ok(None),
+                Some(c) => match c.as_f64() {
+                    Some(0.0) => Ok(None),
+                    Some(c) => Ok(Some(c as f32)),
+                    None => bail!("config.json's {key} {c} is not a number"),
+                },
+            }
+        };
+        // Newer configs state each layer's kind: it must be Gemma 2's.
+        if let Some(kinds) = v["layer_types"].as_array() {
+            for (i, k) in kinds.iter().enumerate() {
+                let want = match i % 2 {
+                    0 => "sliding_attention",
+                    _ => "full_attention",
+                };
+                if k.as_str() != Some(want) {
+                    bail!("config.json's layer_types[{i}] = {k} is not Gemma 2's (even layers sliding, odd ones full)");
+                }
+            }
+        }
+        Ok(LlamaConfig {
+            arch: Arch::Gemma2,
+            head_dim,
+            vocab_size: get("vocab_size")? as usize,
+            rope_theta: v["rope_theta"].as_f64().unwrap_or(10000.0) as f32,
+            rope_traditional: false,
+            max_position_embeddings: get("max_position_embeddings").map_or(8192, |x| x as usize),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(true),
+            sliding_window: Some(get("sliding_window").map_or(4096, |x| x as usize)),
+            sliding_window_pattern: Some(2),
+            attn_logit_softcapping: cap("attn_logit_softcapping", 50.0)?,
+            final_logit_softcapping: cap("final_logit_softcapping", 30.0)?,
+            query_pre_attn_scalar: Some(v["query_pre_attn_scalar"].as_f64().unwrap_or(256.0) as f32),
+            ..shape
+        })
+    }
+
     /// Whether layer `i` attends through the sliding window (rotating cache).
     pub fn is_local(&self, i: usize) -> bool {
         match (self.sliding_window, self.sliding_window_pattern) {
@@ -523,9 +672,9 @@ mod tests {
     #[test]
     fn what_the_forward_would_get_wrong_is_an_error() {
         let err = |extra| format!("{:#}", hf(extra).unwrap_err());
-        let e = err(serde_json::json!({"model_type": "gemma2"}));
+        let e = err(serde_json::json!({"model_type": "granite"}));
         assert!(
-            e.contains("\"gemma2\"") && e.contains("llama, mistral, qwen2, qwen3"),
+            e.contains("\"granite\"") && e.contains("llama, mistral, qwen2, qwen3"),
             "{e}"
         );
         let e = err(serde_json::json!({"model_type": "qwen3"}));
@@ -596,6 +745,90 @@ mod tests {
             e.contains("\"phi2\"") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn gemma2_reads_its_caps_window_and_scale() {
+        // GGUF: llama.cpp's keys and defaults.
+        let c = gguf(
+            "gemma2",
+            &[
+                ("attention.key_length", "64"),
+                ("attention.sliding_window", "4096"),
+                ("attn_logit_softcapping", "50"),
+                ("final_logit_softcapping", "30"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.arch, Arch::Gemma2);
+        assert!(!c.rope_traditional && !c.qk_norm && c.tie_word_embeddings);
+        assert_eq!(
+            (c.head_dim, c.rope_theta, c.sliding_window),
+            (64, 10000.0, Some(4096))
+        );
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), Some(30.0))
+        );
+        assert_eq!(c.attn_scale(), 0.125, "1 / sqrt(head size)");
+        let local: Vec<bool> = (0..4).map(|i| c.is_local(i)).collect();
+        assert_eq!(local, [true, false, true, false], "even layers windowed");
+        assert_eq!(c.embed_scale(), 128f32.sqrt(), "sqrt(hidden) in float32");
+        // Unstated caps: llama.cpp's defaults; the 27B's scale.
+        let c = gguf(
+            "gemma2",
+            &[
+                ("attention.key_length", "32"),
+                ("attention.sliding_window", "16"),
+                ("block_count", "46"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), Some(30.0))
+        );
+        assert_eq!(
+            c.query_pre_attn_scalar,
+            Some(32.0),
+            "hidden / heads for 46 layers"
+        );
+        let e = gguf("gemma2", &[("attention.sliding_window", "16")]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("gemma2.attention.key_length"),
+            "{e:#}"
+        );
+
+        // HF: transformers' defaults where unstated, null for none.
+        let c = hf(serde_json::json!({"model_type": "gemma2", "head_dim": 64,
+            "query_pre_attn_scalar": 48, "sliding_window": 16,
+            "final_logit_softcapping": null}))
+        .unwrap();
+        assert_eq!(c.arch, Arch::Gemma2);
+        assert_eq!(
+            (c.attn_logit_softcapping, c.final_logit_softcapping),
+            (Some(50.0), None)
+        );
+        assert_eq!(c.attn_scale(), (1.0 / 48f64.sqrt()) as f32);
+        assert_eq!(
+            (c.sliding_window, c.sliding_window_pattern),
+            (Some(16), Some(2))
+        );
+        assert!(c.tie_word_embeddings && !c.qk_norm);
+        let err = |extra| format!("{:#}", hf(extra).unwrap_err());
+        let e = err(serde_json::json!({"model_type": "gemma2", "hidden_activation": "gelu"}));
+        assert!(e.contains("hidden_activation"), "{e}");
+        let e = err(
+            serde_json::json!({"model_type": "gemma2", "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+        );
+        assert!(e.contains("rope_scaling"), "{e}");
+        let e = err(
+            serde_json::json!({"model_type": "gemma2", "layer_types": ["full_attention", "sliding_attention"]}),
+        );
+        assert!(e.contains("layer_types[0]"), "{e}");
+        assert!(hf(serde_json::json!({"model_type": "gemma2",
+            "layer_types": ["sliding_attention", "full_attention"]}))
+        .is_ok());
     }
 
     #[test]

@@ -413,6 +413,10 @@ fn build(
                     attn: norm(&n(names.post_attn_norm))?,
                     ffn: norm(&n(names.post_ffn_norm))?,
                 }),
+                Arch::Gemma2 => LayerKind::Gemma2(PostNorms {
+                    attn: norm(&n(names.post_attn_norm))?,
+                    ffn: norm(&n(names.post_ffn_norm))?,
+                }),
                 Arch::Llama => LayerKind::Llama,
             },
         });
@@ -572,7 +576,7 @@ const HF_NAMES: Names = Names {
     norm_plus_one: false,
 };
 
-/// Gemma 3's HF names (mlx-lm's gemma3_text.py): its norm after attention
+/// Gemma 3's HF names (mlx-lm's gemma3_text.py; Gemma 2's too): its norm after attention
 /// is `post_attention_layernorm`, the MLP's input norm
 /// `pre_feedforward_layernorm`.
 const GEMMA3_HF_NAMES: Names = Names {
@@ -666,7 +670,8 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
         used: RefCell::default(),
     };
     let names = match config.arch {
-        Arch::Gemma3 => &GEMMA3_HF_NAMES,
+        // Gemma 2's HF names are Gemma 3's.
+        Arch::Gemma3 | Arch::Gemma2 => &GEMMA3_HF_NAMES,
         Arch::Llama => &HF_NAMES,
     };
     split_fused(&mut t, &config, names.layer_prefix)?;

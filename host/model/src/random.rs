@@ -33,9 +33,10 @@ pub struct Shape {
 }
 
 /// `tiny` (correctness, outputs recorded on a CPU), `small` (speed on a
-/// CPU in seconds) and `1b` (Llama 3.2 1B's layers with a 32k vocabulary:
-/// 1.04B parameters, the speed figure on a GPU).
-pub const SHAPES: [Shape; 3] = [
+/// CPU in seconds), `1b` (Llama 3.2 1B's layers with a 32k vocabulary:
+/// 1.04B parameters, the speed figure on a GPU) and `gemma2-2b` (Gemma 2
+/// 2B's layers, head size 256, with a 32k vocabulary: 2.1B parameters).
+pub const SHAPES: [Shape; 4] = [
     Shape {
         name: "tiny",
         hidden: 64,
@@ -64,6 +65,16 @@ pub const SHAPES: [Shape; 3] = [
         kv_heads: 8,
         head_dim: 64,
         ffn: 8192,
+        vocab: 32768,
+    },
+    Shape {
+        name: "gemma2-2b",
+        hidden: 2304,
+        layers: 26,
+        heads: 8,
+        kv_heads: 4,
+        head_dim: 256,
+        ffn: 9216,
         vocab: 32768,
     },
 ];
@@ -108,18 +119,22 @@ pub enum Family {
     Qwen3,
     /// Gemma 3: q/k norms, post-norms, GeGLU, local and global layers.
     Gemma3,
+    /// Gemma 2: post-norms, GeGLU, soft-capped attention and logits, a
+    /// window of 4096 on the even layers.
+    Gemma2,
     /// Phi-3 (mini 4k): fused q/k/v and gate/up tensors, a window of 2047
     /// on every layer, an untied head.
     Phi3,
 }
 
-pub const FAMILIES: [(&str, Family); 6] = [
+pub const FAMILIES: [(&str, Family); 7] = [
     ("llama", Family::Llama),
     ("llama3", Family::Llama3),
     ("qwen2", Family::Qwen2),
     ("qwen3", Family::Qwen3),
     ("phi3", Family::Phi3),
     ("gemma3", Family::Gemma3),
+    ("gemma2", Family::Gemma2),
 ];
 
 impl Family {
@@ -145,17 +160,23 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Phi3 => "phi3",
             Family::Gemma3 => "gemma3",
+            Family::Gemma2 => "gemma2",
         }
     }
 
     fn rope_theta(self) -> f32 {
         match self {
-            Family::Llama | Family::Phi3 => 10000.0,
+            Family::Llama | Family::Phi3 | Family::Gemma2 => 10000.0,
             Family::Llama3 => 500000.0,
             _ => 1_000_000.0,
         }
     }
 }
+
+/// Gemma 2's window (on the even layers) and its attention and final logit
+/// soft-caps, as its configs state them.
+const GEMMA2_WINDOW: usize = 4096;
+const GEMMA2_CAPS: (f32, f32) = (50.0, 30.0);
 
 /// Llama 3.2's rope scaling: factor, low and high frequency factors, the
 /// original context.
@@ -206,7 +227,7 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
         d,
         Kind::Embedding,
     );
-    let gemma = family == Family::Gemma3;
+    let gemma = matches!(family, Family::Gemma3 | Family::Gemma2);
     let linears = match family {
         // Phi-3's fused tensors (GGUF: `ffn_up` holds the gate, then up).
         Family::Phi3 => vec![
@@ -375,7 +396,7 @@ fn write_hf(shape: Shape, family: Family, seed: u64, dir: &Path) -> Result<()> {
         match p.kind {
             Kind::Weight | Kind::Embedding => quantized(&p.hf, x, &mut tensors)?,
             // Gemma's HF norms hold w for a scale of 1 + w.
-            Kind::Norm(_) if family == Family::Gemma3 => {
+            Kind::Norm(_) if matches!(family, Family::Gemma3 | Family::Gemma2) => {
                 let w = ops::subtract(&x, &Array::scalar(1.0)?)?;
                 tensors.push((format!("{}.weight", p.hf), w));
             }
@@ -447,6 +468,13 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
             "query_pre_attn_scalar": shape.head_dim, "rope_local_base_freq": 10000.0,
             "sliding_window": 512, "sliding_window_pattern": 6, "rope_scaling": null,
+        }),
+        Family::Gemma2 => serde_json::json!({
+            "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+            "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_act": "gelu_pytorch_tanh", "query_pre_attn_scalar": shape.head_dim,
+            "sliding_window": GEMMA2_WINDOW, "attn_logit_softcapping": GEMMA2_CAPS.0,
+            "final_logit_softcapping": GEMMA2_CAPS.1, "rope_scaling": null,
         }),
     };
     if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
@@ -541,6 +569,11 @@ fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufVa
     match family {
         Family::Gemma3 => arch_kv.push(("attention.sliding_window", u(512))),
         Family::Phi3 => arch_kv.push(("attention.sliding_window", u(2047))),
+        Family::Gemma2 => arch_kv.extend([
+            ("attention.sliding_window", u(GEMMA2_WINDOW)),
+            ("attn_logit_softcapping", GgufValue::F32(GEMMA2_CAPS.0)),
+            ("final_logit_softcapping", GgufValue::F32(GEMMA2_CAPS.1)),
+        ]),
         _ => {}
     }
     kv.extend(arch_kv.into_iter().map(|(k, v)| (format!("{a}.{k}"), v)));

@@ -15,8 +15,8 @@
 //!   an MTP head's first-step rows over the ids (the target's features
 //!   from one forward): `{"argmax": [...]}` (target ids), with `--logits`
 //!   every row's logits over the draft vocabulary too.
-//! - `specd debug random-model [--arch llama|llama3|qwen2|qwen3|phi3|gemma3]
-//!   [--shape tiny|small|1b] [--seed N] [--gguf] --out PATH` writes a
+//! - `specd debug random-model [--arch llama|llama3|qwen2|qwen3|phi3|gemma3|gemma2]
+//!   [--shape tiny|small|1b|gemma2-2b] [--seed N] [--gguf] --out PATH` writes a
 //!   random-weight checkpoint of that architecture (`model::random`): a
 //!   4-bit HF directory, or with `--gguf` a GGUF file as llama.cpp's
 //!   converter names it (Q4_1, Q8_0 embedding).
@@ -73,11 +73,11 @@ pub struct MtpArgs {
 
 #[derive(Args)]
 pub struct RandomModelArgs {
-    /// `llama`, `llama3` (Llama 3.2's rope scaling), `qwen2`, `qwen3`, `phi3`
-    /// or `gemma3`.
+    /// `llama`, `llama3` (Llama 3.2's rope scaling), `qwen2`, `qwen3`, `phi3`,
+    /// `gemma3` or `gemma2`.
     #[arg(long, default_value = "llama")]
     arch: String,
-    /// `tiny`, `small` or `1b` (host/model/src/random.rs).
+    /// `tiny`, `small`, `1b` or `gemma2-2b` (host/model/src/random.rs).
     #[arg(long, default_value = "tiny")]
     shape: String,
     #[arg(long, default_value_t = 0)]

@@ -115,8 +115,9 @@ pub(crate) fn layer(
     Ok(x)
 }
 
-/// The MLP without its residual: norm, gate/up matmuls, geglu, down.
-fn mlp(m: &Llama, l: &Layer, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
+/// The MLP without its residual: norm, gate/up matmuls, geglu, down
+/// (Gemma 2's too).
+pub(super) fn mlp(m: &Llama, l: &Layer, x: &Array, probe: &mut Probe<'_>) -> Result<Array> {
     // The geglu folded into the down matmul where its weights are
     // packed: the same bits, one op a layer fewer (as llama's swiglu).
     if let (Some(f), true) = (&l.gate_up, m.own_kernels) {

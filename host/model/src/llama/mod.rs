@@ -5,6 +5,7 @@
 //! multiplied by specd's batch-invariant kernels, attention by specd's
 //! kernel too) and float32 (dequantized at load, MLX's BLAS matmul and fused
 //! attention). See [`WeightMode`].
+pub mod gemma2;
 pub mod gemma3;
 pub mod phi3;
 pub mod rope;
@@ -56,6 +57,9 @@ pub enum LayerKind {
     /// Gemma 3 ([`crate::gemma3`]): its post-norms, GeGLU, a rope base per
     /// layer kind, attention per sequence.
     Gemma3(PostNorms),
+    /// Gemma 2 ([`gemma2`]): Gemma 3's post-norms and GeGLU, no q/k norms,
+    /// soft-capped attention.
+    Gemma2(PostNorms),
 }
 
 /// Called with a part's name and outputs as a forward builds them.
@@ -369,6 +373,9 @@ impl Llama {
                 LayerKind::Gemma3(p) => {
                     gemma3::layer(self, i, layer, p, &x, &mut [(cache, (0, t))], probe)?
                 }
+                LayerKind::Gemma2(p) => {
+                    gemma2::layer(self, i, layer, p, &x, &mut [(cache, (0, t))], probe)?
+                }
                 LayerKind::Llama => self.layer(i, layer, &x, cache, probe)?,
             };
         }
@@ -380,13 +387,13 @@ impl Llama {
     }
 
     /// The embedding rows of token ids `[T]`, as `[1, T, hidden]` (scaled
-    /// by sqrt(hidden) for Gemma 3).
+    /// by sqrt(hidden) for Gemma 2 and 3).
     fn embedded(&self, ids: &Array) -> Result<Array> {
         let x = self
             .embed
             .rows(ids)?
             .reshape(&[1, ids.dim(0), self.config.hidden_size as i32])?;
-        if self.config.arch != Arch::Gemma3 {
+        if !matches!(self.config.arch, Arch::Gemma3 | Arch::Gemma2) {
             return Ok(x);
         }
         let scale = Array::scalar(self.config.embed_scale())?;
@@ -406,7 +413,7 @@ impl Llama {
             Logits::Last => h.slice(&[0, t - 1, 0], &[1, t, d])?.reshape(&[1, d])?,
         };
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let logits = self.norm_linear(&h, &self.norm, head)?;
+        let logits = self.cap_logits(self.norm_linear(&h, &self.norm, head)?)?;
         probe("final norm + lm head", &[&logits])?;
         Ok(logits)
     }
@@ -1004,7 +1011,7 @@ impl Llama {
         .reshape(&[rows, d])?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         Ok(BatchLogits {
-            logits: Some(self.norm_linear(&h, &self.norm, head)?),
+            logits: Some(self.cap_logits(self.norm_linear(&h, &self.norm, head)?)?),
             spans: spans_out,
             hidden: x,
         })
@@ -1060,6 +1067,14 @@ impl Llama {
                         .map(|(s, &span)| (&mut s.caches[i], span))
                         .collect();
                     gemma3::layer(self, i, layer, g, &x, &mut parts, &mut no_probe)?
+                }
+                LayerKind::Gemma2(g) => {
+                    let mut parts: Vec<_> = seqs
+                        .iter_mut()
+                        .zip(spans)
+                        .map(|(s, &span)| (&mut s.caches[i], span))
+                        .collect();
+                    gemma2::layer(self, i, layer, g, &x, &mut parts, &mut no_probe)?
                 }
                 LayerKind::Llama => self.layer_batch(layer, &x, i, seqs, spans)?,
             };
@@ -1193,7 +1208,7 @@ impl Llama {
             for lin in l.qkv.iter().chain(&l.gate_up) {
                 w.extend(lin.arrays());
             }
-            if let LayerKind::Gemma3(p) = &l.kind {
+            if let LayerKind::Gemma3(p) | LayerKind::Gemma2(p) = &l.kind {
                 w.extend([&p.attn, &p.ffn]);
             }
         }
