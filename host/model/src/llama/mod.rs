@@ -547,7 +547,7 @@ impl Llama {
         let heads = |y: &Array, n: i32| y.reshape(&[1, t, n, hd])?.transpose(&[0, 2, 1, 3]);
         // A bias or a q/k norm comes between the matmul and the rope, so
         // those models skip the op that folds the rope into the matmul.
-        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none() && self.rope_folds();
         if let (true, Some(Linear::Quantized(f))) = (plain, &l.qkv) {
             if f.packed.is_some() {
                 let y =
@@ -665,7 +665,7 @@ impl Llama {
     /// and the fused attention kernel takes its output: specd's kernels,
     /// packed weights, nothing (bias, q/k norm) between matmul and rope.
     fn fused_qkv<'a>(&self, l: &'a Layer) -> Option<&'a QuantizedWeight> {
-        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none() && self.rope_folds();
         match &l.qkv {
             Some(Linear::Quantized(f)) if plain && self.own_kernels && f.packed.is_some() => {
                 Some(f)
