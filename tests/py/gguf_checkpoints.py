@@ -15,7 +15,10 @@ which the test venv does not hold, so its rules are followed here with the
   `post_ffw_norm`, `gemma3.attention.sliding_window`, the head size as
   `attention.key_length` (llama.cpp fixes the pattern at every 6th layer
   global and the local rope base at 10000);
-- q/k permutation: only `llama` permutes q and k (`LlamaModel.permute`, for
+- Granite (GraniteModel, a LlamaModel): q/k permuted as llama's,
+  `granite.embedding_scale`, `residual_scale`, `attention.scale`,
+  `logit_scale` from the config's multipliers;
+- q/k permutation: only `llama` (and `granite`) permutes q and k (`LlamaModel.permute`, for
   llama.cpp's interleaved rope); `qwen2`/`qwen3` keep HF's rotate-half
   layout (llama.cpp runs them, and phi3, with NEOX rope);
 - metadata: `{arch}.context_length`, `embedding_length`, `block_count`,
@@ -116,7 +119,7 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
     cfg = json.loads((d / "config.json").read_text())
     mt = cfg["model_type"]
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-            "gemma3_text": "gemma3"}[mt]
+            "gemma3_text": "gemma3", "granite": "granite"}[mt]
     gemma = arch == "gemma3"
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") if mt != "qwen2" else None
@@ -142,6 +145,11 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
+    if arch == "granite":
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     if arch in ("phi3", "gemma3"):
         # Phi-4-mini has none: the converter writes 0.
         w.add_sliding_window(cfg.get("sliding_window") or 0)
@@ -193,7 +201,7 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2") 
                 x = t.pop(f"model.layers.{i}.{hf}.{kind}", None)
                 if x is None:
                     continue
-                if arch == "llama" and gg in ("attn_q", "attn_k"):
+                if arch in ("llama", "granite") and gg in ("attn_q", "attn_k"):
                     x = permute(x, heads if gg == "attn_q" else kv)
                 if gemma and gg.endswith("norm"):
                     x = x + 1  # Gemma's 1 + w, as Gemma3Model.modify_tensors adds it

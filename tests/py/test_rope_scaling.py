@@ -1,6 +1,6 @@
 """Long-context ropes against references: Phi-3.5's `longrope`, Phi-4-mini's
 longrope over part of each head (`partial_rotary_factor`), Qwen 2.5's
-`yarn`.
+`yarn` (on Qwen2, and on Qwen3 where a q norm comes before the rope).
 
 Each is a tiny random checkpoint (hf_checkpoints.py, mlx-lm's own model
 classes) whose original context is 32 positions, so the scaling bites
@@ -38,6 +38,7 @@ from test_architectures import (  # noqa: E402
 from test_foundation import run_specd  # noqa: E402
 
 ORIGINAL = 32
+SCALED = ["phi3.5", "phi4-mini", "qwen2-yarn", "qwen3-yarn"]
 
 
 def longrope(pairs: int) -> dict:
@@ -61,11 +62,14 @@ def models(tmp_path_factory) -> dict[str, Path]:
         "phi3.5": w(root / "phi3.5", "phi3", **phi35),
         "phi4-mini": w(root / "phi4-mini", "phi3", **phi4),
         "qwen2-yarn": w(root / "qwen2-yarn", "qwen2", **yarn),
+        # Qwen3's q norm comes between the matmul and the rope: the
+        # attention factor folds into the norm there.
+        "qwen3-yarn": w(root / "qwen3-yarn", "qwen3", **yarn),
         "phi4-mini-4bit": w(root / "phi4-mini-4bit", "phi3", quantize=dict(group_size=64, bits=4),
                             **phi4),
     }
     g = gguf_checkpoints.write_gguf
-    for name in ["phi3.5", "phi4-mini", "qwen2-yarn"]:
+    for name in SCALED:
         pre = "qwen2" if name.startswith("qwen") else "gpt-2"
         out[f"{name}.gguf"] = g(out[name], root / f"{name}.gguf", pre=pre)
         out[f"{name}-unscaled.gguf"] = g(out[name], root / f"{name}-unscaled.gguf", rope_freqs=False,
@@ -73,7 +77,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("name", ["phi3.5", "phi4-mini", "qwen2-yarn"])
+@pytest.mark.parametrize("name", SCALED)
 def test_scaled_rope_matches_mlx_lm_gguf_and_llama_cpp(models, tmp_path, name):
     d, path = models[name], models[f"{name}.gguf"]
     hf = specd_logits(d, tmp_path)
@@ -84,7 +88,7 @@ def test_scaled_rope_matches_mlx_lm_gguf_and_llama_cpp(models, tmp_path, name):
     r = rel_diff(unscaled, want)
     print(f"{name}: mlx-lm unscaled differs by {r:.3g} of the range")
     assert r > 30 * MLX_TOL and rel_diff(hf, unscaled) > 30 * MLX_TOL, r
-    if name == "qwen2-yarn":
+    if name.endswith("yarn"):
         # The frequencies alone (mscale 0: no attention factor) are off too.
         scaling = json.loads((d / "config.json").read_text())["rope_scaling"]
         r = rel_diff(mlx_logits(d, rope_scaling=dict(scaling, mscale=0.0)), want)

@@ -68,6 +68,23 @@ pub struct LlamaConfig {
     /// forward never reads it. `None`: 1.
     #[serde(default)]
     pub rope_attn_factor: Option<f32>,
+    /// Granite 3's multipliers (`None`: a plain llama).
+    #[serde(default)]
+    pub granite: Option<GraniteScales>,
+}
+
+/// Granite 3's scales (mlx-lm's granite.py; GGUF `granite.embedding_scale`,
+/// `.residual_scale`, `.attention.scale`, `.logit_scale`). The forward
+/// multiplies the embedding rows by `embedding`; the loader folds the
+/// others into weights: `residual` into the o and down projections (what
+/// each adds to the residual stream), `attention` (the softmax scale in
+/// place of 1 / sqrt(head_dim)) into q, 1 / `logits` into the final norm.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GraniteScales {
+    pub embedding: f32,
+    pub residual: f32,
+    pub attention: f32,
+    pub logits: f32,
 }
 
 /// The HF `model_type`s specd runs, all through the llama forward with the
@@ -82,11 +99,12 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mimo",
     "phi3",
     "gemma3_text",
+    "granite",
 ];
 
 /// The GGUF `general.architecture`s specd runs, as llama.cpp's converter
 /// writes them.
-pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3"];
+pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3", "granite"];
 
 /// Where a source keeps the shape every llama-family config states: the
 /// hidden size, layers, heads, key/value heads (default: as many as heads),
@@ -119,6 +137,16 @@ impl LlamaConfig {
         // Round to nearest even at bit 16.
         let r = s + 0x7fff + ((s >> 16) & 1);
         f32::from_bits(r & 0xffff_0000)
+    }
+
+    /// What the embedding rows are multiplied by: Gemma 3's sqrt(hidden),
+    /// Granite's embedding multiplier; `None`: nothing.
+    pub fn embedding_scale(&self) -> Option<f32> {
+        match (self.arch, self.granite) {
+            (Arch::Gemma3, _) => Some(self.embed_scale()),
+            (_, Some(g)) if g.embedding != 1.0 => Some(g.embedding),
+            _ => None,
+        }
     }
 
     /// Bytes of KV cache one token takes at `value_bytes` per value (4:
@@ -159,6 +187,7 @@ impl LlamaConfig {
             rope_freq_factors: None,
             rope_dims: None,
             rope_attn_factor: None,
+            granite: None,
         })
     }
 
@@ -258,7 +287,8 @@ impl LlamaConfig {
             head_dim,
             vocab_size: vocab,
             rope_theta,
-            rope_traditional: arch == "llama",
+            // llama.cpp's converter permutes q/k of llama and Granite.
+            rope_traditional: arch == "llama" || arch == "granite",
             qkv_bias: arch == "qwen2",
             max_position_embeddings: context,
             rope_freq_factors,
@@ -278,6 +308,16 @@ impl LlamaConfig {
             sliding_window_pattern: gemma.then_some(6),
             rope_local_theta: gemma.then_some(10000.0),
             qk_norm: gemma || arch == "qwen3",
+            granite: match arch {
+                "granite" => Some(GraniteScales {
+                    embedding: num("embedding_scale").unwrap_or(1.0) as f32,
+                    residual: num("residual_scale").unwrap_or(1.0) as f32,
+                    attention: num("attention.scale").unwrap_or(1.0 / (head_dim as f64).sqrt())
+                        as f32,
+                    logits: num("logit_scale").unwrap_or(1.0) as f32,
+                }),
+                _ => None,
+            },
             ..shape
         })
     }
@@ -364,6 +404,23 @@ impl LlamaConfig {
             _ => None,
         };
         let attention_bias = flag("attention_bias")?;
+        let granite = match model_type {
+            "granite" => {
+                let f = |k: &str| -> Result<f32> {
+                    Ok(v[k]
+                        .as_f64()
+                        .with_context(|| format!("config.json lacks the number {k}"))?
+                        as f32)
+                };
+                Some(GraniteScales {
+                    embedding: f("embedding_multiplier")?,
+                    residual: f("residual_multiplier")?,
+                    attention: f("attention_multiplier")?,
+                    logits: f("logits_scaling")?,
+                })
+            }
+            _ => None,
+        };
         // Qwen configs carry a sliding_window that applies only with
         // use_sliding_window, and then only above max_window_layers.
         let sliding_window = if qwen {
@@ -411,6 +468,7 @@ impl LlamaConfig {
             rope_freq_factors: scaling.factors,
             rope_attn_factor: scaling.attn_factor.filter(|&a| a != 1.0),
             rope_dims,
+            granite,
             rope_traditional: flag("rope_traditional")?,
             max_position_embeddings,
             // Unsaid, the file decides: without lm_head the head is tied.
@@ -755,6 +813,35 @@ mod tests {
             "long_factor": ones16, "short_factor": ones16}}),
         );
         assert!(format!("{:#}", e.unwrap_err()).contains("factor holds 16 values"));
+    }
+
+    #[test]
+    fn granite_reads_its_multipliers() {
+        let c = hf(
+            serde_json::json!({"model_type": "granite", "embedding_multiplier": 12.0,
+            "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+            "logits_scaling": 8.0}),
+        )
+        .unwrap();
+        let g = c.granite.unwrap();
+        assert_eq!((g.embedding, g.attention, g.logits), (12.0, 0.015625, 8.0));
+        assert_eq!(c.embedding_scale(), Some(12.0));
+        assert_eq!(hf(serde_json::json!({})).unwrap().embedding_scale(), None);
+        let e = hf(serde_json::json!({"model_type": "granite", "embedding_multiplier": 12.0}));
+        assert!(format!("{:#}", e.unwrap_err()).contains("attention_multiplier"));
+        let c = gguf(
+            "granite",
+            &[("embedding_scale", "12"), ("logit_scale", "8")],
+        )
+        .unwrap();
+        assert!(c.rope_traditional, "llama.cpp permutes Granite's q/k");
+        let g = c.granite.unwrap();
+        assert_eq!((g.embedding, g.residual, g.logits), (12.0, 1.0, 8.0));
+        assert_eq!(
+            g.attention,
+            1.0 / (32f32).sqrt(),
+            "unsaid: 1 / sqrt(head_dim)"
+        );
     }
 
     #[test]

@@ -216,7 +216,42 @@ impl Tensors {
         Ok(())
     }
 
-    /// Multiplies row r of tensor `name` by `by[r]`, keeping its dtype.
+    /// Multiplies every row of the linear layer `base` (its weight, or its
+    /// quantized scales and biases, and its bias) by `by`; absent (another
+    /// rank's layer): nothing.
+    fn scale_linear(&mut self, base: &str, by: f32) -> Result<()> {
+        let quantized = self.map.contains_key(&format!("{base}.scales"));
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let name = format!("{base}.{suffix}");
+            if suffix == "weight" && quantized {
+                continue;
+            }
+            if let Some(rows) = self.map.get(&name).map(|a| a.dim(0) as usize) {
+                self.scale_rows(&name, &vec![by; rows])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `base`'s k and v siblings with float32 scales and biases where q's
+    /// were scaled into float32, so the three still fuse into one matmul.
+    fn f32_scales_like_q(&mut self, q: &str, siblings: &[String]) -> Result<()> {
+        if !self.map.contains_key(&format!("{q}.scales")) {
+            return Ok(());
+        }
+        for base in siblings {
+            for suffix in ["scales", "biases"] {
+                let name = format!("{base}.{suffix}");
+                if let Some(a) = self.map.remove(&name) {
+                    self.map.insert(name, a.as_type(Dtype::Float32)?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Multiplies row r of tensor `name` by `by[r]`, keeping its dtype
+    /// (quantization scales and biases: float32).
     fn scale_rows(&mut self, name: &str, by: &[f32]) -> Result<()> {
         let a = self.map.remove(name).context("no such tensor")?;
         if a.dim(0) as usize != by.len() {
@@ -225,9 +260,12 @@ impl Tensors {
         let mut shape = vec![1; a.shape().len()];
         shape[0] = by.len() as i32;
         let s = ops::multiply(&a.as_type(Dtype::Float32)?, &Array::from_f32(by, &shape)?)?;
-        // bfloat16 (MLX checkpoints' scales) goes to float16, which the
-        // kernels read anyway, so the product rounds once, to more bits.
+        // Quantization scales and biases keep the product in float32 (the
+        // kernels read float32 scales, as GGUF K-quants have them): one in
+        // float16 moves a 4-bit model's logits by ~1e-4 of their range.
+        // Other bfloat16 tensors go to float16.
         let dt = match a.dtype() {
+            _ if name.ends_with(".scales") || name.ends_with(".biases") => Dtype::Float32,
             Dtype::Bfloat16 => Dtype::Float16,
             d => d,
         };
@@ -635,6 +673,7 @@ pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>
     let mut t = t;
     split_fused(&mut t, &config, GGUF_NAMES.layer_prefix)?;
     fold_attn_factor(&mut t, &config, &GGUF_NAMES)?;
+    fold_granite(&mut t, &config, &GGUF_NAMES)?;
     build(config, &t, &GGUF_NAMES, part)
         .with_context(|| format!("building the model from {}", path.display()))
 }
@@ -685,6 +724,35 @@ fn longrope_factors(
     )))
 }
 
+/// Folds Granite's residual, attention and logits scales into the weights
+/// ([`crate::config::GraniteScales`]): every row of the o and down
+/// projections times the residual multiplier, of q times the attention
+/// multiplier x sqrt(head_dim) (the forward scales by 1 / sqrt(head_dim)),
+/// the final norm divided by the logits scaling.
+fn fold_granite(t: &mut Tensors, config: &LlamaConfig, names: &Names) -> Result<()> {
+    let Some(g) = config.granite else {
+        return Ok(());
+    };
+    let q_scale = g.attention * (config.head_dim as f32).sqrt();
+    for i in 0..config.num_hidden_layers {
+        let n = |part: &str| format!("{}{i}.{part}", names.layer_prefix);
+        for (base, by) in [
+            (n(names.q), q_scale),
+            (n(names.o), g.residual),
+            (n(names.down), g.residual),
+        ] {
+            t.scale_linear(&base, by)?;
+        }
+        t.f32_scales_like_q(&n(names.q), &[n(names.k), n(names.v)])?;
+    }
+    let norm = format!("{}.weight", names.norm);
+    if t.map.contains_key(&norm) {
+        let rows = vec![1.0 / g.logits; config.hidden_size];
+        t.scale_rows(&norm, &rows)?;
+    }
+    Ok(())
+}
+
 /// Folds a longrope or yarn attention factor `m` (it multiplies the
 /// rotated values of q and k) into the model: the rotated rows of each
 /// layer's q projection (weights, quantized scales and biases, bias) times
@@ -722,6 +790,7 @@ fn fold_attn_factor(t: &mut Tensors, config: &LlamaConfig, names: &Names) -> Res
                 t.scale_rows(&name, &rows)?;
             }
         }
+        t.f32_scales_like_q(&q, &[n(names.k), n(names.v)])?;
     }
     Ok(())
 }
@@ -760,6 +829,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
     };
     split_fused(&mut t, &config, names.layer_prefix)?;
     fold_attn_factor(&mut t, &config, names)?;
+    fold_granite(&mut t, &config, names)?;
     let model = build(config, &t, names, part).with_context(|| {
         format!(
             "the weights in {} do not match its config.json",

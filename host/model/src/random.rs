@@ -120,9 +120,16 @@ pub enum Family {
     /// Qwen2 with Qwen 2.5's long-context `yarn` scaling (factor 4 over
     /// [`SCALED_ORIGINAL`]).
     Qwen2Yarn,
+    /// Granite 3: llama with embedding, attention and residual
+    /// multipliers and a logits scaling ([`GRANITE_SCALES`]).
+    Granite,
 }
 
-pub const FAMILIES: [(&str, Family); 9] = [
+/// Granite 3 2B's multipliers: embedding 12, attention 1/64 (its head
+/// size), residual 0.22, logits divided by 8.
+const GRANITE_SCALES: (f32, f32, f32, f32) = (12.0, 0.015625, 0.22, 8.0);
+
+pub const FAMILIES: [(&str, Family); 10] = [
     ("llama", Family::Llama),
     ("llama3", Family::Llama3),
     ("qwen2", Family::Qwen2),
@@ -132,6 +139,7 @@ pub const FAMILIES: [(&str, Family); 9] = [
     ("phi3.5", Family::Phi35),
     ("phi4-mini", Family::Phi4Mini),
     ("qwen2-yarn", Family::Qwen2Yarn),
+    ("granite", Family::Granite),
 ];
 
 /// The original context of the random long-context ropes: short, so the
@@ -159,6 +167,7 @@ impl Family {
         match self {
             Family::Phi35 | Family::Phi4Mini => Family::Phi3,
             Family::Qwen2Yarn => Family::Qwen2,
+            Family::Granite => Family::Llama,
             f => f,
         }
     }
@@ -184,13 +193,18 @@ impl Family {
 
     /// The GGUF `general.architecture`.
     fn gguf_arch(self) -> &'static str {
+        if self == Family::Granite {
+            return "granite";
+        }
         match self.trunk() {
             Family::Llama | Family::Llama3 => "llama",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
             Family::Phi3 => "phi3",
             Family::Gemma3 => "gemma3",
-            Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn => unreachable!("not a trunk"),
+            Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+                unreachable!("not a trunk")
+            }
         }
     }
 
@@ -495,7 +509,9 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "query_pre_attn_scalar": shape.head_dim, "rope_local_base_freq": 10000.0,
             "sliding_window": 512, "sliding_window_pattern": 6, "rope_scaling": null,
         }),
-        Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn => unreachable!("not a trunk"),
+        Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+            unreachable!("not a trunk")
+        }
     };
     if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
         c.extend(e.clone());
@@ -518,6 +534,15 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
     if family == Family::Phi4Mini {
         config["partial_rotary_factor"] = serde_json::json!(0.75);
         config["sliding_window"] = serde_json::Value::Null;
+    }
+    if family == Family::Granite {
+        let (e, a, r, l) = GRANITE_SCALES;
+        let g = serde_json::json!({"architectures": ["GraniteForCausalLM"],
+            "model_type": "granite", "embedding_multiplier": e, "attention_multiplier": a,
+            "residual_multiplier": r, "logits_scaling": l, "mlp_bias": false});
+        if let (Some(c), Some(g)) = (config.as_object_mut(), g.as_object()) {
+            c.extend(g.clone());
+        }
     }
     config
 }
@@ -623,6 +648,15 @@ fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufVa
         let attn = crate::llama::rope::longrope_attn_factor(4096, SCALED_ORIGINAL);
         arch_kv.push(("rope.scaling.attn_factor", GgufValue::F32(attn as f32)));
         arch_kv.push(("rope.scaling.original_context_length", u(SCALED_ORIGINAL)));
+    }
+    if family == Family::Granite {
+        let (e, a, r, l) = GRANITE_SCALES;
+        arch_kv.extend([
+            ("embedding_scale", GgufValue::F32(e)),
+            ("attention.scale", GgufValue::F32(a)),
+            ("residual_scale", GgufValue::F32(r)),
+            ("logit_scale", GgufValue::F32(l)),
+        ]);
     }
     if family == Family::Qwen2Yarn {
         arch_kv.extend([

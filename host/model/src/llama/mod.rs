@@ -11,7 +11,6 @@ pub mod rope;
 
 use self::gemma3::PostNorms;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
-use crate::config::Arch;
 use crate::linear::{fuse_packed, Linear, QuantizedWeight};
 use crate::ranks::Downstream;
 use crate::LlamaConfig;
@@ -380,17 +379,16 @@ impl Llama {
     }
 
     /// The embedding rows of token ids `[T]`, as `[1, T, hidden]` (scaled
-    /// by sqrt(hidden) for Gemma 3).
+    /// by sqrt(hidden) for Gemma 3, Granite's embedding multiplier).
     fn embedded(&self, ids: &Array) -> Result<Array> {
         let x = self
             .embed
             .rows(ids)?
             .reshape(&[1, ids.dim(0), self.config.hidden_size as i32])?;
-        if self.config.arch != Arch::Gemma3 {
+        let Some(scale) = self.config.embedding_scale() else {
             return Ok(x);
-        }
-        let scale = Array::scalar(self.config.embed_scale())?;
-        ops::multiply(&x, &scale)
+        };
+        ops::multiply(&x, &Array::scalar(scale)?)
     }
 
     /// Final norm and the vocabulary projection.
