@@ -828,7 +828,7 @@ mod tests {
         assert_eq!(c.embedding_scale(), Some(12.0));
         assert_eq!(hf(serde_json::json!({})).unwrap().embedding_scale(), None);
         let e = hf(serde_json::json!({"model_type": "granite", "embedding_multiplier": 12.0}));
-        assert!(format!("{:#}", e.unwrap_err()).contains("attention_multiplier"));
+        assert!(format!("{:#}", e.unwrap_err()).contains("residual_multiplier"));
         let c = gguf(
             "granite",
             &[("embedding_scale", "12"), ("logit_scale", "8")],
