@@ -245,7 +245,7 @@ impl LlamaConfig {
         let mut rope_dims = None;
         if let Ok(n) = num("rope.dimension_count") {
             let n = n as usize;
-            if arch == "phi3" && n < head_dim && n > 0 && n % 2 == 0 {
+            if arch == "phi3" && n < head_dim && n > 0 && n.is_multiple_of(2) {
                 rope_dims = Some(n);
             } else if n != head_dim {
                 bail!("GGUF metadata {arch}.rope.dimension_count {n} is not the head size {head_dim} (specd rotates whole heads, or an even part of them for phi3)");
@@ -393,7 +393,7 @@ impl LlamaConfig {
         let rope_dims = match v["partial_rotary_factor"].as_f64() {
             Some(f) if f != 1.0 && model_type == "phi3" => {
                 let n = (head_dim as f64 * f) as usize;
-                if n == 0 || n > head_dim || n % 2 != 0 {
+                if n == 0 || n > head_dim || !n.is_multiple_of(2) {
                     bail!("config.json's partial_rotary_factor {f} gives {n} rotated values of {head_dim}, not an even part");
                 }
                 Some(n)
