@@ -20,7 +20,10 @@ which the test venv does not hold, so its rules are followed here with the
   `gemma2.attention.sliding_window`, the head size as `attention.key_length`
   and no rope keys (llama.cpp's base 10000; its window on the even layers,
   its attention scale 1 / sqrt(head size) but for the 46-layer 27B);
-- q/k permutation: only `llama` permutes q and k (`LlamaModel.permute`, for
+- Granite (GraniteModel, a LlamaModel): q/k permuted as llama's,
+  `granite.embedding_scale`, `residual_scale`, `attention.scale`,
+  `logit_scale` from the config's multipliers;
+- q/k permutation: only `llama` (and `granite`) permutes q and k (`LlamaModel.permute`, for
   llama.cpp's interleaved rope); `qwen2`/`qwen3` keep HF's rotate-half
   layout (llama.cpp runs them, and phi3, with NEOX rope);
 - metadata: `{arch}.context_length`, `embedding_length`, `block_count`,
@@ -108,15 +111,22 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
                softcaps: tuple[float, float] | None = None) -> Path:
     """The HF checkpoint `d` (float weights) as an F32 GGUF at `out`, its
     architecture from config.json's model_type (llama, mistral: `llama`;
-    qwen2; qwen3). `rope_freqs=False` leaves a llama3 scaling out (a file
-    as a converter that ignores it would write); `softcaps` replaces a
-    Gemma 2's (attention, final) soft-caps."""
+    qwen2; qwen3). `rope_freqs=False` leaves a llama3, longrope or yarn
+    scaling out (a file as a converter that ignores it would write);
+    `softcaps` replaces a Gemma 2's (attention, final) soft-caps.
+
+    Phi-3's longrope as Phi3MiniModel writes it: `rope_factors_long`/`_short`
+    tensors, `rope.scaling.attn_factor` = sqrt(1 + ln(s) / ln(original)) for
+    s = max_position_embeddings / original, the original context, and
+    `rope.dimension_count` = int(partial_rotary_factor * hidden) // heads;
+    yarn as Qwen2Model does: `rope.scaling.type` yarn, its factor and the
+    original context."""
     import gguf
 
     cfg = json.loads((d / "config.json").read_text())
     mt = cfg["model_type"]
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-            "gemma3_text": "gemma3", "gemma2": "gemma2"}[mt]
+            "gemma3_text": "gemma3", "gemma2": "gemma2", "granite": "granite"}[mt]
     gemma = arch in ("gemma3", "gemma2")
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") if mt != "qwen2" else None
@@ -133,27 +143,52 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
+    rot = head_dim
+    if arch == "phi3":
+        rot = int(cfg.get("partial_rotary_factor", 1.0) * cfg["hidden_size"]) // heads
     if arch != "gemma2":  # Gemma2Model writes no rope keys
         w.add_rope_freq_base(base)
-        w.add_rope_dimension_count(head_dim)
+        w.add_rope_dimension_count(rot)
     if head_dim != cfg["hidden_size"] // heads or arch in ("qwen3", "gemma3", "gemma2"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
+    if arch == "granite":
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     if arch in ("phi3", "gemma3", "gemma2"):
-        w.add_sliding_window(cfg["sliding_window"])
+        # Phi-4-mini has none: the converter writes 0.
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
     if arch == "gemma2":
         attn_cap, final_cap = softcaps or (cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"])
         w.add_attn_logit_softcapping(attn_cap)
         w.add_final_logit_softcapping(final_cap)
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    long_factors = None
+    if rope_freqs and kind == "longrope":
+        orig = cfg["original_max_position_embeddings"]
+        s = cfg["max_position_embeddings"] / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(s) / math.log(orig)) if s > 1 else 1.0)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        long_factors = [np.asarray(scaling[k], dtype=np.float32) for k in ("long_factor", "short_factor")]
+        assert len(long_factors[0]) == rot // 2
+    if rope_freqs and kind == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     write_tokenizer(w, d, pre)
 
     t = hf_tensors(d)
     w.add_tensor("token_embd.weight", t.pop("model.embed_tokens.weight"))
-    scaling = cfg.get("rope_scaling") or {}
-    if rope_freqs and scaling.get("rope_type", scaling.get("type")) == "llama3":
+    if rope_freqs and kind == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(scaling, head_dim, base))
+    if long_factors is not None:
+        w.add_tensor("rope_factors_long.weight", long_factors[0])
+        w.add_tensor("rope_factors_short.weight", long_factors[1])
     names = {
         "input_layernorm": "attn_norm",
         "self_attn.qkv_proj": "attn_qkv",  # Phi-3's fused q/k/v
@@ -178,7 +213,7 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
                 x = t.pop(f"model.layers.{i}.{hf}.{kind}", None)
                 if x is None:
                     continue
-                if arch == "llama" and gg in ("attn_q", "attn_k"):
+                if arch in ("llama", "granite") and gg in ("attn_q", "attn_k"):
                     x = permute(x, heads if gg == "attn_q" else kv)
                 if gemma and gg.endswith("norm"):
                     x = x + 1  # Gemma's 1 + w, as Gemma3Model.modify_tensors adds it

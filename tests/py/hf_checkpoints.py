@@ -232,6 +232,15 @@ ARCHS = {
         model_type="phi3", num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=False, sliding_window=2047, original_max_position_embeddings=4096,
     ),
+    # Granite 3 (mlx-lm's granite): llama with multipliers (Granite 3
+    # 2B's: embedding 12, attention 1/64, residual 0.22, logits / 8).
+    "granite": arch(
+        "granite", GPT2_SPLIT, CHATML,
+        model_type="granite", num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+        embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+        logits_scaling=8.0,
+    ),
     # llama with attention_bias: biases on q, k, v and o.
     "llama-bias": arch(
         "llama", GPT2_SPLIT, CHATML,

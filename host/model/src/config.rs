@@ -73,6 +73,34 @@ pub struct LlamaConfig {
     /// 1 / sqrt(head_dim).
     #[serde(default)]
     pub query_pre_attn_scalar: Option<f32>,
+    /// The values of each head the rope rotates, the first ones (Phi-4-mini's
+    /// `partial_rotary_factor`; GGUF `phi3.rope.dimension_count`). `None`:
+    /// the whole head.
+    #[serde(default)]
+    pub rope_dims: Option<usize>,
+    /// What a longrope or yarn scaling multiplies the rotated values of q
+    /// and k by (GGUF `rope.scaling.attn_factor`). The loader folds its
+    /// square into the q projection's rotated rows (or q norm), so the
+    /// forward never reads it. `None`: 1.
+    #[serde(default)]
+    pub rope_attn_factor: Option<f32>,
+    /// Granite 3's multipliers (`None`: a plain llama).
+    #[serde(default)]
+    pub granite: Option<GraniteScales>,
+}
+
+/// Granite 3's scales (mlx-lm's granite.py; GGUF `granite.embedding_scale`,
+/// `.residual_scale`, `.attention.scale`, `.logit_scale`). The forward
+/// multiplies the embedding rows by `embedding`; the loader folds the
+/// others into weights: `residual` into the o and down projections (what
+/// each adds to the residual stream), `attention` (the softmax scale in
+/// place of 1 / sqrt(head_dim)) into q, 1 / `logits` into the final norm.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GraniteScales {
+    pub embedding: f32,
+    pub residual: f32,
+    pub attention: f32,
+    pub logits: f32,
 }
 
 /// The HF `model_type`s specd runs, all through the llama forward with the
@@ -88,11 +116,14 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "phi3",
     "gemma3_text",
     "gemma2",
+    "granite",
 ];
 
 /// The GGUF `general.architecture`s specd runs, as llama.cpp's converter
 /// writes them.
-pub const SUPPORTED_GGUF_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2"];
+pub const SUPPORTED_GGUF_ARCHS: &[&str] = &[
+    "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "granite",
+];
 
 /// Where a source keeps the shape every llama-family config states: the
 /// hidden size, layers, heads, key/value heads (default: as many as heads),
@@ -139,6 +170,16 @@ impl LlamaConfig {
         (1.0 / (s as f64).sqrt()) as f32
     }
 
+    /// What the embedding rows are multiplied by: Gemma 2/3's sqrt(hidden),
+    /// Granite's embedding multiplier; `None`: nothing.
+    pub fn embedding_scale(&self) -> Option<f32> {
+        match (self.arch, self.granite) {
+            (Arch::Gemma3 | Arch::Gemma2, _) => Some(self.embed_scale()),
+            (_, Some(g)) if g.embedding != 1.0 => Some(g.embedding),
+            _ => None,
+        }
+    }
+
     /// Bytes of KV cache one token takes at `value_bytes` per value (4:
     /// float32): keys and values, every layer. The model reports its own
     /// ([`crate::Llama::kv_bytes_per_token`]); the scheduler only adds.
@@ -178,6 +219,9 @@ impl LlamaConfig {
             attn_logit_softcapping: None,
             final_logit_softcapping: None,
             query_pre_attn_scalar: None,
+            rope_dims: None,
+            rope_attn_factor: None,
+            granite: None,
         })
     }
 
@@ -233,29 +277,84 @@ impl LlamaConfig {
             Err(_) if arch == "phi3" => shape.head_dim,
             Err(_) => num("rope.dimension_count").map_or(shape.head_dim, |v| v as usize),
         };
+        // Phi-4-mini rotates the first rope.dimension_count values of each
+        // head (llama.cpp's n_rot); elsewhere the whole head.
+        let mut rope_dims = None;
         if let Ok(n) = num("rope.dimension_count") {
-            if n as usize != head_dim {
-                bail!("GGUF metadata {arch}.rope.dimension_count {n} is not the head size {head_dim} (specd rotates whole heads)");
+            let n = n as usize;
+            if arch == "phi3" && n < head_dim && n > 0 && n.is_multiple_of(2) {
+                rope_dims = Some(n);
+            } else if n != head_dim {
+                bail!("GGUF metadata {arch}.rope.dimension_count {n} is not the head size {head_dim} (specd rotates whole heads, or an even part of them for phi3)");
             }
         }
+        let context = num("context_length").map_or(2048, |v| v as usize);
+        let rope_theta = num("rope.freq_base").unwrap_or(10000.0) as f32;
+        // YaRN (Qwen 2.5's long-context files): ggml's rope with
+        // ext_factor 1 and its attention factor (1 + 0.1 ln factor) times
+        // the file's own.
+        let scaling_type = meta.get(&format!("{arch}.rope.scaling.type"));
+        let file_attn = num("rope.scaling.attn_factor").ok();
+        let factor = num("rope.scaling.factor")
+            .ok()
+            .filter(|&f| f != 0.0 && f != 1.0);
+        let dims = rope_dims.unwrap_or(head_dim);
+        let (rope_freq_factors, rope_attn_factor) = match (scaling_type.map(String::as_str), factor) {
+            (Some("yarn"), Some(factor)) => {
+                let original = num("rope.scaling.original_context_length")?;
+                let beta = |k: &str, d: f64| num(k).unwrap_or(d);
+                let f = crate::llama::rope::yarn(
+                    factor,
+                    original,
+                    beta("rope.scaling.yarn_beta_fast", 32.0),
+                    beta("rope.scaling.yarn_beta_slow", 1.0),
+                    dims,
+                    rope_theta,
+                );
+                let m = if factor > 1.0 { 1.0 + 0.1 * factor.ln() } else { 1.0 };
+                (Some(f), Some(m * file_attn.unwrap_or(1.0)))
+            }
+            (_, None) => (None, file_attn),
+            // llama.cpp's default type: positions scaled by 1 / factor.
+            (None | Some("linear"), Some(f)) => (Some(vec![f as f32; dims / 2]), file_attn),
+            (Some(t), _) => bail!("GGUF rope scaling {arch}.rope.scaling.type = {t:?} is not supported (specd runs none, linear and yarn; llama3 as rope_freqs.weight, longrope as rope_factors_long/short)"),
+        };
         Ok(LlamaConfig {
             arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
             head_dim,
             vocab_size: vocab,
-            rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
-            rope_traditional: arch == "llama",
+            rope_theta,
+            // llama.cpp's converter permutes q/k of llama and Granite.
+            rope_traditional: arch == "llama" || arch == "granite",
             qkv_bias: arch == "qwen2",
-            max_position_embeddings: num("context_length").map_or(2048, |v| v as usize),
+            max_position_embeddings: context,
+            rope_freq_factors,
+            rope_attn_factor: rope_attn_factor.filter(|&a| a != 1.0).map(|a| a as f32),
+            rope_dims,
             tie_word_embeddings: !has_output,
             // Gemma 3's local layers; every layer of a Phi-3.
             sliding_window: match arch {
                 "gemma3" => Some(num("attention.sliding_window")? as usize),
-                "phi3" => num("attention.sliding_window").ok().map(|w| w as usize),
+                // 0: none (llama.cpp's converter writes Phi-4-mini's so).
+                "phi3" => num("attention.sliding_window")
+                    .ok()
+                    .map(|w| w as usize)
+                    .filter(|&w| w > 0),
                 _ => None,
             },
             sliding_window_pattern: gemma.then_some(6),
             rope_local_theta: gemma.then_some(10000.0),
             qk_norm: gemma || arch == "qwen3",
+            granite: match arch {
+                "granite" => Some(GraniteScales {
+                    embedding: num("embedding_scale").unwrap_or(1.0) as f32,
+                    residual: num("residual_scale").unwrap_or(1.0) as f32,
+                    attention: num("attention.scale").unwrap_or(1.0 / (head_dim as f64).sqrt())
+                        as f32,
+                    logits: num("logit_scale").unwrap_or(1.0) as f32,
+                }),
+                _ => None,
+            },
             ..shape
         })
     }
@@ -292,13 +391,8 @@ impl LlamaConfig {
         };
         let qwen = model_type.starts_with("qwen");
         // Phi-3 is llama with fused q/k/v and gate/up tensors (split at
-        // load, [`crate::llama::phi3`]) and a window on every layer; a
-        // partial rotary rope is another forward.
-        if model_type == "phi3" {
-            if let Some(f) = v["partial_rotary_factor"].as_f64().filter(|&f| f != 1.0) {
-                bail!("config.json's partial_rotary_factor {f} is not supported (specd rotates whole heads)");
-            }
-        }
+        // load, [`crate::llama::phi3`]) and a window on every layer;
+        // Phi-4-mini rotates part of each head (below).
         let get = |k: &str| -> Result<u64> {
             v[k].as_u64()
                 .with_context(|| format!("config.json lacks integer {k}"))
@@ -335,7 +429,38 @@ impl LlamaConfig {
             "qwen3" => get("head_dim")? as usize,
             _ => get("head_dim").map_or(shape.head_dim, |x| x as usize),
         };
+        // mlx-lm's phi3: int(head_dim * partial_rotary_factor) values.
+        let rope_dims = match v["partial_rotary_factor"].as_f64() {
+            Some(f) if f != 1.0 && model_type == "phi3" => {
+                let n = (head_dim as f64 * f) as usize;
+                if n == 0 || n > head_dim || !n.is_multiple_of(2) {
+                    bail!("config.json's partial_rotary_factor {f} gives {n} rotated values of {head_dim}, not an even part");
+                }
+                Some(n)
+            }
+            Some(f) if f != 1.0 => {
+                bail!("config.json's partial_rotary_factor {f} is not supported for {model_type} (specd rotates whole heads there)")
+            }
+            _ => None,
+        };
         let attention_bias = flag("attention_bias")?;
+        let granite = match model_type {
+            "granite" => {
+                let f = |k: &str| -> Result<f32> {
+                    Ok(v[k]
+                        .as_f64()
+                        .with_context(|| format!("config.json lacks the number {k}"))?
+                        as f32)
+                };
+                Some(GraniteScales {
+                    embedding: f("embedding_multiplier")?,
+                    residual: f("residual_multiplier")?,
+                    attention: f("attention_multiplier")?,
+                    logits: f("logits_scaling")?,
+                })
+            }
+            _ => None,
+        };
         // Qwen configs carry a sliding_window that applies only with
         // use_sliding_window, and then only above max_window_layers.
         let sliding_window = if qwen {
@@ -355,14 +480,24 @@ impl LlamaConfig {
             (None, "qwen3") => bail!("config.json lacks rope_theta"),
             (None, _) => 10000.0,
         };
+        let max_position_embeddings =
+            get("max_position_embeddings").map_or(if qwen { 32768 } else { 2048 }, |x| x as usize);
         // transformers >= 5 nests the scaling under rope_parameters.
-        let mut rope_freq_factors = None;
+        let rope = crate::llama::rope::RopeShape {
+            dims: rope_dims.unwrap_or(head_dim),
+            base: rope_theta,
+            context: max_position_embeddings,
+            original: get("original_max_position_embeddings")
+                .ok()
+                .map(|x| x as usize),
+        };
+        let mut scaling = crate::llama::rope::Scaling::default();
         for key in ["rope_scaling", "rope_parameters"] {
-            if let Some(scaling) = v[key].as_object() {
-                if let Some(f) = crate::llama::rope::factors_from_hf(scaling, head_dim, rope_theta)
-                    .with_context(|| format!("config.json's {key}"))?
-                {
-                    rope_freq_factors = Some(f);
+            if let Some(s) = v[key].as_object() {
+                let s = crate::llama::rope::scaling_from_hf(s, &rope)
+                    .with_context(|| format!("config.json's {key}"))?;
+                if s.factors.is_some() {
+                    scaling = s;
                 }
             }
         }
@@ -370,10 +505,12 @@ impl LlamaConfig {
             head_dim,
             vocab_size: get("vocab_size")? as usize,
             rope_theta,
-            rope_freq_factors,
+            rope_freq_factors: scaling.factors,
+            rope_attn_factor: scaling.attn_factor.filter(|&a| a != 1.0),
+            rope_dims,
+            granite,
             rope_traditional: flag("rope_traditional")?,
-            max_position_embeddings: get("max_position_embeddings")
-                .map_or(if qwen { 32768 } else { 2048 }, |x| x as usize),
+            max_position_embeddings,
             // Unsaid, the file decides: without lm_head the head is tied.
             tie_word_embeddings: flag("tie_word_embeddings")?,
             sliding_window,
@@ -567,6 +704,11 @@ impl LlamaConfig {
         })
     }
 
+    /// The values of each head the rope rotates.
+    pub fn rotary_dims(&self) -> usize {
+        self.rope_dims.unwrap_or(self.head_dim)
+    }
+
     /// Whether layer `i` attends through the sliding window (rotating cache).
     pub fn is_local(&self, i: usize) -> bool {
         match (self.sliding_window, self.sliding_window_pattern) {
@@ -672,9 +814,9 @@ mod tests {
     #[test]
     fn what_the_forward_would_get_wrong_is_an_error() {
         let err = |extra| format!("{:#}", hf(extra).unwrap_err());
-        let e = err(serde_json::json!({"model_type": "granite"}));
+        let e = err(serde_json::json!({"model_type": "olmo2"}));
         assert!(
-            e.contains("\"granite\"") && e.contains("llama, mistral, qwen2, qwen3"),
+            e.contains("\"olmo2\"") && e.contains("llama, mistral, qwen2, qwen3"),
             "{e}"
         );
         let e = err(serde_json::json!({"model_type": "qwen3"}));
@@ -682,10 +824,14 @@ mod tests {
         let e = err(serde_json::json!({"model_type": "qwen2", "use_sliding_window": true}));
         assert!(e.contains("use_sliding_window"), "{e}");
         let e = err(serde_json::json!({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}}));
-        assert!(e.contains("longrope"), "{e}");
+        assert!(e.contains("original_max_position_embeddings"), "{e}");
         let e =
             err(serde_json::json!({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}));
-        assert!(e.contains("yarn"), "{e}");
+        assert!(e.contains("yarn") && e.contains("factor"), "{e}");
+        let e = err(serde_json::json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}));
+        assert!(e.contains("dynamic"), "{e}");
+        let e = err(serde_json::json!({"partial_rotary_factor": 0.5}));
+        assert!(e.contains("partial_rotary_factor"), "{e}");
         let e = err(serde_json::json!({"layer_types": ["full_attention", "sliding_attention"]}));
         assert!(e.contains("sliding_attention"), "{e}");
         let e = err(serde_json::json!({"mlp_bias": true}));
@@ -735,11 +881,52 @@ mod tests {
             (c.sliding_window, c.is_local(0), c.head_dim),
             (Some(2047), true, 32)
         );
+        let c = gguf("phi3", &[("rope.dimension_count", "24")]).unwrap();
+        assert_eq!(
+            (c.rope_dims, c.rotary_dims(), c.head_dim),
+            (Some(24), 24, 32)
+        );
         let e = format!(
             "{:#}",
-            gguf("phi3", &[("rope.dimension_count", "24")]).unwrap_err()
+            gguf(
+                "qwen3",
+                &[
+                    ("attention.key_length", "32"),
+                    ("rope.dimension_count", "24")
+                ]
+            )
+            .unwrap_err()
         );
         assert!(e.contains("rope.dimension_count 24"), "{e}");
+        let c = gguf("phi3", &[("attention.sliding_window", "0")]).unwrap();
+        assert_eq!(c.sliding_window, None, "0: Phi-4-mini's no window");
+        // YaRN (Qwen 2.5's long-context files).
+        let c = gguf(
+            "qwen2",
+            &[
+                ("rope.freq_base", "1000000"),
+                ("rope.scaling.type", "yarn"),
+                ("rope.scaling.factor", "4"),
+                ("rope.scaling.original_context_length", "32"),
+            ],
+        )
+        .unwrap();
+        let f = crate::llama::rope::yarn(4.0, 32.0, 32.0, 1.0, 32, 1e6);
+        assert_eq!(c.rope_freq_factors, Some(f));
+        assert_eq!(c.rope_attn_factor, Some((1.0 + 0.1 * 4f64.ln()) as f32));
+        let c = gguf("phi3", &[("rope.scaling.attn_factor", "1.19")]).unwrap();
+        assert_eq!(
+            (c.rope_attn_factor, c.rope_freq_factors),
+            (Some(1.19), None)
+        );
+        let e = gguf(
+            "llama",
+            &[
+                ("rope.scaling.type", "longrope"),
+                ("rope.scaling.factor", "8"),
+            ],
+        );
+        assert!(format!("{:#}", e.unwrap_err()).contains("longrope"));
         let e = format!("{:#}", gguf("phi2", &[]).unwrap_err());
         assert!(
             e.contains("\"phi2\"") && e.contains("llama, qwen2, qwen3, phi3, gemma3"),
@@ -832,19 +1019,64 @@ mod tests {
     }
 
     #[test]
-    fn phi3_runs_whole_head_ropes_only() {
+    fn phi3_longrope_and_partial_rotary() {
         let c = hf(serde_json::json!({"model_type": "phi3", "sliding_window": 2047})).unwrap();
         assert_eq!(
             (c.sliding_window, c.qkv_bias, c.qk_norm),
             (Some(2047), false, false)
         );
-        let e = hf(serde_json::json!({"model_type": "phi3", "partial_rotary_factor": 0.75}));
-        assert!(format!("{:#}", e.unwrap_err()).contains("partial_rotary_factor"));
+        assert_eq!((c.rope_dims, c.rope_attn_factor), (None, None));
+        // Phi-4-mini's shape: 3/4 of each 32-wide head rotated, its
+        // factors one per rotated pair (12), the long ones for a context
+        // beyond the original.
+        let long: Vec<f64> = (0..12).map(|i| 1.0 + i as f64).collect();
+        let (ones12, ones16) = (vec![1.0; 12], vec![1.0; 16]);
+        let c = hf(
+            serde_json::json!({"model_type": "phi3", "partial_rotary_factor": 0.75,
+            "max_position_embeddings": 4096, "original_max_position_embeddings": 32,
+            "rope_scaling": {"type": "longrope", "long_factor": long, "short_factor": ones12}}),
+        )
+        .unwrap();
+        assert_eq!((c.rope_dims, c.rotary_dims()), (Some(24), 24));
+        assert_eq!(c.rope_freq_factors.as_ref().unwrap()[11], 12.0);
+        let want = (1.0 + 128f64.ln() / 32f64.ln()).sqrt() as f32;
+        assert_eq!(c.rope_attn_factor, Some(want));
+        // Factors for the whole head where only part rotates: an error.
         let e = hf(
-            serde_json::json!({"model_type": "phi3", "rope_scaling": {"type": "longrope",
-            "long_factor": [1.0], "short_factor": [1.0]}}),
+            serde_json::json!({"model_type": "phi3", "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 32, "rope_scaling": {"type": "longrope",
+            "long_factor": ones16, "short_factor": ones16}}),
         );
-        assert!(format!("{:#}", e.unwrap_err()).contains("longrope"));
+        assert!(format!("{:#}", e.unwrap_err()).contains("factor holds 16 values"));
+    }
+
+    #[test]
+    fn granite_reads_its_multipliers() {
+        let c = hf(
+            serde_json::json!({"model_type": "granite", "embedding_multiplier": 12.0,
+            "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+            "logits_scaling": 8.0}),
+        )
+        .unwrap();
+        let g = c.granite.unwrap();
+        assert_eq!((g.embedding, g.attention, g.logits), (12.0, 0.015625, 8.0));
+        assert_eq!(c.embedding_scale(), Some(12.0));
+        assert_eq!(hf(serde_json::json!({})).unwrap().embedding_scale(), None);
+        let e = hf(serde_json::json!({"model_type": "granite", "embedding_multiplier": 12.0}));
+        assert!(format!("{:#}", e.unwrap_err()).contains("residual_multiplier"));
+        let c = gguf(
+            "granite",
+            &[("embedding_scale", "12"), ("logit_scale", "8")],
+        )
+        .unwrap();
+        assert!(c.rope_traditional, "llama.cpp permutes Granite's q/k");
+        let g = c.granite.unwrap();
+        assert_eq!((g.embedding, g.residual, g.logits), (12.0, 1.0, 8.0));
+        assert_eq!(
+            g.attention,
+            1.0 / (32f32).sqrt(),
+            "unsaid: 1 / sqrt(head_dim)"
+        );
     }
 
     #[test]

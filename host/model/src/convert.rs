@@ -65,9 +65,10 @@ pub fn convert_gguf(gguf: &Path, out: &Path) -> Result<()> {
         ),
     }
     let mut config = LlamaConfig::from_gguf(&meta, t.has("output"))?;
-    if super::load::rope_freqs(&t, &config)?.is_some() {
+    let scaled = config.rope_freq_factors.is_some() || config.rope_attn_factor.is_some();
+    if scaled || super::load::rope_freqs(&t, &config)?.is_some() {
         anyhow::bail!(
-            "{} carries rope_freqs.weight (a scaled rope, as Llama 3.1's), which specd's config.json does not state: run the GGUF itself",
+            "{} carries a scaled rope (rope_freqs.weight as Llama 3.1's, or rope.scaling.*), which specd's config.json does not state: run the GGUF itself",
             gguf.display()
         );
     }

@@ -216,6 +216,63 @@ impl Tensors {
         Ok(())
     }
 
+    /// Multiplies every row of the linear layer `base` (its weight, or its
+    /// quantized scales and biases, and its bias) by `by`; absent (another
+    /// rank's layer): nothing.
+    fn scale_linear(&mut self, base: &str, by: f32) -> Result<()> {
+        let quantized = self.map.contains_key(&format!("{base}.scales"));
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let name = format!("{base}.{suffix}");
+            if suffix == "weight" && quantized {
+                continue;
+            }
+            if let Some(rows) = self.map.get(&name).map(|a| a.dim(0) as usize) {
+                self.scale_rows(&name, &vec![by; rows])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `base`'s k and v siblings with float32 scales and biases where q's
+    /// were scaled into float32, so the three still fuse into one matmul.
+    fn f32_scales_like_q(&mut self, q: &str, siblings: &[String]) -> Result<()> {
+        if !self.map.contains_key(&format!("{q}.scales")) {
+            return Ok(());
+        }
+        for base in siblings {
+            for suffix in ["scales", "biases"] {
+                let name = format!("{base}.{suffix}");
+                if let Some(a) = self.map.remove(&name) {
+                    self.map.insert(name, a.as_type(Dtype::Float32)?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Multiplies row r of tensor `name` by `by[r]`, keeping its dtype
+    /// (quantization scales and biases: float32).
+    fn scale_rows(&mut self, name: &str, by: &[f32]) -> Result<()> {
+        let a = self.map.remove(name).context("no such tensor")?;
+        if a.dim(0) as usize != by.len() {
+            bail!("tensor {name} has {} rows, not {}", a.dim(0), by.len());
+        }
+        let mut shape = vec![1; a.shape().len()];
+        shape[0] = by.len() as i32;
+        let s = ops::multiply(&a.as_type(Dtype::Float32)?, &Array::from_f32(by, &shape)?)?;
+        // Quantization scales and biases keep the product in float32 (the
+        // kernels read float32 scales, as GGUF K-quants have them): one in
+        // float16 moves a 4-bit model's logits by ~1e-4 of their range.
+        // Other bfloat16 tensors go to float16.
+        let dt = match a.dtype() {
+            _ if name.ends_with(".scales") || name.ends_with(".biases") => Dtype::Float32,
+            Dtype::Bfloat16 => Dtype::Float16,
+            d => d,
+        };
+        self.map.insert(name.to_string(), s.as_type(dt)?);
+        Ok(())
+    }
+
     /// Whether any weight is stored quantized.
     fn any_quantized(&self) -> bool {
         self.map.keys().any(|k| k.ends_with(".scales"))
@@ -611,15 +668,16 @@ pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>
         .iter()
         .any(|t| t.name == "output.weight");
     let mut config = LlamaConfig::from_gguf(&meta, has_output)?;
-    config.rope_freq_factors = rope_freqs(&t, &config)?;
-    if t.map.contains_key("rope_factors_long.weight") {
-        bail!(
-            "{} carries rope_factors_long (Phi-3's longrope scaling), which specd does not run",
-            path.display()
-        );
+    if let Some(f) = rope_freqs(&t, &config)? {
+        config.rope_freq_factors = Some(f);
+    }
+    if let Some(f) = longrope_factors(&t, &config, &meta)? {
+        config.rope_freq_factors = Some(f);
     }
     let mut t = t;
     split_fused(&mut t, &config, GGUF_NAMES.layer_prefix)?;
+    fold_attn_factor(&mut t, &config, &GGUF_NAMES)?;
+    fold_granite(&mut t, &config, &GGUF_NAMES)?;
     build(config, &t, &GGUF_NAMES, part)
         .with_context(|| format!("building the model from {}", path.display()))
 }
@@ -631,14 +689,114 @@ pub fn rope_freqs(t: &Tensors, config: &LlamaConfig) -> Result<Option<Vec<f32>>>
         return Ok(None);
     }
     let f = t.vector(ROPE_FREQS)?.to_vec_f32()?;
-    if f.len() != config.head_dim / 2 || f.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
-        bail!(
-            "{ROPE_FREQS} holds {} values, not {} positive ones (half the head size)",
-            f.len(),
-            config.head_dim / 2
-        );
-    }
+    crate::llama::rope::check_factors(ROPE_FREQS, &f, config.rotary_dims())?;
     Ok(Some(f))
+}
+
+/// A Phi-3.5/Phi-4-mini GGUF's longrope factors (`rope_factors_short` and
+/// `_long`, as llama.cpp's converter writes them): the list llama.cpp's rule
+/// picks for the context specd serves ([`crate::llama::rope::longrope_pick`]),
+/// against `rope.scaling.original_context_length`.
+fn longrope_factors(
+    t: &Tensors,
+    config: &LlamaConfig,
+    meta: &HashMap<String, String>,
+) -> Result<Option<Vec<f32>>> {
+    let (short, long) = ("rope_factors_short.weight", "rope_factors_long.weight");
+    if t.get(short).is_none() && t.get(long).is_none() {
+        return Ok(None);
+    }
+    let arch = meta
+        .get("general.architecture")
+        .map_or("llama", String::as_str);
+    let key = format!("{arch}.rope.scaling.original_context_length");
+    let original: usize = meta
+        .get(&key)
+        .with_context(|| format!("the GGUF carries {long} but no {key}"))?
+        .parse()
+        .with_context(|| format!("GGUF metadata {key} is not an integer"))?;
+    let read = |name: &str| -> Result<Vec<f32>> {
+        let f = t.vector(name)?.to_vec_f32()?;
+        crate::llama::rope::check_factors(name, &f, config.rotary_dims())?;
+        Ok(f)
+    };
+    Ok(Some(crate::llama::rope::longrope_pick(
+        config.max_position_embeddings,
+        original,
+        read(short)?,
+        read(long)?,
+    )))
+}
+
+/// Folds Granite's residual, attention and logits scales into the weights
+/// ([`crate::config::GraniteScales`]): every row of the o and down
+/// projections times the residual multiplier, of q times the attention
+/// multiplier x sqrt(head_dim) (the forward scales by 1 / sqrt(head_dim)),
+/// the final norm divided by the logits scaling.
+fn fold_granite(t: &mut Tensors, config: &LlamaConfig, names: &Names) -> Result<()> {
+    let Some(g) = config.granite else {
+        return Ok(());
+    };
+    let q_scale = g.attention * (config.head_dim as f32).sqrt();
+    for i in 0..config.num_hidden_layers {
+        let n = |part: &str| format!("{}{i}.{part}", names.layer_prefix);
+        for (base, by) in [
+            (n(names.q), q_scale),
+            (n(names.o), g.residual),
+            (n(names.down), g.residual),
+        ] {
+            t.scale_linear(&base, by)?;
+        }
+        t.f32_scales_like_q(&n(names.q), &[n(names.k), n(names.v)])?;
+    }
+    let norm = format!("{}.weight", names.norm);
+    if t.map.contains_key(&norm) {
+        let rows = vec![1.0 / g.logits; config.hidden_size];
+        t.scale_rows(&norm, &rows)?;
+    }
+    Ok(())
+}
+
+/// Folds a longrope or yarn attention factor `m` (it multiplies the
+/// rotated values of q and k) into the model: the rotated rows of each
+/// layer's q projection (weights, quantized scales and biases, bias) times
+/// m^2, or, where a q norm comes between (Qwen3), its rotated values. The
+/// attention products are then those of the scaled q and k; the forward
+/// and its kernels need not know.
+fn fold_attn_factor(t: &mut Tensors, config: &LlamaConfig, names: &Names) -> Result<()> {
+    let Some(m) = config.rope_attn_factor else {
+        return Ok(());
+    };
+    let (hd, rot) = (config.head_dim, config.rotary_dims());
+    let m2 = m * m;
+    // One value per row of a head: m^2 on the rotated ones.
+    let head: Vec<f32> = (0..hd).map(|i| if i < rot { m2 } else { 1.0 }).collect();
+    for i in 0..config.num_hidden_layers {
+        let n = |part: &str| format!("{}{i}.{part}", names.layer_prefix);
+        if config.qk_norm {
+            let name = format!("{}.weight", n(names.q_norm));
+            if t.map.contains_key(&name) {
+                t.scale_rows(&name, &head)?;
+            }
+            continue;
+        }
+        let q = n(names.q);
+        let rows: Vec<f32> = (0..config.num_attention_heads)
+            .flat_map(|_| head.iter().copied())
+            .collect();
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            let name = format!("{q}.{suffix}");
+            // A quantized weight's words stay; its scales and biases scale.
+            if suffix == "weight" && t.map.contains_key(&format!("{q}.scales")) {
+                continue;
+            }
+            if t.map.contains_key(&name) {
+                t.scale_rows(&name, &rows)?;
+            }
+        }
+        t.f32_scales_like_q(&q, &[n(names.k), n(names.v)])?;
+    }
+    Ok(())
 }
 
 pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -> Result<Llama> {
@@ -675,6 +833,8 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
         Arch::Llama => &HF_NAMES,
     };
     split_fused(&mut t, &config, names.layer_prefix)?;
+    fold_attn_factor(&mut t, &config, names)?;
+    fold_granite(&mut t, &config, names)?;
     let model = build(config, &t, names, part).with_context(|| {
         format!(
             "the weights in {} do not match its config.json",

@@ -125,9 +125,25 @@ pub enum Family {
     /// Phi-3 (mini 4k): fused q/k/v and gate/up tensors, a window of 2047
     /// on every layer, an untied head.
     Phi3,
+    /// Phi-3 with Phi-3.5's `longrope` scaling, over an original context of
+    /// [`SCALED_ORIGINAL`] (GGUF: `rope_factors_long`/`_short`).
+    Phi35,
+    /// Phi-4-mini's rope: `longrope` over 3/4 of each head
+    /// (`partial_rotary_factor` 0.75), no window.
+    Phi4Mini,
+    /// Qwen2 with Qwen 2.5's long-context `yarn` scaling (factor 4 over
+    /// [`SCALED_ORIGINAL`]).
+    Qwen2Yarn,
+    /// Granite 3: llama with embedding, attention and residual
+    /// multipliers and a logits scaling ([`GRANITE_SCALES`]).
+    Granite,
 }
 
-pub const FAMILIES: [(&str, Family); 7] = [
+/// Granite 3 2B's multipliers: embedding 12, attention 1/64 (its head
+/// size), residual 0.22, logits divided by 8.
+const GRANITE_SCALES: (f32, f32, f32, f32) = (12.0, 0.015625, 0.22, 8.0);
+
+pub const FAMILIES: [(&str, Family); 11] = [
     ("llama", Family::Llama),
     ("llama3", Family::Llama3),
     ("qwen2", Family::Qwen2),
@@ -135,7 +151,15 @@ pub const FAMILIES: [(&str, Family); 7] = [
     ("phi3", Family::Phi3),
     ("gemma3", Family::Gemma3),
     ("gemma2", Family::Gemma2),
+    ("phi3.5", Family::Phi35),
+    ("phi4-mini", Family::Phi4Mini),
+    ("qwen2-yarn", Family::Qwen2Yarn),
+    ("granite", Family::Granite),
 ];
+
+/// The original context of the random long-context ropes: short, so the
+/// scaling bites at positions a tiny test reaches.
+pub const SCALED_ORIGINAL: usize = 32;
 
 impl Family {
     pub fn named(name: &str) -> Result<Family> {
@@ -152,20 +176,56 @@ impl Family {
         FAMILIES.iter().find(|f| f.1 == self).expect("listed").0
     }
 
+    /// The family whose tensors and options this one has (the
+    /// long-context ropes change only the rope).
+    fn trunk(self) -> Family {
+        match self {
+            Family::Phi35 | Family::Phi4Mini => Family::Phi3,
+            Family::Qwen2Yarn => Family::Qwen2,
+            Family::Granite => Family::Llama,
+            f => f,
+        }
+    }
+
+    /// Rotated values per head of `head_dim`.
+    fn rope_dims(self, head_dim: usize) -> usize {
+        match self {
+            Family::Phi4Mini => head_dim * 3 / 4,
+            _ => head_dim,
+        }
+    }
+
+    /// Longrope's (short, long) factors for `dims` rotated values: short
+    /// ones near 1, long ones up to 8.
+    fn longrope(self, dims: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        let n = dims / 2;
+        let lists = (
+            (0..n).map(|i| 1.0 + 0.1 * i as f32 / n as f32).collect(),
+            (0..n).map(|i| 1.0 + 7.0 * i as f32 / n as f32).collect(),
+        );
+        matches!(self, Family::Phi35 | Family::Phi4Mini).then_some(lists)
+    }
+
     /// The GGUF `general.architecture`.
     fn gguf_arch(self) -> &'static str {
-        match self {
+        if self == Family::Granite {
+            return "granite";
+        }
+        match self.trunk() {
             Family::Llama | Family::Llama3 => "llama",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
             Family::Phi3 => "phi3",
             Family::Gemma3 => "gemma3",
             Family::Gemma2 => "gemma2",
+            Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+                unreachable!("not a trunk")
+            }
         }
     }
 
     fn rope_theta(self) -> f32 {
-        match self {
+        match self.trunk() {
             Family::Llama | Family::Phi3 | Family::Gemma2 => 10000.0,
             Family::Llama3 => 500000.0,
             _ => 1_000_000.0,
@@ -208,6 +268,7 @@ struct Part {
 /// random values are drawn (llama's order is the one the first random
 /// checkpoints had, so their weights stay as they were).
 fn parts(shape: Shape, family: Family) -> Vec<Part> {
+    let family = family.trunk();
     let (d, hd) = (shape.hidden, shape.head_dim);
     let (q, kv) = (shape.heads * hd, shape.kv_heads * hd);
     let mut v = Vec::new();
@@ -371,7 +432,7 @@ pub fn write(shape: Shape, seed: u64, dir: &Path) -> Result<()> {
 /// Writes a random `family` checkpoint of `shape` at `out`: a GGUF file
 /// where `gguf`, else an HF directory.
 pub fn write_model(shape: Shape, family: Family, seed: u64, out: &Path, gguf: bool) -> Result<()> {
-    let divides = matches!(family, Family::Qwen2 | Family::Phi3);
+    let divides = matches!(family.trunk(), Family::Qwen2 | Family::Phi3);
     if divides && shape.heads * shape.head_dim != shape.hidden {
         bail!(
             "{}'s head size is hidden / heads; shape {} differs",
@@ -444,7 +505,7 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "parameters": shape.parameters()},
     });
     let (factor, low, high, original) = LLAMA3_SCALING;
-    let extra = match family {
+    let extra = match family.trunk() {
         Family::Llama => serde_json::json!({}),
         Family::Llama3 => serde_json::json!({
             "max_position_embeddings": 131072,
@@ -476,9 +537,40 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "sliding_window": GEMMA2_WINDOW, "attn_logit_softcapping": GEMMA2_CAPS.0,
             "final_logit_softcapping": GEMMA2_CAPS.1, "rope_scaling": null,
         }),
+        Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+            unreachable!("not a trunk")
+        }
     };
     if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
         c.extend(e.clone());
+    }
+    let dims = family.rope_dims(shape.head_dim);
+    let scaled = match (family, family.longrope(dims)) {
+        (_, Some((short, long))) => serde_json::json!({
+            "original_max_position_embeddings": SCALED_ORIGINAL,
+            "rope_scaling": {"type": "longrope", "short_factor": short, "long_factor": long},
+        }),
+        (Family::Qwen2Yarn, _) => serde_json::json!({
+            "rope_scaling": {"type": "yarn", "factor": 4.0,
+                "original_max_position_embeddings": SCALED_ORIGINAL},
+        }),
+        _ => serde_json::json!({}),
+    };
+    if let (Some(c), Some(e)) = (config.as_object_mut(), scaled.as_object()) {
+        c.extend(e.clone());
+    }
+    if family == Family::Phi4Mini {
+        config["partial_rotary_factor"] = serde_json::json!(0.75);
+        config["sliding_window"] = serde_json::Value::Null;
+    }
+    if family == Family::Granite {
+        let (e, a, r, l) = GRANITE_SCALES;
+        let g = serde_json::json!({"architectures": ["GraniteForCausalLM"],
+            "model_type": "granite", "embedding_multiplier": e, "attention_multiplier": a,
+            "residual_multiplier": r, "logits_scaling": l, "mlp_bias": false});
+        if let (Some(c), Some(g)) = (config.as_object_mut(), g.as_object()) {
+            c.extend(g.clone());
+        }
     }
     config
 }
@@ -508,14 +600,19 @@ fn write_gguf(shape: Shape, family: Family, seed: u64, path: &Path) -> Result<()
         let base = family.rope_theta();
         crate::llama::rope::llama3(factor, low, high, original, shape.head_dim, base)
     });
+    // Llama 3's factors, or longrope's two lists.
+    let mut factors: Vec<(&str, Vec<f32>)> = rope_freqs
+        .into_iter()
+        .map(|f| ("rope_freqs.weight", f))
+        .collect();
+    if let Some((short, long)) = family.longrope(family.rope_dims(shape.head_dim)) {
+        factors.push(("rope_factors_long.weight", long));
+        factors.push(("rope_factors_short.weight", short));
+    }
     let mut table: Vec<(String, Vec<u64>, u32)> =
         parts.iter().map(|p| (name(p), dims(p), ty(p))).collect();
-    if let Some(f) = &rope_freqs {
-        table.push((
-            "rope_freqs.weight".into(),
-            vec![f.len() as u64],
-            ggml_type::F32,
-        ));
+    for (n, f) in &factors {
+        table.push((n.to_string(), vec![f.len() as u64], ggml_type::F32));
     }
     let mut w = GgufWriter::create(path, &gguf_metadata(shape, family, seed), table)?;
     let mut draw = Draw { seed, i: 0 };
@@ -528,9 +625,9 @@ fn write_gguf(shape: Shape, family: Family, seed: u64, path: &Path) -> Result<()
         };
         w.tensor(&name(p), &bytes)?;
     }
-    if let Some(f) = &rope_freqs {
+    for (n, f) in &factors {
         let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.tensor("rope_freqs.weight", &bytes)?;
+        w.tensor(n, &bytes)?;
     }
     w.finish()
 }
@@ -561,20 +658,45 @@ fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufVa
         ("attention.head_count_kv", u(shape.kv_heads)),
         ("attention.layer_norm_rms_epsilon", GgufValue::F32(eps)),
         ("rope.freq_base", GgufValue::F32(family.rope_theta())),
-        ("rope.dimension_count", u(shape.head_dim)),
+        ("rope.dimension_count", u(family.rope_dims(shape.head_dim))),
         ("attention.key_length", u(shape.head_dim)),
         ("attention.value_length", u(shape.head_dim)),
         ("vocab_size", u(shape.vocab)),
     ];
     match family {
         Family::Gemma3 => arch_kv.push(("attention.sliding_window", u(512))),
-        Family::Phi3 => arch_kv.push(("attention.sliding_window", u(2047))),
         Family::Gemma2 => arch_kv.extend([
             ("attention.sliding_window", u(GEMMA2_WINDOW)),
             ("attn_logit_softcapping", GgufValue::F32(GEMMA2_CAPS.0)),
             ("final_logit_softcapping", GgufValue::F32(GEMMA2_CAPS.1)),
         ]),
+        // llama.cpp's converter writes Phi-4-mini's missing window as 0.
+        Family::Phi4Mini => arch_kv.push(("attention.sliding_window", u(0))),
+        Family::Phi3 | Family::Phi35 => arch_kv.push(("attention.sliding_window", u(2047))),
         _ => {}
+    }
+    // The long-context ropes as llama.cpp's converter writes them.
+    let original = SCALED_ORIGINAL as f64;
+    if family.longrope(2).is_some() {
+        let attn = crate::llama::rope::longrope_attn_factor(4096, SCALED_ORIGINAL);
+        arch_kv.push(("rope.scaling.attn_factor", GgufValue::F32(attn as f32)));
+        arch_kv.push(("rope.scaling.original_context_length", u(SCALED_ORIGINAL)));
+    }
+    if family == Family::Granite {
+        let (e, a, r, l) = GRANITE_SCALES;
+        arch_kv.extend([
+            ("embedding_scale", GgufValue::F32(e)),
+            ("attention.scale", GgufValue::F32(a)),
+            ("residual_scale", GgufValue::F32(r)),
+            ("logit_scale", GgufValue::F32(l)),
+        ]);
+    }
+    if family == Family::Qwen2Yarn {
+        arch_kv.extend([
+            ("rope.scaling.type", s("yarn")),
+            ("rope.scaling.factor", GgufValue::F32(4.0)),
+            ("rope.scaling.original_context_length", u(original as usize)),
+        ]);
     }
     kv.extend(arch_kv.into_iter().map(|(k, v)| (format!("{a}.{k}"), v)));
     let tokens = vocabulary(shape.vocab);

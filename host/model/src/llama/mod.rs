@@ -12,7 +12,6 @@ pub mod rope;
 
 use self::gemma3::PostNorms;
 use crate::cache::{KvCache, LayerCache, RotatingCache};
-use crate::config::Arch;
 use crate::linear::{fuse_packed, Linear, QuantizedWeight};
 use crate::ranks::Downstream;
 use crate::LlamaConfig;
@@ -387,17 +386,16 @@ impl Llama {
     }
 
     /// The embedding rows of token ids `[T]`, as `[1, T, hidden]` (scaled
-    /// by sqrt(hidden) for Gemma 2 and 3).
+    /// by sqrt(hidden) for Gemma 2 and 3, Granite's embedding multiplier).
     fn embedded(&self, ids: &Array) -> Result<Array> {
         let x = self
             .embed
             .rows(ids)?
             .reshape(&[1, ids.dim(0), self.config.hidden_size as i32])?;
-        if !matches!(self.config.arch, Arch::Gemma3 | Arch::Gemma2) {
+        let Some(scale) = self.config.embedding_scale() else {
             return Ok(x);
-        }
-        let scale = Array::scalar(self.config.embed_scale())?;
-        ops::multiply(&x, &scale)
+        };
+        ops::multiply(&x, &Array::scalar(scale)?)
     }
 
     /// Final norm and the vocabulary projection.
@@ -554,7 +552,7 @@ impl Llama {
         let heads = |y: &Array, n: i32| y.reshape(&[1, t, n, hd])?.transpose(&[0, 2, 1, 3]);
         // A bias or a q/k norm comes between the matmul and the rope, so
         // those models skip the op that folds the rope into the matmul.
-        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none() && self.rope_folds();
         if let (true, Some(Linear::Quantized(f))) = (plain, &l.qkv) {
             if f.packed.is_some() {
                 let y =
@@ -672,7 +670,7 @@ impl Llama {
     /// and the fused attention kernel takes its output: specd's kernels,
     /// packed weights, nothing (bias, q/k norm) between matmul and rope.
     fn fused_qkv<'a>(&self, l: &'a Layer) -> Option<&'a QuantizedWeight> {
-        let plain = l.qkv_bias.is_none() && l.q_norm.is_none();
+        let plain = l.qkv_bias.is_none() && l.q_norm.is_none() && self.rope_folds();
         match &l.qkv {
             Some(Linear::Quantized(f)) if plain && self.own_kernels && f.packed.is_some() => {
                 Some(f)
