@@ -136,7 +136,8 @@ fn the_qkv_matmul_inside_the_attention_op_gives_the_two_ops_bits() {
                     }
                     Ok(())
                 };
-                specd_tests::hidden(&m, toks, caches, &mut Outputs::probed(&mut probe))
+                let mut out = Outputs::probed(&mut probe);
+                specd_tests::hidden(&m, toks, caches, &mut out)
             })
         };
         let (one_op, two_ops) = (run(false), run(true));
