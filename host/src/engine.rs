@@ -5,7 +5,8 @@
 use crate::cache::{PrefixCache, SuffixCorpus};
 use crate::load::Switches;
 use crate::model::mtp::MtpHead;
-use crate::model::{load_model_with, Llama, ModelFormat, WeightMode};
+use crate::model::ranks::Pipeline;
+use crate::model::{load_model_with, ModelFormat, WeightMode};
 use crate::options::{
     DrafterSpec, SpecOptions, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
 };
@@ -39,13 +40,13 @@ pub struct Engine {
     pub name: String,
     pub path: PathBuf,
     pub format: ModelFormat,
-    pub model: Arc<Llama>,
+    pub model: Arc<Pipeline>,
     pub tokenizer: Arc<Tokenizer>,
     /// Shared with the server's validation before the queue.
     pub template: Arc<ChatTemplate>,
     pub policies: Arc<PolicyHost>,
     /// Draft models by name (`model:NAME`), configured at start.
-    pub drafts: HashMap<String, Arc<Llama>>,
+    pub drafts: HashMap<String, Arc<Pipeline>>,
     /// MTP draft heads by name (`mtp:NAME`); `""` is the model's shipped
     /// head (`mtp`): a MiMo checkpoint's own MTP layer, or the head found
     /// beside the model ([`shipped_head_dir`]).
@@ -120,11 +121,13 @@ impl Engine {
         let (model, format) = match &ranks {
             Some(j) => {
                 let part = j.split.ranges[0].clone();
-                let (mut m, f) = crate::model::load_model_part(path, weights, Some(part))?;
-                j.attach(&mut m);
-                (m, f)
+                let (m, f) = crate::model::load_model_part(path, weights, Some(part))?;
+                (j.attach(m), f)
             }
-            None => load_model_with(path, weights)?,
+            None => {
+                let (m, f) = load_model_with(path, weights)?;
+                (Pipeline::alone(m), f)
+            }
         };
         let tokenizer = load_tokenizer(path, format)?;
         if tokenizer.vocab_size() > model.config.vocab_size {
@@ -193,7 +196,8 @@ impl Engine {
                 self.model.config.vocab_size
             );
         }
-        self.drafts.insert(name.to_string(), Arc::new(m));
+        self.drafts
+            .insert(name.to_string(), Arc::new(Pipeline::alone(m)));
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! How a model is loaded: what every command that loads one takes from the
 //! global flags (the CLI and the server alike). A leaf: it knows the model
 //! crate only, so the engine and the pipeline ranks both read it.
-use crate::model::Llama;
+use crate::model::{ForwardFlags, Llama};
 
 /// The global flags a model is loaded with.
 #[derive(Debug, Clone, Copy)]
@@ -18,14 +18,14 @@ pub struct Load {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Switches {
     /// Attention as one op per layer over every sequence's cache rows
-    /// ([`Llama::kv_rows`]); off: the per-sequence ops it replaced.
+    /// ([`ForwardFlags::kv_rows`]); off: the per-sequence ops it replaced.
     pub kv_rows: bool,
     /// A layer's o, gate/up and down matmuls as one op
-    /// ([`Llama::fused_tail`]); off: three.
+    /// ([`ForwardFlags::fused_tail`]); off: three.
     pub fused_tail: bool,
     /// Requests' default for a sequence's `Settings::light_rounds`.
     pub light_rounds: bool,
-    /// 16-bit KV caches ([`Llama::kv_half`]): off by default, as the
+    /// 16-bit KV caches ([`ForwardFlags::kv_half`]): off by default, as the
     /// float32 caches' results are the reference.
     pub kv_f16: bool,
 }
@@ -42,10 +42,17 @@ impl Default for Switches {
 }
 
 impl Switches {
+    /// The forward's switches (a model's, set once before it is shared).
+    pub fn flags(&self) -> ForwardFlags {
+        ForwardFlags {
+            kv_rows: self.kv_rows,
+            fused_tail: self.fused_tail,
+            kv_half: self.kv_f16,
+        }
+    }
+
     /// Sets the switches a model reads on `model` (before it is shared).
     pub fn apply(&self, model: &mut Llama) {
-        model.kv_rows = self.kv_rows;
-        model.fused_tail = self.fused_tail;
-        model.kv_half = self.kv_f16;
+        model.flags = self.flags();
     }
 }

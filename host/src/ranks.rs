@@ -7,7 +7,7 @@
 //! forward (the binary's version, the model's sha256, the weights and
 //! kernels, the split) and refuse to run apart.
 use crate::load::Load;
-use crate::model::ranks::{stage, wire, Downstream, Group, Split};
+use crate::model::ranks::{stage, wire, Downstream, Group, Pipeline, Split};
 use crate::model::{load_model_part, Llama};
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::Path;
@@ -157,7 +157,7 @@ impl Joined {
 
     /// Rank 0's model: its layers, the embedding and head, and the link
     /// to the other ranks.
-    pub fn attach(&self, model: &mut Llama) {
+    pub fn attach(&self, model: Llama) -> Pipeline {
         let per_layer = model.kv_bytes_per_token() / model.layer_count().max(1);
         let d = self.downstream.get_or_init(|| {
             Arc::new(Downstream::new(
@@ -170,8 +170,11 @@ impl Joined {
         // Off only to measure what micro-batches give (bench_ranks.py).
         let halves = std::env::var("SPECD_RANK_MICRO_BATCHES").as_deref() != Ok("0");
         d.micro_batches.store(halves, Ordering::Relaxed);
-        model.downstream = Some(d.clone());
-        self.report(model);
+        self.report(&model);
+        Pipeline {
+            model,
+            downstream: Some(d.clone()),
+        }
     }
 
     fn report(&self, model: &Llama) {

@@ -45,9 +45,7 @@ fn sample(
     reduction: bool,
 ) -> anyhow::Result<(f64, Vec<u32>)> {
     let mut start = Instant::now();
-    let l = t
-        .model
-        .forward_layers(rows, &mut t.caches, t.n_layers, Logits::All)?;
+    let l = specd_tests::forward(&t.model, rows, &mut t.caches, Logits::All);
     if reduction {
         l.eval()?;
         start = Instant::now();

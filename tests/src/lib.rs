@@ -161,3 +161,43 @@ pub fn chi_square_critical_001(df: usize) -> f64 {
     let c = 2.0 / (9.0 * d);
     d * (1.0 - c + z * c.sqrt()).powi(3)
 }
+
+/// One forward of `toks` alone after what `caches` hold, through every
+/// layer (a batch of one: embed, layers, unembed): the `which` rows'
+/// logits.
+pub fn forward(
+    m: &specd::model::Llama,
+    toks: &[u32],
+    caches: &mut [Box<dyn specd::cache::LayerCache>],
+    which: specd::model::Logits,
+) -> specd_mlx::Array {
+    let mut out = specd::model::Outputs::none();
+    let h = hidden(m, toks, caches, &mut out);
+    let want = specd::model::Want {
+        rows: toks.len() as i32,
+        logits: Some(which),
+    };
+    m.unembed(&h, &[want], &mut out)
+        .and_then(|u| u.logits())
+        .expect("unembed")
+}
+
+/// The last layer's rows `[1, T, hidden]` of `toks` alone after what
+/// `caches` hold, with `out`'s taps and probe.
+pub fn hidden(
+    m: &specd::model::Llama,
+    toks: &[u32],
+    caches: &mut [Box<dyn specd::cache::LayerCache>],
+    out: &mut specd::model::Outputs<'_>,
+) -> specd_mlx::Array {
+    let mut seq = [specd::model::Seq {
+        caches,
+        rows: toks.len() as i32,
+        logits: None,
+    }];
+    let x = specd::model::llama::ids(toks)
+        .and_then(|ids| m.embed(&ids))
+        .expect("embed");
+    m.layers(0..m.layer_count(), x, &mut seq, out)
+        .expect("layers")
+}

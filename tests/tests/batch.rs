@@ -35,7 +35,7 @@ fn a_batched_step_gives_every_sequence_its_solo_rows_bitwise() {
 #[test]
 fn a_batched_step_over_f16_caches_gives_every_sequence_its_solo_rows_bitwise() {
     let e = specd_tests::f16_kv_engine();
-    assert!(e.model.kv_half);
+    assert!(e.model.flags.kv_half);
     batched_step_is_solo(&e);
 }
 

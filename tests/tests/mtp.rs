@@ -6,7 +6,8 @@
 //! decoding's under greedy) alone and in a batch.
 use specd::engine::Prompt;
 use specd::model::mtp::MtpHead;
-use specd::model::Llama;
+use specd::model::ranks::Pipeline;
+use specd::model::Outputs;
 use specd::options::SpecOptions;
 use specd::sampling::SamplingParams;
 use specd::scheduler::{Admitted, BatchLimits, Scheduler};
@@ -91,7 +92,7 @@ fn temp_dir(name: &str) -> PathBuf {
 /// that keeps 2, then a batched step of 3 rows beside `other` (2 rows after
 /// a 3-token prefill, whose kept rows are dropped).
 fn rounds_then_a_batched_step(
-    m: &Llama,
+    m: &Pipeline,
     ids: &[u32],
     t: &mut LlamaTarget,
     other: &mut LlamaTarget,
@@ -121,10 +122,7 @@ fn kept_hidden_rows_are_the_forwards_rows_rolled_back_with_the_caches() {
     let n = ids.len();
     // Reference: the last layer's rows of the whole prompt in one forward.
     let mut caches = e.model.new_caches();
-    let full = e
-        .model
-        .hidden(&ids, &mut caches, e.model.layers.len())
-        .unwrap();
+    let full = specd_tests::hidden(&e.model, &ids, &mut caches, &mut Outputs::none());
     let row = |h: &Array, i: i32| {
         let d = h.dim(2);
         let v = h
@@ -170,9 +168,9 @@ fn tapped_rows_are_the_forwards_residual_stream_alone_and_batched() {
         .unwrap();
     let n = ids.len();
     let mut caches = m.new_caches();
-    let (h, full) = m
-        .hidden_and_features(&ids, &mut caches, layers, &taps)
-        .unwrap();
+    let mut out = Outputs::tapped(&taps);
+    let h = specd_tests::hidden(m, &ids, &mut caches, &mut out);
+    let full = out.taps.features().unwrap();
     let d = h.dim(2);
     assert_eq!(full.dim(2), 3 * d);
     let cols = |a: &Array, i: i32, c: i32| {

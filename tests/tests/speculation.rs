@@ -97,22 +97,17 @@ fn default_model_runs_batch_invariant() {
     let m = &e.model;
     let vocab = m.config.vocab_size;
     let mut caches = m.new_caches();
-    m.forward(body, &mut caches, Logits::Last)
-        .unwrap()
+    specd_tests::forward(m, body, &mut caches, Logits::Last)
         .eval()
         .unwrap();
-    let batched = m
-        .forward(tail, &mut caches, Logits::All)
-        .unwrap()
+    let batched = specd_tests::forward(m, tail, &mut caches, Logits::All)
         .to_vec_f32()
         .unwrap();
     for c in caches.iter_mut() {
         assert!(c.rewind(body.len()));
     }
     for (i, t) in tail.iter().enumerate() {
-        let one = m
-            .forward(&[*t], &mut caches, Logits::Last)
-            .unwrap()
+        let one = specd_tests::forward(m, &[*t], &mut caches, Logits::Last)
             .to_vec_f32()
             .unwrap();
         let row = &batched[i * vocab..(i + 1) * vocab];
@@ -191,7 +186,7 @@ fn f16_kv_caches_keep_greedy_speculation_lossless() {
     // path reads the same cache, so greedy speculation still equals plain
     // decoding exactly, and a token's KV takes half the bytes.
     let e = specd_tests::f16_kv_engine();
-    assert!(e.model.kv_half);
+    assert!(e.model.flags.kv_half);
     assert_eq!(
         e.model.kv_bytes_per_token() * 2,
         e.model.config.kv_bytes_per_token(4)
@@ -360,7 +355,7 @@ fn greedy_acceptance_with_every_schedule_matches_plain_decoding() {
 /// Plain greedy decoding straight on a model: tokens and top-2 margins.
 fn greedy_tokens(m: &specd::model::Llama, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     let mut caches = m.new_caches();
-    let mut logits = m.forward(prompt, &mut caches, Logits::Last).unwrap();
+    let mut logits = specd_tests::forward(m, prompt, &mut caches, Logits::Last);
     let (mut toks, mut margins) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let l = logits.to_vec_f32().unwrap();
@@ -374,9 +369,7 @@ fn greedy_tokens(m: &specd::model::Llama, prompt: &[u32], n: usize) -> (Vec<u32>
         }
         toks.push(best as u32);
         margins.push(b1 - b2);
-        logits = m
-            .forward(&[best as u32], &mut caches, Logits::Last)
-            .unwrap();
+        logits = specd_tests::forward(m, &[best as u32], &mut caches, Logits::Last);
     }
     (toks, margins)
 }

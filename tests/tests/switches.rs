@@ -7,7 +7,7 @@
 use specd::cache::LayerCache;
 use specd::engine::{Engine, Prompt};
 use specd::load::Switches;
-use specd::model::{load_model_with, Llama, Logits, WeightMode};
+use specd::model::{load_model_with, Llama, Logits, Outputs, WeightMode};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
 use specd_tests::{default_model_path, OPEN};
@@ -42,8 +42,8 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
     .unwrap();
     assert_eq!(e.switches, Switches::default());
     assert!(
-        e.model.kv_rows
-            && e.model.fused_tail
+        e.model.flags.kv_rows
+            && e.model.flags.fused_tail
             && e.settings(SamplingParams::default(), None, vec![])
                 .light_rounds
     );
@@ -56,8 +56,8 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
         kv_f16: false,
     };
     e.set_switches(off).unwrap();
-    assert!(!e.model.kv_rows, "kv_rows reaches the model");
-    assert!(!e.model.fused_tail, "fused_tail reaches the model");
+    assert!(!e.model.flags.kv_rows, "kv_rows reaches the model");
+    assert!(!e.model.flags.fused_tail, "fused_tail reaches the model");
     let s = e.settings(SamplingParams::default(), None, vec![]);
     assert!(
         !s.light_rounds,
@@ -106,9 +106,9 @@ fn quantized_models() -> impl Iterator<Item = (WeightMode, Llama)> {
 fn the_fused_layer_tail_gives_the_three_ops_logits_bit_for_bit() {
     for (mode, mut m) in quantized_models() {
         let mut run = |fused: bool| {
-            m.fused_tail = fused;
+            m.flags.fused_tail = fused;
             prefill_then_verify(&m, |toks, caches| {
-                m.forward(toks, caches, Logits::All).unwrap()
+                specd_tests::forward(&m, toks, caches, Logits::All)
             })
         };
         let (fused, three) = (run(true), run(false));
@@ -136,8 +136,8 @@ fn the_qkv_matmul_inside_the_attention_op_gives_the_two_ops_bits() {
                     }
                     Ok(())
                 };
-                m.hidden_probed(toks, caches, m.layers.len(), &mut probe)
-                    .unwrap()
+                let mut out = Outputs::probed(&mut probe);
+                specd_tests::hidden(&m, toks, caches, &mut out)
             })
         };
         let (one_op, two_ops) = (run(false), run(true));

@@ -11,7 +11,10 @@
 //! run is an error in the report, never a silent skip.
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
+use specd::cache::LayerCache;
 use specd::engine::{Engine, Prompt};
+use specd::model::llama::{ids, Outputs, Seq};
+use specd::model::ranks::Pipeline;
 use specd::model::{Logits, ModelFormat};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
@@ -184,6 +187,28 @@ fn long_prompt(e: &Engine, n: usize) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// One forward of `tokens` alone after what `caches` hold: the logits of
+/// `which` rows.
+fn forward(
+    m: &Pipeline,
+    tokens: &[u32],
+    caches: &mut [Box<dyn LayerCache>],
+    which: Logits,
+) -> Result<specd_mlx::Array> {
+    let mut seq = [Seq {
+        caches,
+        rows: tokens.len() as i32,
+        logits: Some(which),
+    }];
+    let out = m.forward(
+        &ids(tokens)?,
+        m.layer_count(),
+        &mut seq,
+        &mut Outputs::none(),
+    )?;
+    Ok(out.logits()?)
+}
+
 /// Ours: the engine's plain greedy decode, a direct forward for prefill.
 fn run_ours(e: &Engine, decode_ids: &[u32], long_ids: &[u32], o: &Options) -> Result<EngineRun> {
     let m = &e.model;
@@ -191,7 +216,7 @@ fn run_ours(e: &Engine, decode_ids: &[u32], long_ids: &[u32], o: &Options) -> Re
     let prefill_once = || -> Result<f64> {
         let mut caches = m.new_caches();
         let t = Instant::now();
-        m.forward(long_ids, &mut caches, Logits::Last)?.eval()?;
+        forward(m, long_ids, &mut caches, Logits::Last)?.eval()?;
         Ok(t.elapsed().as_secs_f64())
     };
     prefill_once()?;
@@ -257,8 +282,7 @@ pub fn verify_curve(e: &Engine, ids: &[u32], context: usize, reps: usize) -> Res
     let m = &e.model;
     let mut caches = m.new_caches();
     if context > 0 {
-        m.forward(&ids[..context], &mut caches, Logits::Last)?
-            .eval()?;
+        forward(m, &ids[..context], &mut caches, Logits::Last)?.eval()?;
         let state: Vec<&specd_mlx::Array> = caches.iter().flat_map(|c| c.state()).collect();
         specd_mlx::eval(&state)?;
     }
@@ -271,7 +295,7 @@ pub fn verify_curve(e: &Engine, ids: &[u32], context: usize, reps: usize) -> Res
                 c.rewind(context);
             }
             let t = Instant::now();
-            m.forward(&new[..k], &mut caches, Logits::All)?.eval()?;
+            forward(m, &new[..k], &mut caches, Logits::All)?.eval()?;
             if rep > 0 {
                 times[i].push(t.elapsed().as_secs_f64() * 1e3);
             }

@@ -20,5 +20,5 @@ pub mod ranks;
 pub use config::{Arch, LlamaConfig};
 pub use linear::{Kernels, Linear, QuantSource, QuantizedWeight, WeightMode};
 pub use llama::gemma3;
-pub use llama::{no_probe, Llama, Logits, Probe};
+pub use llama::{no_probe, ForwardFlags, Llama, Logits, Outputs, Probe, Seq, Want};
 pub use load::{load_model_part, load_model_with, ModelFormat};

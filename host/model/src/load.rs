@@ -6,7 +6,7 @@
 use super::gemma3::PostNorms;
 use super::ggml;
 use super::linear::{Linear, QuantSource, QuantizedWeight, WeightMode};
-use super::llama::{Layer, LayerKind};
+use super::llama::{ForwardFlags, Layer, LayerKind};
 use super::{Arch, Llama, LlamaConfig};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{io, kernels, ops, Array, Dtype};
@@ -499,11 +499,8 @@ fn build(
             false => placeholder()?.reshape(&[d])?,
         },
         lm_head,
-        kv_rows: true,
-        fused_tail: true,
-        kv_half: false,
+        flags: ForwardFlags::default(),
         first_layer: part.start,
-        downstream: None,
     };
     check_shapes(&model)?;
     // Packed (and q/k/v, gate/up fused) for the CPU kernels; MLX's own

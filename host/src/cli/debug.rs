@@ -28,6 +28,7 @@ use super::generate::{load_engine, prompt_of, SpecArgs};
 use super::Load;
 use super::ModelArg;
 use crate::engine::Engine;
+use crate::model::llama::{self, Outputs, Seq};
 use crate::model::Logits;
 use crate::sampling::SamplingParams;
 use anyhow::{bail, Context, Result};
@@ -186,7 +187,20 @@ pub fn run(cmd: DebugCmd, load: Load) -> Result<()> {
             }
             let mut caches = engine.model.new_caches();
             let which = if a.all { Logits::All } else { Logits::Last };
-            let logits = engine.model.forward(&ids, &mut caches, which)?;
+            let m = &engine.model;
+            let mut seq = [Seq {
+                caches: &mut caches,
+                rows: ids.len() as i32,
+                logits: Some(which),
+            }];
+            let logits = m
+                .forward(
+                    &llama::ids(&ids)?,
+                    m.layer_count(),
+                    &mut seq,
+                    &mut Outputs::none(),
+                )?
+                .logits()?;
             let logits = logits.as_type(specd_mlx::Dtype::Float32)?;
             logits.eval()?;
             let v = logits.to_vec_f32()?;
@@ -302,12 +316,20 @@ fn mtp_rows(a: MtpArgs, load: Load) -> Result<()> {
     }
     let m = &engine.model;
     let mut caches = m.new_caches();
-    let (_, features) = m.hidden_and_features(
-        &ids[..ids.len() - 1],
-        &mut caches,
-        m.layer_count(),
-        head.taps(),
-    )?;
+    let context = &ids[..ids.len() - 1];
+    let mut seq = [Seq {
+        caches: &mut caches,
+        rows: context.len() as i32,
+        logits: None,
+    }];
+    let mut out = Outputs::tapped(head.taps());
+    let x = m.embed(&llama::ids(context)?)?;
+    let h = m.layers(m.layer_count(), x, &mut seq, &mut out)?;
+    // What the head reads: the last layer's rows, or its taps side by side.
+    let features = match head.taps() {
+        [] => h,
+        _ => out.taps.features()?,
+    };
     let mut head_caches = head.new_caches();
     let rows = head.forward(&ids[1..], &features, &mut head_caches, Logits::All)?;
     let best = specd_mlx::ops::argmax(&rows.logits, -1, false)?.as_type(specd_mlx::Dtype::Int32)?;

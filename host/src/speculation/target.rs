@@ -4,8 +4,9 @@
 use super::rows::{RowArgmax, VerifyRows};
 use super::stats::ForwardTimes;
 use crate::cache::{LayerCache, Snapshot};
-use crate::model::llama::{BatchRows, Taps};
-use crate::model::{no_probe, Llama, Logits};
+use crate::model::llama::{ids, Outputs, Seq, Want};
+use crate::model::ranks::Pipeline;
+use crate::model::Logits;
 use crate::sampling::argmax_margin;
 use anyhow::{Context, Result};
 use specd_mlx::{kernels, ops, Array};
@@ -110,7 +111,7 @@ const MAX_KEPT_HIDDEN: usize = 8192;
 /// A llama (or its first `n_layers` layers, for self-speculation) with its
 /// own per-layer KV caches.
 pub struct LlamaTarget {
-    pub model: Arc<Llama>,
+    pub model: Arc<Pipeline>,
     pub caches: Vec<Box<dyn LayerCache>>,
     pub n_layers: usize,
     /// Per layer, what the forwards since the last rewind snapshotted.
@@ -125,12 +126,12 @@ pub struct LlamaTarget {
 }
 
 impl LlamaTarget {
-    pub fn new(model: Arc<Llama>) -> Self {
+    pub fn new(model: Arc<Pipeline>) -> Self {
         let n = model.layer_count();
         Self::first_layers(model, n)
     }
 
-    pub fn first_layers(model: Arc<Llama>, n_layers: usize) -> Self {
+    pub fn first_layers(model: Arc<Pipeline>, n_layers: usize) -> Self {
         let n_layers = n_layers.clamp(1, model.layer_count());
         let caches = model.new_caches_n(n_layers);
         LlamaTarget {
@@ -145,7 +146,7 @@ impl LlamaTarget {
         }
     }
 
-    pub fn with_caches(model: Arc<Llama>, caches: Vec<Box<dyn LayerCache>>) -> Self {
+    pub fn with_caches(model: Arc<Pipeline>, caches: Vec<Box<dyn LayerCache>>) -> Self {
         let n_layers = caches.len();
         LlamaTarget {
             model,
@@ -180,17 +181,41 @@ impl LlamaTarget {
         Ok(())
     }
 
-    /// The layers' output over `tokens` (at `start`), its feature rows kept
-    /// where asked.
-    fn hidden_kept(&mut self, start: usize, tokens: &[u32]) -> Result<Array> {
-        if !self.keeps_hidden {
-            return Ok(self.model.hidden(tokens, &mut self.caches, self.n_layers)?);
+    /// The layers' output over token ids `ids` `[T]` (positions `start..`),
+    /// its feature rows kept where asked.
+    fn hidden_kept(&mut self, start: usize, ids: &Array) -> Result<Array> {
+        let mut out = match self.keeps_hidden {
+            true => Outputs::tapped(&self.taps),
+            false => Outputs::none(),
+        };
+        let x = self.model.embed(ids)?;
+        let mut seq = [Seq {
+            caches: &mut self.caches,
+            rows: ids.dim(0),
+            logits: None,
+        }];
+        let h = self.model.layers(self.n_layers, x, &mut seq, &mut out)?;
+        if self.keeps_hidden {
+            // Its features: the last layer's rows, or its taps side by side.
+            let features = match self.taps.is_empty() {
+                true => h.clone(),
+                false => out.taps.features()?,
+            };
+            self.record_hidden(start, &features)?;
         }
-        let (h, features) =
-            self.model
-                .hidden_and_features(tokens, &mut self.caches, self.n_layers, &self.taps)?;
-        self.record_hidden(start, &features)?;
         Ok(h)
+    }
+
+    /// The logits of `which` of the rows `h` `[1, T, hidden]`.
+    fn unembed(&self, h: &Array, which: Logits) -> Result<Array> {
+        let want = Want {
+            rows: h.dim(1),
+            logits: Some(which),
+        };
+        Ok(self
+            .model
+            .unembed(h, &[want], &mut Outputs::none())?
+            .logits()?)
     }
 
     /// Drops the kept rows at positions `offset` and after.
@@ -233,10 +258,8 @@ impl LlamaTarget {
     /// device, without waiting: the argmax can feed the next forward before
     /// the host has seen it.
     fn queue_greedy(&mut self, ids: &Array) -> Result<(Array, Array)> {
-        let h = self
-            .model
-            .hidden_ids(ids, &mut self.caches, self.n_layers, &mut no_probe)?;
-        let logits = self.model.head(&h, Logits::Last)?;
+        let h = self.hidden_kept(self.offset(), ids)?;
+        let logits = self.unembed(&h, Logits::Last)?;
         let next = ops::argmax(&logits, -1, false)?;
         specd_mlx::async_eval(&[&next, &logits])?;
         Ok((logits, next))
@@ -287,8 +310,8 @@ impl LlamaTarget {
     fn build(&mut self, tokens: &[u32], which: Logits) -> Result<(Array, Instant)> {
         let t = Instant::now();
         let start = self.offset();
-        let h = self.hidden_kept(start, tokens)?;
-        let logits = self.model.head(&h, which)?;
+        let h = self.hidden_kept(start, &ids(tokens)?)?;
+        let logits = self.unembed(&h, which)?;
         self.collect_snapshots();
         Ok((logits, t))
     }
@@ -381,7 +404,7 @@ impl Target for LlamaTarget {
         }
         // Caches are all we need: skip the head.
         let start = self.offset();
-        self.hidden_kept(start, tokens)?;
+        self.hidden_kept(start, &ids(tokens)?)?;
         self.collect_snapshots();
         self.eval_caches()
     }
@@ -505,7 +528,7 @@ pub struct StepRows<'a> {
 /// its layers): the continuous-batching step. Per target, in order, its
 /// logits rows (none for a prefill chunk), as [`Target::forward`] returns
 /// them; snapshots are taken as there, and every cache is evaluated.
-pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Vec<Vec<f32>>>> {
+pub fn forward_batch(model: &Pipeline, parts: &mut [StepRows<'_>]) -> Result<Vec<Vec<Vec<f32>>>> {
     let modes = vec![VerifyMode::Rows; parts.len()];
     forward_batch_verify(model, parts, &modes)?
         .into_iter()
@@ -526,7 +549,7 @@ pub fn forward_batch(model: &Llama, parts: &mut [StepRows<'_>]) -> Result<Vec<Ve
 /// one pass over its rows) with the step and evaluated in the same sync,
 /// as a lone light round does; only they are copied back.
 pub fn forward_batch_verify(
-    model: &Llama,
+    model: &Pipeline,
     parts: &mut [StepRows<'_>],
     modes: &[VerifyMode],
 ) -> Result<Vec<VerifyRows>> {
@@ -555,19 +578,23 @@ pub fn forward_batch_verify(
             }
         }
     }
-    let mut kept = Taps::at(&taps);
+    let mut out = Outputs::tapped(&taps);
+    let tokens: Vec<u32> = parts
+        .iter()
+        .flat_map(|p| p.tokens.iter().copied())
+        .collect();
     let batch = {
-        let mut rows: Vec<BatchRows<'_>> = parts
+        let mut rows: Vec<Seq<'_>> = parts
             .iter_mut()
-            .map(|p| BatchRows {
-                tokens: p.tokens,
+            .map(|p| Seq {
                 caches: &mut p.target.caches,
+                rows: p.tokens.len() as i32,
                 logits: p.logits,
             })
             .collect();
-        model.forward_batch_tapped(&mut rows, &mut kept)?
+        model.forward(&ids(&tokens)?, model.layer_count(), &mut rows, &mut out)?
     };
-    let tapped = kept.take()?;
+    let tapped = out.taps.take()?;
     for (p, &(start, at)) in parts.iter_mut().zip(&starts) {
         if p.target.keeps_hidden {
             // Its features: the last layer's rows, or its taps side by side.

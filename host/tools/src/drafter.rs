@@ -17,6 +17,7 @@ use crate::bench::{user_turn, SUITES};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use specd::engine::Engine;
+use specd::model::llama::{self, Outputs, Seq, Want};
 use specd::model::{load_model_with, Linear, Llama, Logits, WeightMode};
 use specd::sampling::SamplingParams;
 use specd::scheduler::{Admitted, BatchLimits, Scheduler};
@@ -313,7 +314,20 @@ fn write_data(
     for (i, (s, &p)) in seqs.iter().zip(prompt_lens).enumerate() {
         let mut caches = m.new_caches();
         let n = s.len() as i32;
-        let h = m.hidden(s, &mut caches, m.layer_count())?;
+        let mut seq = [Seq {
+            caches: &mut caches,
+            rows: n,
+            logits: None,
+        }];
+        let x = m.embed(&llama::ids(s)?)?;
+        let h = m.layers(0..m.layer_count(), x, &mut seq, &mut Outputs::none())?;
+        let head = |rows: &Array| -> Result<Array> {
+            let want = Want {
+                rows: rows.dim(1),
+                logits: Some(Logits::All),
+            };
+            Ok(m.unembed(rows, &[want], &mut Outputs::none())?.logits()?)
+        };
         // A greedy answer's next tokens are the target's argmax already:
         // the head runs over the prompt's rows only (it costs about what
         // the layers do a row).
@@ -325,7 +339,7 @@ fn write_data(
         let mut best = Vec::with_capacity(s.len());
         if head_rows > 0 {
             let rows = h.slice(&[0, 0, 0], &[1, head_rows, d])?;
-            let logits = m.head(&rows, Logits::All)?;
+            let logits = head(&rows)?;
             let a = ops::argmax(&logits, -1, false)?.as_type(Dtype::Int32)?;
             best = a.to_vec_i32()?;
         }
@@ -333,7 +347,7 @@ fn write_data(
         if best.len() < s.len() {
             // The last position's own next token: the end of the answer.
             let last = h.slice(&[0, n - 1, 0], &[1, n, d])?;
-            let a = ops::argmax(&m.head(&last, Logits::All)?, -1, false)?;
+            let a = ops::argmax(&head(&last)?, -1, false)?;
             best.push(a.as_type(Dtype::Int32)?.to_vec_i32()?[0]);
         }
         let h = h.reshape(&[n, d])?.as_type(Dtype::Float16)?;

@@ -23,6 +23,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 use specd::engine::Engine;
+use specd::model::llama::{self, Outputs, Seq, Want};
 use specd_mlx::Dtype;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -366,12 +367,23 @@ pub fn run(
     let d = m.config.hidden_size as i32;
     for (c, ids) in chunks.iter().enumerate() {
         let mut caches = m.new_caches();
-        let h = m.hidden(ids, &mut caches, m.layer_count())?;
+        let mut seq = [Seq {
+            caches: &mut caches,
+            rows: ids.len() as i32,
+            logits: None,
+        }];
+        let x = m.embed(&llama::ids(ids)?)?;
+        let h = m.layers(m.layer_count(), x, &mut seq, &mut Outputs::none())?;
         // Only the scored rows go through the head (its matmul is a row's
         // alone on either kernels, so these are the rows a full run has).
         let h = h.slice(&[0, first as i32, 0], &[1, (p.ctx - 1) as i32, d])?;
+        let want = Want {
+            rows: h.dim(1),
+            logits: Some(specd::model::Logits::All),
+        };
         let logits = m
-            .head(&h, specd::model::Logits::All)?
+            .unembed(&h, &[want], &mut Outputs::none())?
+            .logits()?
             .as_type(Dtype::Float32)?;
         logits.eval()?;
         vocab = logits.dim(1) as usize;

@@ -4,6 +4,7 @@
 //! dispatch and graph construction cost — the target of the decode-speed work.
 use anyhow::Result;
 use specd::cache::LayerCache;
+use specd::model::llama::{ids, Outputs, Seq, Want};
 use specd::model::{Linear, Llama};
 use specd::sampling::{distribution, SamplingParams};
 use specd_mlx::{kernels, Array};
@@ -61,6 +62,15 @@ fn cpu_ms() -> f64 {
     process_cpu_seconds().unwrap_or(0.0) * 1e3
 }
 
+/// `toks` of one sequence with these caches: a batch of one.
+fn alone<'a>(caches: &'a mut [Box<dyn LayerCache>], toks: &[u32]) -> [Seq<'a>; 1] {
+    [Seq {
+        caches,
+        rows: toks.len() as i32,
+        logits: None,
+    }]
+}
+
 /// Profiles `steps` forwards of `rows` new tokens each (1: a plain decode
 /// step; more: a speculative verify, every row's logits) after a
 /// `context`-token prefill.
@@ -69,7 +79,14 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
         .map(|i| 100 + (i * 37) % 20000)
         .collect();
     let mut caches = m.new_caches();
-    let _ = m.hidden(&prompt, &mut caches, m.layer_count())?;
+    let all = 0..m.layer_count();
+    let x = m.embed(&ids(&prompt)?)?;
+    m.layers(
+        all.clone(),
+        x,
+        &mut alone(&mut caches, &prompt),
+        &mut Outputs::none(),
+    )?;
     let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
     specd_mlx::eval(&state)?;
     let params = SamplingParams::default();
@@ -79,6 +96,10 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
     } else {
         specd::model::Logits::Last
     };
+    let want = [Want {
+        rows: toks.len() as i32,
+        logits: Some(which),
+    }];
 
     // Whole steps, each read back by `read`: the mean ms of a step and of
     // building its graph, after two warm-up steps.
@@ -92,7 +113,10 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
         for i in 0..steps + 2 {
             rewind(&mut caches);
             let t = Instant::now();
-            let lazy = m.forward(&toks, &mut caches, which)?;
+            let mut out = Outputs::none();
+            let x = m.embed(&ids(&toks)?)?;
+            let x = m.layers(all.clone(), x, &mut alone(&mut caches, &toks), &mut out)?;
+            let lazy = m.unembed(&x, &want, &mut out)?.logits()?;
             let built = t.elapsed().as_secs_f64() * 1e3;
             read(lazy)?;
             if i >= 2 {
@@ -129,8 +153,12 @@ pub fn profile(m: &Llama, context: usize, steps: usize, rows: usize) -> Result<P
             (last, last_cpu) = (now, now_cpu);
             Ok(())
         };
-        let h = m.hidden_probed(&toks, &mut caches, m.layer_count(), &mut probe)?;
-        let logits = m.head_probed(&h, which, &mut probe)?;
+        let x = m.embed(&ids(&toks)?)?;
+        probe("embedding", &[&x])?;
+        let mut out = Outputs::probed(&mut probe);
+        let h = m.layers(all.clone(), x, &mut alone(&mut caches, &toks), &mut out)?;
+        let logits = m.unembed(&h, &want, &mut out)?.logits()?;
+        drop(out);
         let (t0, c0) = (Instant::now(), cpu_ms());
         let l = logits.to_vec_f32()?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;

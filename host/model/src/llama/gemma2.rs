@@ -24,8 +24,8 @@
 //! A Gemma 2 layer is a llama-family [`Layer`] of kind
 //! [`super::LayerKind::Gemma2`]: the llama forward hands such layers to
 //! [`layer`].
-use super::gemma3::{self, PostNorms, SeqSpan};
-use super::{Layer, Llama, Probe};
+use super::gemma3::{self, PostNorms};
+use super::{Layer, Llama, Probe, SeqSpan};
 use specd_mlx::{fast, kernels, ops, Array, Result};
 
 /// Layer `i` of a Gemma 2 model over the rows of one or more sequences

@@ -18,11 +18,10 @@
 //! llama path's batch-invariant kernels.
 //!
 //! A Gemma layer is a llama-family [`Layer`] of kind
-//! [`super::LayerKind::Gemma3`]: the llama forward hands such layers
+//! [`super::LayerKind::Gemma3`]: [`Llama::layers`] hands such layers
 //! to [`layer`], which borrows the shared parts (q/k/v rows, norms,
 //! windowed attention) from [`Llama`].
-use super::{halves, Layer, Llama, Probe};
-use crate::cache::LayerCache;
+use super::{halves, Layer, Llama, Probe, SeqSpan};
 use specd_mlx::{kernels, ops, Array, Result};
 
 /// Gemma 3's norms on the attention output and on the MLP output, before
@@ -33,10 +32,6 @@ pub struct PostNorms {
     pub attn: Array,
     pub ffn: Array,
 }
-
-/// One sequence's part of a Gemma 3 layer: its cache of the layer, and its
-/// rows (first, count) among the step's.
-pub(crate) type SeqSpan<'a> = (&'a mut Box<dyn LayerCache>, (i32, i32));
 
 /// `gelu_tanh(g) * u`, with 0.5 x (1 + tanh z) written as x sigmoid(2z).
 fn geglu(m: &Llama, g: &Array, u: &Array) -> Result<Array> {

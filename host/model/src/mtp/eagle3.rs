@@ -90,7 +90,7 @@ pub(super) fn load(
 ) -> Result<MtpHead> {
     let t = &target.config;
     ensure!(
-        target.first_layer == 0 && target.downstream.is_none(),
+        target.first_layer == 0 && target.local_end() == target.layer_count(),
         "an EAGLE-3 head reads layers other pipeline ranks hold: run it in one process"
     );
     ensure!(

@@ -14,7 +14,7 @@
 //! train_head.py` trains them): `DIR/head.safetensors` and
 //! `DIR/config.json` (`"format": "specd-mtp"`).
 use crate::cache::LayerCache;
-use crate::llama::{BatchRows, Layer, LayerKind};
+use crate::llama::{Layer, LayerKind, Outputs, Seq, Want};
 use crate::{Linear, Llama, LlamaConfig, Logits, QuantSource, QuantizedWeight};
 use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
@@ -392,11 +392,30 @@ impl MtpHead {
                     features.shape()
                 );
                 let x = p.input(&self.body, &e, features)?;
-                self.body.layers_from(x, caches, 1, &mut crate::no_probe)?
+                self.body.layers(
+                    0..1,
+                    x,
+                    &mut [Seq {
+                        caches,
+                        rows: n,
+                        logits: None,
+                    }],
+                    &mut Outputs::none(),
+                )?
             }
             HeadInput::Eagle3(g) => g.rows(&self.body, &e, features, caches)?,
         };
-        let logits = self.body.head(&hidden, which)?;
+        let logits = self
+            .body
+            .unembed(
+                &hidden,
+                &[Want {
+                    rows: n,
+                    logits: Some(which),
+                }],
+                &mut Outputs::none(),
+            )?
+            .logits()?;
         Ok(HeadRows { logits, hidden })
     }
 
@@ -433,22 +452,18 @@ impl MtpHead {
         let e = self.body.embed.rows(&ids)?.reshape(&[1, t, d])?;
         let f = ops::concatenate(&items.iter().map(|it| it.features).collect::<Vec<_>>(), 1)?;
         let x = p.input(&self.body, &e, &f)?;
-        let mut spans = Vec::with_capacity(items.len());
-        let mut at = 0;
-        for it in items.iter() {
-            spans.push((at, it.tokens.len() as i32));
-            at += it.tokens.len() as i32;
-        }
-        let mut seqs: Vec<BatchRows<'_>> = items
+        let spans = crate::llama::spans(items.iter().map(|it| it.tokens.len() as i32));
+        let mut seqs: Vec<Seq<'_>> = items
             .iter_mut()
-            .map(|it| BatchRows {
-                tokens: it.tokens,
+            .map(|it| Seq {
                 caches: &mut *it.caches,
+                rows: it.tokens.len() as i32,
                 logits: Some(Logits::Last),
             })
             .collect();
-        let out = self.body.layers_batch(x, &mut seqs, &spans)?;
-        let heads = self.body.batch_head(out.clone(), &seqs, &spans)?;
+        let out = self.body.layers(0..1, x, &mut seqs, &mut Outputs::none())?;
+        let wants: Vec<Want> = seqs.iter().map(Seq::want).collect();
+        let heads = self.body.unembed(&out, &wants, &mut Outputs::none())?;
         let logits = heads.logits.context("a logits row per sequence")?;
         let v = logits.dim(1);
         spans
@@ -616,11 +631,8 @@ impl Tensors {
             layers: vec![layer],
             norm,
             lm_head: Some(lm_head),
-            kv_rows: true,
-            fused_tail: true,
-            kv_half: false,
+            flags: crate::ForwardFlags::default(),
             first_layer: 0,
-            downstream: None,
         };
         if self.quantize {
             body.pack_for_cpu()?;

@@ -16,12 +16,14 @@
 //! frame; every rank applies them in order to its own caches before its
 //! layers run ([`stage`]).
 pub mod link;
+pub mod pipeline;
 pub mod remote;
 pub mod split;
 pub mod stage;
 pub mod wire;
 
 pub use link::{Downstream, Timings};
+pub use pipeline::Pipeline;
 pub use remote::RemoteCache;
 pub use split::Split;
 

@@ -4,7 +4,7 @@ use super::link::lost;
 use super::wire::{header, Frame, Kind, HEADER};
 use super::Group;
 use crate::cache::{CacheOp, KvCache, LayerCache, Snapshot};
-use crate::llama::{BatchRows, Llama};
+use crate::llama::{Llama, Outputs, Seq};
 use anyhow::{bail, Context, Result};
 use specd_mlx::{distributed as dist, Array, Dtype};
 use std::collections::HashMap;
@@ -110,32 +110,17 @@ impl Caches {
             }
             per_seq.push(v);
         }
-        let zeros = vec![
-            0u32;
-            frame
-                .seqs
-                .iter()
-                .map(|s| s.rows as usize)
-                .max()
-                .unwrap_or(0)
-        ];
-        let mut spans = Vec::with_capacity(frame.seqs.len());
-        let mut at = 0i32;
-        for s in &frame.seqs {
-            spans.push((at, s.rows as i32));
-            at += s.rows as i32;
-        }
         let out = {
-            let mut rows: Vec<BatchRows<'_>> = per_seq
+            let mut rows: Vec<Seq<'_>> = per_seq
                 .iter_mut()
                 .zip(&frame.seqs)
-                .map(|(caches, s)| BatchRows {
-                    tokens: &zeros[..s.rows as usize],
+                .map(|(caches, s)| Seq {
                     caches,
+                    rows: s.rows as i32,
                     logits: None,
                 })
                 .collect();
-            model.layers_batch(x.clone(), &mut rows, &spans)
+            model.layers(mine.clone(), x.clone(), &mut rows, &mut Outputs::none())
         };
         // Back where they live, whatever the forward did.
         for (v, s) in per_seq.into_iter().zip(&frame.seqs) {

@@ -78,9 +78,7 @@ pub fn main() -> Result<()> {
         } => {
             let path = specd::store::Store::default().resolve(&model.model, false)?;
             let (mut m, _) = specd::model::load_model_with(&path, load.weights)?;
-            m.kv_rows = load.switches.kv_rows;
-            m.fused_tail = load.switches.fused_tail;
-            m.kv_half = load.switches.kv_f16;
+            load.switches.apply(&mut m);
             let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
             print!("{}", crate::profile::report(&p));
             Ok(())
