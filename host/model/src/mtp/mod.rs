@@ -74,13 +74,17 @@ pub trait HeadFormat: Send + Sync {
         features: &Array,
         caches: &mut [Box<dyn LayerCache>],
     ) -> Result<Array>;
-    /// Where the format's layer is the body's own (a projection in front
-    /// of a target-shaped layer): that layer's input rows for `e` and
-    /// `features` `[1, T, hidden]`, so that several sequences' rows run
-    /// the layer together ([`MtpHead::forward_many`]). `None`: the format
-    /// runs a layer of its own, one sequence at a time.
-    fn layer_input(&self, _m: &Llama, _e: &Array, _features: &Array) -> Option<Result<Array>> {
-        None
+    /// Whether the format's layer is the body's own (a projection in front
+    /// of a target-shaped layer), so that several sequences' rows run the
+    /// layer together ([`MtpHead::forward_many`]); a format that runs a
+    /// layer of its own runs them one sequence at a time.
+    fn batches(&self) -> bool {
+        false
+    }
+    /// Where it [`batches`](HeadFormat::batches): the body's layer's input
+    /// rows for `e` and `features` `[1, T, hidden]`.
+    fn layer_input(&self, _m: &Llama, _e: &Array, _features: &Array) -> Result<Array> {
+        bail!("this head format runs a layer of its own")
     }
 }
 
@@ -133,8 +137,12 @@ impl HeadFormat for Projected {
         Ok(m.layers_from(x, caches, 1, &mut crate::no_probe)?)
     }
 
-    fn layer_input(&self, m: &Llama, e: &Array, features: &Array) -> Option<Result<Array>> {
-        Some(self.input(m, e, features))
+    fn batches(&self) -> bool {
+        true
+    }
+
+    fn layer_input(&self, m: &Llama, e: &Array, features: &Array) -> Result<Array> {
+        self.input(m, e, features)
     }
 }
 
@@ -452,7 +460,7 @@ impl MtpHead {
                 .map(|it| self.forward(it.tokens, it.features, it.caches, Logits::Last))
                 .collect()
         };
-        if items.len() < 2 {
+        if items.len() < 2 || !self.format.batches() {
             return one_by_one(items);
         }
         let d = self.body.config.hidden_size as i32;
@@ -472,10 +480,7 @@ impl MtpHead {
         let ids = Array::from_u32(&tokens, &[t])?;
         let e = self.body.embed.rows(&ids)?.reshape(&[1, t, d])?;
         let f = ops::concatenate(&items.iter().map(|it| it.features).collect::<Vec<_>>(), 1)?;
-        let Some(x) = self.format.layer_input(&self.body, &e, &f) else {
-            return one_by_one(items);
-        };
-        let x = x?;
+        let x = self.format.layer_input(&self.body, &e, &f)?;
         let mut spans = Vec::with_capacity(items.len());
         let mut at = 0;
         for it in items.iter() {
