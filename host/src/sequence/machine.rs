@@ -274,8 +274,8 @@ impl<'a> Sequence<'a> {
     /// after a preemption): where its drafter reads the target's hidden
     /// states, the target keeps those of its drafter's layers.
     pub fn prepare_target(&self, target: &mut dyn Target) {
-        if self.state.wants_hidden() {
-            target.keep_hidden(&self.state.hidden_taps());
+        if let Some(taps) = self.state.hidden_taps() {
+            target.keep_hidden(&taps);
         }
     }
 

@@ -14,14 +14,66 @@
 use serde_json::Value;
 
 /// How a field is treated.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Rule {
     Used,
     Inert,
-    /// Accepted when the predicate holds for its value (`null` always
-    /// passes); otherwise refused with the reason.
-    NeutralOnly(fn(&Value) -> bool, &'static str),
+    /// Accepted when its value is [`Neutral`] (`null` always passes);
+    /// otherwise refused with the reason. Each reason is one constant of
+    /// [`reasons`], named by every field it covers.
+    NeutralOnly(Neutral, &'static str),
 }
+
+/// The one value (besides `null`) at which a refused field changes nothing.
+#[derive(Clone, Copy, Debug)]
+pub enum Neutral {
+    /// Only `null`: any value asks for what specd does not do.
+    Null,
+    False,
+    True,
+    /// `""`, `[]` or `{}`.
+    Empty,
+    Zero,
+    One,
+    /// The string `"none"`.
+    NoneStr,
+    /// The string `"disabled"`.
+    Disabled,
+    /// A list of `"text"` only.
+    TextOnly,
+    /// An object whose values are all `null`.
+    AllNull,
+}
+
+impl Neutral {
+    pub fn holds(self, v: &Value) -> bool {
+        match self {
+            Neutral::Null => v.is_null(),
+            Neutral::False => v == &Value::Bool(false),
+            Neutral::True => v == &Value::Bool(true),
+            Neutral::Empty => match v {
+                Value::String(s) => s.is_empty(),
+                Value::Array(a) => a.is_empty(),
+                Value::Object(o) => o.is_empty(),
+                _ => false,
+            },
+            Neutral::Zero => v.as_f64() == Some(0.0),
+            Neutral::One => v.as_f64() == Some(1.0),
+            Neutral::NoneStr => v.as_str() == Some("none"),
+            Neutral::Disabled => v.as_str() == Some("disabled"),
+            Neutral::TextOnly => v
+                .as_array()
+                .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text"))),
+            Neutral::AllNull => v
+                .as_object()
+                .is_some_and(|o| o.values().all(Value::is_null)),
+        }
+    }
+}
+
+/// One row of a table: fields that share a rule. A refusal's reason is
+/// one row however many fields it covers.
+pub type Row = (&'static [&'static str], Rule);
 
 /// One API body's fields.
 pub struct Table {
@@ -29,30 +81,27 @@ pub struct Table {
     pub api: &'static str,
     /// Its own fields, and whether the shared sampling and speculation
     /// fields ([`COMMON`]) belong to it.
-    pub fields: &'static [(&'static str, Rule)],
+    pub fields: &'static [Row],
     pub common: bool,
     /// The vLLM and SGLang request extensions this API shares with theirs
     /// ([`VLLM_SHARED`] and the API's own).
-    pub extensions: &'static [&'static [(&'static str, Rule)]],
+    pub extensions: &'static [&'static [Row]],
 }
 
 impl Table {
     fn rule(&self, name: &str) -> Option<Rule> {
-        let common: &[(&str, Rule)] = if self.common { COMMON } else { &[] };
-        self.fields
-            .iter()
-            .chain(common)
-            .chain(self.extensions.iter().flat_map(|e| e.iter()))
-            .find(|(n, _)| *n == name)
-            .map(|(_, r)| *r)
+        self.all().find(|(n, _)| *n == name).map(|(_, r)| r)
     }
 
-    /// Every field it names itself or through its extensions.
-    #[cfg(test)]
-    fn own(&self) -> impl Iterator<Item = &'static (&'static str, Rule)> + '_ {
+    /// Every field with its rule: its own, the extensions', then [`COMMON`]
+    /// if it has those.
+    fn all(&self) -> impl Iterator<Item = (&'static str, Rule)> + '_ {
+        let common: &'static [Row] = if self.common { COMMON } else { &[] };
         self.fields
             .iter()
             .chain(self.extensions.iter().flat_map(|e| e.iter()))
+            .chain(common)
+            .flat_map(|(names, rule)| names.iter().map(move |n| (*n, *rule)))
     }
 }
 
@@ -104,7 +153,7 @@ pub fn check(body: &Value, table: &Table, prefix: &str) -> Result<(), FieldError
             }
             Some(Rule::Used | Rule::Inert) => {}
             Some(Rule::NeutralOnly(neutral, why)) => {
-                if !v.is_null() && !neutral(v) {
+                if !v.is_null() && !neutral.holds(v) {
                     return Err(FieldError::Unsupported { field, why });
                 }
             }
@@ -113,345 +162,310 @@ pub fn check(body: &Value, table: &Table, prefix: &str) -> Result<(), FieldError
     Ok(())
 }
 
-/// The fields of `table` with `rule` (for the docs test).
-#[cfg(test)]
-fn names(table: &Table, inert: bool) -> Vec<&'static str> {
-    table
-        .own()
-        .filter(|(_, r)| matches!(r, Rule::Inert) == inert)
-        .map(|(n, _)| *n)
-        .collect()
-}
-
-fn is_false(v: &Value) -> bool {
-    v == &Value::Bool(false)
-}
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        _ => false,
-    }
-}
-fn is_true(v: &Value) -> bool {
-    v == &Value::Bool(true)
-}
-fn is_zero(v: &Value) -> bool {
-    v.as_f64() == Some(0.0)
-}
-fn is_one(v: &Value) -> bool {
-    v.as_f64() == Some(1.0)
-}
-fn is_none_str(v: &Value) -> bool {
-    v.as_str() == Some("none")
-}
-fn is_text_only(v: &Value) -> bool {
-    v.as_array()
-        .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
-}
-
 /// Sampling and speculation fields both APIs read through `CommonOptions`
 /// (OpenAI: top level; Ollama: in `options`). The speculation ones and
 /// `top_k`, `min_p`, `repeat_penalty`, `repeat_last_n` are specd extensions
 /// on the OpenAI side.
-pub static COMMON: &[(&str, Rule)] = &[
-    ("temperature", Rule::Used),
-    ("top_k", Rule::Used),
-    ("top_p", Rule::Used),
-    ("min_p", Rule::Used),
-    ("repeat_penalty", Rule::Used),
-    ("repeat_last_n", Rule::Used),
-    ("presence_penalty", Rule::Used),
-    ("frequency_penalty", Rule::Used),
-    ("seed", Rule::Used),
-    ("stop", Rule::Used),
-    ("drafter", Rule::Used),
-    ("schedule", Rule::Used),
-    ("acceptance", Rule::Used),
-    ("draft_max", Rule::Used),
-    ("schedule_config", Rule::Used),
-    ("acceptance_config", Rule::Used),
+pub static COMMON: &[Row] = &[
+    (
+        &[
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "repeat_penalty",
+            "repeat_last_n",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+            "stop",
+            "drafter",
+            "schedule",
+            "acceptance",
+            "draft_max",
+            "schedule_config",
+            "acceptance_config",
+        ],
+        Rule::Used,
+    ),
     // vLLM's sampling extensions (SGLang's too), on both APIs.
-    ("repetition_penalty", Rule::Used),
-    ("ignore_eos", Rule::Used),
-    ("min_tokens", Rule::Used),
-    ("stop_token_ids", Rule::Used),
-    ("include_stop_str_in_output", Rule::Used),
-    ("no_stop_trim", Rule::Used),
-    ("skip_special_tokens", Rule::Used),
+    (
+        &[
+            "repetition_penalty",
+            "ignore_eos",
+            "min_tokens",
+            "stop_token_ids",
+            "include_stop_str_in_output",
+            "no_stop_trim",
+            "skip_special_tokens",
+        ],
+        Rule::Used,
+    ),
 ];
 
-const USE_RESPONSE_FORMAT: &str =
-    "specd's structured output is `response_format` (json_object or json_schema)";
-const NOT_VLLM: fn(&Value) -> bool = |_| false;
+/// The reasons for refusing a field, each once; the tables name them.
+pub mod reasons {
+    use super::{Neutral, Rule};
+
+    const fn only(neutral: Neutral, why: &'static str) -> Rule {
+        Rule::NeutralOnly(neutral, why)
+    }
+    const fn never(why: &'static str) -> Rule {
+        Rule::NeutralOnly(Neutral::Null, why)
+    }
+
+    // Output specd does not make.
+    pub const STRUCTURED: Rule =
+        never("specd's structured output is `response_format` (json_object or json_schema)");
+    pub const TEXT_OUT: Rule = never("specd produces text only");
+    pub const MODALITIES: Rule = only(Neutral::TextOnly, "specd produces text only");
+    pub const IMAGES_OUT: Rule = never("specd generates text, not images");
+    pub const ONE_CHOICE: Rule = only(Neutral::One, "specd returns one choice (best_of = 1)");
+    pub const HIDDEN_STATES: Rule = only(Neutral::False, "specd does not return hidden states");
+    pub const PREDICTION: Rule = never("predicted outputs are not supported");
+    pub const WEB_SEARCH: Rule = never("specd has no web search");
+    pub const VERBOSITY: Rule = never("the served model has no verbosity control");
+    pub const RESPONSE_LOGPROBS: Rule = only(Neutral::Zero, "specd's responses carry no logprobs");
+    pub const INCLUDE: Rule = only(
+        Neutral::Empty,
+        "specd has no built-in tool results, reasoning or logprobs to include",
+    );
+    pub const BACKGROUND: Rule = only(Neutral::False, "specd answers in the foreground");
+
+    // Input the served model does not read.
+    pub const IMAGES_IN: Rule = only(Neutral::Empty, "the served model reads text only");
+    pub const AUDIO_IN: Rule = never("specd reads text only");
+    pub const NAMES: Rule = only(
+        Neutral::Empty,
+        "the served model's chat template does not render participant names",
+    );
+    pub const DOCUMENTS: Rule = only(
+        Neutral::Empty,
+        "the served model's chat template renders no documents",
+    );
+    pub const REASONING: Rule = never("the served model is not a reasoning model");
+    pub const REASONING_OFF: Rule = only(
+        Neutral::AllNull,
+        "the served model is not a reasoning model",
+    );
+    pub const THINK: Rule = only(Neutral::False, "the served model has no thinking mode");
+    pub const THINKING: Rule = only(Neutral::Empty, "the served model has no thinking mode");
+
+    // Sampling specd does not implement.
+    pub const BEAM_SEARCH: Rule = only(Neutral::False, "specd does not run beam search");
+    pub const LENGTH_PENALTY: Rule = only(
+        Neutral::One,
+        "specd does not run beam search (length_penalty 1 only)",
+    );
+    pub const LOGIT_BIAS: Rule = only(Neutral::Empty, "specd does not apply logit biases");
+    pub const VOCABULARY: Rule = only(Neutral::Empty, "specd does not restrict the vocabulary");
+    pub const BAD_WORDS: Rule = only(Neutral::Empty, "specd does not ban words");
+    pub const PROCESSORS: Rule = never("specd runs no request-supplied logits processors");
+    pub const PROCESSOR_LIST: Rule = only(
+        Neutral::Empty,
+        "specd runs no request-supplied logits processors",
+    );
+    pub const MIROSTAT: Rule = only(
+        Neutral::Zero,
+        "specd does not implement mirostat sampling (0 only)",
+    );
+    pub const TYPICAL: Rule = only(
+        Neutral::One,
+        "specd does not implement typical sampling (1.0 only)",
+    );
+    pub const TAIL_FREE: Rule = only(
+        Neutral::One,
+        "specd does not implement tail-free sampling (1.0 only)",
+    );
+
+    // Prompts and templates.
+    pub const TRUNCATE: Rule = never("specd does not truncate prompts");
+    pub const TRUNCATION: Rule = only(
+        Neutral::Disabled,
+        "specd does not truncate the conversation (disabled only)",
+    );
+    pub const PROMPT_LOGPROBS: Rule = never("use completions' `echo` with `logprobs`");
+    pub const FILL_IN_MIDDLE: Rule = only(Neutral::Empty, "specd does not fill in the middle");
+    pub const GENERATION_PROMPT: Rule = only(
+        Neutral::True,
+        "specd always renders the assistant turn's start",
+    );
+    pub const CONTINUE_FINAL: Rule =
+        only(Neutral::False, "specd does not continue a final message");
+    pub const ECHO_CHAT: Rule = only(Neutral::False, "specd does not echo chat prompts");
+    pub const CHAT_SPECIAL_TOKENS: Rule = only(
+        Neutral::False,
+        "the chat template places the special tokens",
+    );
+    pub const PROMPT_SPECIAL_TOKENS: Rule = only(
+        Neutral::True,
+        "specd encodes a prompt as the model's tokenizer does",
+    );
+    pub const SPACES: Rule = only(
+        Neutral::True,
+        "specd detokenizes special tokens without added spaces",
+    );
+    pub const CHAT_TEMPLATE: Rule = only(
+        Neutral::Empty,
+        "specd renders the served model's own chat template",
+    );
+    pub const TEMPLATE_KWARGS: Rule = only(
+        Neutral::Empty,
+        "specd renders the chat template without extra arguments",
+    );
+    pub const OLLAMA_TEMPLATE: Rule = only(
+        Neutral::Empty,
+        "specd renders the model's own chat template; use raw = true for a prompt of your own",
+    );
+    pub const CONTEXT: Rule = only(
+        Neutral::Empty,
+        "specd does not continue from a context; send the conversation (/api/chat) or the text (raw = true)",
+    );
+    pub const STORED_PROMPT: Rule = never("stored prompt templates are not supported");
+    const FUNCTIONS_WHY: &str = "the deprecated functions API is not supported; use `tools`";
+    pub const FUNCTIONS: Rule = only(Neutral::Empty, FUNCTIONS_WHY);
+    pub const FUNCTION_CALL: Rule = only(Neutral::NoneStr, FUNCTIONS_WHY);
+
+    // Serving: what the server around the model does not do.
+    pub const PRIORITY: Rule = only(
+        Neutral::Zero,
+        "specd serves requests in arrival order (priority 0 only)",
+    );
+    pub const KV_TRANSFER: Rule = never("specd does not transfer KV caches between servers");
+    pub const VLLM_XARGS: Rule = only(Neutral::Empty, "specd takes no vLLM extra arguments");
+    pub const MM_KWARGS: Rule = only(Neutral::Empty, "the served model reads text only");
+    pub const LORA: Rule = never("specd serves no LoRA adapters");
+    pub const SESSIONS: Rule = never("specd keeps no sessions; its prefix cache reuses prompts");
+    pub const CONVERSATIONS: Rule = never("specd keeps no conversations; use previous_response_id");
+}
+use reasons::*;
 
 /// The request extensions vLLM's and SGLang's OpenAI servers add to both
 /// chat and completions, which routers (vllm-router, the SGLang gateway)
 /// and benchmark clients (guidellm, `vllm bench serve`) send, mostly at
 /// their neutral values. Those that change the output and that specd
 /// implements are in [`COMMON`].
-pub static VLLM_SHARED: &[(&str, Rule)] = &[
+pub static VLLM_SHARED: &[Row] = &[
     // Identify or route a request; no effect on its tokens.
-    ("request_id", Rule::Inert),
-    ("rid", Rule::Inert),
-    ("cache_salt", Rule::Inert),
-    (
-        "use_beam_search",
-        Rule::NeutralOnly(is_false, "specd does not run beam search"),
-    ),
-    (
-        "length_penalty",
-        Rule::NeutralOnly(
-            is_one,
-            "specd does not run beam search (length_penalty 1 only)",
-        ),
-    ),
-    (
-        "spaces_between_special_tokens",
-        Rule::NeutralOnly(
-            is_true,
-            "specd detokenizes special tokens without added spaces",
-        ),
-    ),
-    (
-        "truncate_prompt_tokens",
-        Rule::NeutralOnly(NOT_VLLM, "specd does not truncate prompts"),
-    ),
-    (
-        "allowed_token_ids",
-        Rule::NeutralOnly(is_empty, "specd does not restrict the vocabulary"),
-    ),
-    (
-        "bad_words",
-        Rule::NeutralOnly(is_empty, "specd does not ban words"),
-    ),
-    (
-        "prompt_logprobs",
-        Rule::NeutralOnly(NOT_VLLM, "use completions' `echo` with `logprobs`"),
-    ),
-    (
-        "priority",
-        Rule::NeutralOnly(
-            is_zero,
-            "specd serves requests in arrival order (priority 0 only)",
-        ),
-    ),
-    (
-        "logits_processors",
-        Rule::NeutralOnly(is_empty, "specd runs no request-supplied logits processors"),
-    ),
+    (&["request_id", "rid", "cache_salt"], Rule::Inert),
     // Token ids in the answer (`openai::TokenIdFields`).
-    ("return_tokens_as_token_ids", Rule::Used),
-    ("return_token_ids", Rule::Used),
     (
-        "return_hidden_states",
-        Rule::NeutralOnly(is_false, "specd does not return hidden states"),
+        &["return_tokens_as_token_ids", "return_token_ids"],
+        Rule::Used,
     ),
+    (&["use_beam_search"], BEAM_SEARCH),
+    (&["length_penalty"], LENGTH_PENALTY),
+    (&["spaces_between_special_tokens"], SPACES),
+    (&["truncate_prompt_tokens"], TRUNCATE),
+    (&["allowed_token_ids"], VOCABULARY),
+    (&["bad_words"], BAD_WORDS),
+    (&["prompt_logprobs"], PROMPT_LOGPROBS),
+    (&["priority"], PRIORITY),
+    (&["logits_processors"], PROCESSOR_LIST),
+    (&["custom_logit_processor", "custom_params"], PROCESSORS),
+    (&["return_hidden_states"], HIDDEN_STATES),
+    (&["kv_transfer_params"], KV_TRANSFER),
+    (&["vllm_xargs"], VLLM_XARGS),
+    (&["mm_processor_kwargs"], MM_KWARGS),
     (
-        "kv_transfer_params",
-        Rule::NeutralOnly(
-            NOT_VLLM,
-            "specd does not transfer KV caches between servers",
-        ),
+        &[
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+            "guided_decoding_backend",
+            "guided_whitespace_pattern",
+            "structural_tag",
+            "structured_outputs",
+            "regex",
+            "ebnf",
+            "json_schema",
+        ],
+        STRUCTURED,
     ),
-    (
-        "vllm_xargs",
-        Rule::NeutralOnly(is_empty, "specd takes no vLLM extra arguments"),
-    ),
-    (
-        "mm_processor_kwargs",
-        Rule::NeutralOnly(is_empty, "the served model reads text only"),
-    ),
-    (
-        "guided_json",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "guided_regex",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "guided_choice",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "guided_grammar",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "guided_decoding_backend",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "guided_whitespace_pattern",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "structural_tag",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "structured_outputs",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    ("regex", Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT)),
-    ("ebnf", Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT)),
-    (
-        "json_schema",
-        Rule::NeutralOnly(NOT_VLLM, USE_RESPONSE_FORMAT),
-    ),
-    (
-        "lora_path",
-        Rule::NeutralOnly(NOT_VLLM, "specd serves no LoRA adapters"),
-    ),
-    (
-        "session_params",
-        Rule::NeutralOnly(
-            NOT_VLLM,
-            "specd keeps no sessions; its prefix cache reuses prompts",
-        ),
-    ),
-    (
-        "custom_logit_processor",
-        Rule::NeutralOnly(NOT_VLLM, "specd runs no request-supplied logits processors"),
-    ),
-    (
-        "custom_params",
-        Rule::NeutralOnly(NOT_VLLM, "specd runs no request-supplied logits processors"),
-    ),
+    (&["lora_path"], LORA),
+    (&["session_params"], SESSIONS),
 ];
 
 /// vLLM's and SGLang's chat-only extensions.
-pub static VLLM_CHAT: &[(&str, Rule)] = &[
-    (
-        "add_generation_prompt",
-        Rule::NeutralOnly(is_true, "specd always renders the assistant turn's start"),
-    ),
-    (
-        "continue_final_message",
-        Rule::NeutralOnly(is_false, "specd does not continue a final message"),
-    ),
-    (
-        "echo",
-        Rule::NeutralOnly(is_false, "specd does not echo chat prompts"),
-    ),
-    (
-        "add_special_tokens",
-        Rule::NeutralOnly(is_false, "the chat template places the special tokens"),
-    ),
-    (
-        "chat_template",
-        Rule::NeutralOnly(
-            is_empty,
-            "specd renders the served model's own chat template",
-        ),
-    ),
-    (
-        "chat_template_kwargs",
-        Rule::NeutralOnly(
-            is_empty,
-            "specd renders the chat template without extra arguments",
-        ),
-    ),
-    (
-        "documents",
-        Rule::NeutralOnly(
-            is_empty,
-            "the served model's chat template renders no documents",
-        ),
-    ),
-    (
-        "best_of",
-        Rule::NeutralOnly(is_one, "specd returns one choice (best_of = 1)"),
-    ),
+pub static VLLM_CHAT: &[Row] = &[
+    (&["add_generation_prompt"], GENERATION_PROMPT),
+    (&["continue_final_message"], CONTINUE_FINAL),
+    (&["echo"], ECHO_CHAT),
+    (&["add_special_tokens"], CHAT_SPECIAL_TOKENS),
+    (&["chat_template"], CHAT_TEMPLATE),
+    (&["chat_template_kwargs"], TEMPLATE_KWARGS),
+    (&["documents"], DOCUMENTS),
+    (&["best_of"], ONE_CHOICE),
     // The served models do not reason: no reasoning text to separate,
     // stream or include.
-    ("separate_reasoning", Rule::Inert),
-    ("stream_reasoning", Rule::Inert),
-    ("include_reasoning", Rule::Inert),
+    (
+        &[
+            "separate_reasoning",
+            "stream_reasoning",
+            "include_reasoning",
+        ],
+        Rule::Inert,
+    ),
 ];
 
 /// vLLM's completions-only extensions.
-pub static VLLM_COMPLETIONS: &[(&str, Rule)] = &[(
-    "add_special_tokens",
-    Rule::NeutralOnly(
-        is_true,
-        "specd encodes a prompt as the model's tokenizer does",
-    ),
-)];
+pub static VLLM_COMPLETIONS: &[Row] = &[(&["add_special_tokens"], PROMPT_SPECIAL_TOKENS)];
 
 /// `stream_options` of both OpenAI APIs.
 pub static STREAM_OPTIONS: Table = Table {
     api: "OpenAI stream options",
     fields: &[
-        ("include_usage", Rule::Used),
+        (&["include_usage"], Rule::Used),
         // vLLM's: usage on every chunk. specd sends it with the last.
-        ("continuous_usage_stats", Rule::Inert),
+        (&["continuous_usage_stats"], Rule::Inert),
     ],
     common: false,
     extensions: &[],
 };
 
-const NO_LOGIT_BIAS: Rule = Rule::NeutralOnly(is_empty, "specd does not apply logit biases");
-const FUNCTIONS_WHY: &str = "the deprecated functions API is not supported; use `tools`";
-const NO_FUNCTIONS: Rule = Rule::NeutralOnly(is_empty, FUNCTIONS_WHY);
-const NO_IMAGES: Rule = Rule::NeutralOnly(is_empty, "the served model reads text only");
-const NO_THINK: Rule = Rule::NeutralOnly(is_false, "the served model has no thinking mode");
-
 pub static OPENAI_CHAT: Table = Table {
     api: "OpenAI chat completions API",
     fields: &[
-        ("model", Rule::Used),
-        ("messages", Rule::Used),
-        ("stream", Rule::Used),
-        ("max_tokens", Rule::Used),
-        ("max_completion_tokens", Rule::Used),
-        ("n", Rule::Used),
-        ("user", Rule::Inert),
-        ("metadata", Rule::Inert),
-        ("store", Rule::Inert),
-        ("stream_options", Rule::Used),
-        ("parallel_tool_calls", Rule::Inert),
-        ("service_tier", Rule::Inert),
-        ("safety_identifier", Rule::Inert),
-        ("prompt_cache_key", Rule::Inert),
-        ("logprobs", Rule::Used),
-        ("top_logprobs", Rule::Used),
-        ("logit_bias", NO_LOGIT_BIAS),
-        ("response_format", Rule::Used),
-        // Checked against the served model's template (`tools::read`).
-        ("tools", Rule::Used),
-        ("tool_choice", Rule::Used),
-        ("functions", NO_FUNCTIONS),
         (
-            "function_call",
-            Rule::NeutralOnly(is_none_str, FUNCTIONS_WHY),
+            &[
+                "model",
+                "messages",
+                "stream",
+                "max_tokens",
+                "max_completion_tokens",
+                "n",
+                "stream_options",
+                "logprobs",
+                "top_logprobs",
+                "response_format",
+                // Checked against the served model's template (`tools::read`).
+                "tools",
+                "tool_choice",
+            ],
+            Rule::Used,
         ),
         (
-            "modalities",
-            Rule::NeutralOnly(is_text_only, "specd produces text only"),
+            &[
+                "user",
+                "metadata",
+                "store",
+                "parallel_tool_calls",
+                "service_tier",
+                "safety_identifier",
+                "prompt_cache_key",
+            ],
+            Rule::Inert,
         ),
-        (
-            "audio",
-            Rule::NeutralOnly(|_| false, "specd produces text only"),
-        ),
-        (
-            "prediction",
-            Rule::NeutralOnly(|_| false, "predicted outputs are not supported"),
-        ),
-        (
-            "web_search_options",
-            Rule::NeutralOnly(|_| false, "specd has no web search"),
-        ),
-        (
-            "reasoning_effort",
-            Rule::NeutralOnly(|_| false, "the served model is not a reasoning model"),
-        ),
-        (
-            "verbosity",
-            Rule::NeutralOnly(|_| false, "the served model has no verbosity control"),
-        ),
+        (&["logit_bias"], LOGIT_BIAS),
+        (&["functions"], FUNCTIONS),
+        (&["function_call"], FUNCTION_CALL),
+        (&["modalities"], MODALITIES),
+        (&["audio"], TEXT_OUT),
+        (&["prediction"], PREDICTION),
+        (&["web_search_options"], WEB_SEARCH),
+        (&["reasoning_effort"], REASONING),
+        (&["verbosity"], VERBOSITY),
     ],
     common: true,
     extensions: &[VLLM_SHARED, VLLM_CHAT],
@@ -461,23 +475,14 @@ pub static OPENAI_CHAT: Table = Table {
 pub static OPENAI_MESSAGE: Table = Table {
     api: "OpenAI chat message",
     fields: &[
-        ("role", Rule::Used),
-        ("content", Rule::Used),
-        ("refusal", Rule::Inert),
         (
-            "name",
-            Rule::NeutralOnly(
-                is_empty,
-                "the served model's chat template does not render participant names",
-            ),
+            &["role", "content", "tool_calls", "tool_call_id"],
+            Rule::Used,
         ),
-        ("tool_calls", Rule::Used),
-        ("function_call", NO_FUNCTIONS),
-        ("tool_call_id", Rule::Used),
-        (
-            "audio",
-            Rule::NeutralOnly(|_| false, "specd reads text only"),
-        ),
+        (&["refusal"], Rule::Inert),
+        (&["name"], NAMES),
+        (&["function_call"], FUNCTIONS),
+        (&["audio"], AUDIO_IN),
     ],
     common: false,
     extensions: &[],
@@ -486,24 +491,23 @@ pub static OPENAI_MESSAGE: Table = Table {
 pub static OPENAI_COMPLETIONS: Table = Table {
     api: "OpenAI completions API",
     fields: &[
-        ("model", Rule::Used),
-        ("prompt", Rule::Used),
-        ("stream", Rule::Used),
-        ("max_tokens", Rule::Used),
-        ("n", Rule::Used),
-        ("echo", Rule::Used),
-        ("logprobs", Rule::Used),
-        ("user", Rule::Inert),
-        ("stream_options", Rule::Used),
-        ("logit_bias", NO_LOGIT_BIAS),
         (
-            "best_of",
-            Rule::NeutralOnly(is_one, "specd returns one choice (best_of = 1)"),
+            &[
+                "model",
+                "prompt",
+                "stream",
+                "max_tokens",
+                "n",
+                "echo",
+                "logprobs",
+                "stream_options",
+            ],
+            Rule::Used,
         ),
-        (
-            "suffix",
-            Rule::NeutralOnly(is_empty, "specd does not fill in the middle"),
-        ),
+        (&["user"], Rule::Inert),
+        (&["logit_bias"], LOGIT_BIAS),
+        (&["best_of"], ONE_CHOICE),
+        (&["suffix"], FILL_IN_MIDDLE),
     ],
     common: true,
     extensions: &[VLLM_SHARED, VLLM_COMPLETIONS],
@@ -514,70 +518,44 @@ pub static OPENAI_COMPLETIONS: Table = Table {
 pub static OPENAI_RESPONSES: Table = Table {
     api: "OpenAI responses API",
     fields: &[
-        ("model", Rule::Used),
-        ("input", Rule::Used),
-        ("instructions", Rule::Used),
-        ("stream", Rule::Used),
-        ("max_output_tokens", Rule::Used),
-        // Checked item by item (`responses::read_tools`): functions only.
-        ("tools", Rule::Used),
-        ("tool_choice", Rule::Used),
-        ("text", Rule::Used),
-        ("store", Rule::Used),
-        ("previous_response_id", Rule::Used),
-        ("metadata", Rule::Inert),
-        ("user", Rule::Inert),
-        ("parallel_tool_calls", Rule::Inert),
-        ("service_tier", Rule::Inert),
-        ("safety_identifier", Rule::Inert),
-        ("prompt_cache_key", Rule::Inert),
-        ("prompt_cache_retention", Rule::Inert),
-        ("stream_options", Rule::Inert),
-        // The calls of one answer come in one turn: nothing to cap.
-        ("max_tool_calls", Rule::Inert),
         (
-            "truncation",
-            Rule::NeutralOnly(
-                |v| v.as_str() == Some("disabled"),
-                "specd does not truncate the conversation (disabled only)",
-            ),
+            &[
+                "model",
+                "input",
+                "instructions",
+                "stream",
+                "max_output_tokens",
+                // Checked item by item (`responses::read_tools`): functions only.
+                "tools",
+                "tool_choice",
+                "text",
+                "store",
+                "previous_response_id",
+            ],
+            Rule::Used,
         ),
         (
-            "reasoning",
-            Rule::NeutralOnly(
-                |v| {
-                    v.as_object()
-                        .is_some_and(|o| o.values().all(Value::is_null))
-                },
-                "the served model is not a reasoning model",
-            ),
+            &[
+                "metadata",
+                "user",
+                "parallel_tool_calls",
+                "service_tier",
+                "safety_identifier",
+                "prompt_cache_key",
+                "prompt_cache_retention",
+                "stream_options",
+                // The calls of one answer come in one turn: nothing to cap.
+                "max_tool_calls",
+            ],
+            Rule::Inert,
         ),
-        (
-            "include",
-            Rule::NeutralOnly(
-                is_empty,
-                "specd has no built-in tool results, reasoning or logprobs to include",
-            ),
-        ),
-        (
-            "top_logprobs",
-            Rule::NeutralOnly(is_zero, "specd's responses carry no logprobs"),
-        ),
-        (
-            "background",
-            Rule::NeutralOnly(is_false, "specd answers in the foreground"),
-        ),
-        (
-            "conversation",
-            Rule::NeutralOnly(
-                |_| false,
-                "specd keeps no conversations; use previous_response_id",
-            ),
-        ),
-        (
-            "prompt",
-            Rule::NeutralOnly(|_| false, "stored prompt templates are not supported"),
-        ),
+        (&["truncation"], TRUNCATION),
+        (&["reasoning"], REASONING_OFF),
+        (&["include"], INCLUDE),
+        (&["top_logprobs"], RESPONSE_LOGPROBS),
+        (&["background"], BACKGROUND),
+        (&["conversation"], CONVERSATIONS),
+        (&["prompt"], STORED_PROMPT),
     ],
     common: true,
     extensions: &[],
@@ -586,39 +564,27 @@ pub static OPENAI_RESPONSES: Table = Table {
 pub static OLLAMA_GENERATE: Table = Table {
     api: "Ollama generate API",
     fields: &[
-        ("model", Rule::Used),
-        ("prompt", Rule::Used),
-        ("system", Rule::Used),
-        ("raw", Rule::Used),
-        ("stream", Rule::Used),
-        ("options", Rule::Used),
-        ("keep_alive", Rule::Inert),
         (
-            "suffix",
-            Rule::NeutralOnly(is_empty, "specd does not fill in the middle"),
+            &[
+                "model",
+                "prompt",
+                "system",
+                "raw",
+                "stream",
+                "options",
+                "logprobs",
+                "top_logprobs",
+                "format",
+            ],
+            Rule::Used,
         ),
-        (
-            "template",
-            Rule::NeutralOnly(
-                is_empty,
-                "specd renders the model's own chat template; use raw = true for a prompt of your own",
-            ),
-        ),
-        (
-            "context",
-            Rule::NeutralOnly(
-                is_empty,
-                "specd does not continue from a context; send the conversation (/api/chat) or the text (raw = true)",
-            ),
-        ),
-        ("logprobs", Rule::Used),
-        ("top_logprobs", Rule::Used),
-        ("images", NO_IMAGES),
-        ("format", Rule::Used),
-        ("think", NO_THINK),
-        ("width", Rule::NeutralOnly(|_| false, "specd generates text, not images")),
-        ("height", Rule::NeutralOnly(|_| false, "specd generates text, not images")),
-        ("steps", Rule::NeutralOnly(|_| false, "specd generates text, not images")),
+        (&["keep_alive"], Rule::Inert),
+        (&["suffix"], FILL_IN_MIDDLE),
+        (&["template"], OLLAMA_TEMPLATE),
+        (&["context"], CONTEXT),
+        (&["images"], IMAGES_IN),
+        (&["think"], THINK),
+        (&["width", "height", "steps"], IMAGES_OUT),
     ],
     common: false,
     extensions: &[],
@@ -627,17 +593,22 @@ pub static OLLAMA_GENERATE: Table = Table {
 pub static OLLAMA_CHAT: Table = Table {
     api: "Ollama chat API",
     fields: &[
-        ("model", Rule::Used),
-        ("messages", Rule::Used),
-        ("stream", Rule::Used),
-        ("options", Rule::Used),
-        ("keep_alive", Rule::Inert),
-        ("logprobs", Rule::Used),
-        ("top_logprobs", Rule::Used),
-        // Checked against the served model's template (`tools::read`).
-        ("tools", Rule::Used),
-        ("format", Rule::Used),
-        ("think", NO_THINK),
+        (
+            &[
+                "model",
+                "messages",
+                "stream",
+                "options",
+                "logprobs",
+                "top_logprobs",
+                // Checked against the served model's template (`tools::read`).
+                "tools",
+                "format",
+            ],
+            Rule::Used,
+        ),
+        (&["keep_alive"], Rule::Inert),
+        (&["think"], THINK),
     ],
     common: false,
     extensions: &[],
@@ -647,15 +618,9 @@ pub static OLLAMA_CHAT: Table = Table {
 pub static OLLAMA_MESSAGE: Table = Table {
     api: "Ollama chat message",
     fields: &[
-        ("role", Rule::Used),
-        ("content", Rule::Used),
-        ("images", NO_IMAGES),
-        ("tool_calls", Rule::Used),
-        ("tool_name", Rule::Used),
-        (
-            "thinking",
-            Rule::NeutralOnly(is_empty, "the served model has no thinking mode"),
-        ),
+        (&["role", "content", "tool_calls", "tool_name"], Rule::Used),
+        (&["images"], IMAGES_IN),
+        (&["thinking"], THINKING),
     ],
     common: false,
     extensions: &[],
@@ -665,52 +630,43 @@ pub static OLLAMA_MESSAGE: Table = Table {
 pub static OLLAMA_OPTIONS: Table = Table {
     api: "Ollama options",
     fields: &[
-        ("num_predict", Rule::Used),
-        // Checked against the model's context where the options are read.
-        ("num_ctx", Rule::Used),
-        ("trace_rounds", Rule::Used),
-        // A specd extension (Ollama's API has none): OpenAI's `tool_choice`.
-        ("tool_choice", Rule::Used),
+        (
+            &[
+                "num_predict",
+                // Checked against the model's context where the options are read.
+                "num_ctx",
+                "trace_rounds",
+                // A specd extension (Ollama's API has none): OpenAI's `tool_choice`.
+                "tool_choice",
+            ],
+            Rule::Used,
+        ),
         // Load-time and performance settings: no effect on the tokens.
-        ("num_keep", Rule::Inert),
-        ("num_batch", Rule::Inert),
-        ("num_gpu", Rule::Inert),
-        ("main_gpu", Rule::Inert),
-        ("num_thread", Rule::Inert),
-        ("numa", Rule::Inert),
-        ("low_vram", Rule::Inert),
-        ("f16_kv", Rule::Inert),
-        ("use_mmap", Rule::Inert),
-        ("use_mlock", Rule::Inert),
-        ("vocab_only", Rule::Inert),
-        ("logits_all", Rule::Inert),
-        ("embedding_only", Rule::Inert),
+        (
+            &[
+                "num_keep",
+                "num_batch",
+                "num_gpu",
+                "main_gpu",
+                "num_thread",
+                "numa",
+                "low_vram",
+                "f16_kv",
+                "use_mmap",
+                "use_mlock",
+                "vocab_only",
+                "logits_all",
+                "embedding_only",
+            ],
+            Rule::Inert,
+        ),
         // Ollama itself no longer applies it.
-        ("penalize_newline", Rule::Inert),
+        (&["penalize_newline"], Rule::Inert),
         // Only read when mirostat is on, which is refused.
-        ("mirostat_tau", Rule::Inert),
-        ("mirostat_eta", Rule::Inert),
-        (
-            "mirostat",
-            Rule::NeutralOnly(
-                is_zero,
-                "specd does not implement mirostat sampling (0 only)",
-            ),
-        ),
-        (
-            "typical_p",
-            Rule::NeutralOnly(
-                is_one,
-                "specd does not implement typical sampling (1.0 only)",
-            ),
-        ),
-        (
-            "tfs_z",
-            Rule::NeutralOnly(
-                is_one,
-                "specd does not implement tail-free sampling (1.0 only)",
-            ),
-        ),
+        (&["mirostat_tau", "mirostat_eta"], Rule::Inert),
+        (&["mirostat"], MIROSTAT),
+        (&["typical_p"], TYPICAL),
+        (&["tfs_z"], TAIL_FREE),
     ],
     common: true,
     extensions: &[],
@@ -828,8 +784,7 @@ mod tests {
             &OLLAMA_MESSAGE,
             &OLLAMA_OPTIONS,
         ] {
-            let common: &[(&str, Rule)] = if t.common { COMMON } else { &[] };
-            let mut all: Vec<_> = t.own().chain(common).map(|(n, _)| *n).collect();
+            let mut all: Vec<_> = t.all().map(|(n, _)| n).collect();
             let n = all.len();
             all.sort_unstable();
             all.dedup();
@@ -847,12 +802,130 @@ mod tests {
             &OLLAMA_GENERATE,
             &OLLAMA_OPTIONS,
         ] {
-            for f in names(t, true) {
+            for (f, _) in t.all().filter(|(_, r)| matches!(r, Rule::Inert)) {
                 assert!(
                     doc.contains(&format!("`{f}`")),
                     "docs/serving.md misses {f}"
                 );
             }
+        }
+    }
+
+    /// What a route's request structs make of a body, as text: a field
+    /// they read changes it, a field they ignore does not.
+    type Reader = fn(&Value) -> String;
+
+    fn parsed<T: serde::de::DeserializeOwned + std::fmt::Debug>(v: &Value) -> String {
+        format!(
+            "{:?}",
+            serde_json::from_value::<T>(v.clone()).map_err(|e| e.to_string())
+        )
+    }
+
+    /// Each table with the structs (and hand readers) its route parses a
+    /// body with, and the smallest body they accept.
+    fn readers() -> Vec<(&'static Table, Reader, Value)> {
+        use super::super::{ollama, openai, responses};
+        use crate::request::RequestOptions as Common;
+        vec![
+            (
+                &OPENAI_CHAT,
+                |v| {
+                    parsed::<openai::ChatBody>(v)
+                        + &parsed::<Common>(v)
+                        + &format!("{:?}", openai::read_messages(v).map_err(|e| e.message))
+                },
+                json!({}),
+            ),
+            (
+                &OPENAI_MESSAGE,
+                parsed::<openai::OaMessage>,
+                json!({"role": "user"}),
+            ),
+            (
+                &OPENAI_COMPLETIONS,
+                |v| parsed::<openai::CompletionBody>(v) + &parsed::<Common>(v),
+                json!({}),
+            ),
+            (&STREAM_OPTIONS, parsed::<openai::StreamOptions>, json!({})),
+            (
+                &OPENAI_RESPONSES,
+                |v| parsed::<responses::Body>(v) + &parsed::<Common>(v),
+                json!({}),
+            ),
+            (&OLLAMA_GENERATE, parsed::<ollama::GenerateBody>, json!({})),
+            (&OLLAMA_CHAT, parsed::<ollama::ChatBody>, json!({})),
+            (
+                &OLLAMA_MESSAGE,
+                parsed::<ollama::ChatMsg>,
+                json!({"role": "user"}),
+            ),
+            (
+                &OLLAMA_OPTIONS,
+                |v| parsed::<ollama::NumPredict>(v) + &parsed::<Common>(v),
+                json!({}),
+            ),
+        ]
+    }
+
+    /// A table that calls a field used where no request struct reads it
+    /// would let a client's field be silently ignored: each used field,
+    /// set to one of a few distinctive values, must change what the route
+    /// parses (a value of the wrong type changes it too: the parse fails).
+    #[test]
+    fn every_used_field_is_read_by_its_route() {
+        let values = [
+            json!(7),
+            json!(0.37),
+            json!("zq7"),
+            json!(true),
+            json!([3]),
+            json!([{"role": "user", "content": "zq7"}]),
+            json!({"include_usage": true}),
+        ];
+        let with = |base: &Value, f: &str, v: &Value| {
+            let mut b = base.clone();
+            b[f] = v.clone();
+            b
+        };
+        for (table, read, base) in readers() {
+            let plain = read(&base);
+            // The probe tells a read field from an ignored one.
+            for v in &values {
+                assert_eq!(read(&with(&base, "zq_unread", v)), plain, "{}", table.api);
+            }
+            for (f, rule) in table.all() {
+                if !matches!(rule, Rule::Used) {
+                    continue;
+                }
+                assert!(
+                    values.iter().any(|v| read(&with(&base, f, v)) != plain),
+                    "{}: `{f}` is called used but no request struct reads it",
+                    table.api
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_reason_covers_all_its_fields() {
+        for f in ["guided_json", "regex", "ebnf", "structured_outputs"] {
+            let e = check(&json!({ f: {"type": "object"} }), &OPENAI_CHAT, "").unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "field `{f}` is not supported: specd's structured output is \
+                     `response_format` (json_object or json_schema)"
+                )
+            );
+        }
+        for f in ["width", "height", "steps"] {
+            let e = check(&json!({ f: 64 }), &OLLAMA_GENERATE, "").unwrap_err();
+            assert!(
+                e.to_string().ends_with("specd generates text, not images"),
+                "{e}"
+            );
+            check(&json!({ f: null }), &OLLAMA_GENERATE, "").unwrap();
         }
     }
 }

@@ -28,9 +28,9 @@ pub struct OllamaOptions {
     pub common: CommonOptions,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-struct NumPredict {
+pub(super) struct NumPredict {
     num_predict: Option<i64>,
     num_ctx: Option<i64>,
     /// Stream `{"round": ...}` lines (one per speculation round) before the

@@ -90,7 +90,7 @@ impl History {
 }
 
 #[derive(Deserialize, Debug)]
-struct Body {
+pub(super) struct Body {
     model: Option<String>,
     input: Option<Value>,
     instructions: Option<String>,

@@ -8,7 +8,7 @@
 //! with both keys. The tokens are exactly the ids the server feeds the
 //! model for the same completions prompt or chat messages.
 use super::api::{self, ApiError, Flavor};
-use super::fields::{Rule, Table};
+use super::fields::{reasons, Neutral, Rule, Table};
 use super::State;
 use crate::engine::Prompt;
 use axum::body::Bytes;
@@ -16,63 +16,34 @@ use axum::extract::rejection::BytesRejection;
 use axum::Json;
 use serde_json::{json, Value};
 
-fn is_true(v: &Value) -> bool {
-    v.as_bool() == Some(true)
-}
-
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::String(s) => s.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        _ => false,
-    }
-}
-
 pub static TOKENIZE: Table = Table {
     api: "tokenize API (vLLM's or llama-server's)",
     fields: &[
-        ("model", Rule::Used),
         // vLLM's: a completions prompt or chat messages.
-        ("prompt", Rule::Used),
-        ("messages", Rule::Used),
-        ("tools", Rule::Used),
-        ("add_special_tokens", Rule::Used),
-        ("add_generation_prompt", Rule::Used),
-        ("return_token_strs", Rule::Used),
         (
-            "continue_final_message",
-            Rule::NeutralOnly(
-                |v| v.as_bool() == Some(false),
-                "specd does not continue a final message",
-            ),
+            &[
+                "model",
+                "prompt",
+                "messages",
+                "tools",
+                "add_special_tokens",
+                "add_generation_prompt",
+                "return_token_strs",
+            ],
+            Rule::Used,
         ),
-        (
-            "chat_template",
-            Rule::NeutralOnly(
-                is_empty,
-                "specd renders the served model's own chat template",
-            ),
-        ),
-        (
-            "chat_template_kwargs",
-            Rule::NeutralOnly(
-                is_empty,
-                "specd renders the chat template without extra arguments",
-            ),
-        ),
+        (&["continue_final_message"], reasons::CONTINUE_FINAL),
+        (&["chat_template"], reasons::CHAT_TEMPLATE),
+        (&["chat_template_kwargs"], reasons::TEMPLATE_KWARGS),
         // llama-server's.
-        ("content", Rule::Used),
-        ("add_special", Rule::Used),
+        (&["content", "add_special", "with_pieces"], Rule::Used),
         (
-            "parse_special",
+            &["parse_special"],
             Rule::NeutralOnly(
-                is_true,
+                Neutral::True,
                 "special tokens written in the text always encode as their ids",
             ),
         ),
-        ("with_pieces", Rule::Used),
     ],
     common: false,
     extensions: &[],
@@ -80,7 +51,7 @@ pub static TOKENIZE: Table = Table {
 
 pub static DETOKENIZE: Table = Table {
     api: "detokenize API (vLLM's or llama-server's)",
-    fields: &[("model", Rule::Used), ("tokens", Rule::Used)],
+    fields: &[(&["model", "tokens"], Rule::Used)],
     common: false,
     extensions: &[],
 };

@@ -2,7 +2,7 @@
 //! each was drawn with and the drafter's statistics. It flows from the
 //! drafters ([`super::drafter`]) to the verify's row reading
 //! ([`super::rows`]) and the acceptance; neither end needs the other.
-use crate::sampling::Distribution;
+use crate::sampling::{distribution, Distribution, Rng, SamplingParams};
 use specd_policy::DraftStep;
 
 /// The draft probability of a proposed token.
@@ -88,6 +88,42 @@ pub fn draft_on(
     draft.entropy.push(entropy);
     draft.top1.push(top1);
     draft.tokens.len() < k && hook(&step)
+}
+
+/// The step every model drafter (a draft model, an MTP head) takes per
+/// draft token: the token drawn from `logits` as the request samples
+/// (`history`: the tokens the penalties read), its draft probability, and
+/// the statistics of [`Draft::entropy`]: under greedy decoding those of
+/// `stats_row` at temperature 1 (the drafter's own row, which for a head
+/// with a reduced vocabulary is narrower than `logits`).
+pub fn draw(
+    logits: &[f32],
+    stats_row: &[f32],
+    params: &SamplingParams,
+    history: &[u32],
+    rng: &mut Rng,
+) -> (u32, DraftProb, (f32, f32)) {
+    let d = distribution(logits, params, history);
+    let tok = d.draw(params, rng);
+    let stats = if params.greedy() {
+        softmax_stats(stats_row)
+    } else {
+        (d.entropy, d.p(d.argmax))
+    };
+    (tok, DraftProb::Dist(d), stats)
+}
+
+/// [`draft_on`] for a drafter that draws its next token from its history
+/// (a model drafter): `token` joins `history` too.
+pub fn draw_on(
+    draft: &mut Draft,
+    history: &mut Vec<u32>,
+    (token, q, stats): (u32, DraftProb, (f32, f32)),
+    k: usize,
+    hook: DraftHook<'_>,
+) -> bool {
+    history.push(token);
+    draft_on(draft, token, q, stats, k, hook)
 }
 
 /// Entropy (nats) and largest probability of softmax(logits) at

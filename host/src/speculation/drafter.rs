@@ -2,50 +2,66 @@
 //! n-gram prompt lookup, and a model drafter (a separate draft model sharing
 //! the tokenizer, the target itself, or the target's first N layers).
 //!
-//! MTP heads ([`super::mtp`]): a drafter that answers `wants_hidden() ==
-//! true` is handed the target's last hidden states before each round
-//! (`observe_hidden`), which is what a multi-token-prediction head drafts
-//! from.
-use super::draft::{draft_on, softmax_stats, Draft, DraftHook, DraftProb};
+//! A round's draft is a value, [`DraftReq`]: what to draft from, the
+//! schedule's hook, the source, and the draft left in it.
+//!
+//! MTP heads ([`super::mtp`]): a drafter that names `hidden_taps` is
+//! handed the target's hidden states before each round (`observe_hidden`),
+//! which is what a multi-token-prediction head drafts from.
+use super::draft::{draw, draw_on, Draft, DraftHook};
 use super::head::MtpDrafter;
 use super::target::{HiddenRows, Target};
-use crate::sampling::{distribution, Rng, SamplingParams};
+use crate::sampling::{Rng, SamplingParams};
 use anyhow::Result;
+use specd_policy::DraftStep;
+
+/// One request's draft of a round: what a drafter drafts from, and the
+/// draft it leaves.
+pub struct DraftReq<'a> {
+    /// The committed tokens of the request, the prompt included (the last
+    /// not yet forwarded).
+    pub log: &'a [u32],
+    /// The most tokens to draft.
+    pub k: usize,
+    pub params: &'a SamplingParams,
+    pub rng: &'a mut Rng,
+    /// The schedule's per-token hook (contract 0.2): a drafter that drafts
+    /// token by token (a model forward each) asks it after each token but
+    /// the k-th and stops when it answers false; the others have nothing
+    /// to save and draft at once. `None`: the schedule has no hook.
+    pub hook: Option<DraftHook<'a>>,
+    /// Which of the drafter's sources drafts it ([`Drafter::source`]).
+    pub source: usize,
+    /// What it drafted (at most `k` tokens).
+    pub draft: Draft,
+}
+
+impl<'a> DraftReq<'a> {
+    /// A request for up to `k` tokens continuing `log`, with no hook, from
+    /// the drafter's first source.
+    pub fn new(log: &'a [u32], k: usize, params: &'a SamplingParams, rng: &'a mut Rng) -> Self {
+        DraftReq {
+            log,
+            k,
+            params,
+            rng,
+            hook: None,
+            source: 0,
+            draft: Draft::default(),
+        }
+    }
+}
 
 pub trait Drafter: Send {
     /// The name it was selected by (`ngram`, `self:N`, `model:NAME`).
     fn name(&self) -> String;
-    /// Proposes up to `k` tokens continuing `log` (the committed tokens of
-    /// the request, prompt included). A drafter implements this or
-    /// [`propose_stepwise`](Self::propose_stepwise) (a stepwise one), each
-    /// the other's default.
-    fn propose(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-    ) -> Result<Draft> {
-        self.propose_stepwise(log, k, params, rng, &mut |_| true)
+    /// Drafts each request of `reqs` into its `draft`. The default drafts
+    /// them one by one ([`Drafter::draft_one`]).
+    fn draft(&mut self, reqs: &mut [DraftReq<'_>]) -> Result<()> {
+        reqs.iter_mut().try_for_each(|r| self.draft_one(r))
     }
-    /// Whether it drafts token by token (a model forward each), so that
-    /// asking the schedule after each token can save work; only such
-    /// drafters are given a hook (`propose_stepwise`).
-    fn drafts_stepwise(&self) -> bool {
-        false
-    }
-    /// [`propose`](Self::propose), asking `hook` after each draft token but
-    /// the k-th and stopping when it answers false.
-    fn propose_stepwise(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-        _hook: DraftHook<'_>,
-    ) -> Result<Draft> {
-        self.propose(log, k, params, rng)
-    }
+    /// Drafts one request ([`Drafter::draft`]).
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()>;
     /// A round ended: `log_len` committed tokens existed before it, and the
     /// first `accepted` of the drafted tokens were kept.
     fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()>;
@@ -74,20 +90,16 @@ pub trait Drafter: Send {
     fn head_drafter(&mut self, _source: usize) -> Option<&mut MtpDrafter> {
         None
     }
-    /// Whether it drafts from the target's hidden states (MTP): the target
-    /// then keeps them, and each round hands the drafter those of the
-    /// positions forwarded since the last ([`Drafter::observe_hidden`]).
-    fn wants_hidden(&self) -> bool {
-        false
+    /// Where it drafts from the target's hidden states (MTP): the target's
+    /// layer boundaries whose rows it reads ([`crate::model::llama::Taps`];
+    /// empty: the last layer's output). The target then keeps those rows,
+    /// and each round hands the drafter those of the positions forwarded
+    /// since the last ([`Drafter::observe_hidden`]). `None`: it reads none.
+    fn hidden_taps(&self) -> Option<Vec<usize>> {
+        None
     }
-    /// The target's layer boundaries whose rows it reads, where it wants
-    /// hidden rows ([`crate::model::llama::Taps`]; empty: the last layer's
-    /// output).
-    fn hidden_taps(&self) -> Vec<usize> {
-        Vec::new()
-    }
-    /// The target's last-layer rows of positions it forwarded since the
-    /// last call (`log`: the committed tokens, the last not yet forwarded).
+    /// The target's rows of positions it forwarded since the last call
+    /// (`log`: the committed tokens, the last not yet forwarded).
     fn observe_hidden(&mut self, _log: &[u32], _hidden: HiddenRows) -> Result<()> {
         Ok(())
     }
@@ -143,8 +155,9 @@ impl Drafter for NgramDrafter {
     fn name(&self) -> String {
         "ngram".into()
     }
-    fn propose(&mut self, log: &[u32], k: usize, _: &SamplingParams, _: &mut Rng) -> Result<Draft> {
-        Ok(Draft::point_mass(self.lookup(log, k)))
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()> {
+        req.draft = Draft::point_mass(self.lookup(req.log, req.k));
+        Ok(())
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())
@@ -172,22 +185,18 @@ impl Drafter for ModelDrafter {
         self.name.clone()
     }
 
-    fn drafts_stepwise(&self) -> bool {
-        true
-    }
-
-    fn propose_stepwise(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-        hook: DraftHook<'_>,
-    ) -> Result<Draft> {
-        let mut draft = Draft::default();
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()> {
+        req.draft = Draft::default();
+        let (log, k) = (req.log, req.k);
         if k == 0 {
-            return Ok(draft);
+            return Ok(());
         }
+        let mut always = |_: &DraftStep| true;
+        let hook: DraftHook<'_> = match req.hook.as_mut() {
+            Some(h) => &mut **h,
+            None => &mut always,
+        };
+        let draft = &mut req.draft;
         let have = self.model.offset().min(log.len().saturating_sub(1));
         self.model.rewind(have)?;
         // Every offset `commit` may keep: a sliding-window cache that wrapped
@@ -198,28 +207,15 @@ impl Drafter for ModelDrafter {
         let mut history = log.to_vec();
         for _ in 0..k {
             let logits = rows.pop().expect("one logits row");
-            let d = distribution(&logits, params, &history);
-            let tok = d.draw(params, rng);
-            let (entropy, top1) = if params.greedy() {
-                softmax_stats(&logits)
-            } else {
-                (d.entropy, d.p(d.argmax))
-            };
-            history.push(tok);
-            if !draft_on(
-                &mut draft,
-                tok,
-                DraftProb::Dist(d),
-                (entropy, top1),
-                k,
-                hook,
-            ) {
+            let picked = draw(&logits, &logits, req.params, &history, req.rng);
+            let tok = picked.0;
+            if !draw_on(draft, &mut history, picked, k, hook) {
                 break;
             }
             self.model.prepare_snapshots(&keepable);
             rows = self.model.forward(&[tok], false)?;
         }
-        Ok(draft)
+        Ok(())
     }
 
     fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()> {
@@ -252,6 +248,23 @@ mod tests {
         assert_eq!(d.lookup(&[5, 6], 3), Vec::<u32>::new());
         // proposals stop at the end of the log
         assert_eq!(d.lookup(&[4, 5, 4], 5), vec![5, 4]);
+    }
+
+    #[test]
+    fn a_batch_drafts_each_request_as_alone() {
+        let mut d = NgramDrafter::default();
+        let params = SamplingParams::default();
+        let (mut r1, mut r2) = (Rng::new(0), Rng::new(1));
+        let a = [2, 3, 4, 5, 6, 2, 3];
+        let b = [7, 8, 9, 7, 8];
+        let mut reqs = [
+            DraftReq::new(&a, 3, &params, &mut r1),
+            DraftReq::new(&b, 2, &params, &mut r2),
+        ];
+        d.draft(&mut reqs).unwrap();
+        assert_eq!(reqs[0].draft.tokens, d.lookup(&a, 3));
+        assert_eq!(reqs[1].draft.tokens, vec![9, 7]);
+        assert!(reqs.iter().all(|r| r.draft.q.len() == r.draft.tokens.len()));
     }
 
     #[test]

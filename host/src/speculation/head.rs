@@ -12,11 +12,11 @@
 //! DeepSeek's MTP and EAGLE draft). Those chained entries are dropped from
 //! the head's cache at the next round, when the target's rows for what was
 //! kept replace them.
-use super::draft::{draft_on, softmax_stats, Draft, DraftHook, DraftProb};
+use super::draft::{draw, draw_on, softmax_stats, Draft, DraftHook, DraftProb};
 use super::target::HiddenRows;
 use crate::cache::LayerCache;
 use crate::model::mtp::{HeadIn, MtpHead};
-use crate::sampling::{distribution, Rng, SamplingParams};
+use crate::sampling::{Rng, SamplingParams};
 use anyhow::{ensure, Result};
 use specd_mlx::Array;
 use specd_policy::DraftStep;
@@ -98,7 +98,7 @@ impl MtpDrafter {
         params: &SamplingParams,
         history: &[u32],
         rng: &mut Rng,
-    ) -> (u32, DraftProb, f32, f32) {
+    ) -> (u32, DraftProb, (f32, f32)) {
         if params.plain_greedy() {
             // The one-hot distribution at the argmax, without building it
             // over the whole vocabulary (argmax_margin's first-index rule).
@@ -107,8 +107,7 @@ impl MtpDrafter {
             return (
                 self.head.target_id(best as usize),
                 DraftProb::PointMass,
-                entropy,
-                top1,
+                (entropy, top1),
             );
         }
         // Over the target's vocabulary, ids outside the draft vocabulary
@@ -125,14 +124,7 @@ impl MtpDrafter {
                 full
             }
         };
-        let d = distribution(&full, params, history);
-        let tok = d.draw(params, rng);
-        let (entropy, top1) = if params.greedy() {
-            softmax_stats(row)
-        } else {
-            (d.entropy, d.p(d.argmax))
-        };
-        (tok, DraftProb::Dist(d), entropy, top1)
+        draw(&full, row, params, history, rng)
     }
 
     /// Keeps the target's rows `hidden` (of `log`'s positions) until a
@@ -232,13 +224,13 @@ pub fn draft_heads(rounds: &mut [HeadRound<'_>]) -> Result<()> {
         let mut inputs: Vec<Option<(Vec<u32>, Array)>> = vec![None; rounds.len()];
         for ((r, chain), input) in rounds.iter_mut().zip(&mut chains).zip(&mut inputs) {
             let Some(c) = chain.as_mut() else { continue };
-            let (tok, q, entropy, top1) = r.drafter.pick(&c.row, r.params, &c.history, r.rng);
-            c.history.push(tok);
+            let picked = r.drafter.pick(&c.row, r.params, &c.history, r.rng);
+            let tok = picked.0;
             let hook: DraftHook<'_> = match r.hook.as_mut() {
                 Some(h) => &mut **h,
                 None => &mut always,
             };
-            if draft_on(&mut r.draft, tok, q, (entropy, top1), r.k, hook) {
+            if draw_on(&mut r.draft, &mut c.history, picked, r.k, hook) {
                 *input = Some((vec![tok], c.feature.clone()));
             } else {
                 *chain = None;

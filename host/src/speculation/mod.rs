@@ -14,7 +14,7 @@ pub mod suffix;
 pub mod target;
 
 pub use draft::{Draft, DraftProb};
-pub use drafter::{Drafter, ModelDrafter, NgramDrafter};
+pub use drafter::{DraftReq, Drafter, ModelDrafter, NgramDrafter};
 pub use head::MtpDrafter;
 pub use history::ScheduleHistory;
 pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
@@ -191,17 +191,10 @@ impl SpecState {
         self.spec.as_ref().map_or(0, |s| s.draft_max)
     }
 
-    /// Whether its drafter reads the target's hidden states (the target
-    /// must keep them).
-    pub fn wants_hidden(&self) -> bool {
-        self.spec.as_ref().is_some_and(|s| s.drafter.wants_hidden())
-    }
-
-    /// The layer boundaries its drafter reads ([`SpecState::wants_hidden`]).
-    pub fn hidden_taps(&self) -> Vec<usize> {
-        self.spec
-            .as_ref()
-            .map_or(Vec::new(), |s| s.drafter.hidden_taps())
+    /// Where its drafter reads the target's hidden states (the target must
+    /// keep them): the layer boundaries it reads ([`Drafter::hidden_taps`]).
+    pub fn hidden_taps(&self) -> Option<Vec<usize>> {
+        self.spec.as_ref().and_then(|s| s.drafter.hidden_taps())
     }
 
     /// No speculation: every round is one plain step.
@@ -328,7 +321,7 @@ impl SpecState {
         let mut draft_steps = Vec::new();
         // A drafter that reads the target's hidden states reads those of
         // every forward, whether it drafts this round or not.
-        if let Some(spec) = self.spec.as_mut().filter(|s| s.drafter.wants_hidden()) {
+        if let Some(spec) = (self.spec.as_mut()).filter(|s| s.drafter.hidden_taps().is_some()) {
             if let Some(h) = target.take_hidden() {
                 let t = Instant::now();
                 spec.drafter.observe_hidden(log, h)?;
@@ -347,29 +340,32 @@ impl SpecState {
             let t = Instant::now();
             let mut hook_seconds = 0.0;
             let mut hook_error = None;
-            if schedule.has_draft_hook() && drafter.drafts_stepwise() {
-                let tracing = self.trace.is_some();
-                let mut ask = |step: &DraftStep| {
-                    let t = Instant::now();
-                    let r = schedule.continue_drafting(step);
-                    hook_seconds += t.elapsed().as_secs_f64();
-                    match r {
-                        Ok(go_on) => {
-                            if tracing {
-                                draft_steps.push(HookCall { step: *step, go_on });
-                            }
-                            go_on
+            let has_hook = schedule.has_draft_hook();
+            let tracing = self.trace.is_some();
+            let mut ask = |step: &DraftStep| {
+                let t = Instant::now();
+                let r = schedule.continue_drafting(step);
+                hook_seconds += t.elapsed().as_secs_f64();
+                match r {
+                    Ok(go_on) => {
+                        if tracing {
+                            draft_steps.push(HookCall { step: *step, go_on });
                         }
-                        Err(e) => {
-                            hook_error = Some(e);
-                            false
-                        }
+                        go_on
                     }
-                };
-                draft = drafter.propose_stepwise(log, k, params, rng, &mut ask)?;
-            } else {
-                draft = drafter.propose(log, k, params, rng)?;
+                    Err(e) => {
+                        hook_error = Some(e);
+                        false
+                    }
+                }
+            };
+            let mut req = DraftReq::new(log, k, params, &mut *rng);
+            req.source = source;
+            if has_hook {
+                req.hook = Some(&mut ask);
             }
+            drafter.draft(std::slice::from_mut(&mut req))?;
+            draft = req.draft;
             draft.truncate(k);
             // Time in the hook is policy time, not drafting.
             dt += (t.elapsed().as_secs_f64() - hook_seconds).max(0.0);

@@ -2,7 +2,7 @@
 //! [`super::head`]) behind the [`Drafter`] trait, and `suffix+mtp`, the
 //! suffix drafter with the head where it has nothing.
 use super::draft::{Draft, DraftHook};
-use super::drafter::Drafter;
+use super::drafter::{DraftReq, Drafter};
 use super::head::{draft_heads, HeadRound, MtpDrafter};
 use super::target::HiddenRows;
 use crate::sampling::{Rng, SamplingParams};
@@ -13,30 +13,27 @@ impl Drafter for MtpDrafter {
         self.name.clone()
     }
 
-    fn drafts_stepwise(&self) -> bool {
-        true
-    }
-
-    fn propose_stepwise(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-        hook: DraftHook<'_>,
-    ) -> Result<Draft> {
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()> {
+        let hook = match req.hook.as_mut() {
+            Some(h) => {
+                let h: DraftHook<'_> = &mut **h;
+                Some(h)
+            }
+            None => None,
+        };
         let mut round = [HeadRound {
             drafter: self,
-            log,
-            k,
-            params,
-            rng,
-            hook: Some(hook),
+            log: req.log,
+            k: req.k,
+            params: req.params,
+            rng: &mut *req.rng,
+            hook,
             draft: Draft::default(),
         }];
         draft_heads(&mut round)?;
         let [round] = round;
-        Ok(round.draft)
+        req.draft = round.draft;
+        Ok(())
     }
 
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
@@ -44,12 +41,8 @@ impl Drafter for MtpDrafter {
         Ok(())
     }
 
-    fn wants_hidden(&self) -> bool {
-        true
-    }
-
-    fn hidden_taps(&self) -> Vec<usize> {
-        self.head.taps().to_vec()
+    fn hidden_taps(&self) -> Option<Vec<usize>> {
+        Some(self.head.taps().to_vec())
     }
 
     fn head_drafter(&mut self, _source: usize) -> Option<&mut MtpDrafter> {
@@ -99,10 +92,6 @@ impl Drafter for SuffixThenMtp {
         format!("suffix+{}", self.mtp.name())
     }
 
-    fn drafts_stepwise(&self) -> bool {
-        true
-    }
-
     fn sources(&self) -> usize {
         2
     }
@@ -111,12 +100,12 @@ impl Drafter for SuffixThenMtp {
         &mut self,
         log: &[u32],
         max_draft: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
+        _params: &SamplingParams,
+        _rng: &mut Rng,
     ) -> Result<usize> {
         // A suffix draft is a walk that k only cuts short: the longest one
         // now, cut to the round's k when proposed.
-        let s = self.suffix.propose(log, max_draft, params, rng)?;
+        let s = self.suffix.lookup(log, max_draft);
         let source = match s.tokens.is_empty() {
             true => Self::HEAD,
             false => Self::SUFFIX,
@@ -125,23 +114,20 @@ impl Drafter for SuffixThenMtp {
         Ok(source)
     }
 
-    fn propose_stepwise(
-        &mut self,
-        log: &[u32],
-        k: usize,
-        params: &SamplingParams,
-        rng: &mut Rng,
-        hook: DraftHook<'_>,
-    ) -> Result<Draft> {
-        let mut s = match self.ahead.take() {
-            Some((n, s)) if n == log.len() => s,
-            _ => self.suffix.propose(log, k, params, rng)?,
-        };
-        if !s.tokens.is_empty() {
-            s.truncate(k);
-            return Ok(s);
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()> {
+        let ahead = (self.ahead.take()).filter(|(n, _)| *n == req.log.len());
+        if req.source == Self::HEAD {
+            return self.mtp.draft_one(req);
         }
-        self.mtp.propose_stepwise(log, k, params, rng, hook)
+        // The suffix's source: the walk found when the source was decided
+        // (found again if the round was not planned through `source`).
+        let mut s = match ahead {
+            Some((_, s)) => s,
+            None => self.suffix.lookup(req.log, req.k),
+        };
+        s.truncate(req.k);
+        req.draft = s;
+        Ok(())
     }
 
     fn commit(&mut self, log_len: usize, drafted: usize, accepted: usize) -> Result<()> {
@@ -149,11 +135,7 @@ impl Drafter for SuffixThenMtp {
         self.mtp.commit(log_len, drafted, accepted)
     }
 
-    fn wants_hidden(&self) -> bool {
-        true
-    }
-
-    fn hidden_taps(&self) -> Vec<usize> {
+    fn hidden_taps(&self) -> Option<Vec<usize>> {
         self.mtp.hidden_taps()
     }
 

@@ -21,9 +21,8 @@
 //! finds the longest earlier occurrence of the text's last bytes and
 //! drafts the tokens of what followed it ([`SuffixDrafter::text_draft`]).
 use super::draft::{Draft, DraftProb};
-use super::drafter::Drafter;
+use super::drafter::{DraftReq, Drafter};
 use crate::cache::suffix::{Active, Keys, Next, SuffixCorpus, SuffixTrie};
-use crate::sampling::{Rng, SamplingParams};
 use anyhow::Result;
 use specd_text::Tokenizer;
 use std::collections::HashMap;
@@ -359,11 +358,24 @@ impl Drafter for SuffixDrafter {
         "suffix".into()
     }
 
-    fn propose(&mut self, log: &[u32], k: usize, _: &SamplingParams, _: &mut Rng) -> Result<Draft> {
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()> {
+        req.draft = self.lookup(req.log, req.k);
+        Ok(())
+    }
+
+    fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl SuffixDrafter {
+    /// Up to `k` tokens continuing `log`, walked from where its tail is in
+    /// the request's own text and the corpus.
+    pub fn lookup(&mut self, log: &[u32], k: usize) -> Draft {
         self.ingest(log);
         let mut draft = Draft::default();
         if k == 0 {
-            return Ok(draft);
+            return draft;
         }
         let corpus = self.corpus.clone();
         let mut corpus = lock(&corpus);
@@ -414,11 +426,7 @@ impl Drafter for SuffixDrafter {
                 draft.confidence.push(TEXT_MATCH_P);
             }
         }
-        Ok(draft)
-    }
-
-    fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
-        Ok(())
+        draft
     }
 }
 
@@ -440,8 +448,7 @@ mod tests {
     use super::*;
 
     fn propose(d: &mut SuffixDrafter, log: &[u32], k: usize) -> Draft {
-        d.propose(log, k, &SamplingParams::default(), &mut Rng::new(0))
-            .unwrap()
+        d.lookup(log, k)
     }
 
     #[test]

@@ -136,7 +136,8 @@ impl Drafter for ScriptedDrafter {
     fn name(&self) -> String {
         "scripted".into()
     }
-    fn propose(&mut self, log: &[u32], k: usize, _: &SamplingParams, _: &mut Rng) -> Result<Draft> {
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()> {
+        let (log, k) = (req.log, req.k);
         let w = words();
         let mut tokens = Vec::new();
         for i in 0..k {
@@ -151,7 +152,8 @@ impl Drafter for ScriptedDrafter {
                 right
             });
         }
-        Ok(Draft::point_mass(tokens))
+        req.draft = Draft::point_mass(tokens);
+        Ok(())
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())
@@ -424,17 +426,19 @@ impl Drafter for SampledDrafter {
     fn name(&self) -> String {
         "sampled".into()
     }
-    fn propose(&mut self, _: &[u32], k: usize, _: &SamplingParams, rng: &mut Rng) -> Result<Draft> {
+    fn draft_one(&mut self, req: &mut DraftReq<'_>) -> Result<()> {
+        let (k, rng) = (req.k, &mut *req.rng);
         let tokens: Vec<u32> = (0..k).map(|_| self.q.sample_with(rng.uniform())).collect();
         let q = tokens
             .iter()
             .map(|_| DraftProb::Dist(self.q.clone()))
             .collect();
-        Ok(Draft {
+        req.draft = Draft {
             tokens,
             q,
             ..Default::default()
-        })
+        };
+        Ok(())
     }
     fn commit(&mut self, _: usize, _: usize, _: usize) -> Result<()> {
         Ok(())

@@ -11,7 +11,7 @@
 //! as in a llama layer. Its output before the final norm is the feature
 //! of the next chained step; after `norm`, `lm_head` gives logits over a
 //! draft vocabulary whose id i is the target's `i + d2t[i]`.
-use super::{check_draft_ids, HeadInput, LayerShape, MtpConfig, MtpHead, Tensors};
+use super::{check_draft_ids, HeadFormat, LayerShape, MtpConfig, MtpHead, Tensors};
 use crate::cache::LayerCache;
 use crate::{Linear, Llama, LlamaConfig};
 use anyhow::{bail, ensure, Context, Result};
@@ -31,12 +31,48 @@ pub struct Eagle3 {
     pub norm_before_residual: bool,
 }
 
-impl Eagle3 {
-    /// The layer's output rows (before the final norm) for the embedded
-    /// tokens `e` `[1, T, hidden]` and their `features`: the target's
-    /// tapped rows `[1, T, taps * target hidden]`, or a chained step's
-    /// own output `[1, T, hidden]`.
-    pub(super) fn rows(
+/// The config of an EAGLE-3 head: vLLM's and SpecForge's name the
+/// architecture `*Eagle3*`, or carry an `eagle_config`.
+pub(super) fn claims(raw: &serde_json::Value) -> bool {
+    arch(raw).contains("eagle3") || raw.get("eagle_config").is_some()
+}
+
+/// An EAGLE-1/2 head's config (an `*Eagle*` architecture that is not
+/// EAGLE-3's: [`claims`] is asked first).
+pub(super) fn claims_older(raw: &serde_json::Value) -> bool {
+    arch(raw).contains("eagle")
+}
+
+/// Refuses an EAGLE-1/2 head by name ([`claims_older`]).
+pub(super) fn refuse_older(
+    dir: &Path,
+    _text: &str,
+    raw: &serde_json::Value,
+    _target: &Llama,
+) -> Result<MtpHead> {
+    bail!(
+        "{} is an EAGLE-1/2 head ({}): specd loads its own heads (\"specd-mtp\"), EAGLE-3 heads and the MTP layers inside MiMo checkpoints",
+        dir.display(),
+        arch(raw)
+    )
+}
+
+/// The config's first architecture, lowercased.
+fn arch(raw: &serde_json::Value) -> String {
+    raw["architectures"][0]
+        .as_str()
+        .unwrap_or("")
+        .to_lowercase()
+}
+
+impl HeadFormat for Eagle3 {
+    fn taps(&self) -> &[usize] {
+        &self.taps
+    }
+
+    /// The features are the target's tapped rows `[1, T, taps * target
+    /// hidden]`, or a chained step's own output `[1, T, hidden]`.
+    fn rows(
         &self,
         m: &Llama,
         e: &Array,
@@ -88,6 +124,11 @@ pub(super) fn load(
     raw: &serde_json::Value,
     target: &Llama,
 ) -> Result<MtpHead> {
+    load_head(dir, text, raw, target)
+        .with_context(|| format!("the EAGLE-3 head in {}", dir.display()))
+}
+
+fn load_head(dir: &Path, text: &str, raw: &serde_json::Value, target: &Llama) -> Result<MtpHead> {
     let t = &target.config;
     ensure!(
         target.first_layer == 0 && target.local_end() == target.layer_count(),
@@ -199,7 +240,7 @@ pub(super) fn load(
         config,
         body,
         draft_ids,
-        input: HeadInput::Eagle3(Eagle3 {
+        format: Box::new(Eagle3 {
             taps,
             fc,
             fc_in: fc_in as i32,
@@ -265,4 +306,28 @@ fn read_tensors(dir: &Path) -> Result<HashMap<String, Array>> {
         }
     }
     Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn eagle3_configs_are_claimed_and_older_eagles_told_apart() {
+        let eagle3 = json!({"architectures": ["LlamaForCausalLMEagle3"]});
+        let by_config = json!({"architectures": ["LlamaForCausalLM"], "eagle_config": {}});
+        let eagle1 = json!({"architectures": ["EagleLlamaForCausalLM"]});
+        let plain = json!({"architectures": ["LlamaForCausalLM"]});
+        assert!(claims(&eagle3) && claims(&by_config));
+        assert!(!claims(&eagle1) && !claims(&plain));
+        assert!(claims_older(&eagle1) && !claims_older(&plain));
+        // EAGLE-3 is asked first ([`super::FOREIGN`]): its config claims
+        // the older format's test too.
+        assert!(claims_older(&eagle3));
+        let first = super::super::FOREIGN
+            .iter()
+            .position(|f| (f.claims)(&eagle3));
+        assert_eq!(first, Some(0));
+    }
 }

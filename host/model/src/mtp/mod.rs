@@ -49,17 +49,63 @@ pub struct MtpHead {
     pub body: Llama,
     /// Target token id of each draft id (`None`: the whole vocabulary).
     pub draft_ids: Option<Vec<u32>>,
-    /// How a row's token and feature become the layer's input.
-    pub input: HeadInput,
+    /// How a row's token and feature become the layer's output.
+    pub format: Box<dyn HeadFormat>,
 }
 
-pub enum HeadInput {
-    /// specd's heads and MiMo's layer: one projection over the normed
-    /// embedding and feature, then the layer as the target's.
-    Projected(Projected),
-    /// An EAGLE-3 head ([`eagle3`]).
-    Eagle3(eagle3::Eagle3),
+/// What tells one head format from another: how a row's token and
+/// feature become its layer's output. specd's own heads and MiMo's layer
+/// ([`Projected`]) and EAGLE-3 heads ([`eagle3::Eagle3`]) implement it;
+/// [`MtpHead`] runs either through it and asks nothing else of them.
+pub trait HeadFormat: Send + Sync {
+    /// The target's layer boundaries whose rows the head reads as its
+    /// features ([`crate::llama::Taps`]); empty: the last layer's output.
+    fn taps(&self) -> &[usize] {
+        &[]
+    }
+    /// The layer's output rows (before the final norm) of the head `m`
+    /// for the embedded tokens `e` `[1, T, hidden]` and their `features`
+    /// (the target's rows, or a chained step's own output), after what
+    /// `caches` hold.
+    fn rows(
+        &self,
+        m: &Llama,
+        e: &Array,
+        features: &Array,
+        caches: &mut [Box<dyn LayerCache>],
+    ) -> Result<Array>;
+    /// Whether the format's layer is the body's own (a projection in front
+    /// of a target-shaped layer), so that several sequences' rows run the
+    /// layer together ([`MtpHead::forward_many`]); a format that runs a
+    /// layer of its own runs them one sequence at a time.
+    fn batches(&self) -> bool {
+        false
+    }
+    /// Where it [`batches`](HeadFormat::batches): the body's layer's input
+    /// rows for `e` and `features` `[1, T, hidden]`.
+    fn layer_input(&self, _m: &Llama, _e: &Array, _features: &Array) -> Result<Array> {
+        bail!("this head format runs a layer of its own")
+    }
 }
+
+/// A format [`MtpHead::load`] knows by its `config.json` other than
+/// specd's own: whether a config is one of its heads, and its loader.
+struct Foreign {
+    claims: fn(&serde_json::Value) -> bool,
+    load: fn(&Path, &str, &serde_json::Value, &Llama) -> Result<MtpHead>,
+}
+
+/// The foreign head formats, in the order they are asked.
+const FOREIGN: &[Foreign] = &[
+    Foreign {
+        claims: eagle3::claims,
+        load: eagle3::load,
+    },
+    Foreign {
+        claims: eagle3::claims_older,
+        load: eagle3::refuse_older,
+    },
+];
 
 pub struct Projected {
     pub enorm: Array,
@@ -71,6 +117,43 @@ pub struct Projected {
     /// The target's final norm, applied to its features first (a head
     /// trained on the normed output, as MiMo's MTP layer is).
     pub feature_norm: Option<Array>,
+}
+
+impl HeadFormat for Projected {
+    fn rows(
+        &self,
+        m: &Llama,
+        e: &Array,
+        features: &Array,
+        caches: &mut [Box<dyn LayerCache>],
+    ) -> Result<Array> {
+        let d = m.config.hidden_size as i32;
+        ensure!(
+            features.dim(2) == d,
+            "head features {:?}, not {d} wide",
+            features.shape()
+        );
+        let x = self.input(m, e, features)?;
+        let rows = x.dim(1);
+        Ok(m.layers(
+            0..1,
+            x,
+            &mut [Seq {
+                caches,
+                rows,
+                logits: None,
+            }],
+            &mut Outputs::none(),
+        )?)
+    }
+
+    fn batches(&self) -> bool {
+        true
+    }
+
+    fn layer_input(&self, m: &Llama, e: &Array, features: &Array) -> Result<Array> {
+        self.input(m, e, features)
+    }
 }
 
 impl Projected {
@@ -142,19 +225,8 @@ impl MtpHead {
         let raw: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("in {}", cfg_path.display()))?;
         if raw.get("format").is_none() {
-            let arch = raw["architectures"][0]
-                .as_str()
-                .unwrap_or("")
-                .to_lowercase();
-            if arch.contains("eagle3") || raw.get("eagle_config").is_some() {
-                return eagle3::load(dir, &text, &raw, target)
-                    .with_context(|| format!("the EAGLE-3 head in {}", dir.display()));
-            }
-            if arch.contains("eagle") {
-                bail!(
-                    "{} is an EAGLE-1/2 head ({arch}): specd loads its own heads (\"specd-mtp\"), EAGLE-3 heads and the MTP layers inside MiMo checkpoints",
-                    dir.display()
-                );
+            if let Some(f) = FOREIGN.iter().find(|f| (f.claims)(&raw)) {
+                return (f.load)(dir, &text, &raw, target);
             }
         }
         let config: MtpConfig =
@@ -331,7 +403,7 @@ impl MtpHead {
             proj = proj.pack(false)?;
         }
         Ok(MtpHead {
-            input: HeadInput::Projected(Projected {
+            format: Box::new(Projected {
                 enorm: tensors.vector(parts.enorm, h)?,
                 hnorm: tensors.vector(parts.hnorm, h)?,
                 proj,
@@ -357,10 +429,7 @@ impl MtpHead {
     /// The target's layer boundaries whose rows the head reads as its
     /// features ([`crate::llama::Taps`]); empty: the last layer's output.
     pub fn taps(&self) -> &[usize] {
-        match &self.input {
-            HeadInput::Projected(_) => &[],
-            HeadInput::Eagle3(e) => &e.taps,
-        }
+        self.format.taps()
     }
 
     /// Rows for `tokens` (x_{i+1}) and `features` (`[1, T, width]`, f_i:
@@ -384,27 +453,7 @@ impl MtpHead {
         );
         let ids = Array::from_u32(tokens, &[n])?;
         let e = self.body.embed.rows(&ids)?.reshape(&[1, n, d])?;
-        let hidden = match &self.input {
-            HeadInput::Projected(p) => {
-                ensure!(
-                    features.dim(2) == d,
-                    "head features {:?}, not {d} wide",
-                    features.shape()
-                );
-                let x = p.input(&self.body, &e, features)?;
-                self.body.layers(
-                    0..1,
-                    x,
-                    &mut [Seq {
-                        caches,
-                        rows: n,
-                        logits: None,
-                    }],
-                    &mut Outputs::none(),
-                )?
-            }
-            HeadInput::Eagle3(g) => g.rows(&self.body, &e, features, caches)?,
-        };
+        let hidden = self.format.rows(&self.body, &e, features, caches)?;
         let logits = self
             .body
             .unembed(
@@ -425,15 +474,15 @@ impl MtpHead {
     /// row is computed as [`MtpHead::forward`] computes it alone (specd's
     /// kernels are batch-invariant). An EAGLE-3 head runs them one by one.
     pub fn forward_many(&self, items: &mut [HeadIn<'_>]) -> Result<Vec<HeadRows>> {
-        let p = match &self.input {
-            HeadInput::Projected(p) if items.len() > 1 => p,
-            _ => {
-                return items
-                    .iter_mut()
-                    .map(|it| self.forward(it.tokens, it.features, it.caches, Logits::Last))
-                    .collect()
-            }
+        let one_by_one = |items: &mut [HeadIn<'_>]| {
+            items
+                .iter_mut()
+                .map(|it| self.forward(it.tokens, it.features, it.caches, Logits::Last))
+                .collect()
         };
+        if items.len() < 2 || !self.format.batches() {
+            return one_by_one(items);
+        }
         let d = self.body.config.hidden_size as i32;
         let tokens: Vec<u32> = items
             .iter()
@@ -451,7 +500,7 @@ impl MtpHead {
         let ids = Array::from_u32(&tokens, &[t])?;
         let e = self.body.embed.rows(&ids)?.reshape(&[1, t, d])?;
         let f = ops::concatenate(&items.iter().map(|it| it.features).collect::<Vec<_>>(), 1)?;
-        let x = p.input(&self.body, &e, &f)?;
+        let x = self.format.layer_input(&self.body, &e, &f)?;
         let spans = crate::llama::spans(items.iter().map(|it| it.tokens.len() as i32));
         let mut seqs: Vec<Seq<'_>> = items
             .iter_mut()
