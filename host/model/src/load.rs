@@ -72,7 +72,8 @@ pub struct Tensors {
 fn float_activations_asked(base: &str) -> bool {
     std::env::var("SPECD_INT8_FLOAT").is_ok_and(|v| {
         v.split(',')
-            .any(|p| !p.is_empty() && base.contains(p.trim()))
+            .map(str::trim)
+            .any(|p| !p.is_empty() && base.contains(p))
     })
 }
 
