@@ -64,6 +64,19 @@ pub struct Tensors {
     used: RefCell<HashSet<String>>,
 }
 
+/// `SPECD_INT8_FLOAT=attn_q,ffn_down,...`: a debug switch that keeps float
+/// activations, under `--weights int8`, for the weights whose names contain
+/// one of the listed parts (`token_embd`/`model.embed_tokens` is the tied
+/// head). It measures where int8's divergence enters (docs/benchmarks.md,
+/// "Accuracy"); unset, every matmul that can runs on 8-bit activations.
+fn float_activations_asked(base: &str) -> bool {
+    std::env::var("SPECD_INT8_FLOAT").is_ok_and(|v| {
+        v.split(',')
+            .map(str::trim)
+            .any(|p| !p.is_empty() && base.contains(p))
+    })
+}
+
 impl Tensors {
     pub fn has(&self, base: &str) -> bool {
         self.map.contains_key(&format!("{base}.weight"))
@@ -177,7 +190,9 @@ impl Tensors {
                 };
                 let mut w = QuantizedWeight::new(src, q.group_size, q.bits);
                 // Groups of 16 (Q6_K) have no 8-bit-activation kernel.
-                w.int8_activations = self.mode == WeightMode::Int8 && q.group_size % 32 == 0;
+                w.int8_activations = self.mode == WeightMode::Int8
+                    && q.group_size % 32 == 0
+                    && !float_activations_asked(base);
                 Ok(Linear::Quantized(w))
             }
             _ => Ok(Linear::Dense(self.dense(base)?)),
