@@ -5,7 +5,8 @@
 //! 1-row step, before, across and past the window; a batched step gives
 //! every sequence bitwise its solo rows.
 use specd::model::random::{self, Family, Shape};
-use specd::model::{Arch, Llama, LlamaConfig, Logits, WeightMode};
+use specd::model::ranks::Pipeline;
+use specd::model::{Arch, LlamaConfig, Logits, WeightMode};
 use specd::speculation::target::{forward_batch, StepRows};
 use specd::speculation::{LlamaTarget, Target};
 use specd_tests::{assert_step_as_solo, bits};
@@ -15,7 +16,7 @@ const WINDOW: usize = 8;
 
 /// The 4-bit random `family` checkpoint, `config` fields changed, loaded;
 /// `check` asserts the loader read it as that architecture.
-fn model(family: Family, config: serde_json::Value, check: fn(&LlamaConfig)) -> Arc<Llama> {
+fn model(family: Family, config: serde_json::Value, check: fn(&LlamaConfig)) -> Arc<Pipeline> {
     let name = family.name();
     let dir = std::env::temp_dir().join(format!("specd-arch-test-{name}-{}", std::process::id()));
     // Qwen2 and Phi-3 have no head size of their own (hidden / heads).
@@ -48,7 +49,7 @@ fn model(family: Family, config: serde_json::Value, check: fn(&LlamaConfig)) -> 
         m.batch_invariant(),
         "4-bit {name} runs on the batch-invariant kernels"
     );
-    Arc::new(m)
+    Arc::new(Pipeline::alone(m))
 }
 
 fn ids(n: usize) -> Vec<u32> {
@@ -58,7 +59,7 @@ fn ids(n: usize) -> Vec<u32> {
 /// Row r of a k-row verify is bitwise the 1-row step; a batched step gives
 /// every sequence its solo rows and caches. Positions reach past WINDOW
 /// (rotating caches wrapped where the model has a window).
-fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Llama>) {
+fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Pipeline>) {
     let ids = ids(64);
     let fresh = |cached: usize| {
         let mut t = LlamaTarget::new(m.clone());
