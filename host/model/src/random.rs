@@ -137,13 +137,15 @@ pub enum Family {
     /// Granite 3: llama with embedding, attention and residual
     /// multipliers and a logits scaling ([`GRANITE_SCALES`]).
     Granite,
+    /// SmolLM3: llama whose every 4th layer attends without rope.
+    SmolLm3,
 }
 
 /// Granite 3 2B's multipliers: embedding 12, attention 1/64 (its head
 /// size), residual 0.22, logits divided by 8.
 const GRANITE_SCALES: (f32, f32, f32, f32) = (12.0, 0.015625, 0.22, 8.0);
 
-pub const FAMILIES: [(&str, Family); 11] = [
+pub const FAMILIES: [(&str, Family); 12] = [
     ("llama", Family::Llama),
     ("llama3", Family::Llama3),
     ("qwen2", Family::Qwen2),
@@ -155,6 +157,7 @@ pub const FAMILIES: [(&str, Family); 11] = [
     ("phi4-mini", Family::Phi4Mini),
     ("qwen2-yarn", Family::Qwen2Yarn),
     ("granite", Family::Granite),
+    ("smollm3", Family::SmolLm3),
 ];
 
 /// The original context of the random long-context ropes: short, so the
@@ -182,7 +185,7 @@ impl Family {
         match self {
             Family::Phi35 | Family::Phi4Mini => Family::Phi3,
             Family::Qwen2Yarn => Family::Qwen2,
-            Family::Granite => Family::Llama,
+            Family::Granite | Family::SmolLm3 => Family::Llama,
             f => f,
         }
     }
@@ -211,6 +214,9 @@ impl Family {
         if self == Family::Granite {
             return "granite";
         }
+        if self == Family::SmolLm3 {
+            return "smollm3";
+        }
         match self.trunk() {
             Family::Llama | Family::Llama3 => "llama",
             Family::Qwen2 => "qwen2",
@@ -218,7 +224,11 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::Gemma3 => "gemma3",
             Family::Gemma2 => "gemma2",
-            Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+            Family::Phi35
+            | Family::Phi4Mini
+            | Family::Qwen2Yarn
+            | Family::Granite
+            | Family::SmolLm3 => {
                 unreachable!("not a trunk")
             }
         }
@@ -537,7 +547,11 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "sliding_window": GEMMA2_WINDOW, "attn_logit_softcapping": GEMMA2_CAPS.0,
             "final_logit_softcapping": GEMMA2_CAPS.1, "rope_scaling": null,
         }),
-        Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+        Family::Phi35
+        | Family::Phi4Mini
+        | Family::Qwen2Yarn
+        | Family::Granite
+        | Family::SmolLm3 => {
             unreachable!("not a trunk")
         }
     };
@@ -571,6 +585,15 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
         if let (Some(c), Some(g)) = (config.as_object_mut(), g.as_object()) {
             c.extend(g.clone());
         }
+    }
+    if family == Family::SmolLm3 {
+        // mlx-lm's smollm3.py: 1 ropes, 0 does not; every 4th layer is
+        // NoPE, as llama.cpp assumes for a GGUF.
+        let n = config["num_hidden_layers"].as_u64().unwrap_or(0);
+        let nope: Vec<u64> = (0..n).map(|i| u64::from((i + 1) % 4 != 0)).collect();
+        config["architectures"] = serde_json::json!(["SmolLM3ForCausalLM"]);
+        config["model_type"] = serde_json::json!("smollm3");
+        config["no_rope_layers"] = serde_json::json!(nope);
     }
     config
 }

@@ -59,6 +59,10 @@ pub struct Layer {
     /// rope (Qwen3, Gemma 3).
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
+    /// Whether q and k are rotated: false on SmolLM3's NoPE layers
+    /// ([`crate::config::LlamaConfig::no_rope_layers`]), whose q/k/v matmul
+    /// then never takes the rope folded in.
+    pub rope: bool,
     /// Which forward the layer runs.
     pub kind: LayerKind,
 }

@@ -484,6 +484,7 @@ fn build(
             o_bias: config.o_bias.then(|| bias(names.o)).transpose()?,
             q_norm: qk_norm(names.q_norm)?,
             k_norm: qk_norm(names.k_norm)?,
+            rope: !config.no_rope_layers.contains(&i),
             kind: match config.arch {
                 Arch::Gemma3 => LayerKind::Gemma3(PostNorms {
                     attn: norm(&n(names.post_attn_norm))?,
