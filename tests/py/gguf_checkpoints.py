@@ -26,6 +26,9 @@ which the test venv does not hold, so its rules are followed here with the
 - SmolLM3 (SmolLM3Model, a LlamaModel): llama's names and permutation
   and no key for its NoPE layers (llama.cpp leaves every 4th layer
   unroped);
+- OLMo 2 (Olmo2Model): `post_attention_norm`, `post_ffw_norm` (its only
+  norms), full-width `attn_q_norm`/`attn_k_norm`, q/k unpermuted (llama.cpp
+  runs it with NEOX rope);
 - q/k permutation: only `llama` (and `granite`, `smollm3`) permutes q and k (`LlamaModel.permute`, for
   llama.cpp's interleaved rope); `qwen2`/`qwen3` keep HF's rotate-half
   layout (llama.cpp runs them, and phi3, with NEOX rope);
@@ -130,7 +133,7 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
     mt = cfg["model_type"]
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
             "gemma3_text": "gemma3", "gemma2": "gemma2", "granite": "granite",
-            "smollm3": "smollm3"}[mt]
+            "smollm3": "smollm3", "olmo2": "olmo2"}[mt]
     gemma = arch in ("gemma3", "gemma2")
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") if mt != "qwen2" else None
@@ -203,7 +206,7 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
         "self_attn.o_proj": "attn_output",
         "self_attn.q_norm": "attn_q_norm",
         "self_attn.k_norm": "attn_k_norm",
-        "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+        "post_attention_layernorm": "post_attention_norm" if gemma or arch == "olmo2" else "ffn_norm",
         # Gemma 3's MLP input norm and its norm after the MLP.
         "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",

@@ -250,6 +250,13 @@ ARCHS = {
         tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
         num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], no_rope_layer_interval=4,
     ),
+    # OLMo 2 (mlx-lm's olmo2): norms after attention and the MLP, none
+    # before; q/k norms over the whole projection; an untied head.
+    "olmo2": arch(
+        "olmo2", GPT2_SPLIT, CHATML,
+        model_type="olmo2", num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=500000.0,
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+    ),
     # llama with attention_bias: biases on q, k, v and o.
     "llama-bias": arch(
         "llama", GPT2_SPLIT, CHATML,

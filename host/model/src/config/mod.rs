@@ -16,6 +16,10 @@ pub enum Arch {
     /// soft-capped attention scores and logits, `query_pre_attn_scalar`,
     /// local (even) and global (odd) layers.
     Gemma2,
+    /// OLMo 2 ([`super::olmo2`]): llama's weights with its two norms after
+    /// attention and after the MLP (none before), q/k RMS norms over the
+    /// whole projection (not per head).
+    Olmo2,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,12 +127,13 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma2",
     "granite",
     "smollm3",
+    "olmo2",
 ];
 
 /// The GGUF `general.architecture`s specd runs, as llama.cpp's converter
 /// writes them.
 pub const SUPPORTED_GGUF_ARCHS: &[&str] = &[
-    "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "granite", "smollm3",
+    "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "granite", "smollm3", "olmo2",
 ];
 
 /// Where a source keeps the shape every llama-family config states: the
@@ -357,7 +362,11 @@ impl LlamaConfig {
             (Some(t), _) => bail!("GGUF rope scaling {arch}.rope.scaling.type = {t:?} is not supported (specd runs none, linear and yarn; llama3 as rope_freqs.weight, longrope as rope_factors_long/short)"),
         };
         Ok(LlamaConfig {
-            arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
+            arch: match arch {
+                "gemma3" => Arch::Gemma3,
+                "olmo2" => Arch::Olmo2,
+                _ => Arch::Llama,
+            },
             head_dim,
             vocab_size: vocab,
             rope_theta,
@@ -390,7 +399,7 @@ impl LlamaConfig {
             },
             sliding_window_pattern: gemma.then_some(6),
             rope_local_theta: gemma.then_some(10000.0),
-            qk_norm: gemma || arch == "qwen3",
+            qk_norm: gemma || arch == "qwen3" || arch == "olmo2",
             granite: match arch {
                 "granite" => Some(GraniteScales {
                     embedding: num("embedding_scale").unwrap_or(1.0) as f32,
@@ -436,6 +445,8 @@ impl LlamaConfig {
             model_type
         };
         let qwen = model_type.starts_with("qwen");
+        // OLMo 2: llama's config; its layer differs ([`Arch::Olmo2`]).
+        let olmo2 = model_type == "olmo2";
         // Phi-3 is llama with fused q/k/v and gate/up tensors (split at
         // load, [`crate::llama::phi3`]) and a window on every layer;
         // Phi-4-mini rotates part of each head (below).
@@ -566,7 +577,8 @@ impl LlamaConfig {
             sliding_window,
             qkv_bias: model_type == "qwen2" || attention_bias,
             o_bias: model_type != "qwen2" && attention_bias,
-            qk_norm: model_type == "qwen3",
+            qk_norm: model_type == "qwen3" || olmo2,
+            arch: if olmo2 { Arch::Olmo2 } else { Arch::Llama },
             no_rope_layers,
             ..shape
         })

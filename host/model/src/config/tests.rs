@@ -346,3 +346,18 @@ fn smollm3_reads_its_no_rope_layers() {
         .no_rope_layers
         .is_empty());
 }
+
+#[test]
+fn olmo2_is_its_own_layer() {
+    let c = hf(serde_json::json!({"model_type": "olmo2"})).unwrap();
+    assert_eq!(
+        (c.arch, c.qk_norm, c.rope_traditional),
+        (Arch::Olmo2, true, false)
+    );
+    let c = gguf("olmo2", &[]).unwrap();
+    assert_eq!(c.arch, Arch::Olmo2);
+    assert!(
+        c.qk_norm && !c.rope_traditional,
+        "llama.cpp: NEOX rope, q/k unpermuted"
+    );
+}
