@@ -35,9 +35,9 @@ fn model_type_picks_the_options() {
 #[test]
 fn what_the_forward_would_get_wrong_is_an_error() {
     let err = |extra| format!("{:#}", hf(extra).unwrap_err());
-    let e = err(serde_json::json!({"model_type": "olmo2"}));
+    let e = err(serde_json::json!({"model_type": "olmo"}));
     assert!(
-        e.contains("\"olmo2\"") && e.contains("llama, mistral, qwen2, qwen3"),
+        e.contains("\"olmo\"") && e.contains("llama, mistral, qwen2, qwen3"),
         "{e}"
     );
     let e = err(serde_json::json!({"model_type": "qwen3"}));
