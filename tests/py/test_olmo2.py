@@ -10,7 +10,9 @@ from 1); the same weights as an F32 GGUF (gguf_checkpoints.py:
   mlx-lm within 1e-4 x the logit range at every position, greedy equal;
   the GGUF against the directory and against llama.cpp (all logits, F32
   KV) within 1e-3 x.
-- Greedy with `ngram` and `self:1` equals plain decoding (4-bit).
+- Greedy with `ngram` and `self:1` equals plain decoding (4-bit);
+  `random-model --arch olmo2` matches mlx-lm as a directory and runs in
+  llama.cpp and specd alike as a GGUF.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -71,3 +74,20 @@ def test_olmo2_greedy_speculation_equals_plain(models, tmp_path):
         spec, st = runs[dr]
         assert st["generated_tokens"] == 48 and st["drafted"] > 0, st
         assert spec == runs["none"][0], dr
+
+
+def test_random_olmo2_matches_mlx_lm_and_runs_in_llama_cpp(tmp_path):
+    d, path = tmp_path / "olmo2", tmp_path / "olmo2.gguf"
+    run_specd("debug", "random-model", "--arch", "olmo2", "--shape", "small", "--out", d,
+              check=True)
+    run_specd("debug", "random-model", "--arch", "olmo2", "--shape", "small", "--gguf",
+              "--out", path, check=True)
+    got, want = specd_logits(d, tmp_path), mlx_logits(d)
+    r = float(np.abs(got - want).max() / (want.max() - want.min()))
+    print(f"random olmo2 dir: specd vs mlx-lm {r:.3g} of the range")
+    assert r < MLX_TOL and (got.argmax(-1) == want.argmax(-1)).all(), r
+    got, want = specd_logits(path, tmp_path), gguf_checkpoints.llama_cpp_logits(path, IDS)
+    r = float(np.abs(got - want).max() / (want.max() - want.min()))
+    agree = (got.argmax(-1) == want.argmax(-1)).mean()
+    print(f"random olmo2 GGUF: specd vs llama.cpp {r:.3g} of the range, argmax agrees at {agree:.0%}")
+    assert r < 3e-2 and agree > 0.8, (r, agree)

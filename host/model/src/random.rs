@@ -139,13 +139,16 @@ pub enum Family {
     Granite,
     /// SmolLM3: llama whose every 4th layer attends without rope.
     SmolLm3,
+    /// OLMo 2: norms after attention and the MLP (none before), q/k norms
+    /// over the whole projection, an untied head.
+    Olmo2,
 }
 
 /// Granite 3 2B's multipliers: embedding 12, attention 1/64 (its head
 /// size), residual 0.22, logits divided by 8.
 const GRANITE_SCALES: (f32, f32, f32, f32) = (12.0, 0.015625, 0.22, 8.0);
 
-pub const FAMILIES: [(&str, Family); 12] = [
+pub const FAMILIES: [(&str, Family); 13] = [
     ("llama", Family::Llama),
     ("llama3", Family::Llama3),
     ("qwen2", Family::Qwen2),
@@ -158,6 +161,7 @@ pub const FAMILIES: [(&str, Family); 12] = [
     ("qwen2-yarn", Family::Qwen2Yarn),
     ("granite", Family::Granite),
     ("smollm3", Family::SmolLm3),
+    ("olmo2", Family::Olmo2),
 ];
 
 /// The original context of the random long-context ropes: short, so the
@@ -224,6 +228,7 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::Gemma3 => "gemma3",
             Family::Gemma2 => "gemma2",
+            Family::Olmo2 => "olmo2",
             Family::Phi35
             | Family::Phi4Mini
             | Family::Qwen2Yarn
@@ -344,7 +349,16 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
             }
         }
         let mut norms = vec![("input_layernorm", "attn_norm", d)];
-        if gemma {
+        if family == Family::Olmo2 {
+            // Its only norms: after attention and the MLP, and over the
+            // whole q and k projections.
+            norms = vec![
+                ("post_attention_layernorm", "post_attention_norm", d),
+                ("post_feedforward_layernorm", "post_ffw_norm", d),
+                ("self_attn.q_norm", "attn_q_norm", q),
+                ("self_attn.k_norm", "attn_k_norm", kv),
+            ];
+        } else if gemma {
             norms.extend([
                 ("post_attention_layernorm", "post_attention_norm", d),
                 ("pre_feedforward_layernorm", "ffn_norm", d),
@@ -377,8 +391,9 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
         0,
         Kind::Norm(12.0),
     );
-    // llama.cpp's Phi-3 graph reads an `output` tensor of its own.
-    if family == Family::Phi3 {
+    // llama.cpp's Phi-3 graph reads an `output` tensor of its own; OLMo
+    // 2's head is untied as its checkpoints' are.
+    if matches!(family, Family::Phi3 | Family::Olmo2) {
         push(
             "lm_head".into(),
             "output".into(),
@@ -539,6 +554,10 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
             "query_pre_attn_scalar": shape.head_dim, "rope_local_base_freq": 10000.0,
             "sliding_window": 512, "sliding_window_pattern": 6, "rope_scaling": null,
+        }),
+        Family::Olmo2 => serde_json::json!({
+            "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false,
         }),
         Family::Gemma2 => serde_json::json!({
             "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
