@@ -23,7 +23,13 @@ which the test venv does not hold, so its rules are followed here with the
 - Granite (GraniteModel, a LlamaModel): q/k permuted as llama's,
   `granite.embedding_scale`, `residual_scale`, `attention.scale`,
   `logit_scale` from the config's multipliers;
-- q/k permutation: only `llama` (and `granite`) permutes q and k (`LlamaModel.permute`, for
+- SmolLM3 (SmolLM3Model, a LlamaModel): llama's names and permutation
+  and no key for its NoPE layers (llama.cpp leaves every 4th layer
+  unroped);
+- OLMo 2 (Olmo2Model): `post_attention_norm`, `post_ffw_norm` (its only
+  norms), full-width `attn_q_norm`/`attn_k_norm`, q/k unpermuted (llama.cpp
+  runs it with NEOX rope);
+- q/k permutation: only `llama` (and `granite`, `smollm3`) permutes q and k (`LlamaModel.permute`, for
   llama.cpp's interleaved rope); `qwen2`/`qwen3` keep HF's rotate-half
   layout (llama.cpp runs them, and phi3, with NEOX rope);
 - metadata: `{arch}.context_length`, `embedding_length`, `block_count`,
@@ -126,7 +132,8 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
     cfg = json.loads((d / "config.json").read_text())
     mt = cfg["model_type"]
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-            "gemma3_text": "gemma3", "gemma2": "gemma2", "granite": "granite"}[mt]
+            "gemma3_text": "gemma3", "gemma2": "gemma2", "granite": "granite",
+            "smollm3": "smollm3", "olmo2": "olmo2"}[mt]
     gemma = arch in ("gemma3", "gemma2")
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") if mt != "qwen2" else None
@@ -199,7 +206,7 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
         "self_attn.o_proj": "attn_output",
         "self_attn.q_norm": "attn_q_norm",
         "self_attn.k_norm": "attn_k_norm",
-        "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+        "post_attention_layernorm": "post_attention_norm" if gemma or arch == "olmo2" else "ffn_norm",
         # Gemma 3's MLP input norm and its norm after the MLP.
         "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",
@@ -213,7 +220,7 @@ def write_gguf(d: Path, out: Path, rope_freqs: bool = True, pre: str = "gpt-2",
                 x = t.pop(f"model.layers.{i}.{hf}.{kind}", None)
                 if x is None:
                     continue
-                if arch in ("llama", "granite") and gg in ("attn_q", "attn_k"):
+                if arch in ("llama", "granite", "smollm3") and gg in ("attn_q", "attn_k"):
                     x = permute(x, heads if gg == "attn_q" else kv)
                 if gemma and gg.endswith("norm"):
                     x = x + 1  # Gemma's 1 + w, as Gemma3Model.modify_tensors adds it

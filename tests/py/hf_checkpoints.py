@@ -167,7 +167,7 @@ BASE = dict(
 def arch(module: str, split, chat, **config) -> dict:
     """An architecture under test: its mlx-lm module, its config.json (BASE
     and `config`), its tokenizer's split and chat template."""
-    return dict(module=module, config=dict(**BASE, **config), split=split, chat=chat)
+    return dict(module=module, config={**BASE, **config}, split=split, chat=chat)
 
 
 # The architectures under test.
@@ -240,6 +240,22 @@ ARCHS = {
         tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
         embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
         logits_scaling=8.0,
+    ),
+    # SmolLM3 (mlx-lm's smollm3): llama whose layers with a 0 in
+    # no_rope_layers attend without rope; four layers, the 4th NoPE (the
+    # every-4th rule llama.cpp assumes for a GGUF).
+    "smollm3": arch(
+        "smollm3", GPT2_SPLIT, CHATML,
+        model_type="smollm3", num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=5000000.0,
+        tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+        num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0], no_rope_layer_interval=4,
+    ),
+    # OLMo 2 (mlx-lm's olmo2): norms after attention and the MLP, none
+    # before; q/k norms over the whole projection; an untied head.
+    "olmo2": arch(
+        "olmo2", GPT2_SPLIT, CHATML,
+        model_type="olmo2", num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=500000.0,
+        tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
     ),
     # llama with attention_bias: biases on q, k, v and o.
     "llama-bias": arch(

@@ -5,7 +5,8 @@ The tiny random checkpoints are hf_checkpoints.py's (mlx-lm's own model
 classes, quantized as mlx-community's): Llama 3 with its `llama3` rope
 scaling (factors that bite from position ~5 on), Qwen2 (q/k/v biases),
 Qwen3 (q/k norms), Phi-3 (fused q/k/v and gate/up; a window of 16 on
-every layer here) and Gemma 3 (a window of 16 on every 2nd layer here).
+every layer here) and Gemma 3 (a window of 16 on every 2nd layer here), SmolLM3 (its 4th, last layer without rope: on
+rank 1 of two) and OLMo 2 (post-norms, full-width q/k norms).
 Gemma 2 has the same checks in test_gemma2.py.
 
 - specd's kernels against MLX's ops (`--kernels mlx`) on the same file:
@@ -29,7 +30,7 @@ import hf_checkpoints  # noqa: E402
 from test_architectures import MLX_TOL, assert_close, specd_logits  # noqa: E402
 from test_ranks import generate_ranks, generate_solo  # noqa: E402
 
-ARCHS = ["llama3", "qwen2", "qwen3", "phi3", "gemma3"]
+ARCHS = ["llama3", "qwen2", "qwen3", "phi3", "gemma3", "smollm3", "olmo2"]
 WINDOW = 16
 # Config fields each checkpoint changes: windows short enough that the
 # 96 logits positions and the generated text cross them.

@@ -137,13 +137,18 @@ pub enum Family {
     /// Granite 3: llama with embedding, attention and residual
     /// multipliers and a logits scaling ([`GRANITE_SCALES`]).
     Granite,
+    /// SmolLM3: llama whose every 4th layer attends without rope.
+    SmolLm3,
+    /// OLMo 2: norms after attention and the MLP (none before), q/k norms
+    /// over the whole projection, an untied head.
+    Olmo2,
 }
 
 /// Granite 3 2B's multipliers: embedding 12, attention 1/64 (its head
 /// size), residual 0.22, logits divided by 8.
 const GRANITE_SCALES: (f32, f32, f32, f32) = (12.0, 0.015625, 0.22, 8.0);
 
-pub const FAMILIES: [(&str, Family); 11] = [
+pub const FAMILIES: [(&str, Family); 13] = [
     ("llama", Family::Llama),
     ("llama3", Family::Llama3),
     ("qwen2", Family::Qwen2),
@@ -155,6 +160,8 @@ pub const FAMILIES: [(&str, Family); 11] = [
     ("phi4-mini", Family::Phi4Mini),
     ("qwen2-yarn", Family::Qwen2Yarn),
     ("granite", Family::Granite),
+    ("smollm3", Family::SmolLm3),
+    ("olmo2", Family::Olmo2),
 ];
 
 /// The original context of the random long-context ropes: short, so the
@@ -182,7 +189,7 @@ impl Family {
         match self {
             Family::Phi35 | Family::Phi4Mini => Family::Phi3,
             Family::Qwen2Yarn => Family::Qwen2,
-            Family::Granite => Family::Llama,
+            Family::Granite | Family::SmolLm3 => Family::Llama,
             f => f,
         }
     }
@@ -211,6 +218,9 @@ impl Family {
         if self == Family::Granite {
             return "granite";
         }
+        if self == Family::SmolLm3 {
+            return "smollm3";
+        }
         match self.trunk() {
             Family::Llama | Family::Llama3 => "llama",
             Family::Qwen2 => "qwen2",
@@ -218,7 +228,12 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::Gemma3 => "gemma3",
             Family::Gemma2 => "gemma2",
-            Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+            Family::Olmo2 => "olmo2",
+            Family::Phi35
+            | Family::Phi4Mini
+            | Family::Qwen2Yarn
+            | Family::Granite
+            | Family::SmolLm3 => {
                 unreachable!("not a trunk")
             }
         }
@@ -334,7 +349,16 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
             }
         }
         let mut norms = vec![("input_layernorm", "attn_norm", d)];
-        if gemma {
+        if family == Family::Olmo2 {
+            // Its only norms: after attention and the MLP, and over the
+            // whole q and k projections.
+            norms = vec![
+                ("post_attention_layernorm", "post_attention_norm", d),
+                ("post_feedforward_layernorm", "post_ffw_norm", d),
+                ("self_attn.q_norm", "attn_q_norm", q),
+                ("self_attn.k_norm", "attn_k_norm", kv),
+            ];
+        } else if gemma {
             norms.extend([
                 ("post_attention_layernorm", "post_attention_norm", d),
                 ("pre_feedforward_layernorm", "ffn_norm", d),
@@ -367,8 +391,9 @@ fn parts(shape: Shape, family: Family) -> Vec<Part> {
         0,
         Kind::Norm(12.0),
     );
-    // llama.cpp's Phi-3 graph reads an `output` tensor of its own.
-    if family == Family::Phi3 {
+    // llama.cpp's Phi-3 graph reads an `output` tensor of its own; OLMo
+    // 2's head is untied as its checkpoints' are.
+    if matches!(family, Family::Phi3 | Family::Olmo2) {
         push(
             "lm_head".into(),
             "output".into(),
@@ -530,6 +555,10 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "query_pre_attn_scalar": shape.head_dim, "rope_local_base_freq": 10000.0,
             "sliding_window": 512, "sliding_window_pattern": 6, "rope_scaling": null,
         }),
+        Family::Olmo2 => serde_json::json!({
+            "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false,
+        }),
         Family::Gemma2 => serde_json::json!({
             "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
             "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
@@ -537,7 +566,11 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
             "sliding_window": GEMMA2_WINDOW, "attn_logit_softcapping": GEMMA2_CAPS.0,
             "final_logit_softcapping": GEMMA2_CAPS.1, "rope_scaling": null,
         }),
-        Family::Phi35 | Family::Phi4Mini | Family::Qwen2Yarn | Family::Granite => {
+        Family::Phi35
+        | Family::Phi4Mini
+        | Family::Qwen2Yarn
+        | Family::Granite
+        | Family::SmolLm3 => {
             unreachable!("not a trunk")
         }
     };
@@ -571,6 +604,15 @@ fn hf_config(shape: Shape, family: Family, seed: u64) -> serde_json::Value {
         if let (Some(c), Some(g)) = (config.as_object_mut(), g.as_object()) {
             c.extend(g.clone());
         }
+    }
+    if family == Family::SmolLm3 {
+        // mlx-lm's smollm3.py: 1 ropes, 0 does not; every 4th layer is
+        // NoPE, as llama.cpp assumes for a GGUF.
+        let n = config["num_hidden_layers"].as_u64().unwrap_or(0);
+        let nope: Vec<u64> = (0..n).map(|i| u64::from((i + 1) % 4 != 0)).collect();
+        config["architectures"] = serde_json::json!(["SmolLM3ForCausalLM"]);
+        config["model_type"] = serde_json::json!("smollm3");
+        config["no_rope_layers"] = serde_json::json!(nope);
     }
     config
 }

@@ -16,6 +16,10 @@ pub enum Arch {
     /// soft-capped attention scores and logits, `query_pre_attn_scalar`,
     /// local (even) and global (odd) layers.
     Gemma2,
+    /// OLMo 2 ([`super::olmo2`]): llama's weights with its two norms after
+    /// attention and after the MLP (none before), q/k RMS norms over the
+    /// whole projection (not per head).
+    Olmo2,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,6 +91,11 @@ pub struct LlamaConfig {
     /// Granite 3's multipliers (`None`: a plain llama).
     #[serde(default)]
     pub granite: Option<GraniteScales>,
+    /// The layers whose attention runs without rope (SmolLM3's NoPE
+    /// layers: HF `no_rope_layers` entries 0; in a GGUF every 4th layer,
+    /// llama.cpp's fixed `n_no_rope_layer_step`). Empty: every layer ropes.
+    #[serde(default)]
+    pub no_rope_layers: Vec<usize>,
 }
 
 /// Granite 3's scales (mlx-lm's granite.py; GGUF `granite.embedding_scale`,
@@ -117,12 +126,14 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gemma3_text",
     "gemma2",
     "granite",
+    "smollm3",
+    "olmo2",
 ];
 
 /// The GGUF `general.architecture`s specd runs, as llama.cpp's converter
 /// writes them.
 pub const SUPPORTED_GGUF_ARCHS: &[&str] = &[
-    "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "granite",
+    "llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "granite", "smollm3", "olmo2",
 ];
 
 /// Where a source keeps the shape every llama-family config states: the
@@ -146,6 +157,36 @@ const HF_SHAPE: ShapeKeys = ShapeKeys {
     ffn: "intermediate_size",
     eps: "rms_norm_eps",
 };
+
+/// SmolLM3's layers without rope from its config.json (mlx-lm's
+/// smollm3.py): `no_rope_layers`, one entry a layer, 1 ropes and 0 does
+/// not; without it, every `no_rope_layer_interval`-th layer (default 4).
+fn smollm3_no_rope_layers(v: &serde_json::Value, layers: usize) -> Result<Vec<usize>> {
+    if let Some(list) = v["no_rope_layers"].as_array() {
+        if list.len() != layers {
+            bail!(
+                "config.json's no_rope_layers has {} entries for {layers} layers",
+                list.len()
+            );
+        }
+        let mut out = Vec::new();
+        for (i, e) in list.iter().enumerate() {
+            match e.as_u64() {
+                Some(0) => out.push(i),
+                Some(1) => {}
+                _ => bail!("config.json's no_rope_layers[{i}] = {e} is not 0 or 1"),
+            }
+        }
+        return Ok(out);
+    }
+    let step = match &v["no_rope_layer_interval"] {
+        serde_json::Value::Null => 4,
+        n => n.as_u64().filter(|&n| n > 0).with_context(|| {
+            format!("config.json's no_rope_layer_interval {n} is not a positive integer")
+        })? as usize,
+    };
+    Ok((0..layers).filter(|i| (i + 1) % step == 0).collect())
+}
 
 impl LlamaConfig {
     /// Gemma 3's embedding scale: sqrt(hidden) rounded to bfloat16 (mlx-lm:
@@ -222,6 +263,7 @@ impl LlamaConfig {
             rope_dims: None,
             rope_attn_factor: None,
             granite: None,
+            no_rope_layers: Vec::new(),
         })
     }
 
@@ -320,12 +362,25 @@ impl LlamaConfig {
             (Some(t), _) => bail!("GGUF rope scaling {arch}.rope.scaling.type = {t:?} is not supported (specd runs none, linear and yarn; llama3 as rope_freqs.weight, longrope as rope_factors_long/short)"),
         };
         Ok(LlamaConfig {
-            arch: if gemma { Arch::Gemma3 } else { Arch::Llama },
+            arch: match arch {
+                "gemma3" => Arch::Gemma3,
+                "olmo2" => Arch::Olmo2,
+                _ => Arch::Llama,
+            },
             head_dim,
             vocab_size: vocab,
             rope_theta,
-            // llama.cpp's converter permutes q/k of llama and Granite.
-            rope_traditional: arch == "llama" || arch == "granite",
+            // llama.cpp's converter permutes q/k of llama, Granite and
+            // SmolLM3 (its LlamaModel subclasses).
+            rope_traditional: matches!(arch, "llama" | "granite" | "smollm3"),
+            // SmolLM3: llama.cpp reads no key for its NoPE layers; every
+            // 4th layer ((i + 1) % 4 == 0) skips the rope.
+            no_rope_layers: match arch {
+                "smollm3" => (0..shape.num_hidden_layers)
+                    .filter(|i| (i + 1) % 4 == 0)
+                    .collect(),
+                _ => Vec::new(),
+            },
             qkv_bias: arch == "qwen2",
             max_position_embeddings: context,
             rope_freq_factors,
@@ -344,7 +399,7 @@ impl LlamaConfig {
             },
             sliding_window_pattern: gemma.then_some(6),
             rope_local_theta: gemma.then_some(10000.0),
-            qk_norm: gemma || arch == "qwen3",
+            qk_norm: gemma || arch == "qwen3" || arch == "olmo2",
             granite: match arch {
                 "granite" => Some(GraniteScales {
                     embedding: num("embedding_scale").unwrap_or(1.0) as f32,
@@ -390,6 +445,8 @@ impl LlamaConfig {
             model_type
         };
         let qwen = model_type.starts_with("qwen");
+        // OLMo 2: llama's config; its layer differs ([`Arch::Olmo2`]).
+        let olmo2 = model_type == "olmo2";
         // Phi-3 is llama with fused q/k/v and gate/up tensors (split at
         // load, [`crate::llama::phi3`]) and a window on every layer;
         // Phi-4-mini rotates part of each head (below).
@@ -444,6 +501,10 @@ impl LlamaConfig {
             _ => None,
         };
         let attention_bias = flag("attention_bias")?;
+        let no_rope_layers = match model_type {
+            "smollm3" => smollm3_no_rope_layers(&v, shape.num_hidden_layers)?,
+            _ => Vec::new(),
+        };
         let granite = match model_type {
             "granite" => {
                 let f = |k: &str| -> Result<f32> {
@@ -516,7 +577,9 @@ impl LlamaConfig {
             sliding_window,
             qkv_bias: model_type == "qwen2" || attention_bias,
             o_bias: model_type != "qwen2" && attention_bias,
-            qk_norm: model_type == "qwen3",
+            qk_norm: model_type == "qwen3" || olmo2,
+            arch: if olmo2 { Arch::Olmo2 } else { Arch::Llama },
+            no_rope_layers,
             ..shape
         })
     }

@@ -35,9 +35,9 @@ fn model_type_picks_the_options() {
 #[test]
 fn what_the_forward_would_get_wrong_is_an_error() {
     let err = |extra| format!("{:#}", hf(extra).unwrap_err());
-    let e = err(serde_json::json!({"model_type": "olmo2"}));
+    let e = err(serde_json::json!({"model_type": "olmo"}));
     assert!(
-        e.contains("\"olmo2\"") && e.contains("llama, mistral, qwen2, qwen3"),
+        e.contains("\"olmo\"") && e.contains("llama, mistral, qwen2, qwen3"),
         "{e}"
     );
     let e = err(serde_json::json!({"model_type": "qwen3"}));
@@ -308,4 +308,56 @@ fn llama3_scaling_becomes_frequency_factors() {
     assert_eq!(f.len(), 16, "one per rotated pair of the 32-wide heads");
     assert_eq!((f[0], f[15]), (1.0, 32.0));
     assert_eq!(hf(serde_json::json!({})).unwrap().rope_freq_factors, None);
+}
+
+#[test]
+fn smollm3_reads_its_no_rope_layers() {
+    let c = hf(
+        serde_json::json!({"model_type": "smollm3", "num_hidden_layers": 8,
+        "no_rope_layers": [1, 0, 1, 1, 1, 1, 1, 0]}),
+    )
+    .unwrap();
+    assert_eq!(c.no_rope_layers, vec![1, 7]);
+    let c = hf(serde_json::json!({"model_type": "smollm3", "num_hidden_layers": 8})).unwrap();
+    assert_eq!(
+        c.no_rope_layers,
+        vec![3, 7],
+        "unsaid: every 4th (mlx-lm's interval)"
+    );
+    let c = hf(
+        serde_json::json!({"model_type": "smollm3", "num_hidden_layers": 6,
+        "no_rope_layer_interval": 2}),
+    )
+    .unwrap();
+    assert_eq!(c.no_rope_layers, vec![1, 3, 5]);
+    let e = hf(serde_json::json!({"model_type": "smollm3", "no_rope_layers": [1, 1, 0]}));
+    assert!(format!("{:#}", e.unwrap_err()).contains("3 entries for 2 layers"));
+    let e = hf(serde_json::json!({"model_type": "smollm3", "no_rope_layers": [1, 2]}));
+    assert!(format!("{:#}", e.unwrap_err()).contains("no_rope_layers[1]"));
+    assert!(hf(serde_json::json!({"no_rope_layers": [1, 0]}))
+        .unwrap()
+        .no_rope_layers
+        .is_empty());
+    let c = gguf("smollm3", &[("block_count", "9")]).unwrap();
+    assert!(c.rope_traditional, "llama.cpp permutes SmolLM3's q/k");
+    assert_eq!(c.no_rope_layers, vec![3, 7], "llama.cpp's every 4th layer");
+    assert!(gguf("llama", &[("block_count", "9")])
+        .unwrap()
+        .no_rope_layers
+        .is_empty());
+}
+
+#[test]
+fn olmo2_is_its_own_layer() {
+    let c = hf(serde_json::json!({"model_type": "olmo2"})).unwrap();
+    assert_eq!(
+        (c.arch, c.qk_norm, c.rope_traditional),
+        (Arch::Olmo2, true, false)
+    );
+    let c = gguf("olmo2", &[]).unwrap();
+    assert_eq!(c.arch, Arch::Olmo2);
+    assert!(
+        c.qk_norm && !c.rope_traditional,
+        "llama.cpp: NEOX rope, q/k unpermuted"
+    );
 }

@@ -149,9 +149,10 @@ impl Llama {
 
     /// The packed q/k/v matmul of layer `l` where the rope folds into it
     /// and the fused attention kernel takes its output: specd's kernels,
-    /// packed weights, nothing (bias, q/k norm) between matmul and rope.
+    /// packed weights, nothing (bias, q/k norm) between matmul and rope,
+    /// and a rope to fold (not a NoPE layer: that op always rotates).
     pub(super) fn fused_qkv<'a>(&self, l: &'a Layer) -> Option<&'a QuantizedWeight> {
-        let plain = l.qkv_bias.is_none() && l.q_norm.is_none() && self.rope_folds();
+        let plain = l.rope && l.qkv_bias.is_none() && l.q_norm.is_none() && self.rope_folds();
         match &l.qkv {
             Some(Linear::Quantized(f)) if plain && self.own_kernels && f.packed.is_some() => {
                 Some(f)

@@ -94,9 +94,15 @@ impl Llama {
             for (cache, (a, n)) in seqs.iter_mut() {
                 let (a, n) = (*a, *n);
                 let offset = cache.offset() as i32;
-                // Rope per sequence, at its own positions.
-                let qs = self.rope_heads(&part(&q, a, n)?, nh, offset)?;
-                let ks = self.rope_heads(&part(&k, a, n)?, nkv, offset)?;
+                // Rope per sequence, at its own positions (none on a NoPE
+                // layer).
+                let (qs, ks) = match l.rope {
+                    true => (
+                        self.rope_heads(&part(&q, a, n)?, nh, offset)?,
+                        self.rope_heads(&part(&k, a, n)?, nkv, offset)?,
+                    ),
+                    false => (heads(&part(&q, a, n)?, nh)?, heads(&part(&k, a, n)?, nkv)?),
+                };
                 let vs = heads(&part(&v, a, n)?, nkv)?;
                 probe("rope", &[&qs, &ks])?;
                 let (kc, vc) = cache.update(&ks, &vs)?;

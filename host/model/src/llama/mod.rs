@@ -22,6 +22,7 @@ pub mod flags;
 pub mod gemma2;
 pub mod gemma3;
 pub mod layer;
+pub mod olmo2;
 pub mod phi3;
 pub mod rope;
 
@@ -59,6 +60,10 @@ pub struct Layer {
     /// rope (Qwen3, Gemma 3).
     pub q_norm: Option<Array>,
     pub k_norm: Option<Array>,
+    /// Whether q and k are rotated: false on SmolLM3's NoPE layers
+    /// ([`crate::config::LlamaConfig::no_rope_layers`]), whose q/k/v matmul
+    /// then never takes the rope folded in.
+    pub rope: bool,
     /// Which forward the layer runs.
     pub kind: LayerKind,
 }
@@ -75,6 +80,10 @@ pub enum LayerKind {
     /// Gemma 2 ([`gemma2`]): Gemma 3's post-norms and GeGLU, no q/k norms,
     /// soft-capped attention.
     Gemma2(PostNorms),
+    /// OLMo 2 ([`olmo2`]): the layer's `attn_norm` and `ffn_norm` applied
+    /// after attention and the MLP (none before), q/k norms over the whole
+    /// projection, attention per sequence.
+    Olmo2,
 }
 
 #[derive(Clone)]
@@ -213,6 +222,7 @@ impl Llama {
                 LayerKind::Llama => self.llama_layer(i, layer, &x, &mut parts, probe)?,
                 LayerKind::Gemma3(p) => gemma3::layer(self, i, layer, p, &x, &mut parts, probe)?,
                 LayerKind::Gemma2(p) => gemma2::layer(self, i, layer, p, &x, &mut parts, probe)?,
+                LayerKind::Olmo2 => olmo2::layer(self, i, layer, &x, &mut parts, probe)?,
             };
         }
         taps.offer(range.end, &x);

@@ -484,6 +484,7 @@ fn build(
             o_bias: config.o_bias.then(|| bias(names.o)).transpose()?,
             q_norm: qk_norm(names.q_norm)?,
             k_norm: qk_norm(names.k_norm)?,
+            rope: !config.no_rope_layers.contains(&i),
             kind: match config.arch {
                 Arch::Gemma3 => LayerKind::Gemma3(PostNorms {
                     attn: norm(&n(names.post_attn_norm))?,
@@ -493,6 +494,7 @@ fn build(
                     attn: norm(&n(names.post_attn_norm))?,
                     ffn: norm(&n(names.post_ffn_norm))?,
                 }),
+                Arch::Olmo2 => LayerKind::Olmo2,
                 Arch::Llama => LayerKind::Llama,
             },
         });
@@ -577,8 +579,13 @@ fn check_shapes(m: &Llama) -> Result<()> {
         want_vec(&name("mlp norm"), &Some(l.ffn_norm.clone()), d)?;
         want_vec(&name("q/k/v bias"), &l.qkv_bias, nq + 2 * nk)?;
         want_vec(&name("o bias"), &l.o_bias, d)?;
-        want_vec(&name("q norm"), &l.q_norm, hd)?;
-        want_vec(&name("k norm"), &l.k_norm, hd)?;
+        // OLMo 2 norms the whole projection, the others each head.
+        let (qn, kn) = match c.arch {
+            Arch::Olmo2 => (nq, nk),
+            _ => (hd, hd),
+        };
+        want_vec(&name("q norm"), &l.q_norm, qn)?;
+        want_vec(&name("k norm"), &l.k_norm, kn)?;
     }
     Ok(())
 }
@@ -660,6 +667,22 @@ const GEMMA3_HF_NAMES: Names = Names {
     ..HF_NAMES
 };
 
+/// OLMo 2's names (mlx-lm's olmo2.py; llama.cpp's `LLM_ARCH_OLMO2`): its
+/// layer has no norm before attention or the MLP, only after them; those
+/// two are read into the layer's `attn_norm` and `ffn_norm`, which
+/// [`crate::llama::olmo2`] applies to attention's and the MLP's outputs.
+const OLMO2_HF_NAMES: Names = Names {
+    attn_norm: "post_attention_layernorm",
+    ffn_norm: "post_feedforward_layernorm",
+    ..HF_NAMES
+};
+
+const OLMO2_GGUF_NAMES: Names = Names {
+    attn_norm: "post_attention_norm",
+    ffn_norm: "post_ffw_norm",
+    ..GGUF_NAMES
+};
+
 /// Whether a tensor belongs to the layers `part` (or, outside any layer,
 /// to the part that starts at layer 0).
 fn in_part(part: &Option<Range<usize>>, name: &str) -> bool {
@@ -687,10 +710,14 @@ pub fn load_gguf_model(path: &Path, mode: WeightMode, part: Option<Range<usize>>
         config.rope_freq_factors = Some(f);
     }
     let mut t = t;
-    split_fused(&mut t, &config, GGUF_NAMES.layer_prefix)?;
-    fold_attn_factor(&mut t, &config, &GGUF_NAMES)?;
-    fold_granite(&mut t, &config, &GGUF_NAMES)?;
-    build(config, &t, &GGUF_NAMES, part)
+    let names = match config.arch {
+        Arch::Olmo2 => &OLMO2_GGUF_NAMES,
+        _ => &GGUF_NAMES,
+    };
+    split_fused(&mut t, &config, names.layer_prefix)?;
+    fold_attn_factor(&mut t, &config, names)?;
+    fold_granite(&mut t, &config, names)?;
+    build(config, &t, names, part)
         .with_context(|| format!("building the model from {}", path.display()))
 }
 
@@ -725,6 +752,7 @@ pub fn load_hf_model(dir: &Path, mode: WeightMode, part: Option<Range<usize>>) -
     let names = match config.arch {
         // Gemma 2's HF names are Gemma 3's.
         Arch::Gemma3 | Arch::Gemma2 => &GEMMA3_HF_NAMES,
+        Arch::Olmo2 => &OLMO2_HF_NAMES,
         Arch::Llama => &HF_NAMES,
     };
     split_fused(&mut t, &config, names.layer_prefix)?;

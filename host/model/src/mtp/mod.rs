@@ -659,6 +659,7 @@ impl Tensors {
             o_bias: None,
             q_norm: None,
             k_norm: None,
+            rope: true,
             kind: LayerKind::Llama,
         })
     }

@@ -1,0 +1,93 @@
+"""OLMo 2 (`olmo2`): llama's weights with norms after attention and after
+the MLP (none before them) and q/k RMS norms over the whole projection.
+
+A tiny random checkpoint (hf_checkpoints.py, mlx-lm's olmo2, norms away
+from 1); the same weights as an F32 GGUF (gguf_checkpoints.py:
+`post_attention_norm`, `post_ffw_norm`, full-width `attn_q_norm` /
+`attn_k_norm`, q/k unpermuted).
+
+- The HF directory (float32 and MLX 4-bit, both kernel paths) against
+  mlx-lm within 1e-4 x the logit range at every position, greedy equal;
+  the GGUF against the directory and against llama.cpp (all logits, F32
+  KV) within 1e-3 x.
+- Greedy with `ngram` and `self:1` equals plain decoding (4-bit);
+  `random-model --arch olmo2` matches mlx-lm as a directory and runs in
+  llama.cpp and specd alike as a GGUF.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gguf_checkpoints  # noqa: E402
+import hf_checkpoints  # noqa: E402
+from test_architectures import (  # noqa: E402
+    IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, specd_logits)
+from test_foundation import run_specd  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("olmo2")
+    w = hf_checkpoints.write_checkpoint
+    out = {
+        "olmo2": w(root / "olmo2", "olmo2"),
+        "olmo2-4bit": w(root / "olmo2-4bit", "olmo2", quantize=dict(group_size=64, bits=4)),
+    }
+    out["olmo2.gguf"] = gguf_checkpoints.write_gguf(out["olmo2"], root / "olmo2.gguf")
+    return out
+
+
+def test_olmo2_matches_mlx_lm_gguf_and_llama_cpp(models, tmp_path):
+    d, path = models["olmo2"], models["olmo2.gguf"]
+    hf = specd_logits(d, tmp_path)
+    assert_close("olmo2 HF dir vs mlx-lm", hf, mlx_logits(d), MLX_TOL)
+    got = specd_logits(path, tmp_path)
+    assert_close("olmo2 GGUF vs HF dir", got, hf, MLX_TOL)
+    assert_close("olmo2 GGUF vs llama.cpp", got, gguf_checkpoints.llama_cpp_logits(path, IDS),
+                 LLAMA_CPP_TOL)
+
+
+@pytest.mark.parametrize("kernels", ["specd", "mlx"])
+def test_olmo2_4bit_matches_mlx_lm(models, tmp_path, kernels):
+    d = models["olmo2-4bit"]
+    assert_close(f"olmo2 4-bit ({kernels})", specd_logits(d, tmp_path, kernels), mlx_logits(d),
+                 MLX_TOL)
+
+
+def test_olmo2_greedy_speculation_equals_plain(models, tmp_path):
+    runs = {}
+    for dr in ["none", "ngram", "self:1"]:
+        stats = tmp_path / f"{dr}.json"
+        p = run_specd("generate", "--model", models["olmo2-4bit"], "--max-tokens", 48,
+                      "--drafter", dr, "--stats-json", stats,
+                      "the fox and the dog and the fox and the", check=True)
+        runs[dr] = (p.stdout, json.loads(stats.read_text()))
+    for dr in ["ngram", "self:1"]:
+        spec, st = runs[dr]
+        assert st["generated_tokens"] == 48 and st["drafted"] > 0, st
+        assert spec == runs["none"][0], dr
+
+
+def test_random_olmo2_matches_mlx_lm_and_runs_in_llama_cpp(tmp_path):
+    d, path = tmp_path / "olmo2", tmp_path / "olmo2.gguf"
+    run_specd("debug", "random-model", "--arch", "olmo2", "--shape", "small", "--out", d,
+              check=True)
+    run_specd("debug", "random-model", "--arch", "olmo2", "--shape", "small", "--gguf",
+              "--out", path, check=True)
+    got, want = specd_logits(d, tmp_path), mlx_logits(d)
+    r = float(np.abs(got - want).max() / (want.max() - want.min()))
+    print(f"random olmo2 dir: specd vs mlx-lm {r:.3g} of the range")
+    assert r < MLX_TOL and (got.argmax(-1) == want.argmax(-1)).all(), r
+    got, want = specd_logits(path, tmp_path), gguf_checkpoints.llama_cpp_logits(path, IDS)
+    r = float(np.abs(got - want).max() / (want.max() - want.min()))
+    agree = (got.argmax(-1) == want.argmax(-1)).mean()
+    print(f"random olmo2 GGUF: specd vs llama.cpp {r:.3g} of the range, argmax agrees at {agree:.0%}")
+    assert r < 3e-2 and agree > 0.8, (r, agree)
