@@ -208,3 +208,24 @@ fn gemma2_verify_rows_are_the_one_row_steps_and_a_batch_its_solo_rows() {
     );
     verify_rows_are_steps_and_a_batch_its_solo_rows(m);
 }
+
+#[test]
+fn smollm3_verify_rows_are_the_one_row_steps_and_a_batch_its_solo_rows() {
+    // The middle layer without rope (the unfused path) between roped ones.
+    let m = model(
+        Family::SmolLm3,
+        serde_json::json!({"no_rope_layers": [1, 0, 1]}),
+        |c| assert_eq!(c.no_rope_layers, [1], "SmolLM3's layer without rope"),
+    );
+    verify_rows_are_steps_and_a_batch_its_solo_rows(m);
+}
+
+#[test]
+fn olmo2_verify_rows_are_the_one_row_steps_and_a_batch_its_solo_rows() {
+    // Its own layer kind: post-norms, q/k norms over the whole projection.
+    let m = model(Family::Olmo2, serde_json::json!({}), |c| {
+        assert_eq!(c.arch, Arch::Olmo2);
+        assert!(c.qk_norm, "OLMo 2's q/k norms");
+    });
+    verify_rows_are_steps_and_a_batch_its_solo_rows(m);
+}
