@@ -258,25 +258,33 @@ def test_requests_share_steps_and_keep_their_solo_tokens(models, start_server, n
         return r.json()
 
     solo = [generate(i) for i in range(len(MIX))]
-    together: list = [None] * len(MIX)
-    barrier = threading.Barrier(len(MIX))
 
-    def run(i: int) -> None:
-        barrier.wait()
-        together[i] = generate(i)
+    def together_once() -> list:
+        together: list = [None] * len(MIX)
+        barrier = threading.Barrier(len(MIX))
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(MIX))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    for i, (alone, batched) in enumerate(zip(solo, together)):
-        assert batched is not None, f"request {i} did not finish"
-        assert batched["context"] == alone["context"], f"request {i} ({MIX[i][1]}) changed in a batch"
-    shared = [r["speculation"]["batch_steps"] for r in together]
-    print(f"{name}: batch steps {shared}")
-    # Requests released together share steps; on a loaded machine one of
-    # them may reach the server after the others' few tokens are done, so
-    # the batched path is asked of two of them at least (the tokens above
-    # are the check).
+        def run(i: int) -> None:
+            barrier.wait()
+            together[i] = generate(i)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(MIX))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        for i, (alone, batched) in enumerate(zip(solo, together)):
+            assert batched is not None, f"request {i} did not finish"
+            assert batched["context"] == alone["context"], f"request {i} ({MIX[i][1]}) changed in a batch"
+        return [r["speculation"]["batch_steps"] for r in together]
+
+    # Requests released together share steps, but a tiny model's few tokens
+    # can be done before the next request reaches the server (seen both on
+    # a loaded machine and on an idle one): the release is tried up to
+    # five times for two requests to share a step; every try checks the
+    # tokens.
+    for _ in range(5):
+        shared = together_once()
+        print(f"{name}: batch steps {shared}")
+        if sum(s > 0 for s in shared) >= 2:
+            break
     assert sum(s > 0 for s in shared) >= 2, shared
