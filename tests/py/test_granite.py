@@ -17,7 +17,6 @@ q/k permuted, `granite.embedding_scale`, `residual_scale`,
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ sys.path.insert(0, str(HERE))
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from test_architectures import (  # noqa: E402
+    assert_greedy_speculation_is_plain,
     IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, rel_diff, specd_logits)
 from test_foundation import run_specd  # noqa: E402
 
@@ -70,17 +70,7 @@ def test_granite_4bit_matches_mlx_lm(models, tmp_path, kernels):
 
 
 def test_granite_greedy_speculation_equals_plain(models, tmp_path):
-    runs = {}
-    for dr in ["none", "ngram", "self:1"]:
-        stats = tmp_path / f"{dr}.json"
-        p = run_specd("generate", "--model", models["granite-4bit"], "--max-tokens", 48,
-                      "--drafter", dr, "--stats-json", stats,
-                      "the fox and the dog and the fox and the", check=True)
-        runs[dr] = (p.stdout, json.loads(stats.read_text()))
-    for dr in ["ngram", "self:1"]:
-        spec, st = runs[dr]
-        assert st["generated_tokens"] == 48 and st["drafted"] > 0, st
-        assert spec == runs["none"][0], dr
+    assert_greedy_speculation_is_plain(models["granite-4bit"], tmp_path, "granite-4bit")
 
 
 def test_random_granite_gguf_runs_in_specd_and_llama_cpp(tmp_path):

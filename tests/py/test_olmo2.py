@@ -16,7 +16,6 @@ from 1); the same weights as an F32 GGUF (gguf_checkpoints.py:
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ sys.path.insert(0, str(HERE))
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from test_architectures import (  # noqa: E402
+    assert_greedy_speculation_is_plain,
     IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, specd_logits)
 from test_foundation import run_specd  # noqa: E402
 
@@ -63,17 +63,7 @@ def test_olmo2_4bit_matches_mlx_lm(models, tmp_path, kernels):
 
 
 def test_olmo2_greedy_speculation_equals_plain(models, tmp_path):
-    runs = {}
-    for dr in ["none", "ngram", "self:1"]:
-        stats = tmp_path / f"{dr}.json"
-        p = run_specd("generate", "--model", models["olmo2-4bit"], "--max-tokens", 48,
-                      "--drafter", dr, "--stats-json", stats,
-                      "the fox and the dog and the fox and the", check=True)
-        runs[dr] = (p.stdout, json.loads(stats.read_text()))
-    for dr in ["ngram", "self:1"]:
-        spec, st = runs[dr]
-        assert st["generated_tokens"] == 48 and st["drafted"] > 0, st
-        assert spec == runs["none"][0], dr
+    assert_greedy_speculation_is_plain(models["olmo2-4bit"], tmp_path, "olmo2-4bit")
 
 
 def test_random_olmo2_matches_mlx_lm_and_runs_in_llama_cpp(tmp_path):

@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE))
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from test_architectures import (  # noqa: E402
+    assert_greedy_speculation_is_plain,
     IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, rel_diff, specd_logits)
 from test_foundation import run_specd  # noqa: E402
 
@@ -113,17 +114,7 @@ def test_phi4_mini_4bit_matches_mlx_lm(models, tmp_path, kernels):
 
 
 def test_phi4_mini_greedy_speculation_equals_plain(models, tmp_path):
-    runs = {}
-    for dr in ["none", "ngram", "self:1"]:
-        stats = tmp_path / f"{dr}.json"
-        p = run_specd("generate", "--model", models["phi4-mini-4bit"], "--max-tokens", 48,
-                      "--drafter", dr, "--stats-json", stats,
-                      "the fox and the dog and the fox and the", check=True)
-        runs[dr] = (p.stdout, json.loads(stats.read_text()))
-    for dr in ["ngram", "self:1"]:
-        spec, st = runs[dr]
-        assert st["generated_tokens"] == 48 and st["drafted"] > 0, st
-        assert spec == runs["none"][0], dr
+    assert_greedy_speculation_is_plain(models["phi4-mini-4bit"], tmp_path, "phi4-mini-4bit")
 
 
 @pytest.mark.parametrize("arch", ["phi3.5", "phi4-mini", "qwen2-yarn"])
