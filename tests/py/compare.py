@@ -61,3 +61,51 @@ def assert_logits_close(name, ids, got, want, atol, near_tie):
     assert diff.max() < atol, f"max |logit diff| {diff.max():.3g} >= {atol}"
     if top2[1] - top2[0] >= near_tie:
         assert got.argmax() == want.argmax()
+
+
+def assert_batched_equals_solo(url, model, mix, *, need, tries=5, timeout=300):
+    """Each (prompt, options) of `mix` alone, then all released together
+    through `url`'s /api/generate: every request of a release gets exactly
+    its solo tokens, and at least `need` of them shared a batched step.
+
+    A tiny model's few tokens can be done before the next request reaches
+    the server (seen on a loaded machine and an idle one alike), so the
+    release is tried up to `tries` times for `need` requests to share a
+    step; every try checks the tokens. Returns each request's shared steps
+    of the last try."""
+    import threading
+
+    import httpx
+
+    def generate(i):
+        prompt, options = mix[i]
+        r = httpx.post(url + "/api/generate", timeout=timeout,
+                       json={"model": model, "prompt": prompt, "raw": True, "stream": False,
+                             "options": {"temperature": 0, **options}})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    solo = [generate(i) for i in range(len(mix))]
+    for _ in range(tries):
+        together = [None] * len(mix)
+        barrier = threading.Barrier(len(mix))
+
+        def run(i):
+            barrier.wait()
+            together[i] = generate(i)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(mix))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=2 * timeout)
+        for i, (alone, batched) in enumerate(zip(solo, together)):
+            assert batched is not None, f"request {i} did not finish"
+            assert batched["context"] == alone["context"], f"request {i} ({mix[i][1]}) changed in a batch"
+            assert batched["speculation"]["policy_failure"] is None, batched["speculation"]
+        shared = [r["speculation"]["batch_steps"] for r in together]
+        print(f"batch steps {shared}")
+        if sum(s > 0 for s in shared) >= need:
+            break
+    assert sum(s > 0 for s in shared) >= need, shared
+    return shared

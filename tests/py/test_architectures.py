@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -37,6 +35,7 @@ sys.path.insert(0, str(HERE))
 
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
+from compare import assert_batched_equals_solo  # noqa: E402
 from test_foundation import run_specd  # noqa: E402
 
 MLX_TOL = 1e-4  # x the logit range, as test_hf_models.py
@@ -254,43 +253,4 @@ def test_requests_share_steps_and_keep_their_solo_tokens(models, start_server, n
     at each row's own position; Phi-3's split tensors; Gemma 3's windows)
     gives every request its solo tokens."""
     server = start_server("--model", str(models[name]))
-
-    def generate(i: int) -> dict:
-        prompt, options = MIX[i]
-        r = httpx.post(server.url + "/api/generate", timeout=300,
-                       json={"model": "default", "prompt": prompt, "raw": True, "stream": False,
-                             "options": {"temperature": 0, **options}})
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    solo = [generate(i) for i in range(len(MIX))]
-
-    def together_once() -> list:
-        together: list = [None] * len(MIX)
-        barrier = threading.Barrier(len(MIX))
-
-        def run(i: int) -> None:
-            barrier.wait()
-            together[i] = generate(i)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(MIX))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
-        for i, (alone, batched) in enumerate(zip(solo, together)):
-            assert batched is not None, f"request {i} did not finish"
-            assert batched["context"] == alone["context"], f"request {i} ({MIX[i][1]}) changed in a batch"
-        return [r["speculation"]["batch_steps"] for r in together]
-
-    # Requests released together share steps, but a tiny model's few tokens
-    # can be done before the next request reaches the server (seen both on
-    # a loaded machine and on an idle one): the release is tried up to
-    # five times for two requests to share a step; every try checks the
-    # tokens.
-    for _ in range(5):
-        shared = together_once()
-        print(f"{name}: batch steps {shared}")
-        if sum(s > 0 for s in shared) >= 2:
-            break
-    assert sum(s > 0 for s in shared) >= 2, shared
+    assert_batched_equals_solo(server.url, "default", MIX, need=2)

@@ -16,10 +16,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -31,7 +29,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import reference_gemma3  # noqa: E402
-from compare import assert_logits_close, assert_same_greedy, mlx_lm_greedy  # noqa: E402
+from compare import (  # noqa: E402
+    assert_batched_equals_solo, assert_logits_close, assert_same_greedy, mlx_lm_greedy,
+)
 from specd_paths import GEMMA  # noqa: E402
 from specd_paths import run as specd  # noqa: E402
 
@@ -230,31 +230,4 @@ def test_gemma_requests_share_steps_and_keep_their_solo_tokens(start_server, gem
     continuous-batching step: concurrent requests share steps and each gets
     exactly its solo tokens."""
     server = start_server("--model", GEMMA)
-
-    def generate(i: int) -> dict:
-        prompt, options = GEMMA_MIX[i]
-        r = httpx.post(server.url + "/api/generate", timeout=300,
-                       json={"model": GEMMA, "prompt": prompt, "raw": True, "stream": False,
-                             "options": {"temperature": 0, **options}})
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    solo = [generate(i) for i in range(len(GEMMA_MIX))]
-    together: list = [None] * len(GEMMA_MIX)
-    barrier = threading.Barrier(len(GEMMA_MIX))
-
-    def run(i: int) -> None:
-        barrier.wait()
-        together[i] = generate(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(GEMMA_MIX))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    for i, (alone, batched) in enumerate(zip(solo, together)):
-        assert batched is not None, f"request {i} did not finish"
-        assert batched["context"] == alone["context"], f"request {i} ({GEMMA_MIX[i][1]}) changed in a batch"
-        assert batched["speculation"]["policy_failure"] is None
-    shared = [r["speculation"]["batch_steps"] for r in together]
-    assert all(s > 0 for s in shared), shared
+    assert_batched_equals_solo(server.url, GEMMA, GEMMA_MIX, need=len(GEMMA_MIX), timeout=600)

@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE))
 
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
+from compare import assert_batched_equals_solo  # noqa: E402
 from test_architectures import (  # noqa: E402
     IDS, LLAMA_CPP_TOL, MIX, MLX_TOL, assert_close, mlx_logits, rel_diff, specd_logits,
 )
@@ -149,39 +150,8 @@ def test_gemma2_on_two_ranks_equals_one(models, tmp_path):
 def test_gemma2_requests_share_steps_and_keep_their_solo_tokens(models, start_server):
     """The batched step over Gemma 2's windowed and global layers (4-bit,
     specd's kernels) gives every request its solo tokens."""
-    import threading
-
-    import httpx
-
     server = start_server("--model", str(models["gemma2-swa-4bit"]))
-
-    def generate(i: int) -> dict:
-        prompt, options = MIX[i]
-        r = httpx.post(server.url + "/api/generate", timeout=300,
-                       json={"model": "default", "prompt": prompt, "raw": True, "stream": False,
-                             "options": {"temperature": 0, **options}})
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    solo = [generate(i) for i in range(len(MIX))]
-    together: list = [None] * len(MIX)
-    barrier = threading.Barrier(len(MIX))
-
-    def run(i: int) -> None:
-        barrier.wait()
-        together[i] = generate(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(MIX))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    for i, (alone, batched) in enumerate(zip(solo, together)):
-        assert batched is not None, f"request {i} did not finish"
-        assert batched["context"] == alone["context"], f"request {i} ({MIX[i][1]}) changed in a batch"
-    shared = [r["speculation"]["batch_steps"] for r in together]
-    print(f"gemma2: batch steps {shared}")
-    assert sum(s > 0 for s in shared) >= 2, shared
+    assert_batched_equals_solo(server.url, "default", MIX, need=2)
 
 
 def test_gemma2_random_gguf_runs_in_specd_and_llama_cpp(tmp_path):

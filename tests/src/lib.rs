@@ -115,6 +115,59 @@ pub fn assert_step_as_solo(
     );
 }
 
+/// A batched step planned per sequence as (tokens cached before it, rows
+/// in it, logits wanted), sequence `i` reading `ids` from `start(i)`: each
+/// gets bitwise the rows and caches of its solo run
+/// ([`assert_step_as_solo`]). A plan without logits is a prefill.
+pub fn assert_batch_as_solo(
+    model: &std::sync::Arc<specd::model::ranks::Pipeline>,
+    ids: &[u32],
+    plan: &[(usize, usize, Option<specd::model::Logits>)],
+    start: impl Fn(usize) -> usize,
+) {
+    use specd::model::Logits;
+    use specd::speculation::target::{forward_batch, StepRows};
+    use specd::speculation::{LlamaTarget, Target};
+    let seq = |i: usize| &ids[start(i)..];
+    let fresh = |i: usize| {
+        let mut t = LlamaTarget::new(model.clone());
+        if plan[i].0 > 0 {
+            t.prefill(&seq(i)[..plan[i].0]).unwrap();
+        }
+        t
+    };
+    let rows = |i: usize| &seq(i)[plan[i].0..plan[i].0 + plan[i].1];
+    let next = |i: usize| seq(i)[plan[i].0 + plan[i].1];
+    let (mut solo, mut solo_next) = (Vec::new(), Vec::new());
+    for (i, &(_, _, which)) in plan.iter().enumerate() {
+        let mut t = fresh(i);
+        match which {
+            Some(w) => solo.push(t.forward(rows(i), w == Logits::All).unwrap()),
+            None => {
+                t.prefill(rows(i)).unwrap();
+                solo.push(Vec::new());
+            }
+        }
+        solo_next.push(t.forward(&[next(i)], false).unwrap());
+    }
+    let mut targets: Vec<LlamaTarget> = (0..plan.len()).map(fresh).collect();
+    let mut parts: Vec<StepRows<'_>> = targets
+        .iter_mut()
+        .enumerate()
+        .map(|(i, t)| StepRows {
+            target: t,
+            tokens: rows(i),
+            logits: plan[i].2,
+        })
+        .collect();
+    let batched = forward_batch(model, &mut parts).unwrap();
+    drop(parts);
+    for (i, t) in targets.iter_mut().enumerate() {
+        let (c, n, _) = plan[i];
+        assert_step_as_solo(i, t, c + n, &batched[i], &solo[i], next(i), &solo_next[i]);
+    }
+}
+
 /// The chi-square statistic of a 2 x C table (two samples' counts over the
 /// same categories) and its degrees of freedom. Categories are the tokens
 /// both samples together drew at least `min` times; the rest are pooled.

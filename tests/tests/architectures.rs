@@ -7,9 +7,8 @@
 use specd::model::random::{self, Family, Shape};
 use specd::model::ranks::Pipeline;
 use specd::model::{Arch, LlamaConfig, Logits, WeightMode};
-use specd::speculation::target::{forward_batch, StepRows};
 use specd::speculation::{LlamaTarget, Target};
-use specd_tests::{assert_step_as_solo, bits};
+use specd_tests::{assert_batch_as_solo, bits};
 use std::sync::Arc;
 
 const WINDOW: usize = 8;
@@ -96,45 +95,7 @@ fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Pipeline>) {
         (0, 9, None),
         (WINDOW - 3, 6, Some(Logits::All)),
     ];
-    let start = |i: usize| 3 * i;
-    let seq = |i: usize| &ids[start(i)..];
-    let fresh = |i: usize| {
-        let mut t = LlamaTarget::new(m.clone());
-        if plan[i].0 > 0 {
-            t.prefill(&seq(i)[..plan[i].0]).unwrap();
-        }
-        t
-    };
-    let rows = |i: usize| &seq(i)[plan[i].0..plan[i].0 + plan[i].1];
-    let next = |i: usize| seq(i)[plan[i].0 + plan[i].1];
-    let (mut solo, mut solo_next) = (Vec::new(), Vec::new());
-    for (i, &(_, _, which)) in plan.iter().enumerate() {
-        let mut t = fresh(i);
-        match which {
-            Some(w) => solo.push(t.forward(rows(i), w == Logits::All).unwrap()),
-            None => {
-                t.prefill(rows(i)).unwrap();
-                solo.push(Vec::new());
-            }
-        }
-        solo_next.push(t.forward(&[next(i)], false).unwrap());
-    }
-    let mut targets: Vec<LlamaTarget> = (0..plan.len()).map(fresh).collect();
-    let mut parts: Vec<StepRows<'_>> = targets
-        .iter_mut()
-        .enumerate()
-        .map(|(i, t)| StepRows {
-            target: t,
-            tokens: rows(i),
-            logits: plan[i].2,
-        })
-        .collect();
-    let batched = forward_batch(&m, &mut parts).unwrap();
-    drop(parts);
-    for (i, t) in targets.iter_mut().enumerate() {
-        let (c, n, _) = plan[i];
-        assert_step_as_solo(i, t, c + n, &batched[i], &solo[i], next(i), &solo_next[i]);
-    }
+    assert_batch_as_solo(&m, &ids, &plan, |i| 3 * i);
 }
 
 #[test]

@@ -9,9 +9,7 @@ use specd::model::Logits;
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
 use specd::sequence::Finished;
-use specd::speculation::target::{forward_batch, StepRows};
-use specd::speculation::{LlamaTarget, Target};
-use specd_tests::{assert_step_as_solo, gemma_engine, GROUNDED};
+use specd_tests::{assert_batch_as_solo, gemma_engine, GROUNDED};
 
 /// Prompt tokens: with the output, past the 512-token window by far.
 const PROMPT_TOKENS: usize = 560;
@@ -100,44 +98,5 @@ fn a_batched_step_gives_every_gemma_sequence_its_solo_rows_bitwise() {
         (0, 9, None),
         (window - 4, 9, Some(Logits::All)),
     ];
-    let start = |i: usize| 7 * i;
-    let fresh = |i: usize| {
-        let mut t = LlamaTarget::new(e.model.clone());
-        t.prefill(&ids[start(i)..start(i) + plan[i].0]).unwrap();
-        t
-    };
-    let rows = |i: usize| {
-        let (c, n, _) = plan[i];
-        &ids[start(i) + c..start(i) + c + n]
-    };
-    let next = |i: usize| ids[start(i) + plan[i].0 + plan[i].1];
-    let mut solo = Vec::new();
-    let mut solo_next = Vec::new();
-    for (i, &(_, _, which)) in plan.iter().enumerate() {
-        let mut t = fresh(i);
-        match which {
-            Some(w) => solo.push(t.forward(rows(i), w == Logits::All).unwrap()),
-            None => {
-                t.prefill(rows(i)).unwrap();
-                solo.push(Vec::new());
-            }
-        }
-        solo_next.push(t.forward(&[next(i)], false).unwrap());
-    }
-    let mut targets: Vec<LlamaTarget> = (0..plan.len()).map(fresh).collect();
-    let mut parts: Vec<StepRows<'_>> = targets
-        .iter_mut()
-        .enumerate()
-        .map(|(i, t)| StepRows {
-            target: t,
-            tokens: rows(i),
-            logits: plan[i].2,
-        })
-        .collect();
-    let batched = forward_batch(&e.model, &mut parts).unwrap();
-    drop(parts);
-    for (i, t) in targets.iter_mut().enumerate() {
-        let (c, n, _) = plan[i];
-        assert_step_as_solo(i, t, c + n, &batched[i], &solo[i], next(i), &solo_next[i]);
-    }
+    assert_batch_as_solo(&e.model, &ids, &plan, |i| 7 * i);
 }
