@@ -31,7 +31,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -41,9 +40,10 @@ import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from compare import assert_batched_equals_solo  # noqa: E402
 from test_architectures import (  # noqa: E402
-    IDS, LLAMA_CPP_TOL, MIX, MLX_TOL, assert_close, mlx_logits, rel_diff, specd_logits,
+    IDS, LLAMA_CPP_TOL, MIX, MLX_TOL, assert_close, assert_greedy_speculation_is_plain,
+    assert_random_checkpoint, mlx_logits, rel_diff,
+    specd_logits,
 )
-from test_foundation import run_specd  # noqa: E402
 
 def config_copy(src: Path, dst: Path, **changes) -> Path:
     """`src` with config.json's fields changed (the same weights)."""
@@ -118,19 +118,7 @@ def test_gemma2_window_gguf_matches_hf_dir_and_llama_cpp(models, tmp_path):
 
 @pytest.mark.parametrize("name", ["gemma2-swa-4bit", "gemma2-swa.gguf"])
 def test_gemma2_greedy_speculation_equals_plain(models, tmp_path, name):
-    runs = {}
-    for dr in ["none", "ngram", "self:1"]:
-        stats = tmp_path / f"{dr}.json"
-        p = run_specd("generate", "--model", models[name], "--max-tokens", 48, "--drafter", dr,
-                      "--stats-json", stats, "the fox and the dog and the fox and the", check=True)
-        runs[dr] = (p.stdout, json.loads(stats.read_text()))
-    plain = runs["none"][0]
-    for dr in ["ngram", "self:1"]:
-        spec, st = runs[dr]
-        print(f"{name} {dr}: {st['drafted']} drafted, {st['accepted']} accepted")
-        assert st["generated_tokens"] == 48, st
-        assert st["drafted"] > 0, st
-        assert spec == plain, dr
+    assert_greedy_speculation_is_plain(models[name], tmp_path, name)
 
 
 def test_gemma2_on_two_ranks_equals_one(models, tmp_path):
@@ -156,18 +144,6 @@ def test_gemma2_requests_share_steps_and_keep_their_solo_tokens(models, start_se
 
 def test_gemma2_random_gguf_runs_in_specd_and_llama_cpp(tmp_path):
     """`random-model --arch gemma2 --gguf` (Q4_1, Q8_0 embedding, the caps
-    and window in its metadata) is what llama.cpp reads as Gemma 2: the two
-    engines agree within 3% of the logit range (llama.cpp's Q4_1 matmuls
-    round activations to 8 bits); the HF directory runs in specd."""
-    path = tmp_path / "gemma2.gguf"
-    run_specd("debug", "random-model", "--arch", "gemma2", "--gguf", "--out", path, check=True)
-    run_specd("debug", "random-model", "--arch", "gemma2", "--out", tmp_path / "gemma2", check=True)
-    got = specd_logits(path, tmp_path)
-    want = gguf_checkpoints.llama_cpp_logits(path, IDS)
-    r = rel_diff(got, want)
-    agree = (got.argmax(-1) == want.argmax(-1)).mean()
-    print(f"random gemma2 GGUF: specd vs llama.cpp {r:.3g} of the range, argmax agrees at {agree:.0%}")
-    assert r < 3e-2, r
-    assert agree > 0.8, agree
-    hf = specd_logits(tmp_path / "gemma2", tmp_path)
-    assert hf.shape == got.shape
+    and window in its metadata) is what llama.cpp reads as Gemma 2
+    (test_architectures.assert_random_checkpoint)."""
+    assert_random_checkpoint("gemma2", tmp_path)

@@ -28,9 +28,8 @@ sys.path.insert(0, str(HERE))
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from test_architectures import (  # noqa: E402
-    assert_greedy_speculation_is_plain,
+    assert_greedy_speculation_is_plain, assert_random_checkpoint,
     IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, rel_diff, specd_logits)
-from test_foundation import run_specd  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +73,4 @@ def test_granite_greedy_speculation_equals_plain(models, tmp_path):
 
 
 def test_random_granite_gguf_runs_in_specd_and_llama_cpp(tmp_path):
-    path = tmp_path / "granite.gguf"
-    run_specd("debug", "random-model", "--arch", "granite", "--gguf", "--out", path, check=True)
-    run_specd("debug", "random-model", "--arch", "granite", "--out", tmp_path / "granite", check=True)
-    got = specd_logits(path, tmp_path)
-    want = gguf_checkpoints.llama_cpp_logits(path, IDS)
-    r = rel_diff(got, want)
-    agree = (got.argmax(-1) == want.argmax(-1)).mean()
-    print(f"random granite GGUF: specd vs llama.cpp {r:.3g} of the range, argmax agrees at {agree:.0%}")
-    assert r < 3e-2 and agree > 0.8, (r, agree)
-    assert specd_logits(tmp_path / "granite", tmp_path).shape == got.shape
+    assert_random_checkpoint("granite", tmp_path)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -28,9 +27,8 @@ sys.path.insert(0, str(HERE))
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from test_architectures import (  # noqa: E402
-    assert_greedy_speculation_is_plain,
+    assert_greedy_speculation_is_plain, assert_random_checkpoint,
     IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, specd_logits)
-from test_foundation import run_specd  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -67,17 +65,4 @@ def test_olmo2_greedy_speculation_equals_plain(models, tmp_path):
 
 
 def test_random_olmo2_matches_mlx_lm_and_runs_in_llama_cpp(tmp_path):
-    d, path = tmp_path / "olmo2", tmp_path / "olmo2.gguf"
-    run_specd("debug", "random-model", "--arch", "olmo2", "--shape", "small", "--out", d,
-              check=True)
-    run_specd("debug", "random-model", "--arch", "olmo2", "--shape", "small", "--gguf",
-              "--out", path, check=True)
-    got, want = specd_logits(d, tmp_path), mlx_logits(d)
-    r = float(np.abs(got - want).max() / (want.max() - want.min()))
-    print(f"random olmo2 dir: specd vs mlx-lm {r:.3g} of the range")
-    assert r < MLX_TOL and (got.argmax(-1) == want.argmax(-1)).all(), r
-    got, want = specd_logits(path, tmp_path), gguf_checkpoints.llama_cpp_logits(path, IDS)
-    r = float(np.abs(got - want).max() / (want.max() - want.min()))
-    agree = (got.argmax(-1) == want.argmax(-1)).mean()
-    print(f"random olmo2 GGUF: specd vs llama.cpp {r:.3g} of the range, argmax agrees at {agree:.0%}")
-    assert r < 3e-2 and agree > 0.8, (r, agree)
+    assert_random_checkpoint("olmo2", tmp_path, shape="small", against_mlx_lm=True)

@@ -34,9 +34,8 @@ sys.path.insert(0, str(HERE))
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from test_architectures import (  # noqa: E402
-    assert_greedy_speculation_is_plain,
+    assert_greedy_speculation_is_plain, assert_random_checkpoint,
     IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, rel_diff, specd_logits)
-from test_foundation import run_specd  # noqa: E402
 
 ORIGINAL = 32
 SCALED = ["phi3.5", "phi4-mini", "qwen2-yarn", "qwen3-yarn"]
@@ -120,15 +119,5 @@ def test_phi4_mini_greedy_speculation_equals_plain(models, tmp_path):
 @pytest.mark.parametrize("arch", ["phi3.5", "phi4-mini", "qwen2-yarn"])
 def test_random_long_rope_gguf_runs_in_specd_and_llama_cpp(tmp_path, arch):
     """`random-model --arch ... --gguf` (Q4_1) is what llama.cpp reads as
-    that model: within 3% of the logit range, as test_architectures holds
-    the other random GGUFs (llama.cpp rounds activations to 8 bits)."""
-    path = tmp_path / f"{arch}.gguf"
-    run_specd("debug", "random-model", "--arch", arch, "--gguf", "--out", path, check=True)
-    run_specd("debug", "random-model", "--arch", arch, "--out", tmp_path / arch, check=True)
-    got = specd_logits(path, tmp_path)
-    want = gguf_checkpoints.llama_cpp_logits(path, IDS)
-    r = rel_diff(got, want)
-    agree = (got.argmax(-1) == want.argmax(-1)).mean()
-    print(f"random {arch} GGUF: specd vs llama.cpp {r:.3g} of the range, argmax agrees at {agree:.0%}")
-    assert r < 3e-2 and agree > 0.8, (r, agree)
-    assert specd_logits(tmp_path / arch, tmp_path).shape == got.shape
+    that model (test_architectures.assert_random_checkpoint)."""
+    assert_random_checkpoint(arch, tmp_path)

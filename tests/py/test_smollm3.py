@@ -24,7 +24,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -33,9 +32,8 @@ sys.path.insert(0, str(HERE))
 import gguf_checkpoints  # noqa: E402
 import hf_checkpoints  # noqa: E402
 from test_architectures import (  # noqa: E402
-    assert_greedy_speculation_is_plain,
+    assert_greedy_speculation_is_plain, assert_random_checkpoint,
     IDS, LLAMA_CPP_TOL, MLX_TOL, assert_close, mlx_logits, rel_diff, specd_logits)
-from test_foundation import run_specd  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -86,18 +84,5 @@ def test_smollm3_greedy_speculation_equals_plain(models, tmp_path):
 
 def test_random_smollm3_matches_mlx_lm_and_runs_in_llama_cpp(tmp_path):
     # `small`: 4 layers, so the 4th is NoPE.
-    d, path = tmp_path / "smollm3", tmp_path / "smollm3.gguf"
-    run_specd("debug", "random-model", "--arch", "smollm3", "--shape", "small", "--out", d,
-              check=True)
-    run_specd("debug", "random-model", "--arch", "smollm3", "--shape", "small", "--gguf",
-              "--out", path, check=True)
-    assert json.loads((d / "config.json").read_text())["no_rope_layers"] == [1, 1, 1, 0]
-    got, want = specd_logits(d, tmp_path), mlx_logits(d)
-    r = float(np.abs(got - want).max() / (want.max() - want.min()))
-    print(f"random smollm3 dir: specd vs mlx-lm {r:.3g} of the range")
-    assert r < MLX_TOL and (got.argmax(-1) == want.argmax(-1)).all(), r
-    got, want = specd_logits(path, tmp_path), gguf_checkpoints.llama_cpp_logits(path, IDS)
-    r = float(np.abs(got - want).max() / (want.max() - want.min()))
-    agree = (got.argmax(-1) == want.argmax(-1)).mean()
-    print(f"random smollm3 GGUF: specd vs llama.cpp {r:.3g} of the range, argmax agrees at {agree:.0%}")
-    assert r < 3e-2 and agree > 0.8, (r, agree)
+    assert_random_checkpoint("smollm3", tmp_path, shape="small", against_mlx_lm=True)
+    assert json.loads((tmp_path / "smollm3" / "config.json").read_text())["no_rope_layers"] == [1, 1, 1, 0]
