@@ -188,6 +188,57 @@ def test_gemma3_window_crossing_matches_mlx_lm_and_llama_cpp(models, tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# Mistral: a window on every layer
+
+
+def mlx_lm_windowed_llama(d: Path) -> np.ndarray:
+    """mlx-lm's llama with every layer windowed at the config's
+    `sliding_window`: it windows only layers that `layer_types` names
+    `sliding_attention` and needs one `full_attention` entry to build, so
+    the last layer is built full and then switched to the window mask."""
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    mx.set_default_device(mx.cpu)
+    cfg = json.loads((d / "config.json").read_text())
+    n = cfg["num_hidden_layers"]
+    types = ["sliding_attention"] * (n - 1) + ["full_attention"]
+    model, _ = load_model(Path(d), model_config={"layer_types": types})
+    model.model.layers[-1].use_sliding = True
+    model.set_dtype(mx.float32)
+    out = model(mx.array(IDS)[None])[0].astype(mx.float32)
+    mx.eval(out)
+    return np.array(out, dtype=np.float64)
+
+
+def test_mistral_window_crossing_matches_mlx_lm_and_gguf_follows_llama_cpp(tmp_path):
+    """A Mistral directory (`sliding_window` 16, every layer) over 96
+    positions: specd against mlx-lm's llama with every layer windowed, on
+    both kernel paths, float32 and 4-bit; without the window the logits move far more. A
+    `llama` GGUF has no window key that llama.cpp reads (its llama graph
+    attends to the whole context), so the same weights as a GGUF run
+    without one in specd too, as in llama.cpp."""
+    d = hf_checkpoints.write_checkpoint(tmp_path / "mistral-swa", "mistral", sliding_window=16)
+    want = mlx_lm_windowed_llama(d)
+    for kernels in ["specd", "mlx"]:
+        assert_close(f"mistral window ({kernels}) vs mlx-lm", specd_logits(d, tmp_path, kernels),
+                     want, MLX_TOL)
+    wide = mlx_logits(d)  # mlx-lm's llama without layer_types: no window
+    print(f"mistral: the window moves mlx-lm's logits by {rel_diff(wide, want):.3g} of the range")
+    assert rel_diff(wide, want) > 30 * MLX_TOL, rel_diff(wide, want)
+    # 4-bit: specd's windowed kernels (float32 runs on MLX's ops).
+    q = hf_checkpoints.write_checkpoint(tmp_path / "mistral-swa-4bit", "mistral", sliding_window=16,
+                                        quantize=dict(group_size=64, bits=4))
+    assert_close("mistral window 4-bit vs mlx-lm", specd_logits(q, tmp_path),
+                 mlx_lm_windowed_llama(q), MLX_TOL)
+    path = gguf_checkpoints.write_gguf(d, tmp_path / "mistral.gguf")
+    got = specd_logits(path, tmp_path)
+    assert_close("mistral GGUF vs llama.cpp", got, gguf_checkpoints.llama_cpp_logits(path, IDS),
+                 LLAMA_CPP_TOL)
+    assert_close("mistral GGUF vs mlx-lm without a window", got, wide, MLX_TOL)
+
+
+# ---------------------------------------------------------------------------
 # speculation keeps the tokens
 
 
