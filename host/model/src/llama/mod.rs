@@ -26,6 +26,7 @@ pub mod olmo2;
 pub mod phi3;
 pub mod rope;
 
+pub use self::attention::{AttnOp, QkNorm};
 pub(crate) use self::batch::SeqSpan;
 pub use self::batch::{ids, no_probe, spans, Logits, Outputs, Probe, Seq, Taps, Unembedded, Want};
 pub use self::flags::ForwardFlags;
@@ -84,6 +85,16 @@ pub enum LayerKind {
     /// after attention and the MLP (none before), q/k norms over the whole
     /// projection, attention per sequence.
     Olmo2,
+}
+
+impl LayerKind {
+    /// How the kind norms q and k where its layers have q/k norms.
+    pub fn qk_norm(&self) -> QkNorm {
+        match self {
+            LayerKind::Olmo2 => QkNorm::Whole,
+            _ => QkNorm::Heads,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -220,8 +231,12 @@ impl Llama {
                 .collect();
             x = match &layer.kind {
                 LayerKind::Llama => self.llama_layer(i, layer, &x, &mut parts, probe)?,
-                LayerKind::Gemma3(p) => gemma3::layer(self, i, layer, p, &x, &mut parts, probe)?,
-                LayerKind::Gemma2(p) => gemma2::layer(self, i, layer, p, &x, &mut parts, probe)?,
+                LayerKind::Gemma3(p) => {
+                    gemma3::layer(self, i, layer, p, AttnOp::Plain, &x, &mut parts, probe)?
+                }
+                LayerKind::Gemma2(p) => {
+                    gemma3::layer(self, i, layer, p, AttnOp::Capped, &x, &mut parts, probe)?
+                }
                 LayerKind::Olmo2 => olmo2::layer(self, i, layer, &x, &mut parts, probe)?,
             };
         }
