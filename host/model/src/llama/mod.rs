@@ -6,10 +6,14 @@
 //! over the rows asked for). A lone request is a batch of one.
 //!
 //! One layer implementation per architecture kind ([`LayerKind`]): the
-//! llama family ([`layer`]) and Gemma 3 ([`gemma3`]); each picks its fused
-//! ops from the weights and the [`ForwardFlags`] set once at load. Adding
-//! an architecture is a file with its layer and an arm in
-//! [`Llama::layers`]' match. Where the layers run across pipeline ranks is
+//! llama family ([`layer`]), Gemma 2 and 3 ([`gemma3`], with Gemma 2's
+//! capped attention op from [`gemma2`]) and OLMo 2 ([`olmo2`]); each picks
+//! its fused ops from the weights and the [`ForwardFlags`] set once at
+//! load. Where attention runs per sequence, every kind runs the one path
+//! [`Llama::attend_each`] with its op ([`AttnOp`]) and rope base; the
+//! q/k/v rows come from [`Llama::qkv_rows`] with the kind's q/k norm
+//! ([`QkNorm`]). Adding an architecture is a file with its layer and an
+//! arm in [`Llama::layers`]' match. Where the layers run across pipeline ranks is
 //! not the model's business: `crate::ranks::Pipeline` wraps it.
 //!
 //! Two weight paths: quantized (the file's 4/8-bit blocks kept as they are,
