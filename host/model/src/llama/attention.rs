@@ -105,7 +105,6 @@ impl Llama {
     /// through the layer's window. Every layer kind's per-sequence path
     /// (and an EAGLE-3 head's layer) runs it, so each sequence's rows are
     /// those of a forward of it alone. Returns `[1, T, heads * head_dim]`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attend_each(
         &self,
         i: usize,
