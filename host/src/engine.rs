@@ -6,7 +6,7 @@ use crate::cache::{PrefixCache, SuffixCorpus};
 use crate::load::Switches;
 use crate::model::mtp::MtpHead;
 use crate::model::ranks::Pipeline;
-use crate::model::{load_model_with, ModelFormat, WeightMode};
+use crate::model::{load_model_part, ModelFormat, WeightMode};
 use crate::options::{
     DrafterSpec, SpecOptions, DEFAULT_DRAFT_MAX, DEFAULT_SCHEDULE, MAX_DRAFT_MAX,
 };
@@ -58,7 +58,8 @@ pub struct Engine {
     pub suffix: Arc<Mutex<SuffixCorpus>>,
     /// How the weights are held (`--weights`).
     pub weights: WeightMode,
-    /// Which of two implementations some steps take ([`Engine::set_switches`]).
+    /// Which of two implementations some steps take: given at load, the
+    /// models' forward flags for their life ([`Switches::flags`]).
     pub switches: Switches,
     /// The pipeline group whose rank 0 this engine's model is, if any.
     pub ranks: Option<Arc<Joined>>,
@@ -98,14 +99,15 @@ pub fn load_tokenizer(path: &Path, format: ModelFormat) -> Result<Tokenizer> {
 
 impl Engine {
     /// Loads `path` in this process alone, its weights (and any draft
-    /// model's) held as `weights`.
+    /// model's) held as `weights`, its models running `switches`.
     pub fn load(
         name: &str,
         path: &Path,
         policies: Arc<PolicyHost>,
         weights: WeightMode,
+        switches: Switches,
     ) -> Result<Engine> {
-        Engine::load_on(name, path, policies, weights, None)
+        Engine::load_on(name, path, policies, weights, switches, None)
     }
 
     /// [`Engine::load`] as rank 0 of `ranks` (when it shares the model
@@ -115,17 +117,19 @@ impl Engine {
         path: &Path,
         policies: Arc<PolicyHost>,
         weights: WeightMode,
+        switches: Switches,
         ranks: Option<Arc<Joined>>,
     ) -> Result<Engine> {
         let ranks = ranks.filter(|j| j.pipelined());
         let (model, format) = match &ranks {
             Some(j) => {
                 let part = j.split.ranges[0].clone();
-                let (m, f) = crate::model::load_model_part(path, weights, Some(part))?;
+                let flags = switches.flags();
+                let (m, f) = load_model_part(path, weights, Some(part), flags)?;
                 (j.attach(m), f)
             }
             None => {
-                let (m, f) = load_model_with(path, weights)?;
+                let (m, f) = load_model_part(path, weights, None, switches.flags())?;
                 (Pipeline::alone(m), f)
             }
         };
@@ -164,31 +168,15 @@ impl Engine {
             prefix: Mutex::new(PrefixCache::new(PREFIX_CACHE_BYTES)),
             suffix: Arc::new(Mutex::new(SuffixCorpus::new(SUFFIX_CORPUS_BYTES))),
             weights,
-            switches: Switches::default(),
+            switches,
             ranks,
         })
     }
 
-    /// Sets the switches of this engine and its models; before it serves
-    /// (a model already shared is an error).
-    pub fn set_switches(&mut self, switches: Switches) -> Result<()> {
-        for m in std::iter::once(&mut self.model).chain(self.drafts.values_mut()) {
-            let m = Arc::get_mut(m).context("switches are set before the engine serves")?;
-            switches.apply(m);
-        }
-        if let Some(d) = &self.model.downstream {
-            // The remote caches count the KV bytes the switches make.
-            d.set_token_bytes(self.model.kv_bytes_per_token() / self.model.layer_count().max(1));
-        }
-        self.switches = switches;
-        Ok(())
-    }
-
     /// Registers a draft model (it must share the tokenizer's vocabulary).
     pub fn add_draft_model(&mut self, name: &str, path: &Path) -> Result<()> {
-        let (mut m, _) = load_model_with(path, self.weights)
+        let (m, _) = load_model_part(path, self.weights, None, self.switches.flags())
             .with_context(|| format!("loading draft model {name}"))?;
-        self.switches.apply(&mut m);
         if m.config.vocab_size != self.model.config.vocab_size {
             bail!(
                 "draft model {name} has vocabulary {} but the target has {}",

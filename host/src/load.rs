@@ -1,7 +1,7 @@
 //! How a model is loaded: what every command that loads one takes from the
 //! global flags (the CLI and the server alike). A leaf: it knows the model
 //! crate only, so the engine and the pipeline ranks both read it.
-use crate::model::{ForwardFlags, Llama};
+use crate::model::ForwardFlags;
 
 /// The global flags a model is loaded with.
 #[derive(Debug, Clone, Copy)]
@@ -42,17 +42,13 @@ impl Default for Switches {
 }
 
 impl Switches {
-    /// The forward's switches (a model's, set once before it is shared).
+    /// The forward's switches, which a model is loaded with
+    /// (`specd_model::load_model_part`) and runs for its life.
     pub fn flags(&self) -> ForwardFlags {
         ForwardFlags {
             kv_rows: self.kv_rows,
             fused_tail: self.fused_tail,
             kv_half: self.kv_f16,
         }
-    }
-
-    /// Sets the switches a model reads on `model` (before it is shared).
-    pub fn apply(&self, model: &mut Llama) {
-        model.flags = self.flags();
     }
 }

@@ -167,6 +167,9 @@ impl Joined {
                 per_layer,
             ))
         });
+        // The remote caches count the KV bytes this model's flags make
+        // (the link may have been made for an earlier model).
+        d.set_token_bytes(per_layer);
         // Off only to measure what micro-batches give (bench_ranks.py).
         let halves = std::env::var("SPECD_RANK_MICRO_BATCHES").as_deref() != Ok("0");
         d.micro_batches.store(halves, Ordering::Relaxed);
@@ -193,9 +196,9 @@ impl Joined {
     pub fn run_stage(&self, path: &Path, load: &Load) -> Result<()> {
         let rank = self.group.rank;
         let part = self.split.ranges[rank].clone();
-        let (mut model, _) = load_model_part(path, load.weights, Some(part))
+        let flags = load.switches.flags();
+        let (model, _) = load_model_part(path, load.weights, Some(part), flags)
             .with_context(|| format!("rank {rank}: loading its layers of {}", path.display()))?;
-        load.switches.apply(&mut model);
         specd_mlx::memory::clear_cache();
         self.report(&model);
         // A launcher passes Ctrl-C / SIGTERM to every rank: this one ends when

@@ -25,29 +25,32 @@ pub fn int8_engine() -> MutexGuard<'static, Engine> {
 /// The default model with 16-bit KV caches (`--kv-f16 on`).
 pub fn f16_kv_engine() -> MutexGuard<'static, Engine> {
     static E: OnceLock<Mutex<Engine>> = OnceLock::new();
-    let m = E.get_or_init(|| {
-        let mut e = load_default(specd::model::WeightMode::default());
-        e.set_switches(specd::load::Switches {
-            kv_f16: true,
-            ..Default::default()
-        })
-        .expect("switches before serving");
-        Mutex::new(e)
-    });
+    let switches = specd::load::Switches {
+        kv_f16: true,
+        ..Default::default()
+    };
+    let m = E.get_or_init(|| Mutex::new(load_default(Default::default(), switches)));
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn load_default(mode: specd::model::WeightMode) -> Engine {
+/// The default model, its weights held as `mode`, running `switches`.
+pub fn load_default(mode: specd::model::WeightMode, switches: specd::load::Switches) -> Engine {
     let policies = specd::cli::policy_host(None).expect("policy host");
-    Engine::load("smollm2:135m", &default_model_path(), policies, mode)
-        .expect("load the default model")
+    Engine::load(
+        "smollm2:135m",
+        &default_model_path(),
+        policies,
+        mode,
+        switches,
+    )
+    .expect("load the default model")
 }
 
 fn default_model_engine(
     cell: &'static OnceLock<Mutex<Engine>>,
     mode: specd::model::WeightMode,
 ) -> MutexGuard<'static, Engine> {
-    let m = cell.get_or_init(|| Mutex::new(load_default(mode)));
+    let m = cell.get_or_init(|| Mutex::new(load_default(mode, Default::default())));
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -65,6 +68,7 @@ pub fn gemma_engine() -> MutexGuard<'static, Engine> {
                 &path,
                 policies,
                 specd::model::WeightMode::default(),
+                specd::load::Switches::default(),
             )
             .expect("load gemma3:270m"),
         )

@@ -1,7 +1,7 @@
 //! The engine's A/B switches (`--kv-rows`, `--fused-tail`, `--light-rounds`)
-//! on the real default model: set through `Engine::set_switches` (the model
-//! and the pipeline read no environment), they reach the model and the
-//! requests' settings, and either way greedy speculation gives the same
+//! on the real default model: given to `Engine::load` (the model and the
+//! pipeline read no environment, and nothing sets them after load), they
+//! reach the model and the requests' settings, and either way greedy speculation gives the same
 //! tokens; the fused layer tail gives the three ops' logits bit for bit,
 //! and the q/k/v matmul inside the attention op the two ops' rows.
 use specd::cache::LayerCache;
@@ -10,7 +10,7 @@ use specd::load::Switches;
 use specd::model::{load_model_with, Llama, Logits, Outputs, WeightMode};
 use specd::options::{DrafterSpec, SpecOptions};
 use specd::sampling::SamplingParams;
-use specd_tests::{default_model_path, OPEN};
+use specd_tests::{default_model_path, load_default, OPEN};
 use specd_text::ChatMessage;
 
 fn tokens(e: &Engine) -> Vec<u32> {
@@ -32,14 +32,7 @@ fn tokens(e: &Engine) -> Vec<u32> {
 
 #[test]
 fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
-    let policies = specd::cli::policy_host(None).unwrap();
-    let mut e = Engine::load(
-        "smollm2:135m",
-        &default_model_path(),
-        policies,
-        WeightMode::default(),
-    )
-    .unwrap();
+    let e = load_default(WeightMode::default(), Switches::default());
     assert_eq!(e.switches, Switches::default());
     assert!(
         e.model.flags.kv_rows
@@ -55,7 +48,7 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
         light_rounds: false,
         kv_f16: false,
     };
-    e.set_switches(off).unwrap();
+    let e = load_default(WeightMode::default(), off);
     assert!(!e.model.flags.kv_rows, "kv_rows reaches the model");
     assert!(!e.model.flags.fused_tail, "fused_tail reaches the model");
     let s = e.settings(SamplingParams::default(), None, vec![]);
@@ -64,10 +57,6 @@ fn switches_reach_the_model_and_the_settings_and_keep_the_tokens() {
         "light_rounds reaches the requests' settings"
     );
     assert_eq!(tokens(&e), on, "the other paths give the same tokens");
-
-    // Shared (serving) models are not switched behind a request's back.
-    let _shared = e.model.clone();
-    assert!(e.set_switches(Switches::default()).is_err());
 }
 
 /// The bits of what `forward` gives, on fresh caches, for a 40-token

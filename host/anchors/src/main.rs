@@ -182,7 +182,9 @@ fn run(a: Args) -> Result<()> {
         return run_serve(&a, &path, threads, opts.mlx_lm_blas.clone());
     }
     let policies = specd::cli::policy_host(None)?;
-    let e = specd::engine::Engine::load(&a.model, &path, policies, a.weights.unwrap_or_default())?;
+    let weights = a.weights.unwrap_or_default();
+    let switches = specd::load::Switches::default();
+    let e = specd::engine::Engine::load(&a.model, &path, policies, weights, switches)?;
     if let Some(file) = &a.ppl {
         let p = ppl::PplOptions {
             file: file.clone(),

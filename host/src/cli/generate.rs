@@ -87,8 +87,7 @@ fn load_engine_on(
 ) -> Result<Engine> {
     let path = crate::store::Store::default().resolve(model, false)?;
     let policies = policy_host(spec.policy_dir.as_deref())?;
-    let mut engine = Engine::load_on(model, &path, policies, load.weights, ranks)?;
-    engine.set_switches(load.switches)?;
+    let mut engine = Engine::load_on(model, &path, policies, load.weights, load.switches, ranks)?;
     spec.register_draft_model(&mut engine)?;
     Ok(engine)
 }

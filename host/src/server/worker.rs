@@ -205,9 +205,9 @@ impl WorkerHandle {
 fn load(cfg: &ServerConfig, policies: Arc<PolicyHost>) -> Result<(Engine, ModelInfo)> {
     let store = crate::store::Store::default();
     let path = store.resolve(&cfg.model, false)?;
-    let mut engine = Engine::load_on(&cfg.model, &path, policies, cfg.weights, cfg.ranks.clone())
+    let (weights, switches, ranks) = (cfg.weights, cfg.switches, cfg.ranks.clone());
+    let mut engine = Engine::load_on(&cfg.model, &path, policies, weights, switches, ranks)
         .with_context(|| format!("loading model {}", cfg.model))?;
-    engine.set_switches(cfg.switches)?;
     for (name, p) in &cfg.draft_models {
         let dp = store.resolve(p, false)?;
         engine.add_draft_model(name, &dp)?;

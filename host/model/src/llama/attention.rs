@@ -2,11 +2,40 @@
 //! norms, the q/k/v rows (with a model's bias and q/k norms), rope by
 //! heads, causal and windowed attention, and the one op that writes every
 //! sequence's cache rows and attends over them.
-use super::{Layer, Llama, Probe};
+use super::{Layer, Llama, Probe, SeqSpan};
 use crate::cache::KvCache;
 use crate::linear::{Linear, QuantizedWeight};
 use specd_mlx::kernels::KvRows;
 use specd_mlx::{fast, kernels, ops, Array, Result};
+
+/// Which attention op a layer kind runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnOp {
+    /// Scores scaled by 1 / sqrt(head_dim), softmax.
+    Plain,
+    /// Gemma 2's: scaled by 1 / sqrt(`query_pre_attn_scalar`) and
+    /// soft-capped (`kernels::attention_capped`).
+    Capped,
+}
+
+impl AttnOp {
+    /// What a probe calls it.
+    fn label(self) -> &'static str {
+        match self {
+            AttnOp::Plain => "attention",
+            AttnOp::Capped => "capped attention",
+        }
+    }
+}
+
+/// How q and k are normed between the q/k/v matmul and the rope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    /// Over each head (Qwen3, Gemma 3: `[head_dim]` weights).
+    Heads,
+    /// Over the whole projection (OLMo 2: `[heads * head_dim]` weights).
+    Whole,
+}
 
 impl Llama {
     /// Causal attention of `q` `[1, heads, T, d]` over the cached `k`, `v`;
@@ -27,23 +56,24 @@ impl Llama {
             .reshape(&[1, t, h * d])
     }
 
-    /// Attention of `q` `[1, h, T, d]` over `k`, `v` `[1, kv, L, d]`, the
-    /// last T keys being the queries' own positions; with `window`, query
-    /// t sees only the keys less than `window` positions before it. Where
-    /// the window cuts, each query row runs alone over its own keys: the
-    /// same computation as a one-token step, so a k-token verify stays
-    /// bitwise equal to k steps.
+    /// Attention of `q` `[1, h, T, d]` over `k`, `v` `[1, kv, L, d]` by
+    /// `op`, the last T keys being the queries' own positions; with
+    /// `window`, query t sees only the keys less than `window` positions
+    /// before it. Where the window cuts, each query row runs alone over its
+    /// own keys: the same computation as a one-token step, so a k-token
+    /// verify stays bitwise equal to k steps.
     pub(super) fn windowed_attention(
         &self,
         q: &Array,
         k: &Array,
         v: &Array,
         window: Option<usize>,
+        op: AttnOp,
     ) -> Result<Array> {
         let (t, l) = (q.dim(2), k.dim(2));
         let w = match window {
             Some(w) if l as usize > w => w as i32,
-            _ => return self.attention(q, k, v),
+            _ => return self.attend(op, q, k, v),
         };
         let (h, d, kv) = (q.dim(1), q.dim(3), k.dim(1));
         let mut rows = Vec::with_capacity(t as usize);
@@ -54,9 +84,73 @@ impl Llama {
             let qi = q.slice(&[0, 0, i, 0], &[1, h, i + 1, d])?;
             let ki = k.slice(&[0, 0, start, 0], &[1, kv, end, d])?;
             let vi = v.slice(&[0, 0, start, 0], &[1, kv, end, v.dim(3)])?;
-            rows.push(self.attention(&qi, &ki, &vi)?);
+            rows.push(self.attend(op, &qi, &ki, &vi)?);
         }
         ops::concatenate(&rows.iter().collect::<Vec<_>>(), 1)
+    }
+
+    /// Causal attention by `op`; returns `[1, T, heads * d]`.
+    fn attend(&self, op: AttnOp, q: &Array, k: &Array, v: &Array) -> Result<Array> {
+        match op {
+            AttnOp::Plain => self.attention(q, k, v),
+            AttnOp::Capped => super::gemma2::capped_attention(self, q, k, v),
+        }
+    }
+
+    /// Layer `i`'s attention over the rows `q`, `k`, `v` `[1, T, n *
+    /// head_dim]` of the sequences `seqs` (each its cache of the layer and
+    /// its rows, first and count): per sequence, at its own positions, the
+    /// rope at base `rope` (`None`: the rows are rotated already, or the
+    /// layer has no rope), its cache update and its attention by `op`
+    /// through the layer's window. Every layer kind's per-sequence path
+    /// (and an EAGLE-3 head's layer) runs it, so each sequence's rows are
+    /// those of a forward of it alone. Returns `[1, T, heads * head_dim]`.
+    pub(crate) fn attend_each(
+        &self,
+        i: usize,
+        (q, k, v): (&Array, &Array, &Array),
+        seqs: &mut [SeqSpan<'_>],
+        rope: Option<f32>,
+        op: AttnOp,
+        probe: &mut Probe<'_>,
+    ) -> Result<Array> {
+        let t = q.dim(1);
+        let (nh, nkv, hd) = self.head_counts();
+        let window = self.window(i);
+        let mut outs = Vec::with_capacity(seqs.len());
+        for (cache, (a, rows)) in seqs.iter_mut() {
+            let (a, rows) = (*a, *rows);
+            // One sequence's rows (all of them alone: no slice op), split
+            // into heads `[1, rows, n, head_dim]`.
+            let heads = |y: &Array, n: i32| {
+                let y = match rows == t {
+                    true => y.clone(),
+                    false => y.slice(&[0, a, 0], &[1, a + rows, y.dim(2)])?,
+                };
+                y.reshape(&[1, rows, n, hd])
+            };
+            let by_heads = |y: Array| y.transpose(&[0, 2, 1, 3]);
+            let offset = cache.offset() as i32;
+            let (qs, ks) = match rope {
+                Some(base) => {
+                    let qs = self.rotate(&heads(q, nh)?, base, offset)?;
+                    let ks = self.rotate(&heads(k, nkv)?, base, offset)?;
+                    probe("rope", &[&qs, &ks])?;
+                    (qs, ks)
+                }
+                None => (by_heads(heads(q, nh)?)?, by_heads(heads(k, nkv)?)?),
+            };
+            let vs = by_heads(heads(v, nkv)?)?;
+            let (kc, vc) = cache.update(&ks, &vs)?;
+            probe("cache update", &[&kc, &vc])?;
+            outs.push(self.windowed_attention(&qs, &kc, &vc, window, op)?);
+        }
+        let o = match outs.len() {
+            1 => outs.pop().expect("one"),
+            _ => ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?,
+        };
+        probe(op.label(), &[&o])?;
+        Ok(o)
     }
 
     /// `lin(rms_norm(x, w))`: one op on the CPU kernels' packed weights.
@@ -99,25 +193,35 @@ impl Llama {
         )
     }
 
-    /// q, k, v rows `[1, T, n * head_dim]` before the rope: the norm and
-    /// the q/k/v matmul, then the model's bias and q/k norms if any.
-    pub(super) fn qkv_rows(
+    /// q, k, v rows `[1, T, n * head_dim]` before the rope: the input norm
+    /// `norm` (`None`: `x` is the matmul's input as it is, OLMo 2's
+    /// residual stream or an EAGLE-3 head's normed rows) and the q/k/v
+    /// matmul, then the model's bias and the layer's q/k norms if any.
+    pub(crate) fn qkv_rows(
         &self,
         l: &Layer,
         x: &Array,
+        norm: Option<&Array>,
         probe: &mut Probe<'_>,
     ) -> Result<(Array, Array, Array)> {
         let t = x.dim(1);
         let (nh, nkv, hd) = self.head_counts();
         let (nq, nk) = (nh * hd, nkv * hd);
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
-        let (q, k, v) = match &l.qkv {
-            Some(f) => {
-                let y = self.norm_linear(x, &l.attn_norm, f)?;
+        let (q, k, v) = match (&l.qkv, norm) {
+            (Some(f), Some(w)) => {
+                let y = self.norm_linear(x, w, f)?;
                 (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
             }
-            None => {
-                let h = self.rms_norm(x, &l.attn_norm)?;
+            (Some(f), None) => {
+                let y = f.forward(x)?;
+                (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
+            }
+            (None, _) => {
+                let h = match norm {
+                    Some(w) => self.rms_norm(x, w)?,
+                    None => x.clone(),
+                };
                 (l.q.forward(&h)?, l.k.forward(&h)?, l.v.forward(&h)?)
             }
         };
@@ -132,9 +236,16 @@ impl Llama {
             }
             None => (q, k, v),
         };
-        probe("norm + q/k/v matmuls", &[&q, &k, &v])?;
-        let (q, k) = match (&l.q_norm, &l.k_norm) {
-            (Some(qn), Some(kn)) => (self.head_norm(&q, qn, nh)?, self.head_norm(&k, kn, nkv)?),
+        let label = match norm {
+            Some(_) => "norm + q/k/v matmuls",
+            None => "q/k/v matmuls",
+        };
+        probe(label, &[&q, &k, &v])?;
+        let (q, k) = match (&l.q_norm, &l.k_norm, l.kind.qk_norm()) {
+            (Some(qn), Some(kn), QkNorm::Heads) => {
+                (self.head_norm(&q, qn, nh)?, self.head_norm(&k, kn, nkv)?)
+            }
+            (Some(qn), Some(kn), QkNorm::Whole) => (self.rms_norm(&q, qn)?, self.rms_norm(&k, kn)?),
             _ => (q, k),
         };
         Ok((q, k, v))

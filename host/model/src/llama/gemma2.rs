@@ -10,7 +10,7 @@
 //!   residual;
 //! - even layers attend through a sliding window (a rotating cache, and the
 //!   window per query row on multi-token forwards), odd layers globally;
-//! - MLP: Gemma 3's ([`gemma3::mlp`]): GeGLU, then a post-MLP norm, the
+//! - MLP: Gemma 3's ([`super::gemma3::mlp`]): GeGLU, then a post-MLP norm, the
 //!   residual;
 //! - the embedding scaled by sqrt(hidden) in float32
 //!   ([`crate::LlamaConfig::embed_scale`]), the logits soft-capped
@@ -21,101 +21,15 @@
 //! on MLX's ops (float32 files, `--kernels mlx`) it is built from MLX's ops
 //! as mlx-lm builds it, MLX's fused attention having no cap.
 //!
-//! A Gemma 2 layer is a llama-family [`Layer`] of kind
-//! [`super::LayerKind::Gemma2`]: the llama forward hands such layers to
-//! [`layer`].
-use super::gemma3::{self, PostNorms};
-use super::{Layer, Llama, Probe, SeqSpan};
+//! A Gemma 2 layer is a llama-family [`super::Layer`] of kind
+//! [`super::LayerKind::Gemma2`]: Gemma 3's layer ([`super::gemma3::layer`]) with
+//! this file's attention op, [`capped_attention`].
+use super::Llama;
 use specd_mlx::{fast, kernels, ops, Array, Result};
 
-/// Layer `i` of a Gemma 2 model over the rows of one or more sequences
-/// (continuous batching), as [`gemma3::layer`]: `x` `[1, T, hidden]` holds
-/// sequence s's rows at `seqs[s].1` (first row, rows), `seqs[s].0` being
-/// its cache of this layer. Norms and matmuls run over every row at once;
-/// rope, cache update and attention per sequence at its own positions, so
-/// with batch-invariant weights a sequence's rows are bitwise those of its
-/// forward alone.
-pub(crate) fn layer(
-    m: &Llama,
-    i: usize,
-    l: &Layer,
-    n: &PostNorms,
-    x: &Array,
-    seqs: &mut [SeqSpan<'_>],
-    probe: &mut Probe<'_>,
-) -> Result<Array> {
-    let t = x.dim(1);
-    let (nh, nkv, hd) = m.head_counts();
-    let (q, k, v) = m.qkv_rows(l, x, probe)?;
-    let base = m.config.rope_base(i);
-    let window = m.window(i);
-    let mut outs = Vec::with_capacity(seqs.len());
-    for (cache, (a, rows)) in seqs.iter_mut() {
-        let (a, rows) = (*a, *rows);
-        // One sequence's rows (all of them alone: no slice op).
-        let part = |y: &Array| {
-            if rows == t {
-                Ok(y.clone())
-            } else {
-                y.slice(&[0, a, 0], &[1, a + rows, y.dim(2)])
-            }
-        };
-        let offset = cache.offset() as i32;
-        let heads = |y: &Array, n: i32| part(y)?.reshape(&[1, rows, n, hd]);
-        let q = m.rotate(&heads(&q, nh)?, base, offset)?;
-        let k = m.rotate(&heads(&k, nkv)?, base, offset)?;
-        let v = part(&v)?
-            .reshape(&[1, rows, nkv, hd])?
-            .transpose(&[0, 2, 1, 3])?;
-        probe("rope", &[&q, &k])?;
-        let (k, v) = cache.update(&k, &v)?;
-        outs.push(windowed(m, &q, &k, &v, window)?);
-    }
-    let o = if outs.len() == 1 {
-        outs.pop().expect("one")
-    } else {
-        ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
-    };
-    probe("capped attention", &[&o])?;
-    let o = l.o.forward(&o)?;
-    let x = ops::add(x, &m.rms_norm(&o, &n.attn)?)?;
-    probe("o matmul + post-norm + residual", &[&x])?;
-
-    let d = gemma3::mlp(m, l, &x, probe)?;
-    let x = ops::add(&x, &m.rms_norm(&d, &n.ffn)?)?;
-    probe("post-norm + residual", &[&x])?;
-    Ok(x)
-}
-
-/// Capped attention of `q` `[1, h, T, d]` over `k`, `v` `[1, kv, L, d]`,
-/// the last T keys the queries' own; with `window`, query t sees only the
-/// keys less than `window` positions before it. Where the window cuts,
-/// each query row runs alone over its own keys (as
-/// `Llama::windowed_attention`): the computation of a one-token step, so a
-/// k-token verify stays bitwise equal to k steps.
-fn windowed(m: &Llama, q: &Array, k: &Array, v: &Array, window: Option<usize>) -> Result<Array> {
-    let (t, l) = (q.dim(2), k.dim(2));
-    let w = match window {
-        Some(w) if l as usize > w => w as i32,
-        _ => return attention(m, q, k, v),
-    };
-    let (h, d, kv) = (q.dim(1), q.dim(3), k.dim(1));
-    let mut rows = Vec::with_capacity(t as usize);
-    for i in 0..t {
-        // Key index of query i's own position, and its window's start.
-        let end = l - t + i + 1;
-        let start = (end - w).max(0);
-        let qi = q.slice(&[0, 0, i, 0], &[1, h, i + 1, d])?;
-        let ki = k.slice(&[0, 0, start, 0], &[1, kv, end, d])?;
-        let vi = v.slice(&[0, 0, start, 0], &[1, kv, end, v.dim(3)])?;
-        rows.push(attention(m, &qi, &ki, &vi)?);
-    }
-    ops::concatenate(&rows.iter().collect::<Vec<_>>(), 1)
-}
-
-/// Causal attention with Gemma 2's scale and soft-cap; returns
-/// `[1, T, heads * d]`.
-fn attention(m: &Llama, q: &Array, k: &Array, v: &Array) -> Result<Array> {
+/// Causal attention with Gemma 2's scale and soft-cap
+/// ([`super::AttnOp::Capped`]); returns `[1, T, heads * d]`.
+pub(super) fn capped_attention(m: &Llama, q: &Array, k: &Array, v: &Array) -> Result<Array> {
     let c = &m.config;
     let scale = c.attn_scale();
     let cap = c.attn_logit_softcapping.unwrap_or(0.0);

@@ -21,7 +21,7 @@
 //! [`super::LayerKind::Gemma3`]: [`Llama::layers`] hands such layers
 //! to [`layer`], which borrows the shared parts (q/k/v rows, norms,
 //! windowed attention) from [`Llama`].
-use super::{halves, Layer, Llama, Probe, SeqSpan};
+use super::{halves, AttnOp, Layer, Llama, Probe, SeqSpan};
 use specd_mlx::{kernels, ops, Array, Result};
 
 /// Gemma 3's norms on the attention output and on the MLP output, before
@@ -47,59 +47,31 @@ fn geglu(m: &Llama, g: &Array, u: &Array) -> Result<Array> {
     ops::multiply(&ops::multiply(g, &s)?, u)
 }
 
-/// Layer `i` of a Gemma 3 model over the rows of one or more sequences
-/// (continuous batching): `x` `[1, T, hidden]` holds sequence s's rows
-/// at `seqs[s].1` (first row, rows), `seqs[s].0` being its cache of
-/// this layer. The norms (q/k's per head included) and matmuls run over
-/// every row at once (the weights stream once per step); the rope, cache
-/// update and windowed attention per sequence, at its own positions, as
-/// alone. Every op is row-wise or per sequence, so with batch-invariant
-/// weights a sequence's rows are bitwise those of its forward alone; alone
-/// is one span over all of `x`.
+/// Layer `i` of a Gemma 3 model (attention by `op` [`AttnOp::Plain`]) or
+/// a Gemma 2 one ([`AttnOp::Capped`], no q/k norms) over the rows `x`
+/// `[1, T, hidden]` of one or more sequences (continuous batching),
+/// `seqs[s]` being sequence s's cache of this layer and its rows (first,
+/// count). The norms (q/k's per head included) and matmuls run over every
+/// row at once (the weights stream once per step); the rope, cache update
+/// and windowed attention per sequence, at its own positions, as alone
+/// ([`Llama::attend_each`]). Every op is row-wise or per sequence, so with
+/// batch-invariant weights a sequence's rows are bitwise those of its
+/// forward alone; alone is one span over all of `x`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer(
     m: &Llama,
     i: usize,
     l: &Layer,
     n: &PostNorms,
+    op: AttnOp,
     x: &Array,
     seqs: &mut [SeqSpan<'_>],
     probe: &mut Probe<'_>,
 ) -> Result<Array> {
-    let c = &m.config;
-    let t = x.dim(1);
-    let (nh, nkv, hd) = m.head_counts();
     // The norm, the q/k/v matmul and the per-head q/k norms, as llama's.
-    let (q, k, v) = m.qkv_rows(l, x, probe)?;
-    let base = c.rope_base(i);
-    let window = m.window(i);
-    let mut outs = Vec::with_capacity(seqs.len());
-    for (cache, (a, rows)) in seqs.iter_mut() {
-        let (a, rows) = (*a, *rows);
-        // One sequence's rows (all of them alone: no slice op).
-        let part = |y: &Array| {
-            if rows == t {
-                Ok(y.clone())
-            } else {
-                y.slice(&[0, a, 0], &[1, a + rows, y.dim(2)])
-            }
-        };
-        let offset = cache.offset() as i32;
-        let heads = |y: &Array, n: i32| part(y)?.reshape(&[1, rows, n, hd]);
-        let q = m.rotate(&heads(&q, nh)?, base, offset)?;
-        let k = m.rotate(&heads(&k, nkv)?, base, offset)?;
-        let v = part(&v)?
-            .reshape(&[1, rows, nkv, hd])?
-            .transpose(&[0, 2, 1, 3])?;
-        probe("q/k norms + rope", &[&q, &k])?;
-        let (k, v) = cache.update(&k, &v)?;
-        outs.push(m.windowed_attention(&q, &k, &v, window)?);
-    }
-    let o = if outs.len() == 1 {
-        outs.pop().expect("one")
-    } else {
-        ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
-    };
-    probe("attention", &[&o])?;
+    let (q, k, v) = m.qkv_rows(l, x, Some(&l.attn_norm), probe)?;
+    let rope = Some(m.config.rope_base(i));
+    let o = m.attend_each(i, (&q, &k, &v), seqs, rope, op, probe)?;
     let o = l.o.forward(&o)?;
     let x = ops::add(x, &m.rms_norm(&o, &n.attn)?)?;
     probe("o matmul + post-norm + residual", &[&x])?;

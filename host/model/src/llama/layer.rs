@@ -4,7 +4,7 @@
 //! ops run is chosen here, from the weights and the model's
 //! [`super::ForwardFlags`]: a lone sequence runs the same ops as a batch,
 //! so its rows round alike alone and batched.
-use super::{halves, Layer, Llama, Probe, SeqSpan};
+use super::{halves, AttnOp, Layer, Llama, Probe, SeqSpan};
 use crate::cache::KvCache;
 use specd_mlx::{kernels, ops, Array, Result};
 
@@ -29,17 +29,7 @@ impl Llama {
         let (nh, nkv, hd) = self.head_counts();
         let (nq, nk) = (nh * hd, nkv * hd);
         let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
-        let heads = |y: &Array, n: i32| y.reshape(&[1, y.dim(1), n, hd])?.transpose(&[0, 2, 1, 3]);
-        // One sequence's rows of the step (all of them alone: no slice op).
-        let part = |y: &Array, a: i32, n: i32| {
-            if n == t {
-                Ok(y.clone())
-            } else {
-                y.slice(&[0, a, 0], &[1, a + n, y.dim(2)])
-            }
-        };
-        let mut outs = Vec::with_capacity(seqs.len());
-        if let Some(f) = self.fused_qkv(l) {
+        let o = if let Some(f) = self.fused_qkv(l) {
             // The rope folded into the matmul, each row at its own
             // sequence's position.
             let y = match &*seqs {
@@ -78,44 +68,14 @@ impl Llama {
             }
             drop(kvs);
             let (q, k, v) = (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?);
-            for (cache, (a, n)) in seqs.iter_mut() {
-                let (a, n) = (*a, *n);
-                let (qs, ks, vs) = (
-                    heads(&part(&q, a, n)?, nh)?,
-                    heads(&part(&k, a, n)?, nkv)?,
-                    heads(&part(&v, a, n)?, nkv)?,
-                );
-                let (kc, vc) = cache.update(&ks, &vs)?;
-                probe("cache update", &[&kc, &vc])?;
-                outs.push(self.windowed_attention(&qs, &kc, &vc, self.window(i))?);
-            }
+            // The rows are rotated already.
+            self.attend_each(i, (&q, &k, &v), seqs, None, AttnOp::Plain, probe)?
         } else {
-            let (q, k, v) = self.qkv_rows(l, x, probe)?;
-            for (cache, (a, n)) in seqs.iter_mut() {
-                let (a, n) = (*a, *n);
-                let offset = cache.offset() as i32;
-                // Rope per sequence, at its own positions (none on a NoPE
-                // layer).
-                let (qs, ks) = match l.rope {
-                    true => (
-                        self.rope_heads(&part(&q, a, n)?, nh, offset)?,
-                        self.rope_heads(&part(&k, a, n)?, nkv, offset)?,
-                    ),
-                    false => (heads(&part(&q, a, n)?, nh)?, heads(&part(&k, a, n)?, nkv)?),
-                };
-                let vs = heads(&part(&v, a, n)?, nkv)?;
-                probe("rope", &[&qs, &ks])?;
-                let (kc, vc) = cache.update(&ks, &vs)?;
-                probe("cache update", &[&kc, &vc])?;
-                outs.push(self.windowed_attention(&qs, &kc, &vc, self.window(i))?);
-            }
-        }
-        let o = if outs.len() == 1 {
-            outs.pop().expect("one")
-        } else {
-            ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
+            let (q, k, v) = self.qkv_rows(l, x, Some(&l.attn_norm), probe)?;
+            // None on a NoPE layer.
+            let rope = l.rope.then_some(c.rope_theta);
+            self.attend_each(i, (&q, &k, &v), seqs, rope, AttnOp::Plain, probe)?
         };
-        probe("attention", &[&o])?;
         self.layer_rest(l, &o, x, probe)
     }
 

@@ -6,10 +6,14 @@
 //! over the rows asked for). A lone request is a batch of one.
 //!
 //! One layer implementation per architecture kind ([`LayerKind`]): the
-//! llama family ([`layer`]) and Gemma 3 ([`gemma3`]); each picks its fused
-//! ops from the weights and the [`ForwardFlags`] set once at load. Adding
-//! an architecture is a file with its layer and an arm in
-//! [`Llama::layers`]' match. Where the layers run across pipeline ranks is
+//! llama family ([`layer`]), Gemma 2 and 3 ([`gemma3`], with Gemma 2's
+//! capped attention op from [`gemma2`]) and OLMo 2 ([`olmo2`]); each picks
+//! its fused ops from the weights and the [`ForwardFlags`] set once at
+//! load. Where attention runs per sequence, every kind runs the one path
+//! [`Llama::attend_each`] with its op ([`AttnOp`]) and rope base; the
+//! q/k/v rows come from [`Llama::qkv_rows`] with the kind's q/k norm
+//! ([`QkNorm`]). Adding an architecture is a file with its layer and an
+//! arm in [`Llama::layers`]' match. Where the layers run across pipeline ranks is
 //! not the model's business: `crate::ranks::Pipeline` wraps it.
 //!
 //! Two weight paths: quantized (the file's 4/8-bit blocks kept as they are,
@@ -26,6 +30,7 @@ pub mod olmo2;
 pub mod phi3;
 pub mod rope;
 
+pub use self::attention::{AttnOp, QkNorm};
 pub(crate) use self::batch::SeqSpan;
 pub use self::batch::{ids, no_probe, spans, Logits, Outputs, Probe, Seq, Taps, Unembedded, Want};
 pub use self::flags::ForwardFlags;
@@ -84,6 +89,16 @@ pub enum LayerKind {
     /// after attention and the MLP (none before), q/k norms over the whole
     /// projection, attention per sequence.
     Olmo2,
+}
+
+impl LayerKind {
+    /// How the kind norms q and k where its layers have q/k norms.
+    pub fn qk_norm(&self) -> QkNorm {
+        match self {
+            LayerKind::Olmo2 => QkNorm::Whole,
+            _ => QkNorm::Heads,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -220,8 +235,12 @@ impl Llama {
                 .collect();
             x = match &layer.kind {
                 LayerKind::Llama => self.llama_layer(i, layer, &x, &mut parts, probe)?,
-                LayerKind::Gemma3(p) => gemma3::layer(self, i, layer, p, &x, &mut parts, probe)?,
-                LayerKind::Gemma2(p) => gemma2::layer(self, i, layer, p, &x, &mut parts, probe)?,
+                LayerKind::Gemma3(p) => {
+                    gemma3::layer(self, i, layer, p, AttnOp::Plain, &x, &mut parts, probe)?
+                }
+                LayerKind::Gemma2(p) => {
+                    gemma3::layer(self, i, layer, p, AttnOp::Capped, &x, &mut parts, probe)?
+                }
                 LayerKind::Olmo2 => olmo2::layer(self, i, layer, &x, &mut parts, probe)?,
             };
         }

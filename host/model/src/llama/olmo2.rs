@@ -12,12 +12,13 @@
 //! An OLMo 2 layer is a llama-family [`Layer`] of kind
 //! [`super::LayerKind::Olmo2`]; its norms run after what they name, so the
 //! fused norm + matmul ops (and the fused q/k/v + rope op) never run here.
-use super::{halves, Layer, Llama, Probe, SeqSpan};
+use super::{halves, AttnOp, Layer, Llama, Probe, SeqSpan};
 use specd_mlx::{ops, Array, Result};
 
 /// Layer `i` over the rows of one or more sequences (continuous batching),
-/// as [`super::gemma2::layer`]: matmuls and norms over every row at once,
-/// rope, cache update and attention per sequence at its own positions.
+/// as [`super::gemma3::layer`]: matmuls and norms over every row at once,
+/// rope, cache update and attention per sequence at its own positions
+/// ([`Llama::attend_each`]).
 pub(crate) fn layer(
     m: &Llama,
     i: usize,
@@ -26,49 +27,11 @@ pub(crate) fn layer(
     seqs: &mut [SeqSpan<'_>],
     probe: &mut Probe<'_>,
 ) -> Result<Array> {
-    let t = x.dim(1);
-    let (nh, nkv, hd) = m.head_counts();
-    let (nq, nk) = (nh * hd, nkv * hd);
-    let cols = |y: &Array, a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
-    let (q, k, v) = match &l.qkv {
-        Some(f) => {
-            let y = f.forward(x)?;
-            (cols(&y, 0, nq)?, cols(&y, nq, nk)?, cols(&y, nq + nk, nk)?)
-        }
-        None => (l.q.forward(x)?, l.k.forward(x)?, l.v.forward(x)?),
-    };
-    probe("q/k/v matmuls", &[&q, &k, &v])?;
-    let (q, k) = match (&l.q_norm, &l.k_norm) {
-        (Some(qn), Some(kn)) => (m.rms_norm(&q, qn)?, m.rms_norm(&k, kn)?),
-        _ => (q, k),
-    };
-    let mut outs = Vec::with_capacity(seqs.len());
-    for (cache, (a, rows)) in seqs.iter_mut() {
-        let (a, rows) = (*a, *rows);
-        // One sequence's rows (all of them alone: no slice op).
-        let part = |y: &Array| {
-            if rows == t {
-                Ok(y.clone())
-            } else {
-                y.slice(&[0, a, 0], &[1, a + rows, y.dim(2)])
-            }
-        };
-        let offset = cache.offset() as i32;
-        let qs = m.rope_heads(&part(&q)?, nh, offset)?;
-        let ks = m.rope_heads(&part(&k)?, nkv, offset)?;
-        let vs = part(&v)?
-            .reshape(&[1, rows, nkv, hd])?
-            .transpose(&[0, 2, 1, 3])?;
-        probe("rope", &[&qs, &ks])?;
-        let (kc, vc) = cache.update(&ks, &vs)?;
-        outs.push(m.windowed_attention(&qs, &kc, &vc, m.window(i))?);
-    }
-    let o = if outs.len() == 1 {
-        outs.pop().expect("one")
-    } else {
-        ops::concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
-    };
-    probe("attention", &[&o])?;
+    // No input norm; q/k norms over the whole projection
+    // ([`super::QkNorm::Whole`]).
+    let (q, k, v) = m.qkv_rows(l, x, None, probe)?;
+    let rope = Some(m.config.rope_theta);
+    let o = m.attend_each(i, (&q, &k, &v), seqs, rope, AttnOp::Plain, probe)?;
     let o = l.o.forward(&o)?;
     let x = ops::add(x, &m.rms_norm(&o, &l.attn_norm)?)?;
     probe("o matmul + post-norm + residual", &[&x])?;

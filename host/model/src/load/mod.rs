@@ -838,24 +838,26 @@ fn quantization(config: &serde_json::Value) -> Result<Quantization> {
 }
 
 /// A model from a GGUF file or a HF directory, its weights held as `mode`
-/// says.
+/// says, running the default [`ForwardFlags`].
 pub fn load_model_with(path: &Path, mode: WeightMode) -> Result<(Llama, ModelFormat)> {
-    load_model_part(path, mode, None)
+    load_model_part(path, mode, None, ForwardFlags::default())
 }
 
 /// The layers `part` of a model (all: `None`): a pipeline rank's share,
-/// the other layers' weights never held.
+/// the other layers' weights never held. The model runs `flags` for its
+/// life: they are set here, before anyone holds it, and never after.
 pub fn load_model_part(
     path: &Path,
     mode: WeightMode,
     part: Option<Range<usize>>,
+    flags: ForwardFlags,
 ) -> Result<(Llama, ModelFormat)> {
     let format = ModelFormat::detect(path)?;
     let m = match format {
         ModelFormat::Gguf => load_gguf_model(path, mode, part)?,
         ModelFormat::HfDir => load_hf_model(path, mode, part)?,
     };
-    Ok((m, format))
+    Ok((Llama { flags, ..m }, format))
 }
 
 /// The `*.safetensors` files of a checkpoint directory, in name order

@@ -13,6 +13,7 @@
 //! draft vocabulary whose id i is the target's `i + d2t[i]`.
 use super::{check_draft_ids, HeadFormat, LayerShape, MtpConfig, MtpHead, Tensors};
 use crate::cache::LayerCache;
+use crate::llama::AttnOp;
 use crate::{Linear, Llama, LlamaConfig};
 use anyhow::{bail, ensure, Context, Result};
 use specd_mlx::{io, ops, Array, Dtype};
@@ -90,27 +91,17 @@ impl HeadFormat for Eagle3 {
         let hf = m.rms_norm(&f, &self.hidden_norm)?;
         let x = ops::concatenate(&[&m.rms_norm(e, &l.attn_norm)?, &hf], 2)?;
         let residual = if self.norm_before_residual { hf } else { f };
-        let (nh, nkv, hd) = m.head_counts();
-        let (q, k, v) = match &l.qkv {
-            Some(fused) => {
-                let y = fused.forward(&x)?;
-                let cols = |a: i32, n: i32| y.slice(&[0, 0, a], &[1, t, a + n]);
-                (
-                    cols(0, nh * hd)?,
-                    cols(nh * hd, nkv * hd)?,
-                    cols((nh + nkv) * hd, nkv * hd)?,
-                )
-            }
-            None => (l.q.forward(&x)?, l.k.forward(&x)?, l.v.forward(&x)?),
-        };
-        let cache = &mut caches[0];
-        let offset = cache.offset() as i32;
-        let q = m.rope_heads(&q, nh, offset)?;
-        let k = m.rope_heads(&k, nkv, offset)?;
-        let v = v.reshape(&[1, t, nkv, hd])?.transpose(&[0, 2, 1, 3])?;
-        let (k, v) = cache.update(&k, &v)?;
-        let o = m.attention(&q, &k, &v)?;
-        Ok(m.layer_rest(l, &o, &residual, &mut crate::no_probe)?)
+        // The llama layer's parts, not the layer itself: its q/k/v read
+        // `[attn_norm(e); hidden_norm(f)]` (2 * hidden wide) while its
+        // residual is f, so no one input `x` is both the normed matmul
+        // input and the residual, as `Llama::layers` takes it.
+        let probe: &mut crate::Probe<'_> = &mut crate::no_probe;
+        let qkv = m.qkv_rows(l, &x, None, probe)?;
+        let (q, k, v) = (&qkv.0, &qkv.1, &qkv.2);
+        let seq = &mut [(&mut caches[0], (0, t))];
+        let rope = Some(m.config.rope_theta);
+        let o = m.attend_each(0, (q, k, v), seq, rope, AttnOp::Plain, probe)?;
+        Ok(m.layer_rest(l, &o, &residual, probe)?)
     }
 }
 

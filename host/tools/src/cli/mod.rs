@@ -77,8 +77,8 @@ pub fn main() -> Result<()> {
             rows,
         } => {
             let path = specd::store::Store::default().resolve(&model.model, false)?;
-            let (mut m, _) = specd::model::load_model_with(&path, load.weights)?;
-            load.switches.apply(&mut m);
+            let flags = load.switches.flags();
+            let (m, _) = specd::model::load_model_part(&path, load.weights, None, flags)?;
             let p = crate::profile::profile(&m, context.max(1), steps.max(1), rows.max(1))?;
             print!("{}", crate::profile::report(&p));
             Ok(())
@@ -87,8 +87,13 @@ pub fn main() -> Result<()> {
         Command::Drafter(DrafterCmd::Train { model, args }) => {
             let path = specd::store::Store::default().resolve(&model.model, false)?;
             let policies = specd::cli::policy_host(None)?;
-            let mut e = specd::engine::Engine::load(&model.model, &path, policies, load.weights)?;
-            e.set_switches(load.switches)?;
+            let e = specd::engine::Engine::load(
+                &model.model,
+                &path,
+                policies,
+                load.weights,
+                load.switches,
+            )?;
             crate::drafter::train(&e, &args)
         }
     }
