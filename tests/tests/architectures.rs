@@ -64,7 +64,7 @@ fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Pipeline>) {
     let fresh = |cached: usize| {
         let mut t = LlamaTarget::new(m.clone());
         if cached > 0 {
-            t.prefill(&ids[..cached]).unwrap();
+            t.prefill(&ids[..cached], None).unwrap();
         }
         t
     };
@@ -101,7 +101,7 @@ fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Pipeline>) {
     let fresh = |i: usize| {
         let mut t = LlamaTarget::new(m.clone());
         if plan[i].0 > 0 {
-            t.prefill(&seq(i)[..plan[i].0]).unwrap();
+            t.prefill(&seq(i)[..plan[i].0], None).unwrap();
         }
         t
     };
@@ -113,7 +113,7 @@ fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Pipeline>) {
         match which {
             Some(w) => solo.push(t.forward(rows(i), w == Logits::All).unwrap()),
             None => {
-                t.prefill(rows(i)).unwrap();
+                t.prefill(rows(i), None).unwrap();
                 solo.push(Vec::new());
             }
         }
@@ -127,6 +127,7 @@ fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Pipeline>) {
             target: t,
             tokens: rows(i),
             logits: plan[i].2,
+            taps: None,
         })
         .collect();
     let batched = forward_batch(&m, &mut parts).unwrap();

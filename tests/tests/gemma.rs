@@ -103,7 +103,8 @@ fn a_batched_step_gives_every_gemma_sequence_its_solo_rows_bitwise() {
     let start = |i: usize| 7 * i;
     let fresh = |i: usize| {
         let mut t = LlamaTarget::new(e.model.clone());
-        t.prefill(&ids[start(i)..start(i) + plan[i].0]).unwrap();
+        t.prefill(&ids[start(i)..start(i) + plan[i].0], None)
+            .unwrap();
         t
     };
     let rows = |i: usize| {
@@ -118,7 +119,7 @@ fn a_batched_step_gives_every_gemma_sequence_its_solo_rows_bitwise() {
         match which {
             Some(w) => solo.push(t.forward(rows(i), w == Logits::All).unwrap()),
             None => {
-                t.prefill(rows(i)).unwrap();
+                t.prefill(rows(i), None).unwrap();
                 solo.push(Vec::new());
             }
         }
@@ -132,6 +133,7 @@ fn a_batched_step_gives_every_gemma_sequence_its_solo_rows_bitwise() {
             target: t,
             tokens: rows(i),
             logits: plan[i].2,
+            taps: None,
         })
         .collect();
     let batched = forward_batch(&e.model, &mut parts).unwrap();

@@ -11,14 +11,14 @@ use crate::model::Logits;
 use crate::sequence::{Deciding, VerifyTime};
 use crate::speculation::head::draft_heads;
 use crate::speculation::target::{forward_batch_verify, StepRows};
-use crate::speculation::{read_rows, row_threads, Decided, VerifyMode, VerifyRows};
+use crate::speculation::{read_rows, row_threads, Decided, Verified, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, HeadJob, MaskedRows, Plan, RoundPlan};
 use anyhow::{anyhow, Result};
 use std::time::Instant;
 
 /// What the step's forward gave back, and what it took.
 struct Executed {
-    rows: Result<Vec<VerifyRows>>,
+    rows: Result<Vec<Verified>>,
     /// Requests in it.
     sequences: usize,
     seconds: f64,
@@ -245,6 +245,7 @@ impl<'e> Scheduler<'e> {
                     target: &mut a.target,
                     tokens: p.tokens(),
                     logits: p.logits,
+                    taps: a.seq.taps(),
                 })
             })
             .collect();
@@ -339,7 +340,7 @@ impl<'e> Scheduler<'e> {
     fn take_rows(
         &mut self,
         planned: Vec<Option<Planned>>,
-        rows: Vec<VerifyRows>,
+        rows: Vec<Verified>,
         n: usize,
     ) -> (Vec<(usize, Box<RoundPlan>)>, Vec<MaskedRows>) {
         let mut rows = rows.into_iter();
@@ -351,12 +352,11 @@ impl<'e> Scheduler<'e> {
             a.seq.joined_step(n);
             match p.work {
                 Work::Prefill(tokens) => {
-                    let kept = match (p.logits, r) {
-                        (None, _) => {
-                            a.seq.prefilled(tokens.len());
-                            Ok(())
+                    let kept = match (p.logits, r.rows) {
+                        (None, _) => a.seq.prefilled(tokens.len(), r.hidden),
+                        (Some(_), VerifyRows::Logits(rows)) => {
+                            a.seq.prefilled_rows(&rows, r.hidden)
                         }
-                        (Some(_), VerifyRows::Logits(rows)) => a.seq.prefilled_rows(&rows),
                         (Some(_), VerifyRows::Argmax(_)) => {
                             Err(anyhow!("a prefill chunk got argmax rows, not its logits"))
                         }
@@ -365,13 +365,16 @@ impl<'e> Scheduler<'e> {
                         a.failed = Some(e.context("the prompt's logprobs"));
                     }
                 }
-                Work::Round(round) => match a.seq.read(&round, r) {
-                    Ok(m) => {
-                        rounds.push((i, round));
-                        masked.push(m);
+                Work::Round(mut round) => {
+                    let rows = round.verified(r);
+                    match a.seq.read(&round, rows) {
+                        Ok(m) => {
+                            rounds.push((i, round));
+                            masked.push(m);
+                        }
+                        Err(e) => a.failed = Some(e),
                     }
-                    Err(e) => a.failed = Some(e),
-                },
+                }
                 // Every head job is drafted (or its request failed) before
                 // the forward: one here is a bug, failed, not a panic.
                 Work::Head(_) => a.failed = Some(anyhow!("a round reached its verify undrafted")),
