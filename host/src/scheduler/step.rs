@@ -8,8 +8,7 @@
 use super::cost::StepSplit;
 use super::{Scheduler, StepReport};
 use crate::model::Logits;
-use crate::sequence::{Deciding, VerifyTime};
-use crate::speculation::head::draft_heads;
+use crate::sequence::{draft_head_rounds, Deciding, HeadTurn, VerifyTime};
 use crate::speculation::target::{forward_batch_verify, StepRows};
 use crate::speculation::{read_rows, row_threads, Decided, Verified, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, HeadJob, MaskedRows, Plan, RoundPlan};
@@ -167,64 +166,49 @@ impl<'e> Scheduler<'e> {
     }
 
     /// Drafts the step's head jobs together: one head forward per draft
-    /// step for all of them ([`draft_heads`]), then each becomes its
-    /// round's plan. Returns how many.
+    /// step for all of them ([`draft_head_rounds`]), then each becomes its
+    /// round's plan. Returns how many became plans.
     fn draft_heads(&mut self, planned: &mut [Option<Planned>]) -> usize {
-        let t = Instant::now();
-        let mut rounds = Vec::new();
         let mut which = Vec::new();
-        let mut failed = Vec::new();
-        for (i, (a, p)) in self.active.iter_mut().zip(planned.iter()).enumerate() {
+        let mut turns = Vec::new();
+        for (i, (a, p)) in self.active.iter_mut().zip(planned.iter_mut()).enumerate() {
+            if !matches!(
+                p,
+                Some(Planned {
+                    work: Work::Head(_),
+                    ..
+                })
+            ) {
+                continue;
+            }
             let Some(Planned {
                 work: Work::Head(job),
                 ..
-            }) = p
+            }) = p.take()
             else {
-                continue;
+                unreachable!("matched above");
             };
-            match a.seq.head_round(job) {
-                Ok(r) => {
-                    rounds.push(r);
-                    which.push(i);
-                }
-                Err(e) => failed.push((i, e)),
-            }
+            which.push(i);
+            turns.push(HeadTurn {
+                seq: &mut a.seq,
+                target: &mut a.target,
+                job: *job,
+            });
         }
-        let drafted = match rounds.is_empty() {
-            true => Ok(()),
-            false => draft_heads(&mut rounds).map_err(|e| format!("{e:#}")),
-        };
-        let drafts: Vec<_> = rounds.into_iter().map(|r| r.draft).collect();
-        for (i, e) in failed {
-            self.active[i].failed = Some(e);
-            planned[i] = None;
-        }
-        if drafts.is_empty() {
+        if turns.is_empty() {
             return 0;
         }
-        // Each round's share of the drafting, by the tokens it drafted.
-        let tokens: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
-        let seconds = t.elapsed().as_secs_f64() / tokens as f64;
-        for (&i, draft) in which.iter().zip(drafts) {
-            let a = &mut self.active[i];
-            let Some(Planned {
-                work: Work::Head(job),
-                ..
-            }) = planned[i].take()
-            else {
-                continue;
-            };
-            let share = seconds * (draft.tokens.len() + 1) as f64;
-            let r = match &drafted {
-                Ok(()) => a.seq.finish_head(*job, draft, share, &mut a.target),
-                Err(e) => Err(anyhow!("drafting with the MTP head: {e}")),
-            };
-            match r {
-                Ok(plan) => planned[i] = Some(Planned::round(plan)),
-                Err(e) => a.failed = Some(e),
+        let mut n = 0;
+        for (&i, plan) in which.iter().zip(draft_head_rounds(turns)) {
+            match plan {
+                Ok(plan) => {
+                    planned[i] = Some(Planned::round(plan));
+                    n += 1;
+                }
+                Err(e) => self.active[i].failed = Some(e),
             }
         }
-        which.len()
+        n
     }
 
     /// One forward over every planned row. A round reads back what it

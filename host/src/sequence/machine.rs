@@ -3,7 +3,7 @@
 //! A round is a value passed along, never state kept between calls, on
 //! one surface: [`Sequence::plan`] gives the planned round (or a head job,
 //! drafted with the step's other head jobs and made a plan by
-//! [`Sequence::finish_head`]), which the caller holds while the verify
+//! [`draft_head_rounds`]), which the caller holds while the verify
 //! runs; [`Sequence::read`] takes its rows (the sampling transforms then
 //! read every request's together, [`crate::speculation::read_rows`]);
 //! [`Sequence::decide`] makes the acceptance's job, whose decision
@@ -14,10 +14,10 @@
 use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng, SamplingParams};
-use crate::speculation::head::{draft_heads, HeadRound};
+use crate::speculation::head::draft_heads;
 use crate::speculation::{
-    read_one, row_threads, BatchContext, Decided, Draft, HeadJob, HiddenRows, MaskedRows, Plan,
-    ReadRows, RoundPlan, RoundRequest, SpecState, Speculation, Target, VerifyMode, VerifyRows,
+    read_one, row_threads, BatchContext, Decided, HeadJob, HiddenRows, MaskedRows, Plan, ReadRows,
+    RoundPlan, RoundRequest, SpecState, Speculation, Target, VerifyMode, VerifyRows,
 };
 use anyhow::{bail, Result};
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
@@ -375,25 +375,6 @@ impl<'a> Sequence<'a> {
         self.state.plan(target, req, batch)
     }
 
-    /// The head drafting of a round [`Sequence::plan`] left to its head:
-    /// a step drafts all of its head rounds together
-    /// ([`crate::speculation::head::draft_heads`]).
-    pub fn head_round(&mut self, job: &HeadJob) -> Result<HeadRound<'_>> {
-        (self.state).head_round(job, &self.log, &self.settings.params, &mut self.rng)
-    }
-
-    /// The plan of a head job with what its head drafted (`seconds`: its
-    /// share of the drafting).
-    pub fn finish_head(
-        &mut self,
-        job: HeadJob,
-        draft: Draft,
-        seconds: f64,
-        target: &mut dyn Target,
-    ) -> Result<RoundPlan> {
-        self.state.finish_head(job, draft, seconds, target)
-    }
-
     /// The planned round's verify `rows` (every row's logits, or their
     /// argmax where [`Sequence::verify_mode`] asked for that), with the
     /// request's stop masks and grammar applied: a batched step then reads
@@ -494,12 +475,15 @@ impl<'a> Sequence<'a> {
         let mut plan = match self.plan(target, BatchContext::default())? {
             Plan::Ready(plan) => plan,
             Plan::Head(job) => {
-                let t = Instant::now();
-                let mut round = [self.head_round(&job)?];
-                draft_heads(&mut round)?;
-                let [round] = round;
-                let draft = round.draft;
-                self.finish_head(job, draft, t.elapsed().as_secs_f64(), target)?
+                let turn = HeadTurn {
+                    seq: self,
+                    target: &mut *target,
+                    job,
+                };
+                let [plan] = draft_head_rounds(vec![turn])
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("one plan per job"));
+                plan?
             }
         };
         let t = Instant::now();
@@ -610,6 +594,59 @@ impl Deciding<'_> {
         state.counters.verify_seconds += time.share - time.lone;
         Ok(d)
     }
+}
+
+/// A round its MTP head drafts ([`Plan::Head`]), with its request and the
+/// request's target ([`draft_head_rounds`]).
+pub struct HeadTurn<'s, 'a> {
+    pub seq: &'s mut Sequence<'a>,
+    pub target: &'s mut dyn Target,
+    pub job: HeadJob,
+}
+
+/// Drafts the head rounds of a step together, one head forward per draft
+/// step for all of them ([`draft_heads`]; a request alone is a step of
+/// one), and makes each its round's plan, cut by its grammar
+/// ([`SpecState::finish_head`]). Each round is counted its share of the
+/// drafting time, by the tokens it drafted. Per turn, in order, its plan or
+/// why its request cannot go on.
+pub fn draft_head_rounds(mut turns: Vec<HeadTurn<'_, '_>>) -> Vec<Result<RoundPlan>> {
+    let t = Instant::now();
+    let mut rounds = Vec::new();
+    let mut failed: Vec<Option<anyhow::Error>> = Vec::new();
+    for turn in turns.iter_mut() {
+        let seq = &mut *turn.seq;
+        let (params, rng) = (&seq.settings.params, &mut seq.rng);
+        match seq.state.head_round(&turn.job, &seq.log, params, rng) {
+            Ok(r) => {
+                rounds.push(r);
+                failed.push(None);
+            }
+            Err(e) => failed.push(Some(e)),
+        }
+    }
+    let drafted = match rounds.is_empty() {
+        true => Ok(()),
+        false => draft_heads(&mut rounds).map_err(|e| format!("{e:#}")),
+    };
+    let mut drafts = rounds.into_iter().map(|r| r.draft).collect::<Vec<_>>();
+    // Each round's share of the drafting, by the tokens it drafted.
+    let tokens: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
+    let seconds = t.elapsed().as_secs_f64() / tokens.max(1) as f64;
+    drafts.reverse();
+    (turns.into_iter().zip(failed))
+        .map(|(turn, failed)| {
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let draft = drafts.pop().expect("a draft per round");
+            if let Err(e) = &drafted {
+                anyhow::bail!("drafting with the MTP head: {e}");
+            }
+            let share = seconds * (draft.tokens.len() + 1) as f64;
+            (turn.seq.state).finish_head(turn.job, draft, share, turn.target)
+        })
+        .collect()
 }
 
 /// A round's verify time ([`Sequence::decide`]).

@@ -5,7 +5,7 @@
 pub mod machine;
 pub mod prompt_logprobs;
 
-pub use machine::{BatchCounters, Deciding, Sequence, VerifyTime};
+pub use machine::{draft_head_rounds, BatchCounters, Deciding, HeadTurn, Sequence, VerifyTime};
 pub use prompt_logprobs::PromptLogprobHook;
 
 use crate::sampling::{LogprobRequest, SamplingParams, TokenLogprob};

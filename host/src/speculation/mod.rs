@@ -793,7 +793,8 @@ pub enum Plan {
 }
 
 /// A round waiting for its MTP head's draft ([`SpecState::head_round`],
-/// then [`SpecState::finish_head`]).
+/// then [`SpecState::finish_head`]; a step's together,
+/// `sequence::draft_head_rounds`).
 pub struct HeadJob {
     plan: RoundPlan,
 }
