@@ -89,7 +89,7 @@ fn main() -> anyhow::Result<()> {
     {
         let (head, rows) = ids.split_at(ids.len() - k);
         let mut t = LlamaTarget::new(model.clone());
-        t.prefill(head)?;
+        t.prefill(head, None)?;
         let base = t.offset();
         let mut ms = [vec![], vec![], vec![]];
         for i in 0..iters {

@@ -136,7 +136,7 @@ pub fn assert_batch_as_solo(
     let fresh = |i: usize| {
         let mut t = LlamaTarget::new(model.clone());
         if plan[i].0 > 0 {
-            t.prefill(&seq(i)[..plan[i].0]).unwrap();
+            t.prefill(&seq(i)[..plan[i].0], None).unwrap();
         }
         t
     };
@@ -148,7 +148,7 @@ pub fn assert_batch_as_solo(
         match which {
             Some(w) => solo.push(t.forward(rows(i), w == Logits::All).unwrap()),
             None => {
-                t.prefill(rows(i)).unwrap();
+                t.prefill(rows(i), None).unwrap();
                 solo.push(Vec::new());
             }
         }
@@ -162,6 +162,7 @@ pub fn assert_batch_as_solo(
             target: t,
             tokens: rows(i),
             logits: plan[i].2,
+            taps: None,
         })
         .collect();
     let batched = forward_batch(model, &mut parts).unwrap();

@@ -63,7 +63,7 @@ fn verify_rows_are_steps_and_a_batch_its_solo_rows(m: Arc<Pipeline>) {
     let fresh = |cached: usize| {
         let mut t = LlamaTarget::new(m.clone());
         if cached > 0 {
-            t.prefill(&ids[..cached]).unwrap();
+            t.prefill(&ids[..cached], None).unwrap();
         }
         t
     };

@@ -61,7 +61,7 @@ fn batched_step_is_solo(e: &specd::engine::Engine) {
     ];
     let fresh = |i: usize| {
         let mut t = LlamaTarget::new(e.model.clone());
-        t.prefill(&ids[i][..plan[i].0]).unwrap();
+        t.prefill(&ids[i][..plan[i].0], None).unwrap();
         t
     };
     // Alone.
@@ -73,7 +73,7 @@ fn batched_step_is_solo(e: &specd::engine::Engine) {
         match which {
             Some(w) => solo.push(t.forward(toks, w == Logits::All).unwrap()),
             None => {
-                t.prefill(toks).unwrap();
+                t.prefill(toks, None).unwrap();
                 solo.push(Vec::new());
             }
         }
@@ -90,6 +90,7 @@ fn batched_step_is_solo(e: &specd::engine::Engine) {
             target: t,
             tokens: &ids[c..c + n],
             logits: which,
+            taps: None,
         })
         .collect();
     let batched = forward_batch(&e.model, &mut parts).unwrap();
@@ -128,7 +129,7 @@ fn a_light_batched_step_reads_back_the_argmax_of_its_full_rows() {
             .enumerate()
             .map(|(i, &(c, ..))| {
                 let mut t = LlamaTarget::new(e.model.clone());
-                t.prefill(&prompt_of(i)[..c]).unwrap();
+                t.prefill(&prompt_of(i)[..c], None).unwrap();
                 t
             })
             .collect();
@@ -140,9 +141,13 @@ fn a_light_batched_step_reads_back_the_argmax_of_its_full_rows() {
                 target: t,
                 tokens: &prompt_of(i)[c..c + n],
                 logits: which,
+                taps: None,
             })
             .collect();
-        forward_batch_verify(&e.model, &mut parts, modes).unwrap()
+        (forward_batch_verify(&e.model, &mut parts, modes).unwrap())
+            .into_iter()
+            .map(|v| v.rows)
+            .collect::<Vec<_>>()
     };
     let light = step(&plan.map(|p| p.3));
     let full = step(&[VerifyMode::Rows; 4]);

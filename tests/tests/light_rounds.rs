@@ -144,12 +144,12 @@ fn argmax_verify_rows_equal_the_host_argmax_of_the_full_rows() {
     let (head, rows) = ids.split_at(ids.len() - 7);
     let mut ta = LlamaTarget::new(model.clone());
     let mut tb = LlamaTarget::new(model.clone());
-    ta.prefill(head).unwrap();
-    tb.prefill(head).unwrap();
-    let VerifyRows::Logits(full) = ta.verify(rows, VerifyMode::Rows).unwrap() else {
+    ta.prefill(head, None).unwrap();
+    tb.prefill(head, None).unwrap();
+    let VerifyRows::Logits(full) = ta.verify(rows, VerifyMode::Rows, None).unwrap().rows else {
         panic!("full rows asked");
     };
-    let VerifyRows::Argmax(light) = tb.verify(rows, VerifyMode::Argmax).unwrap() else {
+    let VerifyRows::Argmax(light) = tb.verify(rows, VerifyMode::Argmax, None).unwrap().rows else {
         panic!("argmax rows asked");
     };
     assert_eq!(full.len(), rows.len());

@@ -1,8 +1,8 @@
 //! The MTP drafter's plumbing on the real default model, with a head of
 //! random weights written here (a trained one is `tests/py/test_drafter.py`'s):
-//! the target keeps exactly its forwards' last-layer rows, rolled back with
-//! its caches, whether the rows came from a lone forward or a batched
-//! step; and a request drafting with the head gets its solo tokens (plain
+//! a forward returns exactly its last-layer rows (kept, rolled back with
+//! the caches, as a request keeps them), whether the rows came from a lone
+//! forward or a batched step; and a request drafting with the head gets its solo tokens (plain
 //! decoding's under greedy) alone and in a batch.
 use specd::engine::Prompt;
 use specd::model::mtp::MtpHead;
@@ -12,8 +12,8 @@ use specd::options::SpecOptions;
 use specd::sampling::SamplingParams;
 use specd::scheduler::{Admitted, BatchLimits, Scheduler};
 use specd::sequence::Finished;
-use specd::speculation::target::{forward_batch, StepRows};
-use specd::speculation::{LlamaTarget, Target};
+use specd::speculation::target::{forward_batch_verify, StepRows};
+use specd::speculation::{HiddenRows, LlamaTarget, Target, Verified, VerifyMode};
 use specd_mlx::{io, Array};
 use specd_tests::{bits, engine};
 use specd_text::ChatMessage;
@@ -89,28 +89,54 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 /// `t` through a prefill of all but the last 8 tokens, a 4-row verify
-/// that keeps 2, then a batched step of 3 rows beside `other` (2 rows after
-/// a 3-token prefill, whose kept rows are dropped).
+/// that keeps 2 (its rows rolled back with the caches), then a batched step
+/// of 3 rows beside `other` (2 rows after a 3-token prefill, whose rows are
+/// dropped). Returns the feature rows each forward returned, as a request
+/// keeps them: `t`'s (of `taps`) joined, and `other`'s step's (of
+/// `other_taps`).
 fn rounds_then_a_batched_step(
     m: &Pipeline,
     ids: &[u32],
-    t: &mut LlamaTarget,
-    other: &mut LlamaTarget,
-) {
+    (t, taps): (&mut LlamaTarget, Option<&[usize]>),
+    (other, other_taps): (&mut LlamaTarget, Option<&[usize]>),
+) -> (Option<HiddenRows>, Option<HiddenRows>) {
     let n = ids.len();
-    t.prefill(&ids[..n - 8]).unwrap();
-    t.forward(&ids[n - 8..n - 4], true).unwrap();
+    let prefilled = t.prefill(&ids[..n - 8], taps).unwrap();
+    let verified = t
+        .verify(&ids[n - 8..n - 4], VerifyMode::Rows, taps)
+        .unwrap();
     t.rewind(n - 6).unwrap();
-    other.prefill(&ids[..3]).unwrap();
-    let _ = other.take_hidden();
+    let kept = verified.hidden.map(|h| h.before(n - 6).unwrap());
+    let kept = join(prefilled, kept);
+    other.prefill(&ids[..3], other_taps).unwrap();
     let all = Some(specd::model::Logits::All);
-    let step = [(other, &ids[3..5]), (t, &ids[n - 6..n - 3])];
-    let mut parts = step.map(|(target, tokens)| StepRows {
-        target,
-        tokens,
-        logits: all,
-    });
-    forward_batch(m, &mut parts).unwrap();
+    let mut parts = [
+        StepRows {
+            target: other,
+            tokens: &ids[3..5],
+            logits: all,
+            taps: other_taps,
+        },
+        StepRows {
+            target: t,
+            tokens: &ids[n - 6..n - 3],
+            logits: all,
+            taps,
+        },
+    ];
+    let modes = [VerifyMode::Rows; 2];
+    let [o, mine]: [Verified; 2] = (forward_batch_verify(m, &mut parts, &modes).unwrap())
+        .try_into()
+        .unwrap_or_else(|_| panic!("one result per part"));
+    (join(kept, mine.hidden), o.hidden)
+}
+
+/// Rows `b` after rows `a`, as a request keeps them.
+fn join(a: Option<HiddenRows>, b: Option<HiddenRows>) -> Option<HiddenRows> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.then(b).unwrap()),
+        (a, b) => a.or(b),
+    }
 }
 
 #[test]
@@ -133,23 +159,19 @@ fn kept_hidden_rows_are_the_forwards_rows_rolled_back_with_the_caches() {
         bits(&[v])
     };
     let mut t = LlamaTarget::new(e.model.clone());
-    t.keep_hidden(&[]);
     let mut other = LlamaTarget::new(e.model.clone());
-    rounds_then_a_batched_step(&e.model, &ids, &mut t, &mut other);
-    assert!(
-        other.take_hidden().is_none(),
-        "only a target asked keeps rows"
-    );
-    let kept = t.take_hidden().expect("rows kept");
+    let (kept, o) =
+        rounds_then_a_batched_step(&e.model, &ids, (&mut t, Some(&[])), (&mut other, None));
+    assert!(o.is_none(), "only a forward asked returns rows");
+    let kept = kept.expect("rows returned");
     assert_eq!((kept.start, kept.len()), (0, n - 3));
     for i in 0..(n - 3) as i32 {
         assert_eq!(row(&kept.rows, i), row(&full, i), "position {i}");
     }
-    assert!(t.take_hidden().is_none(), "taken once");
-    // Rows after a take start where the caches are.
+    // Rows after a roll back start where the caches are.
     t.rewind(n - 5).unwrap();
-    t.forward(&ids[n - 5..n - 2], true).unwrap();
-    let next = t.take_hidden().unwrap();
+    let next = t.verify(&ids[n - 5..n - 2], VerifyMode::Rows, Some(&[]));
+    let next = next.unwrap().hidden.unwrap();
     assert_eq!((next.start, next.len()), (n - 5, 3));
     assert_eq!(row(&next.rows, 2), row(&full, (n - 3) as i32));
 }
@@ -193,11 +215,10 @@ fn tapped_rows_are_the_forwards_residual_stream_alone_and_batched() {
         assert_eq!(cols(&full, i, 2), cols(&h, i, 0), "position {i}");
     }
     let mut t = LlamaTarget::new(m.clone());
-    t.keep_hidden(&taps);
     let mut other = LlamaTarget::new(m.clone());
-    other.keep_hidden(&[5, 12]);
-    rounds_then_a_batched_step(m, &ids, &mut t, &mut other);
-    let kept = t.take_hidden().expect("rows kept");
+    let (kept, o) =
+        rounds_then_a_batched_step(m, &ids, (&mut t, Some(&taps)), (&mut other, Some(&[5, 12])));
+    let kept = kept.expect("rows returned");
     assert_eq!(
         (kept.start, kept.len(), kept.rows.dim(2)),
         (0, n - 3, 3 * d)
@@ -212,7 +233,7 @@ fn tapped_rows_are_the_forwards_residual_stream_alone_and_batched() {
         }
     }
     // The other request got its own boundaries, 5 then 12.
-    let o = other.take_hidden().expect("rows kept");
+    let o = o.expect("rows returned");
     assert_eq!((o.start, o.len(), o.rows.dim(2)), (3, 2, 2 * d));
     assert_eq!(cols(&o.rows, 0, 0), cols(&full, 3, 1));
 }

@@ -192,7 +192,7 @@ fn f16_kv_caches_keep_greedy_speculation_lossless() {
         e.model.config.kv_bytes_per_token(4)
     );
     let mut t = LlamaTarget::new(e.model.clone());
-    t.prefill(&e.encode(&chat("Hello")).unwrap()).unwrap();
+    t.prefill(&e.encode(&chat("Hello")).unwrap(), None).unwrap();
     let held = t.caches[0].state();
     assert!(!held.is_empty() && held.iter().all(|a| a.dtype() == specd_mlx::Dtype::Float16));
     greedy_speculation_is_plain(&e);
@@ -225,7 +225,7 @@ fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
 
     // A speculative round that wraps the window, then a rollback.
     let mut a = rotating_target();
-    a.prefill(body).unwrap();
+    a.prefill(body, None).unwrap();
     let before = a.offset();
     let offsets: Vec<usize> = (1..=drafts.len() + 1).map(|i| before + i).collect();
     a.prepare_snapshots(&offsets);
@@ -247,7 +247,7 @@ fn rotating_cache_rollback_after_a_wrap_equals_recomputing() {
 
     // Recompute from scratch with only the kept tokens.
     let mut b = rotating_target();
-    b.prefill(body).unwrap();
+    b.prefill(body, None).unwrap();
     let mut kept = vec![x];
     kept.extend_from_slice(&drafts[..keep]);
     b.forward(&kept, true).unwrap();
@@ -460,7 +460,7 @@ fn pipelined_greedy_decoding_matches_round_by_round_and_leaves_the_caches_right(
         assert_eq!(tb.offset(), n - 1, "{case}");
         let next = tb.forward(&piped.log[n - 1..], false).unwrap();
         let mut fresh = LlamaTarget::new(model.clone());
-        fresh.prefill(&piped.log[..n - 1]).unwrap();
+        fresh.prefill(&piped.log[..n - 1], None).unwrap();
         let want = fresh.forward(&piped.log[n - 1..], false).unwrap();
         assert!(
             next[0]

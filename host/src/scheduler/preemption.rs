@@ -37,7 +37,6 @@ impl<'e> Scheduler<'e> {
             a.seq.preempt();
             // Dropping the target frees its KV.
             a.target = LlamaTarget::new(self.engine.model.clone());
-            a.seq.prepare_target(&mut a.target);
             self.waiting.push_front(Waiting::Preempted(a));
             n += 1;
         }

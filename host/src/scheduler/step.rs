@@ -8,17 +8,16 @@
 use super::cost::StepSplit;
 use super::{Scheduler, StepReport};
 use crate::model::Logits;
-use crate::sequence::{Deciding, VerifyTime};
-use crate::speculation::head::draft_heads;
+use crate::sequence::{draft_head_rounds, Deciding, HeadTurn, VerifyTime};
 use crate::speculation::target::{forward_batch_verify, StepRows};
-use crate::speculation::{read_rows, row_threads, Decided, VerifyMode, VerifyRows};
+use crate::speculation::{read_rows, row_threads, Decided, Verified, VerifyMode, VerifyRows};
 use crate::speculation::{BatchContext, HeadJob, MaskedRows, Plan, RoundPlan};
 use anyhow::{anyhow, Result};
 use std::time::Instant;
 
 /// What the step's forward gave back, and what it took.
 struct Executed {
-    rows: Result<Vec<VerifyRows>>,
+    rows: Result<Vec<Verified>>,
     /// Requests in it.
     sequences: usize,
     seconds: f64,
@@ -167,64 +166,49 @@ impl<'e> Scheduler<'e> {
     }
 
     /// Drafts the step's head jobs together: one head forward per draft
-    /// step for all of them ([`draft_heads`]), then each becomes its
-    /// round's plan. Returns how many.
+    /// step for all of them ([`draft_head_rounds`]), then each becomes its
+    /// round's plan. Returns how many became plans.
     fn draft_heads(&mut self, planned: &mut [Option<Planned>]) -> usize {
-        let t = Instant::now();
-        let mut rounds = Vec::new();
         let mut which = Vec::new();
-        let mut failed = Vec::new();
-        for (i, (a, p)) in self.active.iter_mut().zip(planned.iter()).enumerate() {
+        let mut turns = Vec::new();
+        for (i, (a, p)) in self.active.iter_mut().zip(planned.iter_mut()).enumerate() {
+            if !matches!(
+                p,
+                Some(Planned {
+                    work: Work::Head(_),
+                    ..
+                })
+            ) {
+                continue;
+            }
             let Some(Planned {
                 work: Work::Head(job),
                 ..
-            }) = p
+            }) = p.take()
             else {
-                continue;
+                unreachable!("matched above");
             };
-            match a.seq.head_round(job) {
-                Ok(r) => {
-                    rounds.push(r);
-                    which.push(i);
-                }
-                Err(e) => failed.push((i, e)),
-            }
+            which.push(i);
+            turns.push(HeadTurn {
+                seq: &mut a.seq,
+                target: &mut a.target,
+                job: *job,
+            });
         }
-        let drafted = match rounds.is_empty() {
-            true => Ok(()),
-            false => draft_heads(&mut rounds).map_err(|e| format!("{e:#}")),
-        };
-        let drafts: Vec<_> = rounds.into_iter().map(|r| r.draft).collect();
-        for (i, e) in failed {
-            self.active[i].failed = Some(e);
-            planned[i] = None;
-        }
-        if drafts.is_empty() {
+        if turns.is_empty() {
             return 0;
         }
-        // Each round's share of the drafting, by the tokens it drafted.
-        let tokens: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
-        let seconds = t.elapsed().as_secs_f64() / tokens as f64;
-        for (&i, draft) in which.iter().zip(drafts) {
-            let a = &mut self.active[i];
-            let Some(Planned {
-                work: Work::Head(job),
-                ..
-            }) = planned[i].take()
-            else {
-                continue;
-            };
-            let share = seconds * (draft.tokens.len() + 1) as f64;
-            let r = match &drafted {
-                Ok(()) => a.seq.finish_head(*job, draft, share, &mut a.target),
-                Err(e) => Err(anyhow!("drafting with the MTP head: {e}")),
-            };
-            match r {
-                Ok(plan) => planned[i] = Some(Planned::round(plan)),
-                Err(e) => a.failed = Some(e),
+        let mut n = 0;
+        for (&i, plan) in which.iter().zip(draft_head_rounds(turns)) {
+            match plan {
+                Ok(plan) => {
+                    planned[i] = Some(Planned::round(plan));
+                    n += 1;
+                }
+                Err(e) => self.active[i].failed = Some(e),
             }
         }
-        which.len()
+        n
     }
 
     /// One forward over every planned row. A round reads back what it
@@ -245,6 +229,7 @@ impl<'e> Scheduler<'e> {
                     target: &mut a.target,
                     tokens: p.tokens(),
                     logits: p.logits,
+                    taps: a.seq.taps(),
                 })
             })
             .collect();
@@ -339,7 +324,7 @@ impl<'e> Scheduler<'e> {
     fn take_rows(
         &mut self,
         planned: Vec<Option<Planned>>,
-        rows: Vec<VerifyRows>,
+        rows: Vec<Verified>,
         n: usize,
     ) -> (Vec<(usize, Box<RoundPlan>)>, Vec<MaskedRows>) {
         let mut rows = rows.into_iter();
@@ -351,12 +336,11 @@ impl<'e> Scheduler<'e> {
             a.seq.joined_step(n);
             match p.work {
                 Work::Prefill(tokens) => {
-                    let kept = match (p.logits, r) {
-                        (None, _) => {
-                            a.seq.prefilled(tokens.len());
-                            Ok(())
+                    let kept = match (p.logits, r.rows) {
+                        (None, _) => a.seq.prefilled(tokens.len(), r.hidden),
+                        (Some(_), VerifyRows::Logits(rows)) => {
+                            a.seq.prefilled_rows(&rows, r.hidden)
                         }
-                        (Some(_), VerifyRows::Logits(rows)) => a.seq.prefilled_rows(&rows),
                         (Some(_), VerifyRows::Argmax(_)) => {
                             Err(anyhow!("a prefill chunk got argmax rows, not its logits"))
                         }
@@ -365,13 +349,16 @@ impl<'e> Scheduler<'e> {
                         a.failed = Some(e.context("the prompt's logprobs"));
                     }
                 }
-                Work::Round(round) => match a.seq.read(&round, r) {
-                    Ok(m) => {
-                        rounds.push((i, round));
-                        masked.push(m);
+                Work::Round(mut round) => {
+                    let rows = round.verified(r);
+                    match a.seq.read(&round, rows) {
+                        Ok(m) => {
+                            rounds.push((i, round));
+                            masked.push(m);
+                        }
+                        Err(e) => a.failed = Some(e),
                     }
-                    Err(e) => a.failed = Some(e),
-                },
+                }
                 // Every head job is drafted (or its request failed) before
                 // the forward: one here is a bug, failed, not a panic.
                 Work::Head(_) => a.failed = Some(anyhow!("a round reached its verify undrafted")),

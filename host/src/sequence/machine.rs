@@ -3,7 +3,7 @@
 //! A round is a value passed along, never state kept between calls, on
 //! one surface: [`Sequence::plan`] gives the planned round (or a head job,
 //! drafted with the step's other head jobs and made a plan by
-//! [`Sequence::finish_head`]), which the caller holds while the verify
+//! [`draft_head_rounds`]), which the caller holds while the verify
 //! runs; [`Sequence::read`] takes its rows (the sampling transforms then
 //! read every request's together, [`crate::speculation::read_rows`]);
 //! [`Sequence::decide`] makes the acceptance's job, whose decision
@@ -14,9 +14,9 @@
 use super::prompt_logprobs::PromptLogprobs;
 use super::{DoneReason, Emitter, Finished, Settings, Sink, Stats, PREFILL_CHUNK};
 use crate::sampling::{token_logprob, Rng, SamplingParams};
-use crate::speculation::head::{draft_heads, HeadRound};
+use crate::speculation::head::draft_heads;
 use crate::speculation::{
-    read_one, row_threads, BatchContext, Decided, Draft, HeadJob, MaskedRows, Plan, ReadRows,
+    read_one, row_threads, BatchContext, Decided, HeadJob, HiddenRows, MaskedRows, Plan, ReadRows,
     RoundPlan, RoundRequest, SpecState, Speculation, Target, VerifyMode, VerifyRows,
 };
 use anyhow::{bail, Result};
@@ -58,6 +58,13 @@ pub struct Sequence<'a> {
     /// The prompt's logprobs while its prefill builds them
     /// ([`Settings::prompt_logprobs`]); `None` once sent, or not asked.
     echo: Option<PromptLogprobs>,
+    /// Where its drafter reads the target's feature rows (an MTP head):
+    /// every forward of its rows returns those of these layer boundaries
+    /// ([`Sequence::taps`]).
+    taps: Option<Vec<usize>>,
+    /// The feature rows its forwards returned since its drafter last read
+    /// them (rolled back with the caches): the next round hands them over.
+    hidden: Option<HiddenRows>,
     pub batch: BatchCounters,
 }
 
@@ -102,6 +109,7 @@ impl<'a> Sequence<'a> {
         };
         target.rewind(cached)?;
         let mut state = SpecState::new(spec);
+        let taps = state.hidden_taps();
         state.constraint = settings.constraint.clone();
         state.mode = verify_mode(settings);
         if settings.record {
@@ -134,9 +142,10 @@ impl<'a> Sequence<'a> {
             t1: None,
             done: None,
             echo,
+            taps,
+            hidden: None,
             batch: BatchCounters::default(),
         };
-        seq.prepare_target(target);
         if seq.prefill_left() == 0 {
             // A one-token prompt: its only entry is the first's.
             seq.send_prompt_logprobs();
@@ -168,8 +177,9 @@ impl<'a> Sequence<'a> {
 
     /// The next prefill chunk went into the caches, with its logits `rows`
     /// (one per token of the chunk): they become the prompt's logprob
-    /// entries here and are not kept.
-    pub fn prefilled_rows(&mut self, rows: &[Vec<f32>]) -> Result<()> {
+    /// entries here and are not kept. `hidden`: its feature rows, where
+    /// [`Sequence::taps`] asked for them.
+    pub fn prefilled_rows(&mut self, rows: &[Vec<f32>], hidden: Option<HiddenRows>) -> Result<()> {
         if let Some(e) = &mut self.echo {
             e.add_rows(
                 &self.log[..self.prompt_len],
@@ -178,8 +188,7 @@ impl<'a> Sequence<'a> {
                 &self.settings.params,
             )?;
         }
-        self.prefilled(rows.len());
-        Ok(())
+        self.prefilled(rows.len(), hidden)
     }
 
     /// Sends the prompt's logprobs once every entry is built.
@@ -193,8 +202,10 @@ impl<'a> Sequence<'a> {
         }
     }
 
-    /// `n` prompt tokens went into the caches.
-    pub fn prefilled(&mut self, n: usize) {
+    /// `n` prompt tokens went into the caches (`hidden`: their feature
+    /// rows, where [`Sequence::taps`] asked for them).
+    pub fn prefilled(&mut self, n: usize, hidden: Option<HiddenRows>) -> Result<()> {
+        self.keep_hidden(hidden)?;
         self.processed += n;
         self.send_prompt_logprobs();
         debug_assert!(
@@ -208,6 +219,27 @@ impl<'a> Sequence<'a> {
         if self.prefill_left() == 0 {
             self.start_decode();
         }
+        Ok(())
+    }
+
+    /// Keeps a forward's feature rows `h` after those kept (where they
+    /// follow on) until the next round hands them to its drafter.
+    fn keep_hidden(&mut self, h: Option<HiddenRows>) -> Result<()> {
+        let (Some(h), Some(_)) = (h, &self.taps) else {
+            return Ok(());
+        };
+        self.hidden = Some(match self.hidden.take() {
+            Some(kept) => kept.then(h)?,
+            None => h,
+        });
+        Ok(())
+    }
+
+    /// Where its drafter reads the target's feature rows: the layer
+    /// boundaries each forward of its rows is to return (empty: the last
+    /// layer's output; `None`: it reads none).
+    pub fn taps(&self) -> Option<&[usize]> {
+        self.taps.as_deref()
     }
 
     fn start_decode(&mut self) {
@@ -238,6 +270,8 @@ impl<'a> Sequence<'a> {
     pub fn preempt(&mut self) {
         self.prefill_to = self.log.len() - 1;
         self.processed = 0;
+        // Its feature rows went with the caches: the re-prefill returns them.
+        self.hidden = None;
         self.batch.preemptions += 1;
     }
 
@@ -270,22 +304,16 @@ impl<'a> Sequence<'a> {
         self.batch.max_sequences = self.batch.max_sequences.max(n as u64);
     }
 
-    /// Readies a target for its rounds (at the start, and a fresh one
-    /// after a preemption): where its drafter reads the target's hidden
-    /// states, the target keeps those of its drafter's layers.
-    pub fn prepare_target(&self, target: &mut dyn Target) {
-        if let Some(taps) = self.state.hidden_taps() {
-            target.keep_hidden(&taps);
-        }
-    }
-
     /// Whether plain greedy decoding may run overlapped: no speculation, no
     /// recording, temperature 0 without penalties, and nothing that needs
     /// the rows (logprobs) or masks them (structured output): the overlapped
     /// path copies back only the argmax.
     pub fn can_overlap(&self) -> bool {
+        // A request whose drafter read feature rows (its policy failed
+        // since) goes on in rounds: the overlapped loop returns none.
         self.decoding()
             && self.state.is_plain()
+            && self.taps.is_none()
             && !self.settings.record
             && self.settings.logprobs.is_none()
             && self.settings.constraint.is_none()
@@ -342,27 +370,9 @@ impl<'a> Sequence<'a> {
             rng: &mut self.rng,
             generated,
             budget_left: self.max_tokens - generated,
+            hidden: self.hidden.take(),
         };
         self.state.plan(target, req, batch)
-    }
-
-    /// The head drafting of a round [`Sequence::plan`] left to its head:
-    /// a step drafts all of its head rounds together
-    /// ([`crate::speculation::head::draft_heads`]).
-    pub fn head_round(&mut self, job: &HeadJob) -> Result<HeadRound<'_>> {
-        (self.state).head_round(job, &self.log, &self.settings.params, &mut self.rng)
-    }
-
-    /// The plan of a head job with what its head drafted (`seconds`: its
-    /// share of the drafting).
-    pub fn finish_head(
-        &mut self,
-        job: HeadJob,
-        draft: Draft,
-        seconds: f64,
-        target: &mut dyn Target,
-    ) -> Result<RoundPlan> {
-        self.state.finish_head(job, draft, seconds, target)
     }
 
     /// The planned round's verify `rows` (every row's logits, or their
@@ -412,7 +422,8 @@ impl<'a> Sequence<'a> {
     /// Ends the round [`Sequence::decide`] decided: roll back, stream what
     /// was committed.
     pub fn apply(&mut self, target: &mut dyn Target, decided: Decided) -> Result<()> {
-        let round = self.state.apply(decided, target, &self.log)?;
+        let mut round = self.state.apply(decided, target, &self.log)?;
+        self.keep_hidden(round.hidden.take())?;
         if let (Some(hook), Some(t)) = (
             &self.settings.on_round,
             self.state.trace.as_ref().and_then(|t| t.last()),
@@ -461,22 +472,26 @@ impl<'a> Sequence<'a> {
     /// own), verify on `target`, read, decide, apply.
     pub fn step(&mut self, target: &mut dyn Target) -> Result<()> {
         self.joined_step(1);
-        let plan = match self.plan(target, BatchContext::default())? {
+        let mut plan = match self.plan(target, BatchContext::default())? {
             Plan::Ready(plan) => plan,
             Plan::Head(job) => {
-                let t = Instant::now();
-                let mut round = [self.head_round(&job)?];
-                draft_heads(&mut round)?;
-                let [round] = round;
-                let draft = round.draft;
-                self.finish_head(job, draft, t.elapsed().as_secs_f64(), target)?
+                let turn = HeadTurn {
+                    seq: self,
+                    target: &mut *target,
+                    job,
+                };
+                let [plan] = draft_head_rounds(vec![turn])
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("one plan per job"));
+                plan?
             }
         };
         let t = Instant::now();
-        let verified = target.verify(&plan.rows, self.state.mode)?;
+        let verified = target.verify(&plan.rows, self.state.mode, self.taps())?;
         let vt = t.elapsed().as_secs_f64();
         self.state.add_forward_times(target.take_forward_times());
-        let read = read_one(self.read(&plan, verified)?, row_threads());
+        let rows = plan.verified(verified);
+        let read = read_one(self.read(&plan, rows)?, row_threads());
         let decided = self.decide(plan, read, VerifyTime::alone(vt)).run()?;
         self.apply(target, decided)
     }
@@ -579,6 +594,59 @@ impl Deciding<'_> {
         state.counters.verify_seconds += time.share - time.lone;
         Ok(d)
     }
+}
+
+/// A round its MTP head drafts ([`Plan::Head`]), with its request and the
+/// request's target ([`draft_head_rounds`]).
+pub struct HeadTurn<'s, 'a> {
+    pub seq: &'s mut Sequence<'a>,
+    pub target: &'s mut dyn Target,
+    pub job: HeadJob,
+}
+
+/// Drafts the head rounds of a step together, one head forward per draft
+/// step for all of them ([`draft_heads`]; a request alone is a step of
+/// one), and makes each its round's plan, cut by its grammar
+/// ([`SpecState::finish_head`]). Each round is counted its share of the
+/// drafting time, by the tokens it drafted. Per turn, in order, its plan or
+/// why its request cannot go on.
+pub fn draft_head_rounds(mut turns: Vec<HeadTurn<'_, '_>>) -> Vec<Result<RoundPlan>> {
+    let t = Instant::now();
+    let mut rounds = Vec::new();
+    let mut failed: Vec<Option<anyhow::Error>> = Vec::new();
+    for turn in turns.iter_mut() {
+        let seq = &mut *turn.seq;
+        let (params, rng) = (&seq.settings.params, &mut seq.rng);
+        match seq.state.head_round(&turn.job, &seq.log, params, rng) {
+            Ok(r) => {
+                rounds.push(r);
+                failed.push(None);
+            }
+            Err(e) => failed.push(Some(e)),
+        }
+    }
+    let drafted = match rounds.is_empty() {
+        true => Ok(()),
+        false => draft_heads(&mut rounds).map_err(|e| format!("{e:#}")),
+    };
+    let mut drafts = rounds.into_iter().map(|r| r.draft).collect::<Vec<_>>();
+    // Each round's share of the drafting, by the tokens it drafted.
+    let tokens: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
+    let seconds = t.elapsed().as_secs_f64() / tokens.max(1) as f64;
+    drafts.reverse();
+    (turns.into_iter().zip(failed))
+        .map(|(turn, failed)| {
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let draft = drafts.pop().expect("a draft per round");
+            if let Err(e) = &drafted {
+                anyhow::bail!("drafting with the MTP head: {e}");
+            }
+            let share = seconds * (draft.tokens.len() + 1) as f64;
+            (turn.seq.state).finish_head(turn.job, draft, share, turn.target)
+        })
+        .collect()
 }
 
 /// A round's verify time ([`Sequence::decide`]).

@@ -5,12 +5,12 @@
 pub mod machine;
 pub mod prompt_logprobs;
 
-pub use machine::{BatchCounters, Deciding, Sequence, VerifyTime};
+pub use machine::{draft_head_rounds, BatchCounters, Deciding, HeadTurn, Sequence, VerifyTime};
 pub use prompt_logprobs::PromptLogprobHook;
 
 use crate::sampling::{LogprobRequest, SamplingParams, TokenLogprob};
-use crate::speculation::{SpecCounters, Speculation, Target};
-use anyhow::Result;
+use crate::speculation::{SpecCounters, Speculation, Target, VerifyMode, VerifyRows};
+use anyhow::{bail, Result};
 use serde::Serialize;
 use specd_text::{StopMatcher, StreamDetokenizer, Tokenizer};
 
@@ -356,11 +356,14 @@ pub fn generate(
     while seq.prefill_left() > 0 {
         let chunk = seq.prefill_chunk(PREFILL_CHUNK).to_vec();
         if seq.wants_prefill_rows() {
-            let rows = target.forward(&chunk, true)?;
-            seq.prefilled_rows(&rows)?;
+            let out = target.verify(&chunk, VerifyMode::Rows, seq.taps())?;
+            let VerifyRows::Logits(rows) = out.rows else {
+                bail!("a prefill chunk got argmax rows, not its logits");
+            };
+            seq.prefilled_rows(&rows, out.hidden)?;
         } else {
-            target.prefill(&chunk)?;
-            seq.prefilled(chunk.len());
+            let hidden = target.prefill(&chunk, seq.taps())?;
+            seq.prefilled(chunk.len(), hidden)?;
         }
     }
     // Plain greedy decoding runs overlapped where the target can: the next

@@ -92,9 +92,10 @@ pub trait Drafter: Send {
     }
     /// Where it drafts from the target's hidden states (MTP): the target's
     /// layer boundaries whose rows it reads ([`crate::model::llama::Taps`];
-    /// empty: the last layer's output). The target then keeps those rows,
-    /// and each round hands the drafter those of the positions forwarded
-    /// since the last ([`Drafter::observe_hidden`]). `None`: it reads none.
+    /// empty: the last layer's output). Each forward of its request then
+    /// returns those rows, and each round hands the drafter those of the
+    /// positions kept since the last ([`Drafter::observe_hidden`]). `None`:
+    /// it reads none.
     fn hidden_taps(&self) -> Option<Vec<usize>> {
         None
     }

@@ -1,9 +1,10 @@
 //! The MTP drafter: drafts with a head trained on the target's own hidden
 //! states ([`crate::model::mtp::MtpHead`]).
 //!
-//! The target keeps the last layer's rows of every forward
-//! ([`Target::keep_hidden`](super::Target::keep_hidden)); before each
-//! round the drafter takes them, and when the round drafts it feeds its
+//! Every forward of its request returns the last layer's rows
+//! ([`super::Verified::hidden`]); each round hands it those of the
+//! positions kept since the last ([`super::RoundRequest::hidden`]), and
+//! when the round drafts it feeds its
 //! head one row per committed position it has not read (the feature f_i
 //! and the token x_{i+1}): the head's cache then holds every position the
 //! target read, and its last row predicts the token after the last

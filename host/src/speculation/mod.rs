@@ -20,7 +20,7 @@ pub use history::ScheduleHistory;
 pub use rows::{read_one, read_rows, MaskedRows, ReadRows, RowArgmax, VerifyRows};
 pub use stats::{ForwardTimes, PolicyFailure, RoundPhases, SpecCounters};
 pub use suffix::SuffixDrafter;
-pub use target::{HiddenRows, LlamaTarget, Target, VerifyMode};
+pub use target::{HiddenRows, LlamaTarget, Target, Verified, VerifyMode};
 
 use crate::options::DrafterSpec;
 use crate::sampling::{Distribution, Rng, SamplingParams, SharedConstraint};
@@ -73,6 +73,10 @@ pub struct RoundOutcome {
     /// only requests that read no logprobs get.
     pub rows: Vec<Vec<f32>>,
     pub dists: Vec<Distribution>,
+    /// The verify's feature rows of what was kept (where its drafter reads
+    /// them: [`RoundRequest::hidden`] of the next round), rolled back with
+    /// the caches: the rows of rejected drafts are dropped with them.
+    pub hidden: Option<HiddenRows>,
 }
 
 /// What one round showed the policies and what they answered: a line of a
@@ -191,8 +195,9 @@ impl SpecState {
         self.spec.as_ref().map_or(0, |s| s.draft_max)
     }
 
-    /// Where its drafter reads the target's hidden states (the target must
-    /// keep them): the layer boundaries it reads ([`Drafter::hidden_taps`]).
+    /// Where its drafter reads the target's hidden states (each forward must
+    /// return them, [`RoundRequest::hidden`]): the layer boundaries it reads
+    /// ([`Drafter::hidden_taps`]).
     pub fn hidden_taps(&self) -> Option<Vec<usize>> {
         self.spec.as_ref().and_then(|s| s.drafter.hidden_taps())
     }
@@ -258,6 +263,7 @@ impl SpecState {
             rng,
             generated,
             budget_left,
+            hidden,
         } = req;
         let before = log.len() - 1;
         debug_assert_eq!(
@@ -322,7 +328,7 @@ impl SpecState {
         // A drafter that reads the target's hidden states reads those of
         // every forward, whether it drafts this round or not.
         if let Some(spec) = (self.spec.as_mut()).filter(|s| s.drafter.hidden_taps().is_some()) {
-            if let Some(h) = target.take_hidden() {
+            if let Some(h) = hidden {
                 let t = Instant::now();
                 spec.drafter.observe_hidden(log, h)?;
                 dt += t.elapsed().as_secs_f64();
@@ -389,6 +395,7 @@ impl SpecState {
             draft_seconds: 0.0,
             draft_steps,
             source,
+            hidden: None,
         };
         if by_head {
             self.counters.draft_seconds += dt;
@@ -650,13 +657,18 @@ impl SpecState {
             draft_seconds: dt,
             draft_steps,
             source,
+            hidden,
             ..
         } = plan;
         let kd = out.drafted;
+        let mut out = out;
 
-        // 5. Roll back to what was kept: the pending token plus accepted drafts.
+        // 5. Roll back to what was kept: the pending token plus accepted
+        //    drafts (the verify's feature rows with the caches).
         let t = Instant::now();
-        target.rewind(before + 1 + out.accepted)?;
+        let kept = before + 1 + out.accepted;
+        target.rewind(kept)?;
+        out.hidden = hidden.map(|h| h.before(kept)).transpose()?;
         if let Some(c) = &self.constraint {
             c.lock().commit(&out.tokens)?;
         }
@@ -728,13 +740,17 @@ pub struct Decided {
 /// What a round reads of its request: the committed `log` (the target's
 /// caches hold all but its last token), the sampling parameters and the
 /// request's RNG, how many tokens it generated and how many it may still
-/// (`budget_left` >= 1).
+/// (`budget_left` >= 1), and the target's feature rows its drafter has not
+/// read (those of the forwards since its last round, as they came back
+/// from them, rolled back with the caches; `None`: none, or its drafter
+/// reads none).
 pub struct RoundRequest<'a> {
     pub log: &'a [u32],
     pub params: &'a SamplingParams,
     pub rng: &'a mut Rng,
     pub generated: usize,
     pub budget_left: usize,
+    pub hidden: Option<HiddenRows>,
 }
 
 impl RoundRequest<'_> {
@@ -746,6 +762,7 @@ impl RoundRequest<'_> {
             rng: self.rng,
             generated: self.generated,
             budget_left: self.budget_left,
+            hidden: self.hidden.take(),
         }
     }
 }
@@ -763,6 +780,9 @@ pub struct RoundPlan {
     draft_steps: Vec<HookCall>,
     /// Which of the drafter's sources drafted ([`Drafter::source`]).
     source: usize,
+    /// The verify's feature rows, where its drafter reads them
+    /// ([`RoundPlan::verified`]).
+    hidden: Option<HiddenRows>,
 }
 
 /// What [`SpecState::plan`] gives: a round ready for its verify, or one
@@ -773,7 +793,8 @@ pub enum Plan {
 }
 
 /// A round waiting for its MTP head's draft ([`SpecState::head_round`],
-/// then [`SpecState::finish_head`]).
+/// then [`SpecState::finish_head`]; a step's together,
+/// `sequence::draft_head_rounds`).
 pub struct HeadJob {
     plan: RoundPlan,
 }
@@ -789,6 +810,14 @@ impl RoundPlan {
     /// Drafts the verify checks (then every row's logits are needed).
     pub fn drafted(&self) -> usize {
         self.draft.tokens.len()
+    }
+
+    /// Its verify came back as `v`: the rows go on to be read, the feature
+    /// rows stay with the round until it is applied (then those of what was
+    /// kept go to [`RoundOutcome::hidden`]).
+    pub fn verified(&mut self, v: Verified) -> VerifyRows {
+        self.hidden = v.hidden;
+        v.rows
     }
 }
 

@@ -32,38 +32,38 @@ pub trait Target: Send {
     /// position when `all`, else only for the last.
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>>;
     /// A round's verify: forwards `tokens` after the cached ones (logits of
-    /// every new position) and returns what `mode` asks for. The default
-    /// reads the rows through [`Target::forward`].
-    fn verify(&mut self, tokens: &[u32], mode: VerifyMode) -> Result<VerifyRows> {
+    /// every new position) and returns what `mode` asks for.
+    /// Where `taps` is given, the forward's feature rows come back too
+    /// ([`Verified::hidden`]; a target without features gives none). The
+    /// default reads the rows through [`Target::forward`].
+    fn verify(
+        &mut self,
+        tokens: &[u32],
+        mode: VerifyMode,
+        _taps: Option<&[usize]>,
+    ) -> Result<Verified> {
         let rows = self.forward(tokens, tokens.len() > 1)?;
-        Ok(if mode == VerifyMode::Argmax {
+        let rows = if mode == VerifyMode::Argmax {
             VerifyRows::Argmax(rows.iter().map(|r| RowArgmax::of(r)).collect())
         } else {
             VerifyRows::Logits(rows)
-        })
+        };
+        Ok(Verified { rows, hidden: None })
     }
     /// What the last [`Target::verify`] or [`Target::forward`] spent its time
     /// on, where the target measures it (zeros otherwise).
     fn take_forward_times(&mut self) -> ForwardTimes {
         ForwardTimes::default()
     }
-    /// Forwards without computing logits (prefill).
-    fn prefill(&mut self, tokens: &[u32]) -> Result<()>;
+    /// Forwards without computing logits (prefill); the feature rows of
+    /// `taps` where given, as [`Target::verify`].
+    fn prefill(&mut self, tokens: &[u32], taps: Option<&[usize]>) -> Result<Option<HiddenRows>>;
     /// Rolls the caches back to `offset` tokens: in place where possible,
     /// else from a snapshot the last forward took. Drops every snapshot.
     fn rewind(&mut self, offset: usize) -> Result<()>;
     /// Asks the next forward to snapshot these offsets (the points a
     /// speculative round may roll back to).
     fn prepare_snapshots(&mut self, _offsets: &[usize]) {}
-    /// From now on, keep the feature rows of every forward (what an MTP
-    /// drafter drafts from: the last layer's output, or where `taps` names
-    /// layer boundaries, their rows side by side), until
-    /// [`Target::take_hidden`] takes them; rolled back with the caches.
-    fn keep_hidden(&mut self, _taps: &[usize]) {}
-    /// The rows kept since the last take, if any.
-    fn take_hidden(&mut self) -> Option<HiddenRows> {
-        None
-    }
     /// Snapshots alive and offsets still scheduled, summed over layers.
     fn snapshot_counts(&self) -> (usize, usize) {
         (0, 0)
@@ -84,15 +84,61 @@ pub trait Target: Send {
     }
 }
 
+/// What a forward gives back: its rows, and where the caller named taps,
+/// the feature rows of the positions it forwarded (what an MTP head drafts
+/// from).
+pub struct Verified {
+    pub rows: VerifyRows,
+    pub hidden: Option<HiddenRows>,
+}
+
 /// The feature rows a draft head reads (the last layer's output before the
 /// final norm, or tapped boundaries side by side) at consecutive positions
 /// of a sequence: `rows` `[1, n, width]` for positions `start..start + n`.
+/// Where a request's head reads them, the layer boundaries are its taps
+/// (empty: the last layer's output).
+#[derive(Clone)]
 pub struct HiddenRows {
     pub start: usize,
     pub rows: Array,
 }
 
+impl std::fmt::Debug for HiddenRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HiddenRows({}..{})", self.start, self.end())
+    }
+}
+
 impl HiddenRows {
+    /// `next` after these rows where it follows on and the run stays
+    /// within [`MAX_KEPT_HIDDEN`], else `next` in their place.
+    pub fn then(self, next: HiddenRows) -> Result<HiddenRows> {
+        if self.end() == next.start && self.len() + next.len() <= MAX_KEPT_HIDDEN {
+            return Ok(HiddenRows {
+                start: self.start,
+                rows: ops::concatenate(&[&self.rows, &next.rows], 1)?,
+            });
+        }
+        Ok(next)
+    }
+
+    /// The rows of positions before `offset` (a roll back to `offset`:
+    /// rejected drafts' rows go with their cache entries).
+    pub fn before(self, offset: usize) -> Result<HiddenRows> {
+        if offset <= self.start {
+            return Ok(self);
+        }
+        let keep = (offset - self.start).min(self.len()) as i32;
+        if keep as usize == self.len() {
+            return Ok(self);
+        }
+        let d = self.rows.dim(2);
+        Ok(HiddenRows {
+            start: self.start,
+            rows: self.rows.slice(&[0, 0, 0], &[1, keep, d])?,
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.rows.dim(1) as usize
     }
@@ -104,8 +150,9 @@ impl HiddenRows {
     }
 }
 
-/// Rows kept beyond this many without a take are dropped (a drafter that
-/// failed no longer takes them; nothing should grow without bound).
+/// Rows kept beyond this many without a draft head reading them are
+/// dropped (a drafter that failed no longer reads them; nothing should grow
+/// without bound).
 const MAX_KEPT_HIDDEN: usize = 8192;
 
 /// A llama (or its first `n_layers` layers, for self-speculation) with its
@@ -118,11 +165,6 @@ pub struct LlamaTarget {
     snapshots: Vec<Vec<Snapshot>>,
     /// The last forward's times.
     times: ForwardTimes,
-    /// Whether forwards keep their hidden rows ([`Target::keep_hidden`]).
-    keeps_hidden: bool,
-    /// The boundaries whose rows are kept (empty: the last layer's output).
-    taps: Vec<usize>,
-    hidden: Option<HiddenRows>,
 }
 
 impl LlamaTarget {
@@ -140,9 +182,6 @@ impl LlamaTarget {
             n_layers,
             snapshots: Vec::new(),
             times: ForwardTimes::default(),
-            keeps_hidden: false,
-            taps: Vec::new(),
-            hidden: None,
         }
     }
 
@@ -154,39 +193,20 @@ impl LlamaTarget {
             n_layers,
             snapshots: Vec::new(),
             times: ForwardTimes::default(),
-            keeps_hidden: false,
-            taps: Vec::new(),
-            hidden: None,
         }
     }
 
-    /// Keeps `h` `[1, T, hidden]`, the rows of positions `start..`, after
-    /// the rows kept where they follow on (else in their place).
-    fn record_hidden(&mut self, start: usize, h: &Array) -> Result<()> {
-        if !self.keeps_hidden {
-            return Ok(());
-        }
-        self.hidden = Some(match self.hidden.take() {
-            Some(k) if k.end() == start && k.len() + h.dim(1) as usize <= MAX_KEPT_HIDDEN => {
-                HiddenRows {
-                    start: k.start,
-                    rows: ops::concatenate(&[&k.rows, h], 1)?,
-                }
-            }
-            _ => HiddenRows {
-                start,
-                rows: h.clone(),
-            },
-        });
-        Ok(())
-    }
-
-    /// The layers' output over token ids `ids` `[T]` (positions `start..`),
-    /// its feature rows kept where asked.
-    fn hidden_kept(&mut self, start: usize, ids: &Array) -> Result<Array> {
-        let mut out = match self.keeps_hidden {
-            true => Outputs::tapped(&self.taps),
-            false => Outputs::none(),
+    /// The layers' output over token ids `ids` `[T]`, and where `taps` is
+    /// given, its feature rows (positions from the caches' offset on).
+    fn hidden(
+        &mut self,
+        ids: &Array,
+        taps: Option<&[usize]>,
+    ) -> Result<(Array, Option<HiddenRows>)> {
+        let start = self.offset();
+        let mut out = match taps {
+            Some(taps) => Outputs::tapped(taps),
+            None => Outputs::none(),
         };
         let x = self.model.embed(ids)?;
         let mut seq = [Seq {
@@ -195,15 +215,14 @@ impl LlamaTarget {
             logits: None,
         }];
         let h = self.model.layers(self.n_layers, x, &mut seq, &mut out)?;
-        if self.keeps_hidden {
-            // Its features: the last layer's rows, or its taps side by side.
-            let features = match self.taps.is_empty() {
-                true => h.clone(),
-                false => out.taps.features()?,
-            };
-            self.record_hidden(start, &features)?;
-        }
-        Ok(h)
+        // Its features: the last layer's rows, or its taps side by side.
+        let features = match taps {
+            None => None,
+            Some([]) => Some(h.clone()),
+            Some(_) => Some(out.taps.features()?),
+        };
+        let hidden = features.map(|rows| HiddenRows { start, rows });
+        Ok((h, hidden))
     }
 
     /// The logits of `which` of the rows `h` `[1, T, hidden]`.
@@ -216,28 +235,6 @@ impl LlamaTarget {
             .model
             .unembed(h, &[want], &mut Outputs::none())?
             .logits()?)
-    }
-
-    /// Drops the kept rows at positions `offset` and after.
-    fn trim_hidden(&mut self, offset: usize) -> Result<()> {
-        let Some(k) = self.hidden.take() else {
-            return Ok(());
-        };
-        if offset <= k.start {
-            return Ok(());
-        }
-        let keep = (offset - k.start).min(k.len()) as i32;
-        let rows = if keep as usize == k.len() {
-            k.rows
-        } else {
-            let d = k.rows.dim(2);
-            k.rows.slice(&[0, 0, 0], &[1, keep, d])?
-        };
-        self.hidden = Some(HiddenRows {
-            start: k.start,
-            rows,
-        });
-        Ok(())
     }
 
     /// Adds what the last forward snapshotted: a model drafter forwards one
@@ -258,7 +255,7 @@ impl LlamaTarget {
     /// device, without waiting: the argmax can feed the next forward before
     /// the host has seen it.
     fn queue_greedy(&mut self, ids: &Array) -> Result<(Array, Array)> {
-        let h = self.hidden_kept(self.offset(), ids)?;
+        let (h, _) = self.hidden(ids, None)?;
         let logits = self.unembed(&h, Logits::Last)?;
         let next = ops::argmax(&logits, -1, false)?;
         specd_mlx::async_eval(&[&next, &logits])?;
@@ -306,14 +303,19 @@ impl LlamaTarget {
     }
 
     /// Starts the clock and builds the forward of `tokens` (the `which`
-    /// rows' logits), then takes the caches' snapshots.
-    fn build(&mut self, tokens: &[u32], which: Logits) -> Result<(Array, Instant)> {
+    /// rows' logits, the feature rows of `taps`), then takes the caches'
+    /// snapshots.
+    fn build(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        taps: Option<&[usize]>,
+    ) -> Result<(Array, Option<HiddenRows>, Instant)> {
         let t = Instant::now();
-        let start = self.offset();
-        let h = self.hidden_kept(start, &ids(tokens)?)?;
+        let (h, hidden) = self.hidden(&ids(tokens)?, taps)?;
         let logits = self.unembed(&h, which)?;
         self.collect_snapshots();
-        Ok((logits, t))
+        Ok((logits, hidden, t))
     }
 
     /// Runs `eval` (the wait for the device) then `read` (the copy to the
@@ -369,19 +371,26 @@ impl Target for LlamaTarget {
     }
 
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>> {
-        let (logits, t) = self.build(tokens, if all { Logits::All } else { Logits::Last })?;
+        let which = if all { Logits::All } else { Logits::Last };
+        let (logits, _, t) = self.build(tokens, which, None)?;
         self.read_rows(logits, t)
     }
 
-    fn verify(&mut self, tokens: &[u32], mode: VerifyMode) -> Result<VerifyRows> {
+    fn verify(
+        &mut self,
+        tokens: &[u32],
+        mode: VerifyMode,
+        taps: Option<&[usize]>,
+    ) -> Result<Verified> {
         let which = if tokens.len() > 1 {
             Logits::All
         } else {
             Logits::Last
         };
-        let (logits, t) = self.build(tokens, which)?;
+        let (logits, hidden, t) = self.build(tokens, which, taps)?;
         if mode == VerifyMode::Rows {
-            return Ok(VerifyRows::Logits(self.read_rows(logits, t)?));
+            let rows = VerifyRows::Logits(self.read_rows(logits, t)?);
+            return Ok(Verified { rows, hidden });
         }
         let stats = DeviceArgmax::queue(&[&logits])?;
         // The logits are evaluated with the statistics and kept (for a
@@ -391,26 +400,26 @@ impl Target for LlamaTarget {
             || Ok(specd_mlx::eval(&[&stats.values, &logits])?),
             || stats.read(&[&logits]),
         )?;
-        Ok(VerifyRows::Argmax(rows.pop().unwrap_or_default()))
+        let rows = VerifyRows::Argmax(rows.pop().unwrap_or_default());
+        Ok(Verified { rows, hidden })
     }
 
     fn take_forward_times(&mut self) -> ForwardTimes {
         std::mem::take(&mut self.times)
     }
 
-    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+    fn prefill(&mut self, tokens: &[u32], taps: Option<&[usize]>) -> Result<Option<HiddenRows>> {
         if tokens.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         // Caches are all we need: skip the head.
-        let start = self.offset();
-        self.hidden_kept(start, &ids(tokens)?)?;
+        let (_, hidden) = self.hidden(&ids(tokens)?, taps)?;
         self.collect_snapshots();
-        self.eval_caches()
+        self.eval_caches()?;
+        Ok(hidden)
     }
 
     fn rewind(&mut self, offset: usize) -> Result<()> {
-        self.trim_hidden(offset)?;
         let snapshots = std::mem::take(&mut self.snapshots);
         for (i, c) in self.caches.iter_mut().enumerate() {
             if c.offset() == offset || c.rewind(offset) {
@@ -439,21 +448,11 @@ impl Target for LlamaTarget {
         max: usize,
         each: &mut dyn FnMut(u32, f32) -> Result<bool>,
     ) -> Option<Result<usize>> {
-        // A wrapped sliding window cannot drop the one forward queued ahead;
-        // kept hidden rows come from the round-by-round forwards only.
-        if self.model.config.sliding_window.is_some() || max == 0 || self.keeps_hidden {
+        // A wrapped sliding window cannot drop the one forward queued ahead.
+        if self.model.config.sliding_window.is_some() || max == 0 {
             return None;
         }
         Some(self.run_greedy_overlapped(pending, max, each))
-    }
-
-    fn keep_hidden(&mut self, taps: &[usize]) {
-        self.keeps_hidden = true;
-        self.taps = taps.to_vec();
-    }
-
-    fn take_hidden(&mut self) -> Option<HiddenRows> {
-        self.hidden.take()
     }
 
     fn snapshot_counts(&self) -> (usize, usize) {
@@ -522,6 +521,10 @@ pub struct StepRows<'a> {
     pub tokens: &'a [u32],
     /// Which rows' logits it wants; `None` for a prefill chunk.
     pub logits: Option<Logits>,
+    /// Where its drafter reads the target's feature rows: their layer
+    /// boundaries (empty: the last layer's output); they come back with its
+    /// rows ([`Verified::hidden`]).
+    pub taps: Option<&'a [usize]>,
 }
 
 /// One forward over the rows of several targets of `model` (each over all
@@ -532,7 +535,7 @@ pub fn forward_batch(model: &Pipeline, parts: &mut [StepRows<'_>]) -> Result<Vec
     let modes = vec![VerifyMode::Rows; parts.len()];
     forward_batch_verify(model, parts, &modes)?
         .into_iter()
-        .map(|r| match r {
+        .map(|r| match r.rows {
             VerifyRows::Logits(rows) => Ok(rows),
             VerifyRows::Argmax(_) => anyhow::bail!("argmax rows where logits were asked"),
         })
@@ -543,7 +546,7 @@ pub fn forward_batch(model: &Pipeline, parts: &mut [StepRows<'_>]) -> Result<Vec
 /// `parts[i]`, as [`Target::verify`] gives them): a light part gets only
 /// each row's argmax and top-2 margin ([`RowArgmax::of`], the host's rule),
 /// its rows never held as vectors. A prefill chunk gets `Logits` with no
-/// rows.
+/// rows. A part that names taps gets its feature rows ([`Verified::hidden`]).
 ///
 /// A light part's statistics are queued on the device ([`DeviceArgmax`],
 /// one pass over its rows) with the step and evaluated in the same sync,
@@ -552,7 +555,7 @@ pub fn forward_batch_verify(
     model: &Pipeline,
     parts: &mut [StepRows<'_>],
     modes: &[VerifyMode],
-) -> Result<Vec<VerifyRows>> {
+) -> Result<Vec<Verified>> {
     anyhow::ensure!(modes.len() == parts.len(), "one verify mode per part");
     for p in parts.iter() {
         anyhow::ensure!(
@@ -571,8 +574,8 @@ pub fn forward_batch_verify(
         .collect();
     // Every boundary a part's head reads, each tapped once for the step.
     let mut taps: Vec<usize> = Vec::new();
-    for p in parts.iter().filter(|p| p.target.keeps_hidden) {
-        for b in &p.target.taps {
+    for p in parts.iter() {
+        for b in p.taps.unwrap_or_default() {
             if !taps.contains(b) {
                 taps.push(*b);
             }
@@ -595,23 +598,26 @@ pub fn forward_batch_verify(
         model.forward(&ids(&tokens)?, model.layer_count(), &mut rows, &mut out)?
     };
     let tapped = out.taps.take()?;
-    for (p, &(start, at)) in parts.iter_mut().zip(&starts) {
-        if p.target.keeps_hidden {
-            // Its features: the last layer's rows, or its taps side by side.
-            let n = p.tokens.len() as i32;
-            let of = |a: &Array| a.slice(&[0, at, 0], &[1, at + n, a.dim(2)]);
-            let h = match p.target.taps.as_slice() {
-                [] => of(&batch.hidden)?,
-                want => {
-                    let cols = want
-                        .iter()
-                        .map(|b| of(&tapped[taps.iter().position(|x| x == b).expect("a union")]))
-                        .collect::<std::result::Result<Vec<_>, _>>()?;
-                    ops::concatenate(&cols.iter().collect::<Vec<_>>(), 2)?
-                }
-            };
-            p.target.record_hidden(start, &h)?;
-        }
+    let mut hidden = Vec::with_capacity(parts.len());
+    for (p, &(start, at)) in parts.iter().zip(&starts) {
+        let Some(want) = p.taps else {
+            hidden.push(None);
+            continue;
+        };
+        // Its features: the last layer's rows, or its taps side by side.
+        let n = p.tokens.len() as i32;
+        let of = |a: &Array| a.slice(&[0, at, 0], &[1, at + n, a.dim(2)]);
+        let rows = match want {
+            [] => of(&batch.hidden)?,
+            want => {
+                let cols = want
+                    .iter()
+                    .map(|b| of(&tapped[taps.iter().position(|x| x == b).expect("a union")]))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                ops::concatenate(&cols.iter().collect::<Vec<_>>(), 2)?
+            }
+        };
+        hidden.push(Some(HiddenRows { start, rows }));
     }
     let part_rows = |l: &Array, (a, n): (i32, i32)| l.slice(&[a, 0], &[a + n, l.dim(1)]);
     // Where every part that has rows reads them light (a greedy decode or
@@ -661,13 +667,14 @@ pub fn forward_batch_verify(
         .flatten();
     let vocab = model.config.vocab_size;
     let mut res = Vec::with_capacity(parts.len());
-    for ((p, (o, span)), mode) in parts
+    for (((p, (o, span)), mode), hidden) in parts
         .iter_mut()
         .zip(outs.iter().zip(&batch.spans))
         .zip(modes)
+        .zip(hidden)
     {
         p.target.collect_snapshots();
-        res.push(match (span, mode) {
+        let rows = match (span, mode) {
             (Some((_, n)), VerifyMode::Argmax) => {
                 let rows: Vec<RowArgmax> = light_rows.by_ref().take(*n as usize).collect();
                 anyhow::ensure!(rows.len() == *n as usize, "rows for each light part");
@@ -678,7 +685,8 @@ pub fn forward_batch_verify(
                 VerifyRows::Logits(l.to_vec_f32()?.chunks(vocab).map(|c| c.to_vec()).collect())
             }
             (None, _) => VerifyRows::Logits(Vec::new()),
-        });
+        };
+        res.push(Verified { rows, hidden });
     }
     Ok(res)
 }

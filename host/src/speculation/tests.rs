@@ -30,12 +30,13 @@ fn round_alone(
     target: &mut dyn Target,
     mut req: RoundRequest<'_>,
 ) -> Result<RoundOutcome> {
-    let plan = match st.plan(target, req.reborrow(), BatchContext::default())? {
+    let mut plan = match st.plan(target, req.reborrow(), BatchContext::default())? {
         Plan::Ready(plan) => plan,
         Plan::Head(_) => anyhow::bail!("a head job from a drafter without a head"),
     };
     let t = Instant::now();
-    let rows = target.verify(&plan.rows, st.mode)?;
+    let verified = target.verify(&plan.rows, st.mode, None)?;
+    let rows = plan.verified(verified);
     let vt = t.elapsed().as_secs_f64();
     let masked = st.mask_rows(&plan, rows, req.log, req.params)?;
     let read = read_one(masked, row_threads());
@@ -91,9 +92,9 @@ impl Target for FakeTarget {
         }
         Ok(rows)
     }
-    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+    fn prefill(&mut self, tokens: &[u32], _: Option<&[usize]>) -> Result<Option<HiddenRows>> {
         self.seq.extend_from_slice(tokens);
-        Ok(())
+        Ok(None)
     }
     fn rewind(&mut self, offset: usize) -> Result<()> {
         let taken = std::mem::take(&mut self.taken);
@@ -507,6 +508,7 @@ fn rejection_sampling_preserves_the_target_distribution() {
                 rng: &mut rng,
                 generated: n,
                 budget_left: usize::MAX / 2,
+                hidden: None,
             },
         )
         .unwrap();

@@ -57,7 +57,7 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
         let mut targets: Vec<LlamaTarget> = (0..n)
             .map(|_| {
                 let mut t = LlamaTarget::new(e.model.clone());
-                t.prefill(&ids[..ctx]).map(|_| t)
+                t.prefill(&ids[..ctx], None).map(|_| t)
             })
             .collect::<Result<_>>()?;
         // [wall, cpu] of: batched, one sequence, alone, batched light.
@@ -76,6 +76,7 @@ pub fn step_costs(e: &Engine, ns: &[usize], context: usize, iters: usize) -> Res
                             target,
                             tokens: &tok,
                             logits: Some(specd::model::Logits::Last),
+                            taps: None,
                         })
                         .collect();
                     forward_batch_verify(&e.model, &mut parts, modes)?;
