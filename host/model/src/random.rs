@@ -720,8 +720,13 @@ fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufVa
         (
             "general.name".into(),
             // Not the architecture's name: llama.cpp's vocabulary loader
-            // looks up Phi-3's own tokens in a model whose name says phi3.
-            s(&format!("specd random {} seed {seed}", shape.name)),
+            // looks up Phi-3's own tokens (`</s>`, `<unk>`) in a model
+            // whose name says phi3 or phi-3, and fails on ours; so the
+            // shape `phi3-mini-8l` is named `phi 3-mini-8l` here.
+            s(&format!(
+                "specd random {} seed {seed}",
+                shape.name.replace("phi3", "phi 3")
+            )),
         ),
         ("general.file_type".into(), GgufValue::U32(3)), // mostly Q4_1
     ];
