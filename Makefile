@@ -25,6 +25,7 @@
 # PYTHON (default python3), PYTEST_ARGS, PROMPT, ANCHORS_ARGS.
 #
 #   make bench-anchors   our decode/prefill speed next to mlx-lm and llama.cpp
+#   make bench-llama-server   `specd serve` against llama-server, five architectures
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -54,7 +55,7 @@ APT_PACKAGES := libopenblas-dev libopenblas0-pthread clang lld wasi-libc libclan
 # wheel it builds, so only the first install compiles.
 LLAMA_CPP_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
 
-.PHONY: run test setup apt rust tools venv build head pull python-plugins js-plugins lint test-rust test-py bench-anchors clean-stamps
+.PHONY: run test setup apt rust tools venv build head pull python-plugins js-plugins lint test-rust test-py bench-anchors llama-server bench-llama-server clean-stamps
 
 run: head
 	$(SPECD) generate --chat "$(PROMPT)"
@@ -161,6 +162,38 @@ test-py: build venv pull python-plugins js-plugins
 # come with the venv: tests/py/requirements.txt).
 bench-anchors: build venv pull
 	SPECD_PYTHON=$(VENV)/bin/python $(SPECD) bench anchors $(ANCHORS_ARGS)
+
+# ---- llama-server -------------------------------------------------------------------
+# llama.cpp's own server and perplexity tool, from the llama.cpp source that
+# the llama-cpp-python sdist vendors (the version tests/py/requirements.txt
+# pins, so the server and the Python anchor are one llama.cpp). Not part of
+# `make test`: about 10 minutes on 2 cores, once; skipped when built.
+# Outputs: $(LLAMA_BUILD)/bin/llama-server and llama-perplexity.
+LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' $(ROOT)/tests/py/requirements.txt)
+LLAMA_SRC   := $(ROOT)/build/llama-cpp-python-$(LLAMA_CPP_VERSION)
+LLAMA_BUILD := $(LLAMA_SRC)/vendor/llama.cpp/build
+LLAMA_SERVER := $(LLAMA_BUILD)/bin/llama-server
+
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(VENV)/bin/python
+	mkdir -p $(ROOT)/build
+	[ -f $(LLAMA_SRC)/vendor/llama.cpp/CMakeLists.txt ] || { \
+	    $(VENV)/bin/python -m pip download -q --no-deps --no-binary llama-cpp-python \
+	        -d $(ROOT)/build "llama-cpp-python==$(LLAMA_CPP_VERSION)" && \
+	    tar -xzf $(ROOT)/build/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(ROOT)/build && \
+	    mv $(ROOT)/build/llama_cpp_python-$(LLAMA_CPP_VERSION) $(LLAMA_SRC); }
+	cmake -S $(LLAMA_SRC)/vendor/llama.cpp -B $(LLAMA_BUILD) \
+	    -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(LLAMA_BUILD) --target llama-server llama-perplexity -j$(or $(LLAMA_JOBS),2)
+
+# `specd serve` against `llama-server -np 8` on one random Q4_1 GGUF per
+# architecture, 1 and 8 closed-loop clients (scripts/bench_llama_server.py;
+# BENCH_LLAMA_ARGS passes flags, e.g. --requests 8).
+BENCH_LLAMA_ARGS ?=
+bench-llama-server: build venv llama-server
+	SPECD_BIN=$(SPECD) $(VENV)/bin/python scripts/bench_llama_server.py \
+	    --llama-server $(LLAMA_SERVER) $(BENCH_LLAMA_ARGS)
 
 clean-stamps:
 	rm -rf $(STAMPS) $(VENV)/.installed

@@ -28,8 +28,10 @@ use crate::python::{ensure, run_anchor};
 /// Engine names, in the order they run.
 pub const ENGINES: [&str; 3] = ["ours", "mlx-lm", "llama.cpp"];
 
-/// New tokens per forward on the verify cost curve.
-pub const VERIFY_TOKENS: [usize; 5] = [1, 2, 4, 8, 16];
+/// New tokens per forward on the verify cost curve: every k a round of
+/// speculation verifies up to 8 (a verify of k drafts is 1 + k rows), then
+/// 16.
+pub const VERIFY_TOKENS: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 16];
 
 /// The decode prompt (a chat turn where the model has a template, else raw
 /// text; ~40 tokens with the default model's

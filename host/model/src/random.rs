@@ -33,10 +33,15 @@ pub struct Shape {
 }
 
 /// `tiny` (correctness, outputs recorded on a CPU), `small` (speed on a
-/// CPU in seconds), `1b` (Llama 3.2 1B's layers with a 32k vocabulary:
-/// 1.04B parameters, the speed figure on a GPU) and `gemma2-2b` (Gemma 2
-/// 2B's layers, head size 256, with a 32k vocabulary: 2.1B parameters).
-pub const SHAPES: [Shape; 4] = [
+/// CPU in seconds), then the trunks of named models, each with the same
+/// 32k vocabulary and byte-level tokenizer (files stay small; the trunk is
+/// what a step costs): `1b` (Llama 3.2 1B: 1.04B parameters, the speed
+/// figure on a GPU), `gemma2-2b` (Gemma 2 2B, head size 256: 2.1B),
+/// `qwen2.5-1.5b` (Qwen 2.5 1.5B, 12 heads over 2 kv heads of 128),
+/// `qwen3-1.7b` (Qwen 3 1.7B, 16 heads over 8 of 128) and `phi3-mini-8l`
+/// (Phi-3 mini's width, 32 heads and 32 kv heads of 96, with 8 of its 32
+/// layers). The dims are the models' config.json values.
+pub const SHAPES: [Shape; 7] = [
     Shape {
         name: "tiny",
         hidden: 64,
@@ -75,6 +80,36 @@ pub const SHAPES: [Shape; 4] = [
         kv_heads: 4,
         head_dim: 256,
         ffn: 9216,
+        vocab: 32768,
+    },
+    Shape {
+        name: "qwen2.5-1.5b",
+        hidden: 1536,
+        layers: 28,
+        heads: 12,
+        kv_heads: 2,
+        head_dim: 128,
+        ffn: 8960,
+        vocab: 32768,
+    },
+    Shape {
+        name: "qwen3-1.7b",
+        hidden: 2048,
+        layers: 28,
+        heads: 16,
+        kv_heads: 8,
+        head_dim: 128,
+        ffn: 6144,
+        vocab: 32768,
+    },
+    Shape {
+        name: "phi3-mini-8l",
+        hidden: 3072,
+        layers: 8,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 96,
+        ffn: 8192,
         vocab: 32768,
     },
 ];
@@ -685,8 +720,13 @@ fn gguf_metadata(shape: Shape, family: Family, seed: u64) -> Vec<(String, GgufVa
         (
             "general.name".into(),
             // Not the architecture's name: llama.cpp's vocabulary loader
-            // looks up Phi-3's own tokens in a model whose name says phi3.
-            s(&format!("specd random {} seed {seed}", shape.name)),
+            // looks up Phi-3's own tokens (`</s>`, `<unk>`) in a model
+            // whose name says phi3 or phi-3, and fails on ours; so the
+            // shape `phi3-mini-8l` is named `phi 3-mini-8l` here.
+            s(&format!(
+                "specd random {} seed {seed}",
+                shape.name.replace("phi3", "phi 3")
+            )),
         ),
         ("general.file_type".into(), GgufValue::U32(3)), // mostly Q4_1
     ];

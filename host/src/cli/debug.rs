@@ -15,8 +15,9 @@
 //!   an MTP head's first-step rows over the ids (the target's features
 //!   from one forward): `{"argmax": [...]}` (target ids), with `--logits`
 //!   every row's logits over the draft vocabulary too.
-//! - `specd debug random-model [--arch llama|llama3|qwen2|qwen3|phi3|gemma3|gemma2]
-//!   [--shape tiny|small|1b|gemma2-2b] [--seed N] [--gguf] --out PATH` writes a
+//! - `specd debug random-model [--arch llama|llama3|qwen2|qwen3|phi3|gemma3|gemma2|...]
+//!   [--shape tiny|small|1b|gemma2-2b|qwen2.5-1.5b|qwen3-1.7b|phi3-mini-8l] [--seed N]
+//!   [--gguf] --out PATH` writes a
 //!   random-weight checkpoint of that architecture (`model::random`): a
 //!   4-bit HF directory, or with `--gguf` a GGUF file as llama.cpp's
 //!   converter names it (Q4_1, Q8_0 embedding).
@@ -75,10 +76,12 @@ pub struct MtpArgs {
 #[derive(Args)]
 pub struct RandomModelArgs {
     /// `llama`, `llama3` (Llama 3.2's rope scaling), `qwen2`, `qwen3`, `phi3`,
-    /// `gemma3` or `gemma2`.
+    /// `gemma3`, `gemma2`, `phi3.5`, `phi4-mini`, `qwen2-yarn`, `granite`,
+    /// `smollm3` or `olmo2`.
     #[arg(long, default_value = "llama")]
     arch: String,
-    /// `tiny`, `small`, `1b` or `gemma2-2b` (host/model/src/random.rs).
+    /// `tiny`, `small`, `1b`, `gemma2-2b`, `qwen2.5-1.5b`, `qwen3-1.7b` or
+    /// `phi3-mini-8l` (host/model/src/random.rs).
     #[arg(long, default_value = "tiny")]
     shape: String,
     #[arg(long, default_value_t = 0)]
