@@ -6,13 +6,13 @@ weights modes measured with it (docs/benchmarks.md, "Accuracy").
   `specd debug logits --all` of the same chunks (with and without BOS), and
   `--base`'s KL divergence, top-1 agreement and perplexity ratio equal
   numpy's over two modes' logits: the protocol itself is checked.
-- On the default model over the start of tests/data/hamlet.txt (4 chunks):
-  llama.cpp's perplexity (llama-cpp-python's logits of every position,
-  `specd bench anchors --ppl`) within 0.5% of `int8`'s (the same 8-bit
-  method) and 1% of `quantized`'s, and `--weights int8` within a
-  perplexity ratio of 1.006 of `quantized` over those 4 chunks (1.0011 over
-  20: the issue's 1.003), mean KL <= 0.005 and >= 94%
-  top-1 agreement (llama.cpp's 8-bit method gives about the same).
+- On the default model over tests/data/hamlet.txt (20 chunks, 5,100
+  tokens scored): llama.cpp's perplexity (llama-cpp-python's logits of
+  every position, `specd bench anchors --ppl`) within 0.5% of `int8`'s
+  (the same 8-bit method) and of `quantized`'s, and `--weights int8`
+  within a perplexity ratio of 1.003 of `quantized` (1.0011 measured),
+  mean KL <= 0.005 and >= 94% top-1 agreement (llama.cpp's 8-bit method
+  gives about the same).
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_bench_ppl_refuses_a_base_of_other_tokens(tiny):
     assert r.returncode != 0 and "the base run scored other tokens" in r.stderr, r.stderr
 
 
-CHUNKS = 4
+CHUNKS = 20
 
 
 @pytest.fixture(scope="module")
@@ -180,11 +180,11 @@ def default_runs(tmp_path_factory):
 
 def test_llama_cpp_s_perplexity_is_ours(default_runs):
     """llama.cpp multiplies with 8-bit activations (Q8_1, Q8_0 for the
-    head) on an f16 KV cache, as `int8` does: within 0.5% of `int8` (0.30%
-    measured over these 4 chunks). `quantized` (float activations) within
-    1%: llama.cpp's own 8-bit rounding moves its perplexity by 0.69% from
-    `quantized` over these 1,020 tokens (`scripts/int8-reference.py`
-    against the saved `quantized` run; mean KL 0.0022, like `int8`'s)."""
+    head) on an f16 KV cache, as `int8` does: within 0.5% of `int8` and of
+    `quantized` (float activations). Over the first 4 chunks alone
+    (1,020 tokens) llama.cpp's own 8-bit rounding moves its perplexity by
+    0.69% from `quantized`; over these 20, llama-perplexity itself is
+    0.27% above `quantized` (docs/benchmarks.md)."""
     q, i = default_runs
     r = specd("bench", "anchors", "--no-install", "--json", "--only", "ours,llama.cpp", "--ppl", HAMLET,
               "--ppl-chunks", CHUNKS)
@@ -195,13 +195,12 @@ def test_llama_cpp_s_perplexity_is_ours(default_runs):
     assert llama["tokens_scored"] == ours["tokens_scored"] == q["tokens_scored"] == CHUNKS * 255
     assert abs(ours["perplexity"] - q["perplexity"]) < 1e-9
     assert abs(i["perplexity"] / llama["perplexity"] - 1) < 0.005, (i["perplexity"], llama)
-    assert abs(q["perplexity"] / llama["perplexity"] - 1) < 0.01, (q["perplexity"], llama)
+    assert abs(q["perplexity"] / llama["perplexity"] - 1) < 0.005, (q["perplexity"], llama)
 
 
 def test_int8_is_as_accurate_as_llama_cpp_s_8_bit_path(default_runs):
-    """The perplexity ratio: 1.0011 over 20 chunks (the issue's target is
-    <= 1.003), 1.0039 over these 4 (1,020 tokens), held to 1.006 here;
-    before the bias sums were the 8-bit x's, 1.020 here and a mean KL of
+    """The perplexity ratio: 1.0011 over these 20 chunks, held to the
+    issue's 1.003 (1.0039 over the first 4 alone); before the bias sums were the 8-bit x's, 1.020 here and a mean KL of
     0.013 (now 0.0023), which these bounds would catch. Top-1
     agreement is held at what llama.cpp's own 8-bit method gives against
     `quantized` (about 95-96% on this model, docs/benchmarks.md), not the
@@ -209,6 +208,6 @@ def test_int8_is_as_accurate_as_llama_cpp_s_8_bit_path(default_runs):
     q, i = default_runs
     div = i["divergence"]
     assert abs(div["base_perplexity"] / q["perplexity"] - 1) < 1e-6
-    assert div["ppl_ratio"] <= 1.006, div
+    assert div["ppl_ratio"] <= 1.003, div
     assert div["kl_mean"] <= 0.005, div
     assert div["top1_agreement"] >= 0.94, div
