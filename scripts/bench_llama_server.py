@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "py"))
-from conftest import free_port, server_bin, stop_process  # noqa: E402
+from conftest import free_port, server_bin, stop_process, wait_until_up  # noqa: E402
 
 # (architecture, random shape, the model whose trunk it is)
 ARCHS = {
@@ -79,17 +79,7 @@ class Engine:
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} did not come up in {timeout}s: {self.tail()}")
+        wait_until_up(self.proc, self.url, timeout, self.tail, what=self.name)
 
     def tail(self) -> str:
         return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-6:])

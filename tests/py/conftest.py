@@ -35,6 +35,23 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
         proc.wait()
 
 
+def wait_until_up(proc: subprocess.Popen, url: str, timeout: float, log, path: str = "/health",
+                  what: str = "the server") -> None:
+    """Polls `url + path` until it answers 200; fails with `log()` (the
+    process's log) when `proc` exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode}:\n{log()}")
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not come up in {timeout}s:\n{log()}")
+
+
 class Server:
     """A `specd serve` process on a free port; `url` once it answers /health."""
 
@@ -56,18 +73,12 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"specd serve exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"specd serve did not come up in {timeout}s:\n{self.log()}")
+        try:
+            wait_until_up(self.proc, self.url, timeout, self.log, what="specd serve")
+        except AssertionError:
+            self.stop()
+            raise
+        return self
 
     def log(self) -> str:
         try:

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import MODEL, ROOT, free_port, server_bin, stop_process
+from conftest import MODEL, ROOT, free_port, server_bin, stop_process, wait_until_up
 
 ENV = {"SPECD_THREADS": "1"}
 PROMPT = "Write a short story about a robot who learns to paint. Repeat the title twice."
@@ -189,16 +189,7 @@ class Ranks:
         self.logs = (tmp / "serve0.log", tmp / "serve1.log")
         self.r1 = start_rank(1, hosts, cmd, self.logs[1])
         self.r0 = start_rank(0, hosts, cmd, self.logs[0])
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            assert self.r0.poll() is None, self.logs[0].read_text()
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(self.logs[0].read_text())
+        wait_until_up(self.r0, self.url, 180, self.logs[0].read_text, what="rank 0")
 
     def stop(self):
         stop_process(self.r0, 30)

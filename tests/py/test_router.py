@@ -29,7 +29,7 @@ import ollama
 import openai
 import pytest
 
-from conftest import MODEL, Server, free_port, stop_process
+from conftest import MODEL, Server, free_port, stop_process, wait_until_up
 
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "What do bees make?",
              "Say hello in Spanish.", "Name a planet.", "What is 2 + 2?"]
@@ -58,16 +58,8 @@ class Cluster:
              "--retry-initial-backoff-ms", "200", "--log-level", "warning",
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.router.poll() is None, self.router_log()
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("vllm-router did not come up:\n" + self.router_log())
+        wait_until_up(self.router, self.url, 120, self.router_log, path="/v1/models",
+                      what="vllm-router")
 
     def replica(self, i: int, port: int | None = None) -> Server:
         d = self.tmp / f"replica{i}-{time.monotonic_ns()}"
